@@ -1,0 +1,95 @@
+"""What a method is: a spec (name, parameters, exactness claim) and a propose/verify pair."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from engine.config import COMMON_PARAMS, ParamSpec
+from engine.forest import Forest
+from engine.trace import BeamTrace, NodeTrace, TestRecord
+
+
+@dataclass
+class Verdict:
+    """Outcome of verify: which paths survive, what is appended, and why.
+
+    rows: (W',) parent row of each new beam; path_nodes / path_tokens: (W', k) kept forest
+    nodes per new beam (root side first); new_tokens: (W', a) tokens appended after the path.
+    """
+
+    rows: torch.Tensor
+    path_nodes: torch.Tensor
+    path_tokens: torch.Tensor
+    new_tokens: torch.Tensor
+    origins: list[list[str]]  # per new beam, origin of each appended token (path + new)
+    scores: list[float] = field(default_factory=list)
+    nodes: tuple[NodeTrace, ...] = ()
+    tests: tuple[TestRecord, ...] = ()
+    drafted: int = 0
+    accepted: int = 0
+    done: bool = False
+    stop_reason: str = ""
+    extras: dict[str, Any] = field(default_factory=dict)
+    final_beams: tuple[BeamTrace, ...] = ()  # set by beam methods when done
+
+
+class Method(Protocol):
+    """Hooks the round loop calls (steps 1 and 3; the loop scores, commits and observes)."""
+
+    def start(self, ctx) -> None: ...
+
+    def propose(self, ctx) -> Forest: ...
+
+    def verify(self, ctx, forest: Forest, p_root: torch.Tensor,
+               p_nodes: torch.Tensor) -> Verdict: ...
+
+    def observe(self, ctx, verdict: Verdict) -> dict | None: ...
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: its parameters (beyond COMMON_PARAMS) and how it is built."""
+
+    name: str
+    summary: str
+    family: str  # "baseline" | "token" | "beam"
+    exactness: str  # what the tests prove about its output
+    params: tuple[ParamSpec, ...]
+    build: Callable[[dict[str, Any]], Method]
+    reference: str  # matching generate() call: "greedy" | "sample" | "beam" | "beam_sample"
+    uses_draft: bool = True
+    defaults: dict[str, Any] = field(default_factory=dict)  # overrides of COMMON_PARAMS
+
+    @property
+    def all_params(self) -> tuple[ParamSpec, ...]:
+        common = tuple(
+            ParamSpec(p.name, p.type, self.defaults.get(p.name, p.default), p.help, p.choices,
+                      p.min, p.max, p.min_exclusive)
+            for p in COMMON_PARAMS
+        )
+        return common + self.params
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "family": self.family,
+            "exactness": self.exactness,
+            "reference": self.reference,
+            "params": [
+                {"name": p.name, "type": p.type.__name__, "default": p.default, "help": p.help,
+                 "choices": list(p.choices), "min": p.min, "max": p.max}
+                for p in self.all_params
+            ],
+        }
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    METHODS[spec.name] = spec
+    return spec

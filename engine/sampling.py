@@ -1,0 +1,125 @@
+"""Pure sampling helpers: warping (temperature / top-k / top-p) and random choices.
+
+Every random decision in the engine goes through a :class:`Chooser`. The production
+chooser, :class:`TorchChooser`, draws from a ``torch.Generator`` so that a seed reproduces
+a whole run. Tests use an enumerating chooser (``tests/enumerate.py``) that explores every
+branch of a rule with its exact probability, so exactness proofs run the production code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Warp:
+    """How logits become a distribution. temperature == 0 means argmax (one-hot)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def warp_logits(logits: torch.Tensor, warp: Warp) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to logits; filtered entries become -inf.
+
+    Args:
+        logits: (..., V) float tensor.
+    Returns:
+        (..., V) float32 warped logits (temperature 0 leaves logits unscaled).
+    """
+    x = logits.float()
+    if warp.temperature > 0 and warp.temperature != 1.0:
+        x = x / warp.temperature
+    if warp.top_k and warp.top_k < x.shape[-1]:
+        kth = torch.topk(x, warp.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        x = x.masked_fill(x < kth, float("-inf"))
+    if warp.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)  # (..., V)
+        probs = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
+        drop_sorted = mass_before >= warp.top_p  # keeps the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return x
+
+
+def probs_from_logits(logits: torch.Tensor, warp: Warp) -> torch.Tensor:
+    """Warped distribution; at temperature 0 a one-hot on the argmax.
+
+    Args:
+        logits: (..., V).
+    Returns:
+        (..., V) float32 probabilities summing to 1 on the last axis.
+    """
+    if warp.greedy:
+        idx = logits.argmax(dim=-1, keepdim=True)  # (..., 1)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, idx, 1.0)
+    return torch.softmax(warp_logits(logits, warp), dim=-1)
+
+
+class Chooser(Protocol):
+    """Source of every random decision a rule makes."""
+
+    def uniform(self) -> float:
+        """One U(0, 1) draw (recorded by rules as the 'uniform draw')."""
+
+    def accept(self, prob: float) -> tuple[bool, float]:
+        """Bernoulli(prob): returns (decision, uniform draw used)."""
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        """One index drawn from probs (1-D, non-negative, summing to ~1)."""
+
+
+class TorchChooser:
+    """Chooser backed by a torch.Generator (CPU generator; never the global RNG)."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+    def accept(self, prob: float) -> tuple[bool, float]:
+        u = self.uniform()
+        return u < prob, u
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        p = probs.detach().double().cpu().clamp_min(0)
+        return int(torch.multinomial(p, 1, generator=self.generator))
+
+
+def as_chooser(rng: torch.Generator | Chooser) -> Chooser:
+    """Wrap a torch.Generator; pass a Chooser through unchanged."""
+    return TorchChooser(rng) if isinstance(rng, torch.Generator) else rng
+
+
+def make_generator(seed: int) -> torch.Generator:
+    """A CPU generator seeded with `seed` (all draws happen on CPU for reproducibility)."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int(seed))
+    return g
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Normalised max(p - q, 0) and its mass; a zero residual falls back to p (no NaN).
+
+    Args:
+        p, q: (V,) distributions.
+    Returns:
+        ((V,) distribution, residual mass before normalisation).
+    """
+    r = (p - q).clamp_min(0)
+    mass = float(r.sum())
+    if mass <= EPS:
+        return p.clone(), mass
+    return r / mass, mass

@@ -1,0 +1,472 @@
+"""Draft-length controllers (engine/control.py): EESD Beta-TS / Cali-TS, fixed and heuristic."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from engine.control import (
+    CONTROLLER_PARAMS,
+    BetaTSController,
+    CaliTSController,
+    ConstantPredictor,
+    FixedController,
+    HeuristicController,
+    beta_pdf,
+    beta_update,
+    cali_posterior,
+    gaussian_pdf,
+    make_controller,
+    sample_beta,
+    sample_normal,
+    theta_hat_update,
+)
+from engine.errors import ConfigError
+from engine.sampling import TorchChooser, make_generator
+
+ALWAYS_CONTINUE = {  # parameters under which every kind would draft far past cap = 3
+    "fixed": {"gamma": 3},
+    "heuristic": {"start": 3, "cap": 3},
+    "beta_ts": {"alpha0": 1e4, "beta0": 1e-2, "cap": 3},
+    "cali_ts": {"theta_M": 1.0, "sigma_M": 1e-6, "cap": 3},
+}
+
+
+class ScriptedChooser:
+    """Chooser returning scripted uniforms, to pin down every draw by hand."""
+
+    def __init__(self, uniforms: list[float]):
+        self.uniforms = list(uniforms)
+
+    def uniform(self) -> float:
+        return self.uniforms.pop(0)
+
+    def accept(self, prob: float) -> tuple[bool, float]:
+        u = self.uniform()
+        return u < prob, u
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        raise AssertionError("controllers never draw categoricals")
+
+
+def draft_round(controller, rng, accepted_of=lambda k: k, features=None) -> tuple[int, int]:
+    """Drive one round as the loop does: draft, ask, ..., then observe. Returns (k, a)."""
+    controller.begin_round()
+    drafted = 1
+    while controller.should_continue(drafted, rng, features):
+        drafted += 1
+    accepted = accepted_of(drafted)
+    controller.observe(drafted, accepted)
+    return drafted, accepted
+
+
+def beta_cdf_integer(x: float, a: int, b: int) -> float:
+    """Exact Beta CDF for integer shapes: P(Binomial(a + b - 1, x) >= a)."""
+    n = a + b - 1
+    return sum(math.comb(n, j) * x**j * (1 - x) ** (n - j) for j in range(a, n + 1))
+
+
+def ks_statistic(samples: list[float], cdf) -> float:
+    xs = sorted(samples)
+    n = len(xs)
+    return max(max((i + 1) / n - cdf(x), cdf(x) - i / n) for i, x in enumerate(xs))
+
+
+# ------------------------------------------------------------------------ Beta-TS update rules
+
+
+@pytest.mark.parametrize(
+    "drafted, accepted, d_alpha, d_beta",
+    [(4, 2, 2, 2), (4, 4, 4, 0), (4, 3, 3, 1), (4, 0, 0, 2), (5, 1, 1, 2), (1, 0, 0, 1)],
+)
+def test_paper_update_follows_eq_3_4_with_q_v_equal_accepted_plus_one(
+    drafted, accepted, d_alpha, d_beta
+):
+    assert beta_update(1.0, 1.0, drafted, accepted, "paper") == (1.0 + d_alpha, 1.0 + d_beta)
+
+
+@pytest.mark.parametrize(
+    "drafted, accepted, d_alpha, d_beta",
+    [(4, 2, 2, 1), (4, 4, 4, 0), (4, 3, 3, 1), (4, 0, 0, 1), (1, 1, 1, 0), (1, 0, 0, 1)],
+)
+def test_clean_update_counts_trials_until_first_rejection(drafted, accepted, d_alpha, d_beta):
+    assert beta_update(1.0, 1.0, drafted, accepted, "clean") == (1.0 + d_alpha, 1.0 + d_beta)
+
+
+def test_beta_ts_default_update_is_the_papers_as_the_note_recommends():
+    assert BetaTSController().config.update == "paper"
+    assert CONTROLLER_PARAMS["beta_ts"]["update"]["default"] == "paper"
+
+
+def test_beta_ts_posterior_accumulates_over_rounds_and_state_shows_before_and_after():
+    ctl = BetaTSController(alpha0=1.0, beta0=1.0, update="paper")
+    ctl.begin_round()
+    ctl.observe(4, 2)
+    s = ctl.state()
+    assert (s["before"]["alpha"], s["before"]["beta"]) == (1.0, 1.0)
+    assert (s["after"]["alpha"], s["after"]["beta"]) == (3.0, 3.0)
+    assert s["update"] == {
+        "drafted": 4,
+        "accepted": 2,
+        "rule": "paper",
+        "d_alpha": 2.0,
+        "d_beta": 2.0,
+    }
+    ctl.begin_round()
+    ctl.observe(3, 3)
+    s = ctl.state()
+    assert (s["before"]["alpha"], s["before"]["beta"]) == (3.0, 3.0)
+    assert (s["after"]["alpha"], s["after"]["beta"], s["after"]["mean"]) == (6.0, 3.0, 6.0 / 9.0)
+
+
+def test_clean_controller_update_on_drafted_4_accepted_2():
+    ctl = BetaTSController(alpha0=2.0, beta0=3.0, update="clean")
+    ctl.observe(4, 2)
+    assert (ctl.alpha, ctl.beta) == (4.0, 4.0)
+
+
+# ------------------------------------------------------------------------- fixed and heuristic
+
+
+def test_fixed_drafts_exactly_gamma_every_round():
+    ctl = FixedController(gamma=3)
+    g = make_generator(0)
+    assert [draft_round(ctl, g, lambda k: 0)[0] for _ in range(4)] == [3, 3, 3, 3]
+    assert ctl.max_len() == 3
+    assert [s["continue"] for s in ctl.state()["steps"]] == [True, True, False]
+
+
+def test_heuristic_adds_two_after_full_acceptance_else_subtracts_one_within_1_and_cap():
+    ctl = HeuristicController(start=5, cap=10)
+    g = make_generator(0)
+    accepted = [5, 7, 9, 3, 0]  # all, all, all (11 clamps to 10), partial, none
+    lengths = [draft_round(ctl, g, lambda k, a=a: a)[0] for a in accepted]
+    assert lengths == [5, 7, 9, 10, 9]
+    assert ctl.max_len() == 8
+
+    ctl = HeuristicController(start=2, cap=10)
+    lengths = [draft_round(ctl, g, lambda k, a=a: a)[0] for a in [1, 0, 1, 3]]
+    assert lengths == [2, 1, 1, 3]  # 2 -> 1 -> max(1, 0) = 1 -> 1 + 2 = 3
+    assert ctl.max_len() == 5
+
+
+# --------------------------------------------------------------------------------- hard cap
+
+
+@pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "cali_ts"])
+def test_hard_cap_always_stops_the_round(kind):
+    ctl = make_controller(kind, **ALWAYS_CONTINUE[kind])
+    g = make_generator(1)
+    assert [draft_round(ctl, g)[0] for _ in range(20)] == [3] * 20
+    assert ctl.max_len() == 3
+    for drafted in (3, 4, 100):
+        ctl.begin_round()
+        assert ctl.should_continue(drafted, g) is False
+
+
+@pytest.mark.parametrize("kind", ["beta_ts", "cali_ts"])
+def test_cap_stop_is_recorded_without_sampling(kind):
+    ctl = make_controller(kind, **ALWAYS_CONTINUE[kind])
+    draft_round(ctl, make_generator(2))
+    s = ctl.state()
+    assert (s["cap"], s["cap_hit"], s["stop_reason"]) == (3, True, "cap")
+    assert [st["continue"] for st in s["steps"]] == [True, True, False]
+    assert s["steps"][-1]["theta"] is None
+
+
+# ------------------------------------------------------------------------------ determinism
+
+
+@pytest.mark.parametrize("kind", ["beta_ts", "cali_ts"])
+def test_same_seed_reproduces_every_theta_and_decision(kind):
+    def run(seed: int) -> list[dict]:
+        ctl, g = make_controller(kind), make_generator(seed)
+        out = []
+        for _ in range(10):
+            draft_round(ctl, g, lambda k: min(k, 2))
+            out.append(ctl.state())
+        return out
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_generator_and_torch_chooser_draw_the_same_stream():
+    a = [sample_beta(2.0, 3.0, make_generator(3)) for _ in range(1)]
+    b = [sample_beta(2.0, 3.0, TorchChooser(make_generator(3))) for _ in range(1)]
+    assert a == b
+
+
+# ------------------------------------------------------------------------ samplers, densities
+
+
+@pytest.mark.parametrize(
+    "a, b, cdf",
+    [
+        (2.0, 5.0, lambda x: beta_cdf_integer(x, 2, 5)),
+        (3.0, 3.0, lambda x: beta_cdf_integer(x, 3, 3)),
+        (0.5, 1.0, lambda x: math.sqrt(x)),  # shape < 1 boost on X
+        (1.0, 0.3, lambda x: 1.0 - (1.0 - x) ** 0.3),  # shape < 1 boost on Y
+    ],
+)
+def test_beta_sampler_matches_exact_cdf_mean_and_variance(a, b, cdf):
+    chooser = TorchChooser(make_generator(11))
+    xs = [sample_beta(a, b, chooser) for _ in range(4000)]
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / len(xs)
+    exact_mean, exact_var = a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1))
+    assert abs(mean - exact_mean) < 4.5 * math.sqrt(exact_var / 4000)
+    assert abs(var - exact_var) < 0.1 * exact_var
+    assert ks_statistic(xs, cdf) < 0.0308  # KS critical value at p = 0.001, n = 4000
+
+
+def test_beta_sampler_stays_finite_in_0_1_for_tiny_shapes():
+    chooser = TorchChooser(make_generator(5))
+    xs = [sample_beta(0.01, 0.02, chooser) for _ in range(500)]
+    assert all(0.0 <= x <= 1.0 for x in xs)
+    assert min(xs) < 1e-6 and max(xs) > 1 - 1e-6  # mass piles at both ends
+
+
+def test_beta_sampler_rejects_non_positive_shapes():
+    with pytest.raises(ConfigError):
+        sample_beta(0.0, 1.0, make_generator(0))
+
+
+def test_box_muller_normal_has_unit_moments():
+    chooser = TorchChooser(make_generator(6))
+    zs = [sample_normal(chooser) for _ in range(20000)]
+    mean = sum(zs) / len(zs)
+    var = sum((z - mean) ** 2 for z in zs) / len(zs)
+    assert abs(mean) < 0.03 and abs(var - 1.0) < 0.04
+
+
+def test_beta_pdf_matches_closed_forms():
+    x = torch.tensor([-0.1, 0.0, 0.25, 0.5, 1.0, 1.1])
+    torch.testing.assert_close(  # Beta(2, 3) = 12 x (1 - x)^2
+        beta_pdf(x, 2.0, 3.0),
+        torch.tensor([0.0, 0.0, 1.6875, 1.5, 0.0, 0.0], dtype=torch.float64),
+    )
+    torch.testing.assert_close(
+        beta_pdf(x, 1.0, 1.0), torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    )
+    assert beta_pdf(torch.tensor([0.5]), 0.5, 0.5).item() == pytest.approx(2.0 / math.pi)
+    grid = torch.linspace(0, 1, 20001, dtype=torch.float64)
+    assert torch.trapezoid(beta_pdf(grid, 2.5, 1.5), grid).item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_gaussian_pdf_matches_closed_form():
+    x = torch.tensor([0.3, 0.8, -0.2])
+    torch.testing.assert_close(
+        gaussian_pdf(x, 0.3, 0.5),
+        torch.tensor(
+            [0.7978845608028654, 0.48394144903828673, 0.48394144903828673], dtype=torch.float64
+        ),
+    )
+
+
+# ------------------------------------------------------------- Beta-TS sampling behaviour
+
+
+def test_beta_ts_continue_rate_equals_posterior_mean():
+    ctl, g = BetaTSController(alpha0=3.0, beta0=2.0, cap=2), make_generator(12)
+    decisions = []
+    for _ in range(20000):
+        ctl.begin_round()
+        decisions.append(ctl.should_continue(1, g))
+    # 0.6 +- 0.015 is 4.3 standard errors (sqrt(0.24 / 20000) = 0.0035)
+    assert abs(sum(decisions) / len(decisions) - 0.6) < 0.015
+
+
+def test_beta_ts_draft_length_is_geometric_with_mean_alpha_plus_beta_over_beta():
+    ctl, g = BetaTSController(alpha0=3.0, beta0=2.0, cap=64), make_generator(13)
+    lengths = []
+    for _ in range(5000):  # no observe: the posterior stays Beta(3, 2)
+        ctl.begin_round()
+        k = 1
+        while ctl.should_continue(k, g):
+            k += 1
+        lengths.append(k)
+    # E[k] = 5 / 2; sd of the mean = sqrt(3.75 / 5000) = 0.027
+    assert abs(sum(lengths) / len(lengths) - 2.5) < 0.12
+
+
+def test_beta_ts_records_every_theta_and_decision():
+    ctl = BetaTSController(cap=16)
+    k, _ = draft_round(ctl, make_generator(4), lambda k: 0)
+    steps = ctl.state()["steps"]
+    assert len(steps) == k and [s["step"] for s in steps] == list(range(1, k + 1))
+    assert all(s["continue"] == (s["uniform"] < s["theta"]) for s in steps)
+    assert ctl.state()["stop_reason"] in ("chi0", "cap")
+
+
+# ---------------------------------------------------------------------------------- Cali-TS
+
+
+@pytest.mark.parametrize(
+    "n, mu, sigma, w_model",
+    [
+        (0, 0.3, 0.2, 1.0),
+        (1, 0.365, 0.17888543819998318, 0.8),
+        (4, 0.4625, 0.1414213562373095, 0.5),  # n* = sigma_S^2 / sigma_M^2 = 4
+    ],
+)
+def test_cali_posterior_moves_from_theta_m_to_theta_hat_per_eq_6_7(n, mu, sigma, w_model):
+    got = cali_posterior(0.3, 0.625, n, sigma_m=0.2, sigma_s=0.4)
+    torch.testing.assert_close(got, (mu, sigma, w_model))
+
+
+def test_cali_posterior_tends_to_theta_hat_for_many_verifications():
+    mu, sigma, _ = cali_posterior(0.3, 0.625, 10**6, sigma_m=0.2, sigma_s=0.4)
+    assert abs(mu - 0.625) < 1e-5 and sigma < 1e-3
+
+
+@pytest.mark.parametrize(
+    "rule, expected",
+    [("accepted", [0.25, 1 / 6, 0.125, 0.1]), ("paper", [0.75, 5 / 6, 0.875, 0.9])],
+)
+def test_theta_hat_rules_on_rounds_with_no_acceptance(rule, expected):
+    theta_hat, t, got = 0.5, 0, []
+    for _ in range(4):
+        theta_hat, t = theta_hat_update(theta_hat, t, accepted=0, rule=rule)
+        got.append(theta_hat)
+    torch.testing.assert_close(got, expected)  # paper: (0.5 + t) / (t + 1) climbs to 1
+    assert t == 4
+
+
+def test_cali_controller_uses_eq_6_7_and_the_fixed_theta_hat_over_rounds():
+    ctl = CaliTSController(ConstantPredictor(0.3), sigma_M=0.2, sigma_S=0.4, theta_hat0=0.5)
+    g = make_generator(9)
+    expected = [  # (mu, sigma) at n = 0, 1, 2
+        (0.3, 0.2),
+        (0.365, 0.17888543819998318),
+        (0.2 + 0.6875 / 3, 0.16329931618554522),
+    ]
+    for (mu, sigma), (drafted, accepted) in zip(expected, [(4, 2), (3, 3), (1, 0)]):
+        ctl.begin_round()
+        ctl.should_continue(1, g)
+        step = ctl.state()["steps"][0]
+        torch.testing.assert_close((step["mu"], step["sigma"], step["theta_M"]), (mu, sigma, 0.3))
+        ctl.observe(drafted, accepted)
+    # theta_hat: (0.5 * 1 + 2) / 4 = 0.625, then (0.625 * 4 + 3) / 8 = 0.6875, t = 3, 7, 8
+    s = ctl.state()
+    assert (s["before"]["n"], s["before"]["t"], s["before"]["theta_hat"]) == (2, 7, 0.6875)
+    assert (s["after"]["n"], s["after"]["t"]) == (3, 8)
+    assert s["after"]["theta_hat"] == pytest.approx(0.6875 * 8 / 9)
+
+
+def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
+    ctl = CaliTSController(ConstantPredictor(0.3), sigma_M=0.2, sigma_S=0.4)
+    r1 = 1.0 - math.exp(-0.5)  # Box-Muller radius 1
+    r4 = 1.0 - math.exp(-8.0)  # Box-Muller radius 4
+    # step 1: z = +1 -> theta 0.5, u 0.4 -> go; step 2: z = -1 -> theta 0.1, u 0.2 -> stop
+    chooser = ScriptedChooser([r1, 0.0, 0.4, r1, 0.5, 0.2])
+    assert ctl.should_continue(1, chooser) is True
+    assert ctl.should_continue(2, chooser) is False
+    steps = ctl.state()["steps"]
+    torch.testing.assert_close([s["theta"] for s in steps], [0.5, 0.1])
+    assert ctl.state()["stop_reason"] == "chi0"
+    # z = +4 -> raw 1.1 -> clipped to 1; z = -4 -> raw -0.5 -> clipped to 0
+    ctl.begin_round()
+    chooser = ScriptedChooser([r4, 0.0, 0.999, r4, 0.5, 0.0])
+    assert ctl.should_continue(1, chooser) is True
+    assert ctl.should_continue(2, chooser) is False
+    first, second = ctl.state()["steps"]
+    assert (first["theta"], first["clipped"]) == (1.0, True)
+    assert first["theta_raw"] == pytest.approx(1.1)
+    assert (second["theta"], second["clipped"]) == (0.0, True)
+    assert second["theta_raw"] == pytest.approx(-0.5)
+
+
+def test_cali_thetas_stay_in_0_1_under_a_wide_posterior():
+    ctl, g = CaliTSController(ConstantPredictor(1.0), sigma_M=1.0, cap=4), make_generator(10)
+    steps = []
+    for _ in range(100):  # no observe: the posterior stays N(1, 1)
+        ctl.begin_round()
+        ctl.should_continue(1, g)
+        steps += ctl.state()["steps"]
+    assert all(0.0 <= s["theta"] <= 1.0 for s in steps)
+    assert all(s["clipped"] == (s["theta_raw"] > 1.0 or s["theta_raw"] < 0.0) for s in steps)
+    assert sum(s["theta_raw"] > 1.0 for s in steps) > 30 and any(s["theta"] == 1.0 for s in steps)
+    assert all(s["continue"] for s in steps if s["theta"] == 1.0)
+
+
+def test_cali_rejects_a_predictor_outside_0_1():
+    ctl = CaliTSController(lambda features: 1.5)
+    with pytest.raises(ValueError):
+        ctl.should_continue(1, make_generator(0))
+
+
+def test_cali_passes_features_to_the_predictor():
+    seen = []
+    ctl = CaliTSController(lambda f: seen.append(f) or 0.5)
+    feats = torch.ones(3)
+    ctl.should_continue(1, make_generator(0), feats)
+    assert seen == [feats]
+
+
+# -------------------------------------------------------------------- state, factory, errors
+
+
+@pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "cali_ts"])
+def test_state_is_json_serialisable_before_during_and_after_a_round(kind):
+    ctl, g = make_controller(kind), make_generator(0)
+    snapshots = [ctl.state()]
+    ctl.begin_round()
+    ctl.should_continue(1, g)
+    snapshots.append(ctl.state())
+    ctl.observe(1, 1)
+    snapshots.append(ctl.state())
+    for s in snapshots:
+        assert json.loads(json.dumps(s, allow_nan=False)) == s
+    assert snapshots[-1]["kind"] == kind and snapshots[-1]["after"] is not None
+
+
+def test_controller_params_defaults_build_every_kind():
+    for kind, params in CONTROLLER_PARAMS.items():
+        defaults = {name: spec["default"] for name, spec in params.items()}
+        ctl = make_controller(kind, **defaults)
+        assert ctl.name == kind
+        assert all(spec["type"] in ("int", "float", "str") for spec in params.values())
+    assert CONTROLLER_PARAMS["beta_ts"]["update"]["choices"] == ["paper", "clean"]
+    assert CONTROLLER_PARAMS["cali_ts"]["theta_hat_rule"]["default"] == "accepted"
+
+
+def test_make_controller_passes_parameters_and_rejects_unknown_ones():
+    assert make_controller("beta_ts", alpha0=2.0, update="clean").config.alpha0 == 2.0
+    assert make_controller("cali_ts", theta_M=0.7).predictor(None) == 0.7
+    with pytest.raises(ConfigError):
+        make_controller("nope")
+    with pytest.raises(ConfigError):
+        make_controller("fixed", gamma=3, alpha0=1.0)
+
+
+@pytest.mark.parametrize(
+    "kind, params",
+    [
+        ("fixed", {"gamma": 0}),
+        ("heuristic", {"start": 0}),
+        ("heuristic", {"start": 9, "cap": 4}),
+        ("beta_ts", {"alpha0": 0.0}),
+        ("beta_ts", {"update": "literal"}),
+        ("beta_ts", {"cap": 0}),
+        ("cali_ts", {"sigma_S": 0.0}),
+        ("cali_ts", {"theta_hat_rule": "x"}),
+        ("cali_ts", {"theta_M": 1.2}),
+    ],
+)
+def test_invalid_parameters_raise_config_error(kind, params):
+    with pytest.raises(ConfigError):
+        make_controller(kind, **params)
+
+
+def test_observe_rejects_impossible_counts_and_should_continue_needs_a_drafted_token():
+    ctl = BetaTSController()
+    with pytest.raises(ValueError):
+        ctl.observe(2, 3)
+    with pytest.raises(ValueError):
+        ctl.observe(2, -1)
+    with pytest.raises(ValueError):
+        ctl.should_continue(0, make_generator(0))
