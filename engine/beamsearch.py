@@ -42,7 +42,12 @@ Rules reproduced from transformers (batch size 1; K = num_beams):
    ``sequences`` + ``sequences_scores`` with ``num_return_sequences=K``.
 
 Every topk runs on a ``(1, N)`` tensor built with the same float32 operations as
-transformers, so ties break the same way.
+transformers, so ties break the same way. This holds only on the device where generate ran,
+because CPU and CUDA topk may order exactly equal values differently.
+
+Versions: these rules have been unchanged in transformers from the beam-search refactor
+(v4.50, PR #35802) to 5.23. The installed 5.23 was read. The 5.17 on the GPU machine was
+not seen. A public copy of the helpers with the same formulas suggests 5.17 is identical.
 """
 
 from __future__ import annotations
@@ -431,7 +436,8 @@ def beam_sample_step(
     info = StepInfo(
         step=state.cur_len - cfg.prompt_len, cur_len=new_len,
         pool_parents=parents, pool_tokens=tokens, pool_scores=cand_scores,
-        pool_finished=hit[0], pool_admitted=admitted, selected=torch.arange(k),
+        pool_finished=hit[0], pool_admitted=admitted,
+        selected=torch.arange(k, device=parents.device),
         parents=parents, tokens=tokens, scores=new_scores, done=done,
         pool_probs=probs[draws],
     )

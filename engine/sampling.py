@@ -2,7 +2,7 @@
 
 Every random decision in the engine goes through a :class:`Chooser`. The production
 chooser, :class:`TorchChooser`, draws from a ``torch.Generator`` so that a seed reproduces
-a whole run. Tests use an enumerating chooser (``tests/enumerate.py``) that explores every
+a whole run. Tests use an enumerating chooser (``engine/verify/enumerate.py``) that explores every
 branch of a rule with its exact probability, so exactness proofs run the production code.
 """
 

@@ -20,24 +20,16 @@ from typing import Sequence
 
 import torch
 
+from engine import trace
 from engine.sampling import EPS, Chooser, Warp, as_chooser, residual, warp_logits
-from engine.trace import (
-    ACCEPTED,
-    AUTO_REJECTED,
-    BONUS,
-    REJECTED,
-    RESAMPLED,
-    SKIPPED,
-    TARGET,
-    TestRecord,
-)
 
 Pair = tuple[int, int]  # (parent row, token id)
 Rng = torch.Generator | Chooser
 
 ACCEPT, REJECT, AUTO_REJECT, SKIP = "accept", "reject", "auto_reject", "skip"
 OUTCOME_ACCEPTED, OUTCOME_CORRECTED, OUTCOME_BONUS = "accepted", "corrected", "bonus"
-_STATUS = {ACCEPT: ACCEPTED, REJECT: REJECTED, AUTO_REJECT: AUTO_REJECTED, SKIP: SKIPPED}
+_STATUS = {ACCEPT: trace.ACCEPTED, REJECT: trace.REJECTED, AUTO_REJECT: trace.AUTO_REJECTED,
+           SKIP: trace.SKIPPED}
 _TAIL_TOL = 1e-12  # P(>= K) >= t is tested with this slack so float sums do not flip a width
 
 
@@ -62,11 +54,11 @@ class BeamTest:
         """Forest-node status (engine.trace constant) for this decision."""
         return _STATUS[self.decision]
 
-    def record(self, node: int, tree: int, depth: int) -> TestRecord:
+    def record(self, node: int, tree: int, depth: int) -> trace.TestRecord:
         """The trace record of this test, once the loop knows the forest node."""
-        return TestRecord(node, tree, depth, self.token, self.p, self.q, self.ratio,
-                          self.uniform, self.decision, self.residual_mass,
-                          note=f"parent={self.parent} j={self.index} k={self.level}")
+        return trace.TestRecord(node, tree, depth, self.token, self.p, self.q, self.ratio,
+                                self.uniform, self.decision, self.residual_mass,
+                                note=f"parent={self.parent} j={self.index} k={self.level}")
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,7 @@ class Verdict:
     accepted: int  # number of accepted candidates (DSBD: stops counting at width)
     outcome: str  # accepted | corrected | bonus
     beams: tuple[Pair, ...]  # output (parent, token) pairs, in output order
-    origins: tuple[str, ...]  # ACCEPTED / RESAMPLED / TARGET (fresh p sample) / BONUS
+    origins: tuple[str, ...]  # trace.ACCEPTED / RESAMPLED / TARGET (fresh p sample) / BONUS
     sources: tuple[int, ...]  # draft index j of each output beam, -1 if not a draft
     residual_mass: float | None = None  # AtSpeed: mass of max(0, p - q) at a rejected step
     fallback: bool = False  # AtSpeed: residual empty, drew from p instead
@@ -117,12 +109,9 @@ def beam_distribution(
 
 
 def acceptance_alphas(
-    p_beam: torch.Tensor,
-    q_beam: torch.Tensor,
-    n: int,
-    parent_valid: Sequence[bool] | None = None,
+    p_beam: torch.Tensor, q_beam: torch.Tensor, n: int, parent_valid: Sequence[bool] | None = None
 ) -> tuple[float, ...]:
-    """DSBD Eq. 4: alpha_j = sum_x min(p_j(x), q_v(x)), p_1 = p_beam, p_{j+1} = norm(max(p_j - q_v, 0)).
+    """DSBD Eq. 4: alpha_j = sum_x min(p_j, q_v); p_1 = p_beam, p_{j+1} = norm(max(p_j - q_v, 0)).
 
     alpha_j = P(draft j accepted | the j-1 drafts since the last reset were rejected). Depends
     only on (p_beam, q_beam, parents), never on the layer's drafts: compute it before them.
@@ -144,7 +133,7 @@ def acceptance_alphas(
 def width_distribution(alphas: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """DSBD Eq. 2-3: P(W_S, k), the law of the number k of accepts among W_S drafts.
 
-    P(m, k) = sum_{i=1}^{m} Ptilde(i) P(m - i, k - 1) with Ptilde(i) = alpha_i prod_{j<i}(1 - alpha_j)
+    P(m, k) = sum_{i=1}^{m} Ptilde(i) P(m - i, k - 1), Ptilde(i) = alpha_i prod_{j<i}(1 - alpha_j)
     (Eq. 3; the alpha sequence restarts after each accept because p' resets), P(0, 0) = 1,
     P(m, k) = 0 for k > m, and the base case the paper omits: P(m, 0) = prod_{j<=m}(1 - alpha_j).
 
@@ -217,14 +206,8 @@ def choose_width(
 
 
 def verify_layer(
-    p_beam: torch.Tensor,
-    q_beam: torch.Tensor,
-    candidates: Sequence[Pair],
-    width: int,
-    rng: Rng,
-    *,
-    parent_valid: Sequence[bool] | None = None,
-    fill_to: int | None = None,
+    p_beam: torch.Tensor, q_beam: torch.Tensor, candidates: Sequence[Pair], width: int, rng: Rng,
+    *, parent_valid: Sequence[bool] | None = None, fill_to: int | None = None,
 ) -> Verdict:
     """DSBD Sec. 3.1 / Alg. 1 lines 12-31: verify one draft layer, correct it if it fails.
 
@@ -263,7 +246,7 @@ def verify_layer(
     if len(accepted) == width:
         beams = tuple(candidates[j] for j in accepted)
         return Verdict(tuple(tests), width, width, OUTCOME_ACCEPTED, beams,
-                       (ACCEPTED,) * width, tuple(accepted))
+                       (trace.ACCEPTED,) * width, tuple(accepted))
     return _correct_layer(p, p_res, candidates, tests, accepted, width, fill_to, vocab, chooser)
 
 
@@ -276,7 +259,7 @@ def bonus_layer(p_beam: torch.Tensor, width: int, rng: Rng) -> Verdict:
     chooser = as_chooser(rng)
     p = p_beam.detach().double().cpu().reshape(-1)  # (B*V,)
     beams = tuple(_pair(chooser.categorical(p), p_beam.shape[-1]) for _ in range(width))
-    return Verdict((), width, 0, OUTCOME_BONUS, beams, (BONUS,) * width, (-1,) * width)
+    return Verdict((), width, 0, OUTCOME_BONUS, beams, (trace.BONUS,) * width, (-1,) * width)
 
 
 def _test_layer(p, q, q_v, valid, candidates, vocab, width, chooser):
@@ -309,13 +292,13 @@ def _test_layer(p, q, q_v, valid, candidates, vocab, width, chooser):
 def _correct_layer(p, p_res, candidates, tests, accepted, width, fill_to, vocab, chooser):
     """DSBD correction layer: accepted drafts + one residual sample + fresh p_beam samples."""
     beams = [candidates[j] for j in accepted]
-    origins, sources = [ACCEPTED] * len(accepted), list(accepted)
+    origins, sources = [trace.ACCEPTED] * len(accepted), list(accepted)
     beams.append(_pair(chooser.categorical(p_res), vocab))
-    origins.append(RESAMPLED)
+    origins.append(trace.RESAMPLED)
     sources.append(-1)
     while len(beams) < fill_to:
         beams.append(_pair(chooser.categorical(p), vocab))
-        origins.append(TARGET)  # fresh sample from p_beam
+        origins.append(trace.TARGET)  # fresh sample from p_beam
         sources.append(-1)
     return Verdict(tuple(tests), width, len(accepted), OUTCOME_CORRECTED, tuple(beams),
                    tuple(origins), tuple(sources))
@@ -408,13 +391,13 @@ def relaxed_verify_step(
     if len(accepted) >= k:
         keep = sorted(_uniform_subset(accepted, k, chooser))
         return Verdict(tuple(tests), k, len(accepted), OUTCOME_ACCEPTED,
-                       tuple(drafted[j] for j in keep), (ACCEPTED,) * k, tuple(keep))
+                       tuple(drafted[j] for j in keep), (trace.ACCEPTED,) * k, tuple(keep))
     res = (pf - qf).clamp_min(0)  # (B*V,) unnormalised residual
     taken = [drafted[j][0] * vocab + drafted[j][1] for j in accepted]
     extra, fallback = _draw_distinct(res, pf, taken, k - len(accepted), chooser)
     beams = tuple(drafted[j] for j in accepted) + tuple(_pair(x, vocab) for x in extra)
     return Verdict(tuple(tests), k, len(accepted), OUTCOME_CORRECTED, beams,
-                   (ACCEPTED,) * len(accepted) + (RESAMPLED,) * len(extra),
+                   (trace.ACCEPTED,) * len(accepted) + (trace.RESAMPLED,) * len(extra),
                    tuple(accepted) + (-1,) * len(extra), float(res.sum()), fallback)
 
 
@@ -423,7 +406,7 @@ def relaxed_bonus_step(p: torch.Tensor, k: int, rng: Rng) -> Verdict:
     pf = p.detach().double().cpu().reshape(-1)  # (B*V,)
     extra, fallback = _draw_distinct(pf, pf, [], k, as_chooser(rng))
     beams = tuple(_pair(x, p.shape[-1]) for x in extra)
-    return Verdict((), k, 0, OUTCOME_BONUS, beams, (BONUS,) * k, (-1,) * k, None, fallback)
+    return Verdict((), k, 0, OUTCOME_BONUS, beams, (trace.BONUS,) * k, (-1,) * k, None, fallback)
 
 
 # ---------------------------------------------------------------- helpers
@@ -469,23 +452,15 @@ def _uniform_subset(items: list[int], k: int, chooser: Chooser) -> list[int]:
 
 
 def _draw_distinct(dist, fallback, taken, n, chooser):
-    """n draws without replacement from dist (then fallback) with `taken` zeroed; + fell-back flag."""
-    taken, out, fell_back = list(taken), [], False
+    """n draws without replacement from dist (else fallback), `taken` zeroed; + fallback flag."""
+    free, out, fell_back = torch.ones_like(dist), [], False  # (B*V,) 0 where taken
+    free[list(taken)] = 0.0
     for _ in range(n):
-        d = _zeroed(dist, taken)
+        d = dist * free
         if float(d.sum()) <= EPS:
-            d, fell_back = _zeroed(fallback, taken), True
+            d, fell_back = fallback * free, True
         if float(d.sum()) <= EPS:
             d = fallback  # fewer positive-mass pairs than K: allow a repeat
-        x = chooser.categorical(d / d.sum())
-        taken.append(x)
-        out.append(x)
+        out.append(chooser.categorical(d / d.sum()))
+        free[out[-1]] = 0.0
     return out, fell_back
-
-
-def _zeroed(dist: torch.Tensor, taken: list[int]) -> torch.Tensor:
-    """Copy of dist with the flat indices in `taken` set to 0."""
-    d = dist.clone()
-    if taken:
-        d[torch.tensor(taken)] = 0.0
-    return d

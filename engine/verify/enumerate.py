@@ -26,8 +26,8 @@ class EnumeratingChooser:
     """A Chooser that follows `path` (option indices) and then takes option 0 at new choices.
 
     ``prob`` is the probability of the path taken so far. ``branches`` lists the untried
-    sibling paths found during this run. The value returned by ``accept`` is a uniform that
-    agrees with the decision: prob/2 when accepting, (1 + prob)/2 when rejecting.
+    sibling paths found during this run. ``accept(a)`` returns a uniform consistent with its
+    decision: a/2 when accepting, (1 + a)/2 when rejecting.
     """
 
     def __init__(self, path: Sequence[int] = (), *, branch_categorical: bool = True,
@@ -118,9 +118,9 @@ def _resolve(rule: str | Rule, scheme: str | None) -> tuple[Rule, str | None]:
     return rule, scheme
 
 
-def exact_acceptance(rule: str | Rule, p: torch.Tensor, q: torch.Tensor,
+def exact_acceptance(rule_name: str | Rule, p: torch.Tensor, q: torch.Tensor,
                      candidates: Sequence[int]) -> float:
-    """Probability that `rule` accepts one of these candidates (the drafts are given).
+    """Probability that the rule accepts one of these candidates (the drafts are given).
 
     The residual categorical branches only over the candidates, which makes this cheap on
     a full vocabulary.
@@ -128,7 +128,7 @@ def exact_acceptance(rule: str | Rule, p: torch.Tensor, q: torch.Tensor,
     Args:
         p, q: (V,) target / draft distributions at the parent.
     """
-    fn, _ = _resolve(rule, None)
+    fn, _ = _resolve(rule_name, None)
     outcomes = enumerate_outcomes(lambda ch: fn(p, q, candidates, ch),
                                   branch_categorical=False, keep=candidates)
     return math.fsum(w for w, v in outcomes if v.accepted is not None)
@@ -145,37 +145,37 @@ def _step_outcomes(rule: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
             for w2, v in enumerate_outcomes(lambda ch, c=cands: fn(p, q, c, ch))]
 
 
-def exact_step(rule: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
+def exact_step(rule_name: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
                scheme: str | None = None) -> tuple[torch.Tensor, float]:
     """Exact law of the emitted token and expected acceptance for one position.
 
-    n drafts are drawn from q under `scheme`, then verified by `rule`; both the draws and the
+    n drafts are drawn from q under `scheme`, then verified by the rule; both the draws and the
     rule's choices are enumerated.
 
     Args:
-        rule: a name in RULES, or a rule callable (scheme is then required).
+        rule_name: a name in RULES, or a rule callable (scheme is then required).
         p, q: (V,) target / draft distributions; n: number of drafts.
-        scheme: draft scheme; defaults to SCHEME[rule].
+        scheme: draft scheme; defaults to SCHEME[rule_name].
     Returns:
         ((V,) float64 output distribution, which equals p when the rule is exact for the
         scheme; alpha = P(emitted token is a draft), note 002 §0).
     """
     mass = [0.0] * p.shape[-1]
     accepted: list[float] = []
-    for w, v in _step_outcomes(rule, p, q, n, scheme):
+    for w, v in _step_outcomes(rule_name, p, q, n, scheme):
         mass[v.token] += w
         if v.accepted is not None:
             accepted.append(w)
     return torch.tensor(mass, dtype=torch.float64), math.fsum(accepted)  # (V,), scalar
 
 
-def exact_output_distribution(rule: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
+def exact_output_distribution(rule_name: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
                               scheme: str | None = None) -> torch.Tensor:
     """(V,) float64 law of the emitted token; see :func:`exact_step`."""
-    return exact_step(rule, p, q, n, scheme)[0]
+    return exact_step(rule_name, p, q, n, scheme)[0]
 
 
-def exact_expected_acceptance(rule: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
+def exact_expected_acceptance(rule_name: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
                               scheme: str | None = None) -> float:
     """Expected acceptance rate alpha, averaged over the draft draws; see :func:`exact_step`."""
-    return exact_step(rule, p, q, n, scheme)[1]
+    return exact_step(rule_name, p, q, n, scheme)[1]

@@ -23,10 +23,11 @@ probability. Either way the tree walk can descend into that child.
 One-hot inputs (temperature 0, note 003 §2.5). When p is one-hot on a, every rule emits a, and
 it accepts exactly when a is among the candidates. This is exact argmax matching. It holds
 for any candidate list, because a candidate with q(x) = 0 and p(x) > 0 gets ratio 1 (the
-limit of min(1, p/q)). When q is one-hot on b and p is not, the first b is accepted with
-probability p(b). Any repeat of b is then rejected, and the emitted token follows p.
-Choosing candidates deterministically at temperature 0 is the caller's job. See
-:func:`draw_candidates`.
+limit of min(1, p/q)). When q is one-hot on b and p is not (greedy draft, sampled target),
+i.i.d. drafting gives n copies of b. RRS accepts the first copy with probability p(b); every
+repeat then has ratio 0. K-SEQ tests each copy with min(1, p(b)/rho), and its total
+acceptance is also p(b). The emitted token follows p in every case. Choosing candidates
+deterministically at temperature 0 is the caller's job; see :func:`draw_candidates`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Beam-level rules (engine/verify/beam.py): DSBD exactness and width DP, AtSpeed strict/relaxed.
 
-Exactness checks run the production rules under an enumerating chooser that explores every
-accept / categorical branch with its exact probability (no sampling noise).
+Exactness checks run the production rules under engine.verify.enumerate's chooser, which explores
+every accept / categorical branch with its exact float64 probability (no sampling noise).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from engine.sampling import make_generator
+from engine.sampling import Warp, make_generator
 from engine.trace import ACCEPTED, BONUS, RESAMPLED, TARGET
 from engine.verify.beam import (
     acceptance_alphas,
@@ -27,52 +27,17 @@ from engine.verify.beam import (
     verify_layer,
     width_distribution,
 )
+from engine.verify.enumerate import enumerate_outcomes
 
 # ---------------------------------------------------------------- exact enumeration
 
 
-class _Script:
-    """Chooser that follows a script of branch choices and records each branch's weight."""
-
-    def __init__(self, script: list[int]):
-        self.script, self.pos, self.weight, self.arity = script, 0, 1.0, []
-
-    def _branch(self, weights: list[float]) -> int:
-        options = [i for i, w in enumerate(weights) if w > 0]
-        if self.pos == len(self.script):
-            self.script.append(0)
-        pick = options[self.script[self.pos]]
-        self.arity.append(len(options))
-        self.pos += 1
-        self.weight *= weights[pick]
-        return pick
-
-    def uniform(self) -> float:
-        raise AssertionError("rules under enumeration must use accept/categorical")
-
-    def accept(self, prob: float) -> tuple[bool, float]:
-        prob = min(max(float(prob), 0.0), 1.0)
-        ok = self._branch([prob, 1.0 - prob]) == 0
-        return ok, (prob / 2 if ok else (1 + prob) / 2)
-
-    def categorical(self, probs: torch.Tensor) -> int:
-        w = probs.double().clamp_min(0)
-        return self._branch((w / w.sum()).tolist())
-
-
 def enumerate_law(run) -> dict:
     """Exact law of run(chooser)'s (hashable) result over every branch of its choices."""
-    law, script = defaultdict(float), []
-    while True:
-        chooser = _Script(script)
-        result = run(chooser)
-        law[result] += chooser.weight
-        script = chooser.script[: chooser.pos]
-        while script and script[-1] + 1 >= chooser.arity[len(script) - 1]:
-            script.pop()
-        if not script:
-            return dict(law)
-        script[-1] += 1
+    law = defaultdict(float)
+    for weight, result in enumerate_outcomes(run):
+        law[result] += weight
+    return dict(law)
 
 
 def max_gap(law: dict, ref: dict) -> float:
@@ -250,14 +215,28 @@ def test_verify_layer_records_every_candidate_and_skips_after_width():
     assert v.tests[2].uniform is None and v.tests[0].ratio == 1.0
 
 
+class RejectAll:
+    """Chooser that rejects every test and draws the argmax (a deterministic path)."""
+
+    def uniform(self) -> float:
+        return 0.999
+
+    def accept(self, prob: float) -> tuple[bool, float]:
+        return False, 0.999
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(probs.argmax())
+
+
 def test_verify_layer_uses_p_over_q_and_compounds_the_residual():
-    p, q = dist([0.2, 0.8]), dist([0.4, 0.6])
-    v = verify_layer(p, q, [(0, 0), (0, 0)], 1, make_generator(0))
-    first = v.tests[0]
-    assert first.ratio == pytest.approx(0.5) and first.p == pytest.approx(0.2)
-    if first.decision == "reject":  # residual norm(max(p - q, 0)) puts all mass on token 1
-        assert first.residual_mass == pytest.approx(0.2)
-        assert v.tests[1].p == 0.0 and v.tests[1].level == 2
+    p, q = dist([0.2, 0.8]), dist([0.4, 0.6])  # (B=1, V=2)
+    v = verify_layer(p, q, [(0, 0), (0, 0)], 1, RejectAll())
+    first, second = v.tests
+    assert first.ratio == pytest.approx(0.5) and first.p == pytest.approx(0.2)  # p/q, not q/p
+    assert first.residual_mass == pytest.approx(0.2) and first.level == 1
+    # p' = norm(max(p - q, 0)) = [0, 1]: the same token now has p' = 0
+    assert second.p == 0.0 and second.p_beam == pytest.approx(0.2) and second.level == 2
+    assert v.outcome == "corrected" and v.beams == ((0, 1),) and v.origins == (RESAMPLED,)
 
 
 def test_verify_layer_auto_rejects_children_of_rejected_parents():
@@ -293,6 +272,9 @@ def test_beam_distribution_is_the_normalised_joint():
     masked = beam_distribution(torch.tensor([0.0, float("-inf")]),
                                torch.tensor([[0.5, 0.5], [0.2, 0.8]]))
     assert_close(masked, torch.tensor([[0.5, 0.5], [0.0, 0.0]], dtype=torch.float64))
+    top2 = beam_distribution(torch.log(torch.tensor([0.25, 0.75])),
+                             torch.tensor([[0.5, 0.5], [0.2, 0.8]]), Warp(top_k=2))
+    assert_close(top2, torch.tensor([[0.0, 0.0], [0.2, 0.8]], dtype=torch.float64))
 
 
 # ---------------------------------------------------------------- AtSpeed strict
@@ -381,3 +363,9 @@ def test_relaxed_step_output_law_is_close_to_target_beam_sampling():
     assert abs(sum(law.values()) - 1.0) < 1e-12
     assert all(a != b for a, b in law)  # distinct outputs: accepted pairs leave the residual
     assert 0.0 <= d_distinct <= 1.0 and 0.0 <= d_iid <= 1.0  # approximate by design
+
+
+def test_relaxed_step_falls_back_to_p_when_the_residual_is_empty():
+    v = relaxed_verify_step(PR, PR.clone(), [(0, 0)], 2, make_generator(0))  # p == q, N < K
+    assert v.accepted == 1 and v.fallback and v.residual_mass == 0.0
+    assert v.beams[0] == (0, 0) and v.beams[1] != (0, 0)  # accepted pair is zeroed

@@ -1,0 +1,286 @@
+"""Token-level speculative methods on one sequence: chain SD, MCSD k-config trees and
+Hu et al.'s greedy drafts. One target forward per round scores the whole tree.
+
+Propose: the drafter expands the tree level by level (one draft forward per level, tree
+attention inside its own cache); a controller may cut a chain short (EESD Alg. 1).
+Verify: walk from the root; at each node a pure rule from ``engine.verify.token`` tests the
+children in draw order; a rejection ends the round with the residual token, an accepted leaf
+earns a bonus token drawn from p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.control import Controller, FixedController
+from engine.forest import ROOT, Forest, empty_forest
+from engine.methods.base import Verdict
+from engine.methods.single import SingleStart, finish_single
+from engine.sampling import probs_from_logits
+from engine.trace import (
+    ACCEPTED,
+    BONUS,
+    NOT_REACHED,
+    ORIGIN_ACCEPTED,
+    ORIGIN_BONUS,
+    ORIGIN_RESAMPLED,
+    REJECTED,
+    RESAMPLED,
+    SKIPPED,
+    NodeTrace,
+    TestRecord,
+)
+from engine.verify.token import RULES, SCHEME, draw_candidates
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Tree shape and verification rule of a token-level method."""
+
+    k_config: tuple[int, ...]  # children per node at each depth (chain: (1,) * gamma)
+    rule: str  # key of engine.verify.token.RULES
+    chain_control: bool = False  # a controller decides the chain length token by token
+
+    @property
+    def scheme(self) -> str:
+        return SCHEME[self.rule]
+
+
+def draft_dist(logits: torch.Tensor, k: int, scheme: str, ctx) -> tuple[torch.Tensor, list[int]]:
+    """Draft law q at a node and its k children (MCSD §2.5 at temperature 0).
+
+    Args:
+        logits: (V,) draft logits at the node.
+    Returns:
+        ((V,) q, candidate tokens in draw order).
+    """
+    if ctx.warp.greedy:
+        top = torch.topk(logits.float(), k).indices  # (k,)
+        if scheme == "with_replacement":
+            q = torch.zeros_like(logits, dtype=torch.float32)
+            q[top[0]] = 1.0
+            return q, [int(top[0])] * k
+        q = torch.zeros_like(logits, dtype=torch.float32)
+        q[top] = torch.softmax(logits[top].float(), dim=-1)
+        return q, top.tolist()
+    q = probs_from_logits(logits, ctx.warp)  # (V,)
+    return q, draw_candidates(q, k, scheme, ctx.chooser)
+
+
+class TreeSpeculation(SingleStart):
+    """Draft a tree (or controlled chain) with the drafter, verify it with one rule."""
+
+    def __init__(self, cfg: TreeConfig, controller: Controller | None = None):
+        self.cfg = cfg
+        self.controller = controller or FixedController(len(cfg.k_config))
+
+    # ------------------------------------------------------------- propose
+    def propose(self, ctx) -> Forest:
+        budget = ctx.remaining - 1  # the round's own target token always fits
+        levels = list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
+        if budget < 1 or levels == []:
+            return empty_forest(1)
+        self.controller.begin_round()
+        ctx.draft_feed()
+        q_at: dict[int, torch.Tensor] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        q_tok: list[float] = []
+        frontier = [(ROOT, ctx.draft.root_logits[0])]
+        depth = 0
+        while frontier:
+            k = self._branching(depth, levels)
+            new = []
+            for node, logits in frontier:
+                q, cands = draft_dist(logits, k, self.cfg.scheme, ctx)
+                q_at[node] = q
+                for c in cands:
+                    tokens.append(c)
+                    parents.append(node)
+                    q_tok.append(float(q[c]))
+                    new.append(len(tokens) - 1)
+            depth += 1
+            if not self._go_deeper(depth, levels, budget, ctx):
+                break
+            logits = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
+                                    torch.tensor([[parents[i] for i in new]]))[0]
+            frontier = [(n, logits[j]) for j, n in enumerate(new)]
+        return Forest(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
+                      q_tok=torch.tensor([q_tok]), extras={"q_at": q_at, "depth": depth})
+
+    def _branching(self, depth: int, levels: list[int] | None) -> int:
+        return 1 if levels is None else levels[depth]
+
+    def _go_deeper(self, depth: int, levels, budget: int, ctx) -> bool:
+        if levels is not None:
+            return depth < len(levels)
+        if depth >= budget:
+            return False
+        return self.controller.should_continue(depth, ctx.chooser)
+
+    # -------------------------------------------------------------- verify
+    def verify(self, ctx, forest: Forest, p_root, p_nodes) -> Verdict:
+        if forest.size == 0:
+            p = probs_from_logits(p_root[0], ctx.warp)
+            tok = int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
+            return finish_single(ctx, [], [], tok, [ORIGIN_BONUS],
+                                 nodes=(_pseudo(0, ROOT, 1, tok, ctx, BONUS, p),))
+        tokens = forest.tokens[0].tolist()
+        parents = forest.parents[0].tolist()
+        kids: dict[int, list[int]] = {}
+        for i, par in enumerate(parents):
+            kids.setdefault(par, []).append(i)
+        rule = RULES[self.cfg.rule]
+        status = [NOT_REACHED] * len(tokens)
+        p_tok = [None] * len(tokens)
+        tests: list[TestRecord] = []
+        node, path, final, final_status = ROOT, [], None, BONUS
+        while True:
+            p = probs_from_logits(p_root[0] if node == ROOT else p_nodes[0, node], ctx.warp)
+            for c in kids.get(node, []):
+                p_tok[c] = float(p[tokens[c]])
+            if node not in kids:  # leaf: every draft on the path accepted -> bonus
+                final = int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
+                break
+            group = kids[node]
+            v = rule(p, forest.extras["q_at"][node], [tokens[c] for c in group], ctx.chooser)
+            depth = len(path) + 1
+            tests += [_remap(t, group, depth) for t in v.tests]
+            for t in v.tests:
+                status[group[t.node]] = ACCEPTED if t.decision == "accept" else REJECTED
+            for c in group:
+                if status[c] == NOT_REACHED:
+                    status[c] = SKIPPED
+            if v.accepted is None:
+                final, final_status = v.token, RESAMPLED
+                break
+            node = group[v.accepted]
+            status[node] = ACCEPTED
+            path.append(node)
+        return self._finish(ctx, forest, tokens, parents, status, p_tok, tests, path, final,
+                            final_status)
+
+    def _finish(self, ctx, forest, tokens, parents, status, p_tok, tests, path, final,
+                final_status) -> Verdict:
+        q_tok = forest.q_tok[0].tolist()
+        depths = _depths(parents)
+        nodes = [NodeTrace(i, parents[i], 0, depths[i], tokens[i], ctx.decode(tokens[i]),
+                           q_tok[i], p_tok[i], status[i]) for i in range(len(tokens))]
+        last = path[-1] if path else ROOT
+        nodes.append(_pseudo(len(tokens), last, len(path) + 1, final, ctx, final_status, None))
+        origin = ORIGIN_BONUS if final_status == BONUS else ORIGIN_RESAMPLED
+        drafted = max(depths) if depths else 0
+        return finish_single(
+            ctx, path, [tokens[i] for i in path], final,
+            [ORIGIN_ACCEPTED] * len(path) + [origin], nodes=tuple(nodes), tests=tuple(tests),
+            drafted=drafted, accepted=len(path),
+            extras={"k_config": list(self.cfg.k_config), "rule": self.cfg.rule,
+                    "tree_nodes": len(tokens)},
+        )
+
+    def observe(self, ctx, verdict: Verdict) -> dict | None:
+        if verdict.drafted == 0:
+            return None
+        self.controller.observe(verdict.drafted, verdict.accepted)
+        return self.controller.state()
+
+
+def _remap(t: TestRecord, group: list[int], depth: int) -> TestRecord:
+    from dataclasses import replace
+
+    return replace(t, node=group[t.node], depth=depth)
+
+
+def _depths(parents: list[int]) -> list[int]:
+    d: list[int] = []
+    for par in parents:
+        d.append(1 if par < 0 else d[par] + 1)
+    return d
+
+
+def _pseudo(i: int, parent: int, depth: int, tok: int, ctx, status: str, p) -> NodeTrace:
+    """The round's target token (resampled or bonus) drawn as a node below the path."""
+    pt = float(p[tok]) if p is not None else None
+    return NodeTrace(i, parent, 0, depth, tok, ctx.decode(tok), None, pt, status)
+
+
+# ------------------------------------------------------------------ registry
+from engine.config import ParamSpec, parse_k_config  # noqa: E402
+from engine.control import make_controller  # noqa: E402
+from engine.methods.base import MethodSpec, register  # noqa: E402
+
+EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
+         "end); token-identical to greedy generate() at temperature 0")
+
+CONTROL_PARAMS = (
+    ParamSpec("controller", str, "fixed", "draft-length controller",
+              choices=("fixed", "heuristic", "beta_ts", "cali_ts")),
+    ParamSpec("cap", int, 16, "hard cap on the draft length (adaptive controllers)", min=1,
+              max=64),
+    ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0", min=0.0, min_exclusive=True),
+    ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0", min=0.0, min_exclusive=True),
+    ParamSpec("update", str, "paper", "Beta-TS update rule (EESD Eq. 3-4 or textbook counts)",
+              choices=("paper", "clean")),
+)
+
+
+def build_controller(params: dict) -> Controller:
+    kind = params["controller"]
+    if kind == "fixed":
+        return make_controller("fixed", gamma=params["gamma"])
+    if kind == "heuristic":
+        return make_controller("heuristic", start=min(params["gamma"], params["cap"]),
+                               cap=params["cap"])
+    if kind == "beta_ts":
+        return make_controller("beta_ts", alpha0=params["alpha0"], beta0=params["beta0"],
+                               update=params["update"], cap=params["cap"])
+    return make_controller("cali_ts", cap=params["cap"])
+
+
+def build_chain(params: dict, rule: str = "sd") -> TreeSpeculation:
+    ctl = build_controller(params)
+    fixed = params["controller"] == "fixed"
+    cfg = TreeConfig((1,) * params["gamma"], rule, chain_control=not fixed)
+    return TreeSpeculation(cfg, ctl)
+
+
+register(MethodSpec(
+    name="sd",
+    summary="Chain speculative decoding (Leviathan et al. / Chen et al.), draft length gamma "
+            "or a controller (heuristic, Beta-TS, Cali-TS).",
+    family="token",
+    exactness=EXACT,
+    params=(ParamSpec("gamma", int, 4, "draft tokens per round", min=1, max=64),)
+    + CONTROL_PARAMS,
+    build=build_chain,
+    reference="greedy",
+))
+
+register(MethodSpec(
+    name="mcsd",
+    summary="Multi-candidate speculative decoding (MCSD): k-config candidate trees verified "
+            "by RRS without replacement (Alg. 2), RRS with replacement (Alg. 1), naive "
+            "(MCNS) or SpecTr K-SEQ.",
+    family="token",
+    exactness=EXACT,
+    params=(
+        ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2"),
+        ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
+                  choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
+    ),
+    build=lambda p: TreeSpeculation(TreeConfig(parse_k_config(p["k_config"]), p["verifier"])),
+    reference="greedy",
+))
+
+register(MethodSpec(
+    name="greedy_drafts",
+    summary="Hu et al.'s greedy draft sampling (top n-1 of q + one draw from the rest) at "
+            "every tree node, verified by the rule that attains its optimal acceptance.",
+    family="token",
+    exactness=EXACT,
+    params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),),
+    build=lambda p: TreeSpeculation(TreeConfig(parse_k_config(p["k_config"]), "greedy_drafts")),
+    reference="greedy",
+))

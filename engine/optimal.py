@@ -1,0 +1,473 @@
+"""Optimal multi-draft acceptance alpha* and closed-form verifier acceptances (note 002).
+
+Hu et al., "Towards Optimal Multi-Draft Speculative Decoding" (ICLR 2025). For a draft law
+p_draft on n-tuples built from q, the best acceptance any lossless verifier can reach is
+
+    alpha* = 1 + min_H [P(H) - Q(H)],   Q(H) = Prob[all drafts lie in H]     (Hu et al. Eq. 8)
+
+and the minimiser H* is a certificate: 1 - alpha* = Q(H*) - P(H*) is rejection mass no
+verifier can avoid. Hu et al. Thm. 6 / §4.2.1: some optimal H is a prefix of the tokens sorted
+by q/p decreasing (p = target, q = draft). Q per draft scheme (note 002 §1.3, §2.3-2.4):
+
+- "with_replacement": Q(H) = q(H)^n.
+- "without_replacement": sequential draws from q renormalised over the tokens not yet drawn.
+  The paper's generating-function Q is NOT this law (note 002 §2.4, §7 erratum 7); we use the
+  exact Q: closed form for n = 2, exact enumeration for tiny supports, and otherwise the
+  exponential-clock integral (note 002 §2.4 (b)) on a trapezoid grid in log t (error < 1e-8).
+  The prefix scan is proven for q-convex Q only; for this Q it is empirical (note 002 §2.4)
+  and the tests check it against the LP.
+- "greedy": Top_{n-1}(q) plus one draw from q^{¬T} (Hu et al. §5.1, Thm. 7).
+
+`lp_alpha_star` solves the multi-draft transport LP (Hu et al. Eq. 7/9) by brute force, for
+the tests. Inputs are (V,) distributions (float32 or float64); all arithmetic is float64 and
+both inputs are renormalised.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+SCHEMES = ("with_replacement", "without_replacement", "greedy")
+ENUM_LIMIT = 20_000  # ordered draft tuples up to which "without_replacement" Q is enumerated
+CLOCK_STEP = 0.35  # trapezoid step in u = log t; error ~exp(-2*pi*d/h), measured < 1e-9
+CLOCK_TOL = 1e-10  # prefixes with 1 - Q(H) <= C r(H) below this use the bound's midpoint
+CLOCK_CHUNK = 8  # grid rows per block (keeps the (rows, V) temporaries in cache)
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class OptimalResult:
+    """alpha* of one draft scheme with its certificate H* (Hu et al. Eq. 8)."""
+
+    alpha: float  # 1 + P(H*) - Q(H*)
+    H: tuple[int, ...]  # token ids of H*, ascending (the first minimising prefix)
+    P_H: float  # target mass P(H*)
+    Q_H: float  # Prob[all drafts in H*]
+    scheme: str
+    n: int
+
+
+@dataclass(frozen=True)
+class PrefixCurve:
+    """The scan of Hu et al. §4.2.1: P and Q on the prefixes H_i = order[:i], i = 0..m."""
+
+    order: torch.Tensor  # (m,) token ids (support of p or q only)
+    P: torch.Tensor  # (m+1,) P(H_i)
+    Q: torch.Tensor  # (m+1,) Q(H_i)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _dist(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Validated float64 copy of a 1-D distribution, renormalised."""
+    x = torch.as_tensor(x).detach().to(F64).flatten()  # (V,)
+    if x.numel() == 0 or not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
+        raise ValueError(f"{name} must be a non-empty, finite, non-negative (V,) tensor")
+    total = float(x.sum())
+    if total <= 0.0:
+        raise ValueError(f"{name} has no mass")
+    return x / total
+
+
+def _inputs(p, q, n: int, scheme: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked (p, q) float64 pair for n drafts."""
+    p, q = _dist(p, "p"), _dist(q, "q")
+    if p.shape != q.shape:
+        raise ValueError(f"p and q differ in shape: {tuple(p.shape)} vs {tuple(q.shape)}")
+    if int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"unknown draft scheme {scheme!r}; expected one of {SCHEMES}")
+    return p, q
+
+
+def tv_distance(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Total variation 1/2 sum |p - q|; single-draft alpha* = 1 - TV (note 002 §1.2)."""
+    p, q = _inputs(p, q, 1)
+    return 0.5 * float((p - q).abs().sum())
+
+
+def greedy_top(q: torch.Tensor, n: int) -> torch.Tensor:
+    """T = Top_{n-1}(q) within supp q, ties to the lower id (engine.verify.token convention)."""
+    k = min(n - 1, int((q > 0).sum()))
+    return torch.sort(q, descending=True, stable=True).indices[:k]  # (k,)
+
+
+def _greedy_rest(q: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """q' = q^{¬T}, normaliser summed over the rest (note 002 §2.4 numerics); 0 if empty."""
+    rest = q.clone()
+    rest[top] = 0.0
+    mass = float(rest.sum())
+    return rest / mass if mass > 0.0 else rest  # (V,)
+
+
+# ------------------------------------------------------------------- prefix Q, per scheme
+
+
+def ratio_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Tokens with p + q > 0 sorted by q/p decreasing (p = 0 -> +inf), Hu et al. §4.2.1."""
+    support = torch.nonzero((p > 0) | (q > 0)).flatten()  # (m,)
+    ps, qs = p[support], q[support]
+    ratio = torch.where(ps > 0, qs / ps.clamp_min(1e-300), torch.inf)  # (m,)
+    return support[torch.sort(ratio, descending=True, stable=True).indices]
+
+
+def _q_with(qs: torch.Tensor, n: int) -> torch.Tensor:
+    """Q(H_i) = q(H_i)^n for i = 0..m (Hu et al. §4.2.2, with replacement)."""
+    return torch.cat([qs.new_zeros(1), torch.cumsum(qs, 0)]).clamp(max=1.0) ** n
+
+
+def _q_without_two(qs: torch.Tensor) -> torch.Tensor:
+    """Exact n = 2 sequential Q (note 002 §2.4 (a)): sum_{a in H} q_a q(H - a) / (1 - q_a).
+
+    1 - q_a is summed over the other tokens for the largest q (only it can cancel), and the
+    largest token's own term is kept apart so q(H - a) never cancels either.
+    """
+    d = int(torch.argmax(qs))
+    rest = qs.clone()
+    rest[d] = 0.0  # (m,) q without the dominant token
+    comp = (1.0 - qs).clamp_min(0.0)  # (m,) 1 - q_a, accurate for q_a <= 1/2
+    comp[d] = rest.sum()
+    zero = qs.new_zeros(1)
+    s_rest = torch.cat([zero, torch.cumsum(rest, 0)])  # (m+1,) q(H - d)
+    a = torch.cat([zero, torch.cumsum(rest / comp, 0)])  # (m+1,)
+    b = torch.cat([zero, torch.cumsum(rest * rest / comp, 0)])  # (m+1,)
+    has_d = (torch.arange(qs.numel() + 1) > d).to(F64)  # (m+1,) d in H_i
+    q_h = s_rest + has_d * qs[d]
+    dominant = has_d * qs[d] * s_rest / comp[d] if comp[d] > 0 else 0.0 * has_d
+    return q_h * a - b + dominant
+
+
+def _q_without_enum(qs: torch.Tensor, n: int) -> torch.Tensor:
+    """Exact sequential Q(H_i) by enumerating ordered draws; Q(H_i) = CDF of the max position."""
+    qv = qs.tolist()
+    mass_at_max = [0.0] * (len(qv) + 1)
+
+    def walk(left: tuple[int, ...], prob: float, top: int, k: int) -> None:
+        if k == 0:
+            mass_at_max[top + 1] += prob
+            return
+        norm = math.fsum(qv[j] for j in left)  # normaliser as a sum, never 1 - q(S)
+        for x in left:
+            if qv[x] > 0:
+                rest = tuple(j for j in left if j != x)
+                walk(rest, prob * qv[x] / norm, max(top, x), k - 1)
+
+    walk(tuple(range(len(qv))), 1.0, -1, n)
+    return torch.tensor(list(itertools.accumulate(mass_at_max)), dtype=F64).clamp(max=1.0)
+
+
+def _clock_grid(qs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """Log-t grid, trapezoid weights h*t, the bound constant C and the cut r_cut.
+
+    1 - Q(H) <= r(H) * C with C = sum_{k<n} 1 / q(outside top-k): below r_cut the midpoint of
+    that bound is used; above it t_hi = 40 / r_cut makes e^{-r t_hi} negligible.
+    """
+    desc = torch.sort(qs, descending=True).values  # (m,)
+    tails = torch.flip(torch.cumsum(torch.flip(desc, [0]), 0), [0])[:n]  # (n,)
+    c_bound = float((1.0 / tails).sum())
+    r_cut = CLOCK_TOL / c_bound
+    t_lo = (1e-13 * math.factorial(n + 1)) ** (1.0 / (n + 1))  # int_0^t_lo P[N>=n] <= 1e-13
+    t_hi = 40.0 / r_cut
+    k = int(math.ceil(math.log(t_hi / t_lo) / CLOCK_STEP)) + 1
+    u = torch.linspace(math.log(t_lo), math.log(t_hi), k, dtype=F64)  # (K,)
+    t = torch.exp(u)
+    return t, (u[1] - u[0]) * t, c_bound, r_cut
+
+
+def _q_without_clock(qs: torch.Tensor, n: int) -> torch.Tensor:
+    """Sequential Q(H_i), n >= 3, by the exponential-clock integral (note 002 §2.4 (b)).
+
+    Q(H) = r int_0^inf e^{-rt} Prob[N_H(t) >= n] dt, r = q(outside H), N_H(t) = arrivals of
+    independent Exp(q_i) clocks in H. With the n-1 largest-q tokens ("heavy") split off,
+    e^{-rt} Prob[N_H(t) < n] = sum_{J, k} prod_{h in J}(1 - e^{-q_h t}) e^{-(1 - q(J)) t}
+    e_k(e^{q_j t} - 1 : light j in H), |J| + k < n; e_k comes from prefix power sums
+    (Newton's identities) of w_j = (e^{q_j t} - 1) e^{-l t}, l = max light q, which stay
+    <= 1. Every exponent is <= 0 (J and k light tokens never outweigh the heavy set).
+    """
+    m = qs.numel()
+    heavy = torch.topk(qs, n - 1).indices  # (n-1,) positions in the prefix order
+    light = qs.clone()
+    light[heavy] = 0.0  # (m,)
+    ell, light_mass, q_heavy = float(light.max()), float(light.sum()), qs[heavy]
+    suffix = torch.flip(torch.cumsum(torch.flip(qs, [0]), 0), [0])  # (m,) q(order[i:])
+    r = torch.cat([suffix[1:], qs.new_zeros(1)])  # (m,) r(H_i) for i = 1..m
+    t, wt, c_bound, r_cut = _clock_grid(qs, n)
+    subsets = [[b for b in range(n - 1) if mask >> b & 1] for mask in range(1 << (n - 1))]
+    weights = _clock_weights(t, wt, subsets, q_heavy, light_mass, ell, n)  # (n, nJ, K)
+    y = qs.new_zeros(len(subsets), m)  # (nJ, m) sum_k weight * e_k at every prefix
+    outer = qs.new_zeros(m)  # (m,) sum_t wt e^{-r t}
+    for lo in range(0, t.numel(), CLOCK_CHUNK):
+        tc = t[lo:lo + CLOCK_CHUNK, None]  # (Kc, 1)
+        w = torch.exp((light - ell) * tc) - torch.exp(-ell * tc)  # (Kc, m); heavy -> 0
+        for k, e_k in enumerate(_newton(w, n - 1)):
+            y += weights[k + 1, :, lo:lo + CLOCK_CHUNK] @ e_k
+        y += weights[0, :, lo:lo + CLOCK_CHUNK].sum(1, keepdim=True)  # e_0 = 1
+        outer += wt[lo:lo + CLOCK_CHUNK] @ torch.exp(-r * tc)
+    pos = torch.arange(1, m + 1)  # (m,) prefix length i
+    inside = [int(max((int(heavy[b]) for b in s), default=-1)) for s in subsets]
+    s_tot = sum(torch.where(pos > j_pos, y[j], 0.0) for j, j_pos in enumerate(inside))
+    q_pref = torch.where(r < r_cut, 1.0 - 0.5 * c_bound * r, r * (outer - s_tot))  # (m,)
+    return torch.cat([qs.new_zeros(1), q_pref]).clamp(0.0, 1.0)
+
+
+def _clock_weights(t, wt, subsets, q_heavy, light_mass, ell, n) -> torch.Tensor:
+    """(n, nJ, K) weights wt e^{-rho t} prod_{h in J}(1 - e^{-q_h t}), zero when |J| + k >= n."""
+    out = t.new_zeros(n, len(subsets), t.numel())
+    for j, s in enumerate(subsets):
+        arrived = torch.ones_like(t)
+        for b in s:
+            arrived = arrived * -torch.expm1(-q_heavy[b] * t)  # (K,)
+        not_j = float(q_heavy[[b for b in range(n - 1) if b not in s]].sum())
+        for k in range(n - len(s)):
+            rho = light_mass + (not_j - k * ell)  # = q(outside J) - k l >= light mass > 0
+            out[k, j] = wt * torch.exp(-rho * t) * arrived
+    return out
+
+
+def _newton(w: torch.Tensor, top: int) -> list[torch.Tensor]:
+    """e_1..e_top of the prefixes w[:, :i+1] via prefix power sums and Newton's identities."""
+    power, sums, elem = w, [], [None]
+    for j in range(1, top + 1):
+        power = w if j == 1 else power * w
+        sums.append(torch.cumsum(power, 1))  # (Kc, m) p_j of each prefix
+        acc = sums[j - 1].clone() if j % 2 else -sums[j - 1]
+        for i in range(1, j):
+            sign = 1.0 if i % 2 else -1.0  # (-1)^{i-1} p_i e_{j-i}
+            acc += sign * sums[i - 1] * elem[j - i]
+        elem.append(acc / j)
+    return elem[1:]
+
+
+def _q_without(qs: torch.Tensor, n: int) -> torch.Tensor:
+    """Exact sequential without-replacement Q(H_i), i = 0..m; min(n, |supp q|) drafts."""
+    support = int((qs > 0).sum())
+    n = min(n, support)
+    if n == support:  # every supported token is drafted
+        count = torch.cat([qs.new_zeros(1), torch.cumsum((qs > 0).to(F64), 0)])
+        return (count == support).to(F64)  # (m+1,)
+    if n == 1:
+        return _q_with(qs, 1)
+    if n == 2:
+        return _q_without_two(qs).clamp(0.0, 1.0)
+    if math.perm(support, n) <= ENUM_LIMIT:
+        return _q_without_enum(qs, n)
+    return _q_without_clock(qs, n)
+
+
+def _greedy_curve(p: torch.Tensor, q: torch.Tensor, n: int) -> PrefixCurve:
+    """Greedy drafts (Hu et al. Thm. 7 proof): Q(H) = q'(H) if T in H else 0.
+
+    Order T first, then the rest by q'/p decreasing; the minimiser T + {q' > p} is a prefix.
+    """
+    top = greedy_top(q, n)
+    q_rest = _greedy_rest(q, top)  # (V,)
+    rest = ratio_order(p, q_rest)
+    rest = rest[~torch.isin(rest, top)]
+    order = torch.cat([top, rest])  # (m,)
+    zero = p.new_zeros(1)
+    if float(q_rest.sum()) > 0.0:
+        q_pref = torch.cat([zero, torch.cumsum(q_rest[order], 0)]).clamp(max=1.0)
+    else:  # supp q inside T: the drafts are T itself
+        q_pref = torch.ones(order.numel() + 1, dtype=F64)
+    q_pref[: top.numel()] = 0.0  # T not yet inside H_i
+    return PrefixCurve(order, torch.cat([zero, torch.cumsum(p[order], 0)]), q_pref)
+
+
+def prefix_curve(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> PrefixCurve:
+    """P(H_i), Q(H_i) on the prefixes the alpha* scan visits (Hu et al. §4.2.1).
+
+    The "dual certificate curve" of note 002 §6.1: f = P - Q, and 1 - alpha* = -min f.
+
+    Args:
+        p, q: (V,) target / draft distributions.
+        n: number of drafts.
+        scheme: one of SCHEMES.
+    """
+    p, q = _inputs(p, q, n, scheme)
+    if scheme == "greedy":
+        return _greedy_curve(p, q, n)
+    order = ratio_order(p, q)  # (m,)
+    qs = q[order]
+    q_pref = _q_with(qs, n) if scheme == "with_replacement" else _q_without(qs, n)
+    return PrefixCurve(order, torch.cat([p.new_zeros(1), torch.cumsum(p[order], 0)]), q_pref)
+
+
+def scan_certificate(curve: PrefixCurve, scheme: str, n: int) -> OptimalResult:
+    """alpha* = 1 + min_i [P(H_i) - Q(H_i)] with H* the first minimising prefix (Eq. 8)."""
+    f = curve.P.clamp(max=1.0) - curve.Q  # (m+1,); f[0] = 0 so alpha* <= 1
+    i = int(torch.argmin(f))
+    alpha = min(1.0, max(0.0, 1.0 + float(f[i])))
+    h_star = tuple(sorted(curve.order[:i].tolist()))
+    return OptimalResult(alpha, h_star, float(curve.P[i]), float(curve.Q[i]), scheme, int(n))
+
+
+def alpha_star(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> OptimalResult:
+    """Optimal acceptance of n drafts from q under `scheme` for target p (Hu et al. Eq. 8).
+
+    Args:
+        p: (V,) target distribution (float32 or float64; renormalised).
+        q: (V,) draft distribution.
+        n: number of drafts (without replacement / greedy use at most |supp q| of them).
+        scheme: "with_replacement", "without_replacement" or "greedy".
+    Returns:
+        OptimalResult with alpha* and the certificate H*.
+    """
+    return scan_certificate(prefix_curve(p, q, n, scheme), scheme, n)
+
+
+def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
+    """Q(H) = Prob[every draft lies in H] for one token set H (note 002 §0).
+
+    Args:
+        q: (V,) draft distribution.
+        H: iterable of token ids.
+    """
+    _, q = _inputs(q, q, n, scheme)
+    ids = torch.as_tensor(sorted({int(x) for x in H}), dtype=torch.long)  # (|H|,)
+    if scheme == "greedy":
+        top = greedy_top(q, n)
+        return float(_greedy_rest(q, top)[ids].sum()) if bool(torch.isin(top, ids).all()) else 0.0
+    if scheme == "with_replacement":
+        return min(1.0, float(q[ids].sum())) ** n
+    order = torch.cat([ids, torch.nonzero(~torch.isin(torch.arange(q.numel()), ids)).flatten()])
+    return float(_q_without(q[order], n)[ids.numel()])
+
+
+# ------------------------------------------------------------------------ brute-force LP
+
+
+def draft_tuple_probs(q: torch.Tensor, n: int, scheme: str) -> dict[tuple[int, ...], float]:
+    """p_draft over ordered draft tuples (note 002 §1.3), for tiny vocabularies only.
+
+    Without replacement and greedy draft at most |supp q| tokens, so tuples can be shorter.
+    """
+    _, q = _inputs(q, q, n, scheme)
+    qv = q.tolist()
+    supp = [i for i, x in enumerate(qv) if x > 0]
+    if scheme == "with_replacement":
+        return {t: math.prod(qv[i] for i in t) for t in itertools.product(supp, repeat=n)}
+    if scheme == "greedy":
+        top = tuple(greedy_top(q, n).tolist())
+        rest = _greedy_rest(q, torch.tensor(top, dtype=torch.long)).tolist()
+        tuples = {top + (x,): r for x, r in enumerate(rest) if r > 0}
+        return tuples or {top: 1.0}
+    out: dict[tuple[int, ...], float] = {}
+    for t in itertools.permutations(supp, min(n, len(supp))):
+        prob = 1.0
+        for k, x in enumerate(t):
+            prob *= qv[x] / math.fsum(qv[j] for j in supp if j not in t[:k])
+        out[t] = prob
+    return out
+
+
+def lp_alpha_star(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> float:
+    """alpha* from the relaxed transport LP (Hu et al. Eq. 9 = Eq. 7 by Lemma 1), HiGHS.
+
+    max sum S[i, t] s.t. sum_t S[i, t] <= p(i), sum_i S[i, t] <= p_draft(t), S >= 0, and
+    S[i, t] = 0 unless token i is in tuple t. Enumerates every tuple: tiny V and n only.
+    """
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    p, q = _inputs(p, q, n, scheme)
+    tuples = list(draft_tuple_probs(q, n, scheme).items())
+    if len(tuples) > ENUM_LIMIT:
+        raise ValueError(f"{len(tuples)} draft tuples: the LP is for tiny V and n only")
+    rows, cols = [], []
+    edges = [(i, k) for k, (t, _) in enumerate(tuples) for i in sorted(set(t))]
+    for e, (i, k) in enumerate(edges):
+        rows += [i, p.numel() + k]
+        cols += [e, e]
+    shape = (p.numel() + len(tuples), len(edges))
+    a_ub = coo_matrix(([1.0] * len(rows), (rows, cols)), shape=shape).tocsr()
+    b_ub = p.tolist() + [prob for _, prob in tuples]
+    res = linprog(-torch.ones(len(edges)).numpy(), A_ub=a_ub, b_ub=b_ub, bounds=(0, None),
+                  method="highs", options={"primal_feasibility_tolerance": 1e-10,
+                                           "dual_feasibility_tolerance": 1e-10})
+    if res.status != 0:
+        raise RuntimeError(f"LP failed: {res.message}")
+    return float(-res.fun)
+
+
+# ---------------------------------------------------------- verifier acceptance rates
+
+
+def rrs_wr_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
+    """Expected acceptance of RRS with i.i.d. drafts (note 002 §3.1).
+
+    alpha = sum_k a_k prod_{j<k} (1 - a_j), a_k = sum_i min(p_k(i), q(i)),
+    p_1 = p, p_{k+1} = Res^{p_k - q}.
+    """
+    p_k, q = _inputs(p, q, n)
+    alpha, stay = 0.0, 1.0
+    for _ in range(n):
+        a = float(torch.minimum(p_k, q).sum())
+        alpha, stay = alpha + stay * a, stay * (1.0 - a)
+        res = (p_k - q).clamp_min(0.0)  # (V,)
+        if float(res.sum()) <= 0.0:
+            break
+        p_k = res / res.sum()
+    return min(1.0, alpha)
+
+
+def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int, iters: int = 64) -> float:
+    """K-SEQ rho solving 1 - (1 - beta(rho))^n = rho beta(rho) on [1, n] (note 002 §3.3)."""
+    p, q = _inputs(p, q, n)
+    lo, hi = 1.0, float(n)
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        covered = float(torch.minimum(p, mid * q).sum())  # rho beta(rho)
+        gap = covered - 1.0 + (1.0 - covered / mid) ** n  # nondecreasing in rho
+        lo, hi = (mid, hi) if gap < 0.0 else (lo, mid)
+    return hi
+
+
+def kseq_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
+    """Expected K-SEQ acceptance 1 - (1 - beta(rho))^n, beta = sum min(p/rho, q) (§3.3)."""
+    p, q = _inputs(p, q, n)
+    rho = kseq_rho(p, q, n)
+    beta = float(torch.minimum(p / rho, q).sum())
+    return 1.0 - (1.0 - beta) ** n
+
+
+def greedy_drafts_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
+    """Greedy drafts' verifier acceptance P(T) + sum_i min(p(i), q'(i)) (Hu et al. Thm. 7)."""
+    p, q = _inputs(p, q, n)
+    top = greedy_top(q, n)
+    return min(1.0, float(p[top].sum() + torch.minimum(p, _greedy_rest(q, top)).sum()))
+
+
+# ------------------------------------------------------------------------- benchmark
+
+
+def bench_optimal(V: int = 49152, ns=(2, 3, 4), repeats: int = 20,
+                  seed: int = 0) -> dict[str, float]:
+    """Median ms per alpha_star call, per scheme and n, on one random (p, q) pair.
+
+    p and q are heavy-tailed and correlated: q = softmax(3 z1), p = softmax(3 (0.8 z1 +
+    0.6 z2)), z ~ N(0, 1) from a seeded generator (lognormal, a Dirichlet-like spread).
+    Returns {"<scheme>/n=<n>": ms}.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    z1, z2 = torch.randn(2, V, generator=gen, dtype=F64)  # (V,) each
+    q = torch.softmax(3.0 * z1, 0)
+    p = torch.softmax(3.0 * (0.8 * z1 + 0.6 * z2), 0)
+    out = {}
+    for scheme in SCHEMES:
+        for n in ns:
+            alpha_star(p, q, n, scheme)  # warm-up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                alpha_star(p, q, n, scheme)
+                times.append(1e3 * (time.perf_counter() - start))
+            out[f"{scheme}/n={n}"] = statistics.median(times)
+    return out
