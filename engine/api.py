@@ -101,7 +101,7 @@ def build_trace(pair, decoder: Decoder, method: str, params: dict, prompt, ids: 
     beams = decoder.final_beams or tuple(
         BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores))
     best = list(beams[0].token_ids)
-    origins = decoder.finished_origins.get(tuple(best)) or (
+    origins = ctx.finished_origins.get(tuple(best)) or (
         ctx.origins[0] if ctx.seqs and ctx.seqs[0] == best else [])
     tok = tokenizer_of(pair)
     stats = summarize(rounds, len(best))

@@ -37,8 +37,10 @@ class RunContext:
     seqs: list[list[int]] = field(default_factory=list)  # generated ids per live row
     origins: list[list[tuple[str, int]]] = field(default_factory=list)  # (origin, round)
     scores: list[float] = field(default_factory=list)
+    finished_origins: dict = field(default_factory=dict)  # beam token ids -> origins
     round_index: int = 0
     draft_calls: int = 0
+    drafter: object | None = None  # a method may set its own drafter in start()
     _draft: CachedModel | None = None
 
     @property
@@ -57,7 +59,7 @@ class RunContext:
     def draft(self) -> CachedModel:
         """The drafter's cache, started lazily on the committed sequences."""
         if self._draft is None:
-            self._draft = self.pair.drafter.runner()
+            self._draft = (self.drafter or self.pair.drafter).runner()
             self._draft.start(self.committed_ids())
         return self._draft
 
@@ -90,7 +92,6 @@ class Decoder:
         self.done = False
         self.stop_reason = ""
         self.final_beams: tuple[BeamTrace, ...] = ()
-        self.finished_origins: dict[tuple[int, ...], list[tuple[str, int]]] = {}
 
     def rounds(self) -> Iterator[RoundTrace]:
         ctx = self.ctx

