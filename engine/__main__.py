@@ -50,7 +50,7 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 
 def read_prompts(args) -> list[str]:
-    if args.prompt is not None:
+    if getattr(args, "prompt", None) is not None:
         return [args.prompt]
     path = Path(args.prompt_file)
     if not path.is_file():

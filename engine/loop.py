@@ -72,6 +72,12 @@ class RunContext:
         return self.draft.feed(tokens, parents)
 
 
+def eos_ids(model: torch.nn.Module) -> frozenset[int]:
+    """EOS ids of the model's generation config (as generate() uses them)."""
+    eos = model.generation_config.eos_token_id
+    return frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -82,11 +88,9 @@ class Decoder:
 
     def __init__(self, pair: ModelPair, prompt_ids: list[int], method: Method, cfg: RunConfig,
                  decode=None):
-        eos = pair.target.generation_config.eos_token_id
-        eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         target = CachedModel(pair.target)
         gen = make_generator(cfg.seed)
-        self.ctx = RunContext(pair, cfg, list(prompt_ids), eos_ids, target, gen,
+        self.ctx = RunContext(pair, cfg, list(prompt_ids), eos_ids(pair.target), target, gen,
                               TorchChooser(gen), decode or str)
         self.method = method
         self.done = False

@@ -1,0 +1,234 @@
+"""Interleaved benchmarks of engine methods against transformers' generate().
+
+Each repeat runs, for every prompt, every listed method and its matching reference
+generate() call (greedy; beam search of the same width for beam methods; sampling at the
+same temperature otherwise) one after the other in this process, after one warm-up of each.
+Reported: tokens/s, tau, acceptance and the speedup over the matching generate() call as
+min / median / max over prompts x repeats, and whether outputs were identical where the
+method claims it. Written as a markdown table and JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import ConfigError
+from engine.loop import eos_ids
+
+
+@dataclass(frozen=True)
+class Case:
+    """A method with its parameters, as written on the command line (sd:gamma=4)."""
+
+    label: str
+    method: str
+    params: dict[str, str]
+
+
+def parse_methods(text: str) -> list[Case]:
+    cases = []
+    for item in [s.strip() for s in text.split(",") if s.strip()]:
+        name, *kvs = item.split(":")
+        params = {}
+        for kv in kvs:
+            if "=" not in kv:
+                raise ConfigError(f"bad method parameter '{kv}' in '{item}' (use key=value)")
+            k, v = kv.split("=", 1)
+            params[k.strip()] = v.strip()
+        cases.append(Case(item, name.strip(), params))
+    if not cases:
+        raise ConfigError("--methods is empty")
+    return cases
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reference_kind(spec, params: dict[str, Any]) -> tuple[str, int]:
+    """('greedy' | 'sample' | 'beam' | 'beam_sample', width) of the matching generate()."""
+    width = int(params.get("beams", 1) or 1)
+    if spec.reference.startswith("beam"):
+        return ("beam" if params["temperature"] == 0 else "beam_sample"), width
+    return ("greedy" if params["temperature"] == 0 else "sample"), 1
+
+
+def run_reference(pair, ids: list[int], kind: tuple[str, int], params: dict[str, Any]):
+    """Time one generate() call; returns (wall seconds, generated ids, beams or None)."""
+    name, width = kind
+    kw: dict[str, Any] = {"max_new_tokens": params["max_new_tokens"]}
+    if name in ("sample", "beam_sample"):
+        kw.update(do_sample=True, temperature=params["temperature"],
+                  top_k=params["top_k"] or None, top_p=params["top_p"])
+    else:
+        kw.update(do_sample=False)
+    if name.startswith("beam"):
+        kw.update(num_beams=width, num_return_sequences=width, output_scores=True,
+                  return_dict_in_generate=True)
+    x = torch.tensor([ids], device=pair.device)
+    _sync(pair.device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = pair.target.generate(x, **kw)
+    _sync(pair.device)
+    wall = time.perf_counter() - t0
+    seqs = out.sequences if hasattr(out, "sequences") else out
+    gen = [row[len(ids):].tolist() for row in seqs]
+    return wall, gen
+
+
+def _strip_pad(ids: list[int], pad: int | None, eos: set[int]) -> list[int]:
+    out = []
+    for t in ids:
+        out.append(t)
+        if t in eos:
+            break
+    while pad is not None and out and out[-1] == pad and pad not in eos:
+        out.pop()
+    return out
+
+
+def measure(pair, prompt: str, case: Case, raw: bool, common: dict[str, str]) -> dict:
+    """One interleaved pair of runs: the method, then its reference generate()."""
+    import engine
+    from engine.config import validate_params
+
+    spec = engine.METHODS[case.method]
+    given = {**common, **case.params}
+    full = validate_params(spec.all_params, given, case.method)
+    trace = engine.generate(pair, prompt, case.method, raw=raw, **given)
+    kind = reference_kind(spec, full)
+    ids = list(trace.prompt_ids)
+    ref_wall, ref_gen = run_reference(pair, ids, kind, full)
+    eos = set(eos_ids(pair.target))
+    pad = pair.target.generation_config.pad_token_id
+    ref_best = _strip_pad(ref_gen[0], pad, eos)
+    wall = trace.stats["wall_s"]
+    n_new = len(trace.token_ids)
+    identical = None
+    if kind[0] in ("greedy", "beam"):
+        identical = list(trace.token_ids) == ref_best
+    tps = n_new / wall if wall > 0 else 0.0
+    ref_tps = len(ref_best) / ref_wall if ref_wall > 0 else 0.0
+    return {
+        "case": case.label, "reference": f"generate({kind[0]}, width={kind[1]})",
+        "wall_s": wall, "new_tokens": n_new, "tokens_per_s": tps,
+        "ref_wall_s": ref_wall, "ref_new_tokens": len(ref_best), "ref_tokens_per_s": ref_tps,
+        "speedup": tps / ref_tps if ref_tps > 0 else None, "tau": trace.stats["tau"],
+        "acceptance": trace.stats["acceptance_rate"],
+        "target_calls": trace.stats["target_calls"], "identical": identical,
+    }
+
+
+def _mmm(values: list[float]) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "n/a"
+    return f"{min(vals):.2f} / {statistics.median(vals):.2f} / {max(vals):.2f}"
+
+
+def summarize(rows: list[dict], cases: list[Case]) -> list[dict]:
+    out = []
+    for case in cases:
+        rs = [r for r in rows if r["case"] == case.label]
+        ident = [r["identical"] for r in rs if r["identical"] is not None]
+
+        def med(key: str, rs=rs):
+            vals = [r[key] for r in rs if r[key] is not None]
+            return statistics.median(vals) if vals else None
+
+        out.append({
+            "case": case.label, "reference": rs[0]["reference"], "runs": len(rs),
+            "tokens_per_s": med("tokens_per_s"), "ref_tokens_per_s": med("ref_tokens_per_s"),
+            "tau": med("tau"), "acceptance": med("acceptance"),
+            "target_calls": med("target_calls"),
+            "speedup_min_med_max": _mmm([r["speedup"] for r in rs]),
+            "identical": f"{sum(ident)}/{len(ident)}" if ident else "n/a (sampling)",
+        })
+    return out
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+
+def markdown(summary: list[dict], device: str, meta: dict) -> str:
+    head = ("| method | reference | tok/s | ref tok/s | speedup min/med/max | tau | "
+            "acceptance | target calls | identical |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines = [
+        f"| {s['case']} | {s['reference']} | {_fmt(s['tokens_per_s'])} | "
+        f"{_fmt(s['ref_tokens_per_s'])} | {s['speedup_min_med_max']} | {_fmt(s['tau'])} | "
+        f"{_fmt(s['acceptance'])} | {_fmt(s['target_calls'])} | {s['identical']} |"
+        for s in summary
+    ]
+    info = ", ".join(f"{k}={v}" for k, v in meta.items())
+    return f"Device: {device}; {info}\n\n" + head + "\n".join(lines) + "\n"
+
+
+def add_arguments(p) -> None:
+    from engine.__main__ import add_model_args
+
+    p.add_argument("--methods", required=True, help="e.g. greedy,sd:gamma=4,mcsd:k_config=4x2x2")
+    p.add_argument("--prompt-file", required=True)
+    p.add_argument("--max-new-tokens", default="64")
+    p.add_argument("--temperature", default="0")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--raw", action="store_true")
+    p.add_argument("--optimal", action="store_true", help="also time engine.optimal")
+    add_model_args(p)
+
+
+def run(args) -> int:
+    import engine
+    from engine.__main__ import read_prompts
+
+    cases = parse_methods(args.methods)
+    for c in cases:
+        if c.method not in engine.METHODS:
+            raise ConfigError(f"unknown method '{c.method}'")
+    if args.repeats < 1:
+        raise ConfigError("--repeats must be >= 1")
+    prompts = read_prompts(args)
+    pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
+                            dtype=args.dtype, early_exit_layers=args.early_exit_layers)
+    common = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    for c in cases:  # warm-up of every method and reference
+        measure(pair, prompts[0], c, args.raw, {**common, "max_new_tokens": "8"})
+    rows = []
+    for rep in range(args.repeats):
+        for i, prompt in enumerate(prompts):
+            for c in cases:
+                row = measure(pair, prompt, c, args.raw, common)
+                rows.append({**row, "prompt": i, "repeat": rep})
+                print(f"[{rep}/{i}] {c.label}: {row['tokens_per_s']:.1f} tok/s, "
+                      f"speedup {row['speedup'] or 0:.2f}, identical {row['identical']}",
+                      flush=True)
+    meta = {"target": pair.target_name, "draft": pair.draft_name, "prompts": len(prompts),
+            "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature}
+    summary = summarize(rows, cases)
+    extra = {}
+    if args.optimal:
+        from engine.optimal import bench_optimal
+
+        extra["optimal_ms"] = bench_optimal()
+    md = markdown(summary, pair.device_name, meta)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text(md)
+    (out / "bench.json").write_text(json.dumps(
+        {"device": pair.device_name, "meta": meta, "summary": summary, "runs": rows,
+         "cases": [asdict(c) for c in cases], **extra}, indent=1))
+    print(md)
+    if extra:
+        print("optimal (ms per call):", json.dumps(extra["optimal_ms"]))
+    return 0
