@@ -34,10 +34,12 @@ from dataclasses import dataclass
 import torch
 
 SCHEMES = ("with_replacement", "without_replacement", "greedy")
-ENUM_LIMIT = 20_000  # ordered draft tuples up to which "without_replacement" Q is enumerated
+ENUM_LIMIT = 1_000  # ordered draws up to which "without_replacement" Q is enumerated exactly
+CERT_TOL = 1e-12  # f within this of its minimum counts as minimal (the shortest H* wins)
+LP_LIMIT = 20_000  # draft tuples the brute-force LP accepts
 CLOCK_STEP = 0.35  # trapezoid step in u = log t; error ~exp(-2*pi*d/h), measured < 1e-9
-CLOCK_TOL = 1e-10  # prefixes with 1 - Q(H) <= C r(H) below this use the bound's midpoint
-CLOCK_CHUNK = 8  # grid rows per block (keeps the (rows, V) temporaries in cache)
+CLOCK_BLOCK = 1 << 17  # elements of a (grid, token block) temporary, ~1 MB: stays in cache
+EXP_FLOOR = 690.0  # e^{-690} ~ 1e-300: smaller terms become 0, never slow subnormals
 F64 = torch.float64
 
 
@@ -156,41 +158,49 @@ def _q_without_enum(qs: torch.Tensor, n: int) -> torch.Tensor:
             return
         norm = math.fsum(qv[j] for j in left)  # normaliser as a sum, never 1 - q(S)
         for x in left:
-            if qv[x] > 0:
-                rest = tuple(j for j in left if j != x)
-                walk(rest, prob * qv[x] / norm, max(top, x), k - 1)
+            rest = tuple(j for j in left if j != x)
+            walk(rest, prob * qv[x] / norm, max(top, x), k - 1)
 
-    walk(tuple(range(len(qv))), 1.0, -1, n)
+    walk(tuple(i for i, x in enumerate(qv) if x > 0), 1.0, -1, n)
     return torch.tensor(list(itertools.accumulate(mass_at_max)), dtype=F64).clamp(max=1.0)
 
 
-def _clock_grid(qs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-    """Log-t grid, trapezoid weights h*t, the bound constant C and the cut r_cut.
+def _clock_grid(m: int, n: int, light_mass: float) -> tuple[torch.Tensor, float]:
+    """Nodes t_k = e^{u_k} of a trapezoid rule in u = log t, and the step h.
 
-    1 - Q(H) <= r(H) * C with C = sum_{k<n} 1 / q(outside top-k): below r_cut the midpoint of
-    that bound is used; above it t_hi = 40 / r_cut makes e^{-r t_hi} negligible.
+    Below t_0 the integrand of 1 - Q is e^{-rt} up to Prob[N >= n] <= t^n / n! (summed in
+    closed form by _clock_tail). Above t_hi every prefix's integrand is below
+    C(m, n-1) e^{-L t}, L = light mass <= 1 - q(top n-1 of H), so it is ~e^{-40}.
     """
-    desc = torch.sort(qs, descending=True).values  # (m,)
-    tails = torch.flip(torch.cumsum(torch.flip(desc, [0]), 0), [0])[:n]  # (n,)
-    c_bound = float((1.0 / tails).sum())
-    r_cut = CLOCK_TOL / c_bound
-    t_lo = (1e-13 * math.factorial(n + 1)) ** (1.0 / (n + 1))  # int_0^t_lo P[N>=n] <= 1e-13
-    t_hi = 40.0 / r_cut
-    k = int(math.ceil(math.log(t_hi / t_lo) / CLOCK_STEP)) + 1
-    u = torch.linspace(math.log(t_lo), math.log(t_hi), k, dtype=F64)  # (K,)
-    t = torch.exp(u)
-    return t, (u[1] - u[0]) * t, c_bound, r_cut
+    t_0 = (1e-12 * math.factorial(n)) ** (1.0 / (n + 1))
+    t_hi = (40.0 + (n - 1) * math.log(max(m, 2))) / light_mass
+    k = int(math.ceil(math.log(t_hi / t_0) / CLOCK_STEP)) + 1
+    u = torch.linspace(math.log(t_0), math.log(t_hi), k, dtype=F64)  # (K,)
+    return torch.exp(u), float(u[1] - u[0])
+
+
+def _clock_tail(r: torch.Tensor, t_0: float, h: float, terms: int = 8) -> torch.Tensor:
+    """Virtual nodes t_j = t_0 e^{-jh}, j >= 1: sum_j h t_j e^{-r t_j} by its Taylor series.
+
+    sum_a (-r)^a / a! * h sum_j t_j^{a+1}, by Horner; r t_0 <= 0.02, so 8 terms reach 1e-17.
+    """
+    out = torch.zeros_like(r)  # (m,)
+    for a in reversed(range(terms)):
+        nodes = h * t_0 ** (a + 1) * math.exp(-(a + 1) * h) / -math.expm1(-(a + 1) * h)
+        out = out.mul_(-r).add_(nodes / math.factorial(a))
+    return out
 
 
 def _q_without_clock(qs: torch.Tensor, n: int) -> torch.Tensor:
     """Sequential Q(H_i), n >= 3, by the exponential-clock integral (note 002 §2.4 (b)).
 
-    Q(H) = r int_0^inf e^{-rt} Prob[N_H(t) >= n] dt, r = q(outside H), N_H(t) = arrivals of
-    independent Exp(q_i) clocks in H. With the n-1 largest-q tokens ("heavy") split off,
-    e^{-rt} Prob[N_H(t) < n] = sum_{J, k} prod_{h in J}(1 - e^{-q_h t}) e^{-(1 - q(J)) t}
-    e_k(e^{q_j t} - 1 : light j in H), |J| + k < n; e_k comes from prefix power sums
-    (Newton's identities) of w_j = (e^{q_j t} - 1) e^{-l t}, l = max light q, which stay
-    <= 1. Every exponent is <= 0 (J and k light tokens never outweigh the heavy set).
+    1 - Q(H) = r int_0^inf e^{-rt} Prob[N_H(t) < n] dt, r = q(outside H), N_H(t) = arrivals
+    by time t of independent Exp(q_i) clocks in H. With the n-1 largest-q tokens ("heavy")
+    split off, e^{-rt} Prob[N_H(t) < n] = sum_{J, k} prod_{h in J}(1 - e^{-q_h t})
+    e^{-(1 - q(J)) t} e_k(e^{q_j t} - 1 : light j in H) over heavy J in H, |J| + k < n.
+    e_k comes from prefix power sums (Newton's identities) of w_j = (e^{q_j t} - 1) e^{-l t},
+    l = max light q, so w <= 1 and every exponent stays <= 0 (J plus k light tokens never
+    outweigh the heavy set): no overflow and no cancellation beyond float64 rounding.
     """
     m = qs.numel()
     heavy = torch.topk(qs, n - 1).indices  # (n-1,) positions in the prefix order
@@ -199,22 +209,26 @@ def _q_without_clock(qs: torch.Tensor, n: int) -> torch.Tensor:
     ell, light_mass, q_heavy = float(light.max()), float(light.sum()), qs[heavy]
     suffix = torch.flip(torch.cumsum(torch.flip(qs, [0]), 0), [0])  # (m,) q(order[i:])
     r = torch.cat([suffix[1:], qs.new_zeros(1)])  # (m,) r(H_i) for i = 1..m
-    t, wt, c_bound, r_cut = _clock_grid(qs, n)
+    t, h = _clock_grid(m, n, light_mass)
     subsets = [[b for b in range(n - 1) if mask >> b & 1] for mask in range(1 << (n - 1))]
-    weights = _clock_weights(t, wt, subsets, q_heavy, light_mass, ell, n)  # (n, nJ, K)
-    y = qs.new_zeros(len(subsets), m)  # (nJ, m) sum_k weight * e_k at every prefix
-    outer = qs.new_zeros(m)  # (m,) sum_t wt e^{-r t}
-    for lo in range(0, t.numel(), CLOCK_CHUNK):
-        tc = t[lo:lo + CLOCK_CHUNK, None]  # (Kc, 1)
-        w = torch.exp((light - ell) * tc) - torch.exp(-ell * tc)  # (Kc, m); heavy -> 0
-        for k, e_k in enumerate(_newton(w, n - 1)):
-            y += weights[k + 1, :, lo:lo + CLOCK_CHUNK] @ e_k
-        y += weights[0, :, lo:lo + CLOCK_CHUNK].sum(1, keepdim=True)  # e_0 = 1
-        outer += wt[lo:lo + CLOCK_CHUNK] @ torch.exp(-r * tc)
+    weights = _clock_weights(t, h * t, subsets, q_heavy, light_mass, ell, n)  # (n, nJ, K)
+    y = qs.new_zeros(m, len(subsets))  # (m, nJ) sum_t weight * e_k, every prefix
+    y_top = torch.zeros_like(y)  # (m, nJ) the linear p_{n-1} part of e_{n-1}, before prefix sums
+    carry = [qs.new_zeros(t.numel(), 1) for _ in range(n - 2)]  # power sums of earlier blocks
+    block = max(1024, CLOCK_BLOCK // t.numel())
+    for lo in range(0, m, block):
+        w = _light_w(light[lo:lo + block] - ell, ell, t[:, None], n)  # (K, mb)
+        nonlinear, power = _newton(w, n - 1, carry)
+        for k, e_k in enumerate(nonlinear, start=1):
+            if e_k is not None:
+                y[lo:lo + block].addmm_(e_k.T, weights[k].T)
+        y_top[lo:lo + block] = power.T @ weights[n - 1].T
+    y += weights[0].sum(1) + torch.cumsum(y_top, 0) * ((-1.0) ** (n - 2) / (n - 1))
+    y = y.T  # (nJ, m)
     pos = torch.arange(1, m + 1)  # (m,) prefix length i
-    inside = [int(max((int(heavy[b]) for b in s), default=-1)) for s in subsets]
-    s_tot = sum(torch.where(pos > j_pos, y[j], 0.0) for j, j_pos in enumerate(inside))
-    q_pref = torch.where(r < r_cut, 1.0 - 0.5 * c_bound * r, r * (outer - s_tot))  # (m,)
+    inside = [max((int(heavy[b]) for b in s), default=-1) for s in subsets]
+    s_grid = sum(torch.where(pos > j_pos, y[j], 0.0) for j, j_pos in enumerate(inside))
+    q_pref = 1.0 - r * (s_grid + _clock_tail(r, float(t[0]), h))  # (m,)
     return torch.cat([qs.new_zeros(1), q_pref]).clamp(0.0, 1.0)
 
 
@@ -228,22 +242,50 @@ def _clock_weights(t, wt, subsets, q_heavy, light_mass, ell, n) -> torch.Tensor:
         not_j = float(q_heavy[[b for b in range(n - 1) if b not in s]].sum())
         for k in range(n - len(s)):
             rho = light_mass + (not_j - k * ell)  # = q(outside J) - k l >= light mass > 0
-            out[k, j] = wt * torch.exp(-rho * t) * arrived
+            decay = torch.where(rho * t < EXP_FLOOR, torch.exp(-rho * t), 0.0)
+            out[k, j] = wt * decay * arrived
     return out
 
 
-def _newton(w: torch.Tensor, top: int) -> list[torch.Tensor]:
-    """e_1..e_top of the prefixes w[:, :i+1] via prefix power sums and Newton's identities."""
-    power, sums, elem = w, [], [None]
-    for j in range(1, top + 1):
-        power = w if j == 1 else power * w
-        sums.append(torch.cumsum(power, 1))  # (Kc, m) p_j of each prefix
-        acc = sums[j - 1].clone() if j % 2 else -sums[j - 1]
-        for i in range(1, j):
-            sign = 1.0 if i % 2 else -1.0  # (-1)^{i-1} p_i e_{j-i}
-            acc += sign * sums[i - 1] * elem[j - i]
-        elem.append(acc / j)
-    return elem[1:]
+def _light_w(shift: torch.Tensor, ell: float, tc: torch.Tensor, n: int) -> torch.Tensor:
+    """(K, mb) w_j = (e^{q_j t} - 1) e^{-l t} = e^{(q_j - l) t} - e^{-l t}, t = tc (K, 1).
+
+    Exponents are floored at -EXP_FLOOR / (n-1) so that w^(n-1) stays a normal float; a w
+    whose both exponents fall below the floor becomes exactly 0 (it is < 1e-100 anyway).
+    """
+    floor = -EXP_FLOOR / (n - 1)
+    x = torch.mul(shift, tc)  # (K, mb); shift >= -l, so -l t is the smallest exponent
+    if -ell * float(tc[-1]) < floor:
+        x.clamp_(min=floor)
+    return x.exp_().sub_(torch.exp((-ell * tc).clamp(min=floor)))
+
+
+def _newton(w: torch.Tensor, top: int,
+            carry: list[torch.Tensor]) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+    """e_1..e_top of every prefix ending in this block: k e_k = sum (-1)^{i-1} e_{k-i} p_i.
+
+    p_i are prefix power sums; carry[i-1] (K, 1) holds p_i of the earlier blocks and is
+    advanced in place. e_top comes without its linear term (-1)^{top-1} p_top / top (None if
+    nothing else is left): the caller contracts w^top (returned) over the grid and prefix-sums
+    it afterwards, which saves one (K, mb) cumsum.
+    """
+    power, sums, elem = w, [], []
+    for k in range(1, top + 1):
+        power = w if k == 1 else power * w  # (K, mb) w^k
+        acc = None
+        if k < top:
+            sums.append(torch.cumsum(power, 1).add_(carry[k - 1]))  # (K, mb) p_k
+            carry[k - 1] = sums[-1][:, -1:].clone()
+            coef = (-1.0) ** (k - 1) / k  # the i = k term (e_0 = 1); e_1 = p_1 is not copied
+            acc = sums[-1] if k == 1 else sums[-1] * coef
+        for i in range(1, k):
+            coef = (-1.0) ** (i - 1) / k
+            if acc is None:
+                acc = torch.mul(sums[i - 1], elem[k - i - 1]).mul_(coef)
+            else:
+                acc.addcmul_(sums[i - 1], elem[k - i - 1], value=coef)
+        elem.append(acc)
+    return elem, power
 
 
 def _q_without(qs: torch.Tensor, n: int) -> torch.Tensor:
@@ -301,11 +343,17 @@ def prefix_curve(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> Prefi
 
 
 def scan_certificate(curve: PrefixCurve, scheme: str, n: int) -> OptimalResult:
-    """alpha* = 1 + min_i [P(H_i) - Q(H_i)] with H* the first minimising prefix (Eq. 8)."""
+    """alpha* = 1 + min_i [P(H_i) - Q(H_i)] (Hu et al. Eq. 8) and its certificate H*.
+
+    H* is the shortest prefix within CERT_TOL of the minimum, so rounding noise (p == q gives
+    f = -1e-16 on the full set) does not turn into a spurious certificate.
+    """
     f = curve.P.clamp(max=1.0) - curve.Q  # (m+1,); f[0] = 0 so alpha* <= 1
-    i = int(torch.argmin(f))
+    i = int(torch.nonzero(f <= f.min() + CERT_TOL)[0])
     alpha = min(1.0, max(0.0, 1.0 + float(f[i])))
-    h_star = tuple(sorted(curve.order[:i].tolist()))
+    inside = torch.zeros(int(curve.order.max()) + 1 if i else 0, dtype=torch.bool)
+    inside[curve.order[:i]] = True  # a mask instead of a sort: ascending ids in O(V)
+    h_star = tuple(torch.nonzero(inside).flatten().tolist())
     return OptimalResult(alpha, h_star, float(curve.P[i]), float(curve.Q[i]), scheme, int(n))
 
 
@@ -334,7 +382,10 @@ def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
     ids = torch.as_tensor(sorted({int(x) for x in H}), dtype=torch.long)  # (|H|,)
     if scheme == "greedy":
         top = greedy_top(q, n)
-        return float(_greedy_rest(q, top)[ids].sum()) if bool(torch.isin(top, ids).all()) else 0.0
+        q_rest = _greedy_rest(q, top)  # (V,); all zero when supp q lies inside T
+        if not bool(torch.isin(top, ids).all()):
+            return 0.0
+        return float(q_rest[ids].sum()) if float(q_rest.sum()) > 0.0 else 1.0
     if scheme == "with_replacement":
         return min(1.0, float(q[ids].sum())) ** n
     order = torch.cat([ids, torch.nonzero(~torch.isin(torch.arange(q.numel()), ids)).flatten()])
@@ -352,6 +403,8 @@ def draft_tuple_probs(q: torch.Tensor, n: int, scheme: str) -> dict[tuple[int, .
     _, q = _inputs(q, q, n, scheme)
     qv = q.tolist()
     supp = [i for i, x in enumerate(qv) if x > 0]
+    if len(supp) ** n > LP_LIMIT and scheme != "greedy":
+        raise ValueError(f"|supp q|^n = {len(supp) ** n} tuples: for tiny vocabularies only")
     if scheme == "with_replacement":
         return {t: math.prod(qv[i] for i in t) for t in itertools.product(supp, repeat=n)}
     if scheme == "greedy":
@@ -369,29 +422,37 @@ def draft_tuple_probs(q: torch.Tensor, n: int, scheme: str) -> dict[tuple[int, .
 
 
 def lp_alpha_star(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> float:
-    """alpha* from the relaxed transport LP (Hu et al. Eq. 9 = Eq. 7 by Lemma 1), HiGHS.
+    """alpha* by brute force: lp_value over every draft tuple of the scheme (tiny V, n only)."""
+    p, q = _inputs(p, q, n, scheme)
+    return lp_value(p, draft_tuple_probs(q, n, scheme))
+
+
+def lp_value(p: torch.Tensor, tuples: dict[tuple[int, ...], float]) -> float:
+    """Optimum of the relaxed transport LP (Hu et al. Eq. 9 = Eq. 7 by Lemma 1), by HiGHS.
 
     max sum S[i, t] s.t. sum_t S[i, t] <= p(i), sum_i S[i, t] <= p_draft(t), S >= 0, and
-    S[i, t] = 0 unless token i is in tuple t. Enumerates every tuple: tiny V and n only.
+    S[i, t] = 0 unless token i is in tuple t.
+
+    Args:
+        p: (V,) target distribution.
+        tuples: p_draft as {draft tuple: probability}.
     """
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    p, q = _inputs(p, q, n, scheme)
-    tuples = list(draft_tuple_probs(q, n, scheme).items())
-    if len(tuples) > ENUM_LIMIT:
+    p = _dist(p, "p")
+    if len(tuples) > LP_LIMIT:
         raise ValueError(f"{len(tuples)} draft tuples: the LP is for tiny V and n only")
-    rows, cols = [], []
-    edges = [(i, k) for k, (t, _) in enumerate(tuples) for i in sorted(set(t))]
-    for e, (i, k) in enumerate(edges):
-        rows += [i, p.numel() + k]
-        cols += [e, e]
-    shape = (p.numel() + len(tuples), len(edges))
+    items = list(tuples.items())
+    edges = [(i, k) for k, (t, _) in enumerate(items) for i in sorted(set(t))]
+    rows = [r for i, k in edges for r in (i, p.numel() + k)]
+    cols = [e for e in range(len(edges)) for _ in range(2)]
+    shape = (p.numel() + len(items), len(edges))
     a_ub = coo_matrix(([1.0] * len(rows), (rows, cols)), shape=shape).tocsr()
-    b_ub = p.tolist() + [prob for _, prob in tuples]
-    res = linprog(-torch.ones(len(edges)).numpy(), A_ub=a_ub, b_ub=b_ub, bounds=(0, None),
-                  method="highs", options={"primal_feasibility_tolerance": 1e-10,
-                                           "dual_feasibility_tolerance": 1e-10})
+    b_ub = p.tolist() + [prob for _, prob in items]
+    tol = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+    res = linprog([-1.0] * len(edges), A_ub=a_ub, b_ub=b_ub, bounds=(0, None),
+                  method="highs", options=tol)
     if res.status != 0:
         raise RuntimeError(f"LP failed: {res.message}")
     return float(-res.fun)

@@ -192,7 +192,11 @@ def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int
     for r in rounds:
         for k, v in r.timings.items():
             split[k] = split.get(k, 0.0) + v
+    optimal = [rec for r in rounds for rec in r.extras.get("optimal", [])]
+    opt_sum = sum(rec["alpha_star"] for rec in optimal)
     return {
+        "verifier_efficiency": (sum(rec["achieved"] for rec in optimal) / opt_sum
+                                if opt_sum > 0 else None),
         "rounds": len(rounds),
         "target_calls": target_calls,
         "draft_calls": sum(r.draft_calls for r in rounds),

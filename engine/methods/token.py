@@ -32,6 +32,7 @@ from engine.trace import (
     NodeTrace,
     TestRecord,
 )
+from engine.verify.optimality import position_record
 from engine.verify.token import RULES, SCHEME, draw_candidates
 
 
@@ -42,6 +43,7 @@ class TreeConfig:
     k_config: tuple[int, ...]  # children per node at each depth (chain: (1,) * gamma)
     rule: str  # key of engine.verify.token.RULES
     chain_control: bool = False  # a controller decides the chain length token by token
+    record_optimal: bool = False  # Hu et al. alpha* and exact acceptance per position
 
     @property
     def scheme(self) -> str:
@@ -137,6 +139,7 @@ class TreeSpeculation(SingleStart):
         p_tok = [None] * len(tokens)
         tests: list[TestRecord] = []
         node, path, final, final_status = ROOT, [], None, BONUS
+        self._optimal: list[dict] = []
         while True:
             p = probs_from_logits(p_root[0] if node == ROOT else p_nodes[0, node], ctx.warp)
             for c in kids.get(node, []):
@@ -145,8 +148,11 @@ class TreeSpeculation(SingleStart):
                 final = int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
                 break
             group = kids[node]
-            v = rule(p, forest.extras["q_at"][node], [tokens[c] for c in group], ctx.chooser)
+            q, cands = forest.extras["q_at"][node], [tokens[c] for c in group]
+            v = rule(p, q, cands, ctx.chooser)
             depth = len(path) + 1
+            if self.cfg.record_optimal:
+                self._optimal.append(position_record(self.cfg.rule, p, q, cands, depth, node))
             tests += [_remap(t, group, depth) for t in v.tests]
             for t in v.tests:
                 status[group[t.node]] = ACCEPTED if t.decision == "accept" else REJECTED
@@ -177,7 +183,8 @@ class TreeSpeculation(SingleStart):
             [ORIGIN_ACCEPTED] * len(path) + [origin], nodes=tuple(nodes), tests=tuple(tests),
             drafted=drafted, accepted=len(path),
             extras={"k_config": list(self.cfg.k_config), "rule": self.cfg.rule,
-                    "tree_nodes": len(tokens)},
+                    "tree_nodes": len(tokens), **({"optimal": self._optimal}
+                                                  if self.cfg.record_optimal else {})},
         )
 
     def observe(self, ctx, verdict: Verdict) -> dict | None:
@@ -239,11 +246,24 @@ def build_controller(params: dict) -> Controller:
     return make_controller("cali_ts", cap=params["cap"])
 
 
+OPTIMAL_PARAM = ParamSpec(
+    "optimal", bool, False,
+    "record Hu et al.'s optimal acceptance alpha* and the verifier's exact acceptance at "
+    "every verified position (slower)")
+
+
 def build_chain(params: dict, rule: str = "sd") -> TreeSpeculation:
     ctl = build_controller(params)
     fixed = params["controller"] == "fixed"
-    cfg = TreeConfig((1,) * params["gamma"], rule, chain_control=not fixed)
+    cfg = TreeConfig((1,) * params["gamma"], rule, chain_control=not fixed,
+                     record_optimal=params.get("optimal", False))
     return TreeSpeculation(cfg, ctl)
+
+
+def build_tree(params: dict, rule: str) -> TreeSpeculation:
+    cfg = TreeConfig(parse_k_config(params["k_config"]), rule,
+                     record_optimal=params.get("optimal", False))
+    return TreeSpeculation(cfg)
 
 
 register(MethodSpec(
@@ -253,7 +273,7 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=(ParamSpec("gamma", int, 4, "draft tokens per round", min=1, max=64),)
-    + CONTROL_PARAMS,
+    + CONTROL_PARAMS + (OPTIMAL_PARAM,),
     build=build_chain,
     reference="greedy",
 ))
@@ -269,8 +289,9 @@ register(MethodSpec(
         ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2"),
         ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
+        OPTIMAL_PARAM,
     ),
-    build=lambda p: TreeSpeculation(TreeConfig(parse_k_config(p["k_config"]), p["verifier"])),
+    build=lambda p: build_tree(p, p["verifier"]),
     reference="greedy",
 ))
 
@@ -280,7 +301,8 @@ register(MethodSpec(
             "every tree node, verified by the rule that attains its optimal acceptance.",
     family="token",
     exactness=EXACT,
-    params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),),
-    build=lambda p: TreeSpeculation(TreeConfig(parse_k_config(p["k_config"]), "greedy_drafts")),
+    params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),
+            OPTIMAL_PARAM),
+    build=lambda p: build_tree(p, "greedy_drafts"),
     reference="greedy",
 ))

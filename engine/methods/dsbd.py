@@ -1,0 +1,351 @@
+"""Beam-level methods, part 2: DSBD and AtSpeed relaxed sampling verification.
+
+Both draft by beam *sampling* from the current beams (``engine.methods.beam.draft_forest``), score
+the whole forest with one target forward, then verify layer by layer with the pure rules of
+``engine.verify.beam``. The target law at layer l is the beam-sampling distribution over the
+target's own beams of layer l-1 (DSBD Eq. 1, the same formula as ``beam_sample_step``):
+p_beam = softmax(warp(score(parent) + log p(token | parent))), zero on other parents.
+
+- ``dsbd`` (Qin et al., AAAI'25; note 001 Sec. 2-5): W_S i.i.d. drafts per layer, width
+  W_L^(l) from ``choose_width`` (Eq. 5-7; a function of p_beam and q_beam only, fixed before the
+  layer's tests), ``verify_layer`` (Alg. 1), correction or bonus layer of W_S beams (the released
+  code's width), or ONE beam in one-cache mode (Sec. 3.4; the code keeps the residual sample).
+  With a constant width (min_width = draft_beams) every round reproduces beam sampling of width
+  W_S exactly (Theorem 3.1, checked end to end in tests/model/test_beam_methods.py).
+- ``atspeed_relaxed`` (Lin et al., ICLR'25; note 000 Sec. 1.3): N distinct drafts per step,
+  ``relaxed_verify_step`` / ``relaxed_bonus_step``. Approximate by design: not lossless.
+
+A beam that emits EOS (or reaches max_new_tokens) becomes a finished hypothesis scored
+cumulative / length ** length_penalty; its row is dead (score -1e9, zero mass) from then on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from engine.beamsearch import NEG_SCORE
+from engine.errors import ConfigError
+from engine.forest import ROOT, Forest, empty_forest
+from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.beam import (
+    BEAMS,
+    DEAD,
+    DRAFT_BEAMS,
+    GAMMA,
+    BeamStart,
+    Level,
+    NewBeam,
+    Pos,
+    beam_verdict,
+    check_sampling,
+    draft_forest,
+    forest_depth,
+    node_target_probs,
+    node_traces,
+    record_finished,
+    stop_reason,
+    target_logprobs,
+)
+from engine.sampling import EPS, warp_logits
+from engine.trace import ACCEPTED, SKIPPED, BeamTrace, TestRecord
+from engine.verify.beam import Verdict as BeamVerdict
+from engine.verify.beam import (
+    acceptance_alphas,
+    bonus_layer,
+    choose_width,
+    relaxed_bonus_step,
+    relaxed_verify_step,
+    verify_layer,
+)
+
+
+def beam_law(lp: torch.Tensor, scores: list[float | None], warp) -> torch.Tensor:
+    """DSBD Eq. 1: softmax(warp(score + log p)) over (parent, token); 0 on parents marked None.
+
+    Args:
+        lp: (B, V) log-probs after each parent. scores: (B,) cumulative log-probs or None.
+    Returns:
+        (B, V) float64, summing to 1.
+    """
+    s = torch.tensor([float("-inf") if x is None else x for x in scores], dtype=torch.float32)
+    joint = lp.float() + s[:, None]  # (B, V)
+    flat = warp_logits(joint.reshape(1, -1), warp)  # (1, B*V)
+    return torch.softmax(flat.double(), dim=-1).reshape(joint.shape)
+
+
+@dataclass
+class Layers:
+    """The target's beam set while a round is verified (indices = the draft level's)."""
+
+    pos: list[Pos]  # forest positions of the current level's nodes (level 0: the roots)
+    scores: list[float | None]  # cumulative target log-prob of the target's beams, else None
+    tests: list[TestRecord] = field(default_factory=list)
+    status: dict[Pos, str] = field(default_factory=dict)
+    layers: list[dict] = field(default_factory=list)
+    accepted: int = 0
+
+
+class SampledBeams(BeamStart):
+    """One round of a sampling beam method: draft forest, layers, correction or bonus."""
+
+    def __init__(self, width: int, draft_beams: int, gamma: int):
+        self.start_width, self.n, self.gamma = width, draft_beams, gamma
+        self.keep = width
+
+    def start(self, ctx) -> None:
+        super().start(ctx)
+        self.finished: dict[tuple[int, ...], float] = {}
+
+    # ------------------------------------------------------------- propose
+    def propose(self, ctx) -> Forest:
+        depth = min(self.gamma, ctx.remaining - 1)  # the correction / bonus layer always fits
+        if depth < 1:
+            return empty_forest(ctx.width)
+        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx))
+
+    def _select(self, ctx):
+        """(B, V) joint draft scores -> draws from q_beam = softmax(warp(joint)), and q_beam."""
+        def select(joint: torch.Tensor):
+            q = torch.softmax(warp_logits(joint.reshape(1, -1), ctx.warp).double(), -1)[0]
+            return self.draw(q, ctx.chooser), q.reshape(joint.shape)
+        return select
+
+    # -------------------------------------------------------------- verify
+    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+        depth, levels = forest_depth(forest), forest.extras.get("levels", [])
+        st = Layers([(r, ROOT) for r in range(ctx.width)],
+                    [s if s > DEAD else None for s in ctx.scores])
+        for j in range(1, depth + 2):
+            lp = target_logprobs(p_root, p_nodes, st.pos)  # (B, V)
+            p = beam_law(lp, st.scores, ctx.warp)  # (B, V)
+            if j > depth:
+                v = self.bonus(p, ctx.chooser)
+                st.layers.append({"depth": j, "outcome": v.outcome, "width": len(v.beams)})
+                break
+            v = self.layer(ctx, p, levels[j - 1], st, j)
+            self._record(st, levels[j - 1], v, j)
+            if not v.step_accepted:
+                break
+            st.accepted += 1
+            if not self._advance(ctx, forest, st, levels[j - 1], v, lp, j):
+                return self._verdict(ctx, forest, p_root, p_nodes, st, j, depth, self._all_done(
+                    levels[j - 1], v, st))
+        beams = self.outputs(v)
+        out = [self._new_beam(ctx, forest, st.pos[b], t, o, st.scores[b] + float(lp[b, t]), j)
+               for (b, t), o in beams]
+        return self._verdict(ctx, forest, p_root, p_nodes, st, j, depth, out)
+
+    def _record(self, st: Layers, level: Level, v: BeamVerdict, j: int) -> None:
+        """Test records and node statuses of layer j."""
+        kept = set(v.sources)
+        for t in v.tests:
+            row, node = level.pos[t.index]
+            rec = t.record(node, row, j)
+            status = t.status
+            if t.decision == "accept" and t.index not in kept:  # AtSpeed: not in the K subset
+                status, rec = SKIPPED, replace(rec, note=rec.note + " accepted, not kept")
+            st.status[(row, node)] = status
+            st.tests.append(rec)
+
+    def _advance(self, ctx, forest, st: Layers, level: Level, v: BeamVerdict, lp, j) -> bool:
+        """The accepted drafts become the target's beams; False when all of them finished."""
+        scores: list[float | None] = [None] * len(level.tokens)
+        for s in v.sources:
+            b, t = level.parents[s], level.tokens[s]
+            score = self._finish(ctx, forest, st.pos[b], t, ACCEPTED,
+                                 st.scores[b] + float(lp[b, t]), j)
+            scores[s] = score if score > DEAD else None
+        alive = any(s is not None for s in scores)
+        if alive:
+            st.pos, st.scores = level.pos, scores
+        return alive
+
+    def _all_done(self, level: Level, v: BeamVerdict, st: Layers) -> list[NewBeam]:
+        """Output when every accepted draft of a layer finished: those drafts, all dead."""
+        return [NewBeam(st.pos[level.parents[s]], level.tokens[s], ACCEPTED, NEG_SCORE)
+                for s in v.sources]
+
+    def _new_beam(self, ctx, forest, parent: Pos, token: int, origin: str, score: float,
+                  j: int) -> NewBeam:
+        return NewBeam(parent, token, origin, self._finish(ctx, forest, parent, token, origin,
+                                                           score, j))
+
+    def _finish(self, ctx, forest, parent: Pos, token: int, origin: str, score: float,
+                j: int) -> float:
+        """Running score after the token; a finished beam becomes a hypothesis (NEG_SCORE)."""
+        gen_len = len(ctx.seqs[0]) + j
+        if token not in self.cfg.eos_token_ids and gen_len < self.cfg.max_new_tokens:
+            return score
+        key = record_finished(ctx, forest, parent, token, origin)
+        pen = score / gen_len ** self.cfg.length_penalty
+        self.finished[key] = max(pen, self.finished.get(key, float("-inf")))
+        return NEG_SCORE
+
+    def _verdict(self, ctx, forest, p_root, p_nodes, st: Layers, j, depth,
+                 beams: list[NewBeam]) -> Verdict:
+        done = all(b.score <= DEAD for b in beams)
+        p_tok = node_target_probs(p_root, p_nodes, forest)
+        return beam_verdict(
+            ctx, forest, beams, nodes=node_traces(ctx, forest, p_tok, st.status, beams, j),
+            tests=tuple(st.tests), drafted=depth, accepted=st.accepted, done=done,
+            stop_reason=stop_reason(ctx, j) if done else "",
+            final_beams=self.final() if done else (),
+            extras={**self.describe(), "layers": st.layers, "last_layer": j, "depth": depth},
+        )
+
+    def final(self) -> tuple[BeamTrace, ...]:
+        best = sorted(self.finished.items(), key=lambda kv: -kv[1])[: self.keep]
+        return tuple(BeamTrace(k, s, True) for k, s in best)
+
+    # ------------------------------------------------------- per method
+    def draw(self, q: torch.Tensor, chooser) -> list[int]:
+        raise NotImplementedError
+
+    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> BeamVerdict:
+        raise NotImplementedError
+
+    def bonus(self, p: torch.Tensor, chooser) -> BeamVerdict:
+        raise NotImplementedError
+
+    def outputs(self, v: BeamVerdict) -> list[tuple[tuple[int, int], str]]:
+        return list(zip(v.beams, v.origins))
+
+    def describe(self) -> dict:
+        return {}
+
+
+class Dsbd(SampledBeams):
+    """DSBD: i.i.d. beam-sampling drafts, dynamic-width layer verification (note 001 Sec. 2-5)."""
+
+    def __init__(self, draft_beams: int, gamma: int, threshold: float, min_width: int,
+                 one_cache: bool):
+        super().__init__(1 if one_cache else draft_beams, draft_beams, gamma)
+        self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
+        self.keep = draft_beams
+
+    def draw(self, q: torch.Tensor, chooser) -> list[int]:
+        return [chooser.categorical(q) for _ in range(self.n)]  # i.i.d.: Theorem 3.1 needs it
+
+    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> BeamVerdict:
+        valid = [s is not None for s in st.scores]
+        m = len(level.tokens)
+        # Eq. 5-7 depend on (p_beam, q_beam) only: the width is fixed before the layer's tests
+        dec = choose_width(acceptance_alphas(p, level.q_beam, m, valid), self.t,
+                           min(self.w_min, m), m)
+        fill = dec.width if self.one_cache else self.n
+        v = verify_layer(p, level.q_beam, list(zip(level.parents, level.tokens)), dec.width,
+                         ctx.chooser, parent_valid=valid, fill_to=fill)
+        st.layers.append({"depth": j, "width": dec.width, "accepted_count": v.accepted,
+                          "outcome": v.outcome, "decision": {
+                              "alphas": list(dec.alphas), "P": list(dec.probs),
+                              "tails": list(dec.tails), "t": dec.threshold, "chosen": dec.width,
+                              "w_tilde": dec.w_tilde, "w_min": dec.w_min,
+                              "expected": dec.expected, "beta_min": dec.beta_min}})
+        return v
+
+    def bonus(self, p: torch.Tensor, chooser) -> BeamVerdict:
+        return bonus_layer(p, 1 if self.one_cache else self.n, chooser)
+
+    def outputs(self, v: BeamVerdict):
+        pairs = list(zip(v.beams, v.origins))
+        if self.one_cache and v.outcome == "corrected":
+            return [pairs[v.accepted]]  # the residual sample (the released code's choice)
+        return pairs
+
+    def describe(self) -> dict:
+        return {"mode": "one_cache" if self.one_cache else "full", "draft_beams": self.n,
+                "threshold": self.t, "min_width": self.w_min}
+
+    def _verdict(self, ctx, forest, p_root, p_nodes, st, j, depth, beams) -> Verdict:
+        v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
+        v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
+                             if "decision" in L]
+        return v
+
+
+class Relaxed(SampledBeams):
+    """AtSpeed relaxed sampling verification (Alg. 2 as its released code resolves it)."""
+
+    def draw(self, q: torch.Tensor, chooser) -> list[int]:
+        free, picks = q.clone(), []  # N distinct drafts, as the released code samples them
+        for _ in range(self.n):
+            if float(free.sum()) <= EPS:
+                break
+            picks.append(chooser.categorical(free / free.sum()))
+            free[picks[-1]] = 0.0
+        return picks
+
+    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> BeamVerdict:
+        v = relaxed_verify_step(p, level.q_beam, list(zip(level.parents, level.tokens)),
+                                self.start_width, ctx.chooser)
+        st.layers.append({"depth": j, "width": v.width, "accepted_count": v.accepted,
+                          "outcome": v.outcome, "kept": list(v.sources),
+                          "residual_mass": v.residual_mass, "fallback": v.fallback})
+        return v
+
+    def bonus(self, p: torch.Tensor, chooser) -> BeamVerdict:
+        return relaxed_bonus_step(p, self.start_width, chooser)
+
+    def describe(self) -> dict:
+        return {"beams": self.start_width, "draft_beams": self.n}
+
+
+# ------------------------------------------------------------------ registry
+from engine.config import ParamSpec  # noqa: E402
+
+
+def build_dsbd(p: dict) -> Dsbd:
+    check_sampling(p)
+    if p["min_width"] > p["draft_beams"]:
+        raise ConfigError(f"min_width must be <= draft_beams ({p['min_width']} > "
+                          f"{p['draft_beams']})")
+    return Dsbd(p["draft_beams"], p["gamma"], p["threshold"], p["min_width"], p["one_cache"])
+
+
+def build_relaxed(p: dict) -> Relaxed:
+    check_sampling(p)
+    if p["draft_beams"] < p["beams"]:
+        raise ConfigError(f"draft_beams must be >= beams ({p['draft_beams']} < {p['beams']})")
+    return Relaxed(p["beams"], p["draft_beams"], p["gamma"])
+
+
+register(MethodSpec(
+    name="dsbd",
+    summary="Dynamic-width speculative beam decoding (DSBD): draft beam sampling of width W_S, "
+            "layer-by-layer verification with a dynamic width, one target call per round; "
+            "optional one-cache mode.",
+    family="beam",
+    exactness="each layer's output beams are i.i.d. from the target's beam-sampling law "
+              "(Theorem 3.1, exact enumeration); with min_width = draft_beams the run has the "
+              "law of beam sampling of width W_S (exact end-to-end check); a dynamic width "
+              "gives beam sampling with that random width schedule; one-cache mode is a "
+              "different decoder",
+    params=(
+        ParamSpec("draft_beams", int, 4, "draft beams W_S per layer (also the output width)",
+                  min=1, max=64),
+        ParamSpec("gamma", int, 3, "draft layers per round", min=1, max=16),
+        ParamSpec("threshold", float, 0.7, "width threshold t: largest width accepted with "
+                  "probability >= t (Eq. 7)", min=0.0, max=1.0),
+        ParamSpec("min_width", int, 1, "minimum layer width W_min (Eq. 6)", min=1, max=64),
+        ParamSpec("one_cache", bool, False, "keep one beam after each round (Sec. 3.4)"),
+    ),
+    build=build_dsbd,
+    reference="beam_sample",
+    defaults={"temperature": 1.0},
+))
+
+register(MethodSpec(
+    name="atspeed_relaxed",
+    summary="AtSpeed relaxed sampling verification (Alg. 2): N distinct drafts per step, each "
+            "accepted with min(1, p/q); K kept or resampled from the residual. Approximate: "
+            "not lossless.",
+    family="beam",
+    exactness="approximate: not lossless (output law only close to beam sampling; the TV "
+              "distance is measured in tests/model/test_beam_methods.py)",
+    params=(BEAMS, DRAFT_BEAMS, GAMMA),
+    build=build_relaxed,
+    reference="beam_sample",
+    defaults={"temperature": 1.0},
+))

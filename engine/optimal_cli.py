@@ -1,0 +1,140 @@
+"""optimal: per position of the target's own continuation, alpha* for every draft scheme and
+what RRS (with / without replacement), K-SEQ and greedy drafts achieve (Hu et al.)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+from engine.optimal import (
+    alpha_star,
+    greedy_drafts_acceptance,
+    kseq_acceptance,
+    rrs_wr_acceptance,
+    tv_distance,
+)
+from engine.sampling import Warp, probs_from_logits
+
+SCHEMES = ("with_replacement", "without_replacement", "greedy")
+COLUMNS = ("tv", "opt_wr", "opt_wor", "opt_greedy", "rrs_wr", "rrs_wor", "kseq", "greedy")
+
+
+def rrs_wor_acceptance(p: torch.Tensor, q: torch.Tensor, n: int,
+                       branch: int = 48) -> tuple[float, float]:
+    """Expected acceptance of RRS without replacement (note 002 §3.2 recursion):
+
+        alpha(p, q, m) = sum_x min(q, p) + sum_x (q - p)_+(x) alpha(Res(p - q), q^{-x}, m - 1)
+
+    The recursion is exponential in n, so only the `branch` largest weights (q - p)_+ are
+    expanded at the first level (half as many at each deeper one); the rest is bounded by its
+    weight (alpha <= 1). Returns
+    (lower bound, upper bound) of the exact value.
+    """
+    base = float(torch.minimum(p, q).sum()) if n > 0 else 0.0
+    if n <= 1:  # alpha(., ., 1) = sum min(q, p) exactly; alpha(., ., 0) = 0
+        return base, base
+    w = (q - p).clamp_min(0)  # (V,) weight of continuing after drafting x
+    res = (p - q).clamp_min(0)
+    res = res / res.sum() if float(res.sum()) > 0 else p
+    top = torch.topk(w, min(branch, w.numel()))
+    lo, slack = base, float(w.sum() - top.values.sum())
+    for wx, x in zip(top.values.tolist(), top.indices.tolist()):
+        if wx <= 0:
+            break
+        q_rest = q.clone()
+        q_rest[x] = 0
+        q_rest = q_rest / q_rest.sum()
+        a_lo, a_hi = rrs_wor_acceptance(res, q_rest, n - 1, max(4, branch // 2))
+        lo += wx * a_lo
+        slack += wx * (a_hi - a_lo)
+    return lo, lo + slack
+
+
+def position_row(p: torch.Tensor, q: torch.Tensor, n: int) -> dict:
+    """Every column of the table for one position (p, q: (V,) warped distributions)."""
+    row = {"tv": tv_distance(p, q)}
+    for scheme, key in zip(SCHEMES, ("opt_wr", "opt_wor", "opt_greedy")):
+        row[key] = alpha_star(p, q, n, scheme).alpha
+    row["rrs_wr"] = rrs_wr_acceptance(p, q, n)
+    row["rrs_wor"], row["rrs_wor_hi"] = rrs_wor_acceptance(p, q, n)
+    row["kseq"] = kseq_acceptance(p, q, n)
+    row["greedy"] = greedy_drafts_acceptance(p, q, n)
+    return row
+
+
+def walk(pair, ids: list[int], n: int, steps: int, warp: Warp):
+    """Greedy continuation of the target; p and q at every position of it."""
+    x = torch.tensor([ids], device=pair.device)
+    with torch.no_grad():
+        out = pair.target.generate(x, do_sample=False, max_new_tokens=steps)
+        seq = out[:, : len(ids) + steps]
+        p_logits = pair.target(input_ids=seq).logits[0, len(ids) - 1: -1]  # (steps, V)
+        q_logits = pair.drafter.model(input_ids=seq).logits[0, len(ids) - 1: -1]
+    rows = []
+    for t in range(p_logits.shape[0]):
+        p = probs_from_logits(p_logits[t], warp).double().cpu()
+        q = probs_from_logits(q_logits[t], warp).double().cpu()
+        rows.append({"position": t, **position_row(p, q, n)})
+    return seq[0, len(ids):].tolist(), rows
+
+
+def table(rows: list[dict]) -> str:
+    head = "| pos | " + " | ".join(COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 1) + "\n"
+    body = "\n".join(
+        f"| {r['position']} | " + " | ".join(f"{r[c]:.4f}" for c in COLUMNS) + " |" for r in rows)
+    mean = {c: statistics.fmean(r[c] for r in rows) for c in COLUMNS}
+    tail = "\n| mean | " + " | ".join(f"{mean[c]:.4f}" for c in COLUMNS) + " |\n"
+    return head + body + tail
+
+
+def checks(rows: list[dict]) -> dict:
+    """The claims the table supports, counted over positions."""
+    tol = 1e-9
+    return {
+        "wor_bound_ge_wr_bound": sum(r["opt_wor"] >= r["opt_wr"] - tol for r in rows),
+        "rrs_wr_le_bound": sum(r["rrs_wr"] <= r["opt_wr"] + tol for r in rows),
+        "rrs_wor_le_bound": sum(r["rrs_wor_hi"] <= r["opt_wor"] + tol for r in rows),
+        "kseq_le_bound": sum(r["kseq"] <= r["opt_wr"] + tol for r in rows),
+        "greedy_attains_bound": sum(abs(r["greedy"] - r["opt_greedy"]) < 1e-6 for r in rows),
+        "positions": len(rows),
+    }
+
+
+def add_arguments(p) -> None:
+    from engine.__main__ import add_model_args, add_prompt_args
+
+    add_prompt_args(p)
+    add_model_args(p)
+    p.add_argument("--n", type=int, default=3, help="drafts per position")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=16, help="positions to walk")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args) -> int:
+    import engine
+    from engine.__main__ import read_prompts
+    from engine.errors import ConfigError
+
+    if not (1 <= args.n <= 4) or args.max_new_tokens < 1 or args.temperature <= 0:
+        raise ConfigError("need 1 <= --n <= 4, --max-new-tokens >= 1, --temperature > 0")
+    pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
+                            dtype=args.dtype, early_exit_layers=args.early_exit_layers)
+    warp = Warp(args.temperature)
+    report = []
+    for prompt in read_prompts(args):
+        ids = engine.encode_prompt(pair, prompt, args.raw)
+        toks, rows = walk(pair, ids, args.n, args.max_new_tokens, warp)
+        report.append({"prompt": prompt, "tokens": toks, "rows": rows, "checks": checks(rows)})
+    if args.json:
+        print(json.dumps({"n": args.n, "temperature": args.temperature, "device":
+                          pair.device_name, "prompts": report}))
+        return 0
+    for rep in report:
+        print(f"prompt: {rep['prompt']!r}  (n = {args.n}, T = {args.temperature})")
+        print(table(rep["rows"]))
+        print("checks:", json.dumps(rep["checks"]), file=sys.stdout)
+    return 0

@@ -1,0 +1,399 @@
+"""Beam-level methods through the round loop, on tiny random models (CPU).
+
+beam and atspeed_strict must equal generate(num_beams=K) (tokens identical, scores within 1e-4);
+beam_sample follows beam_sample_step draw for draw; dsbd with a constant width has exactly the
+law of beam sampling (exact enumeration through the whole engine); atspeed_relaxed is approximate
+and its distance to beam sampling is measured and printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter, defaultdict
+from functools import lru_cache
+
+import pytest
+import torch
+
+from engine.api import generate, make_decoder
+from engine.beamsearch import BeamConfig, run_beam_sampling
+from engine.models import load_pair, model_from_config, tiny_config
+from engine.sampling import Warp, make_generator
+from engine.trace import STATUSES, RunTrace
+from engine.verify.enumerate import enumerate_outcomes
+
+VOCAB = 64
+TOL = 1e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (thread wake-ups dominate on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@lru_cache(maxsize=None)
+def tiny(seed: int, vocab: int = VOCAB, layers: int = 2, init: float = 0.3):
+    cfg = tiny_config("llama", vocab_size=vocab, layers=layers, initializer_range=init)
+    return model_from_config(cfg, seed=seed)
+
+
+@lru_cache(maxsize=None)
+def perturbed(seed: int, eps: float, vocab: int = VOCAB, layers: int = 2, init: float = 0.3):
+    """The target with small weight noise: a draft with partial agreement."""
+    model = copy.deepcopy(tiny(seed, vocab, layers, init))
+    g = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(eps * torch.randn(p.shape, generator=g))
+    return model
+
+
+def pair_of(target, draft):
+    return load_pair(target=target, draft=draft)
+
+
+def set_generation(model, eos=None, early_stopping=False, length_penalty=1.0) -> None:
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id = eos, None
+    gc.early_stopping, gc.length_penalty = early_stopping, length_penalty
+
+
+def prompt(seed: int, n: int = 5) -> list[int]:
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(3, VOCAB, (n,), generator=g).tolist()
+
+
+@torch.no_grad()
+def frequent_token(model, ids: list[int]) -> int:
+    """Most frequent token of a 12-token greedy run: an EOS the model emits often."""
+    set_generation(model)
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids):]
+    return Counter(out.tolist()).most_common(1)[0][0]
+
+
+@torch.no_grad()
+def hf_beams(model, ids: list[int], k: int, n: int):
+    out = model.generate(torch.tensor([ids]), num_beams=k, num_return_sequences=k,
+                         do_sample=False, max_new_tokens=n, output_scores=True,
+                         return_dict_in_generate=True)
+    return out.sequences[:, len(ids):].tolist(), out.sequences_scores.tolist()
+
+
+def assert_same_beams(trace: RunTrace, hf, eos) -> None:
+    rows, scores = hf
+    assert len(trace.beams) == len(rows)
+    fill = eos if eos is not None else -1
+    for beam, row, score in zip(trace.beams, rows, scores):
+        n = len(beam.token_ids)
+        assert row[:n] == list(beam.token_ids), (trace.method, beam.token_ids, row)
+        assert all(t == fill for t in row[n:])
+        assert abs(beam.score - score) < TOL
+        assert beam.finished
+
+
+# ------------------------------------------------------------------ beam / strict parity
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("draft", ["same", "perturbed"])
+def test_beam_and_strict_match_generate_without_eos(k, draft):
+    target = tiny(0)
+    pair = pair_of(target, target if draft == "same" else perturbed(0, 0.05))
+    set_generation(target)
+    for s in range(3):
+        ids, n = prompt(s), 10
+        hf = hf_beams(target, ids, k, n)
+        beam = generate(pair, ids, "beam", beams=k, max_new_tokens=n)
+        strict = generate(pair, ids, "atspeed_strict", beams=k, draft_beams=2 * k, gamma=3,
+                          max_new_tokens=n)
+        assert_same_beams(beam, hf, None)
+        assert_same_beams(strict, hf, None)
+        assert all(len(b.token_ids) == n for b in strict.beams)
+        assert beam.stats["target_calls"] == n
+        if draft == "same":  # the target drafting for itself: most steps accepted (children
+            # of the draft's N - K extra beams can still push a target top-K child out)
+            assert strict.stats["target_calls"] < beam.stats["target_calls"]
+            assert strict.stats["acceptance_rate"] > 0.5
+
+
+EOS_CASES = [(False, 1.0), (True, 1.0), ("never", 1.0), (False, 0.0), (True, 2.0),
+             ("never", -1.0)]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("early_stopping, length_penalty", EOS_CASES)
+def test_beam_and_strict_match_generate_with_eos(k, early_stopping, length_penalty):
+    target = tiny(1)
+    pair = pair_of(target, perturbed(1, 0.05))
+    ended_early = 0
+    for s in range(3):
+        ids, n = prompt(10 + s), 10
+        eos = frequent_token(target, ids)
+        set_generation(target, eos, early_stopping, length_penalty)
+        hf = hf_beams(target, ids, k, n)
+        for method, extra in (("beam", {}), ("atspeed_strict", {"draft_beams": 2 * k})):
+            tr = generate(pair, ids, method, beams=k, max_new_tokens=n, **extra)
+            assert_same_beams(tr, hf, eos)
+        ended_early += any(b.token_ids[-1] == eos for b in tr.beams)
+    assert ended_early  # the EOS path was exercised
+
+
+@lru_cache(maxsize=None)
+def strict_runs(k: int):
+    """atspeed_strict with a partially agreeing draft and an EOS, on several prompts."""
+    target = tiny(2)
+    pair = pair_of(target, perturbed(2, 0.05))
+    eos = frequent_token(target, prompt(20))
+    set_generation(target, eos)
+    return target, eos, [(prompt(20 + s), generate(
+        pair, prompt(20 + s), "atspeed_strict", beams=k, draft_beams=2 * k, gamma=3,
+        max_new_tokens=12)) for s in range(3)]
+
+
+def test_strict_partial_acceptance_is_still_identical_to_generate():
+    target, eos, runs = strict_runs(2)
+    set_generation(target, eos)
+    partial = 0
+    for ids, tr in runs:
+        assert_same_beams(tr, hf_beams(target, ids, 2, 12), eos)
+        partial += sum(0 < r.accepted < r.drafted for r in tr.rounds)
+    assert partial  # some rounds accepted a few steps, then failed
+    total = sum(tr.stats["target_calls"] for _, tr in runs)
+    steps = sum(len(tr.rounds[-1].beams_after[0].token_ids) for _, tr in runs)
+    print(f"atspeed_strict K=2 N=4 gamma=3, perturbed draft: {total} target calls for "
+          f"{steps} beam steps")
+
+
+def test_strict_traces_record_target_topk_hits_and_node_statuses():
+    _, _, runs = strict_runs(2)
+    for _, tr in runs:
+        for r in tr.rounds:
+            steps = r.extras["steps"]
+            assert [s["depth"] for s in steps] == list(range(1, len(steps) + 1))
+            assert r.accepted == sum(s["accepted"] for s in steps if s["kind"] == "drafted")
+            failing = r.extras["first_failing_step"]
+            assert failing is None or not steps[failing - 1]["accepted"]
+            assert all(len(s["target_topk"]) == 2 for s in steps)
+            drafted_steps = [s for s in steps if s["kind"] == "drafted"]
+            assert len([t for t in r.tests]) == 2 * len(drafted_steps)
+            assert {t.decision for t in r.tests} <= {"match", "mismatch"}
+            assert {n.status for n in r.nodes} <= set(STATUSES)
+            real = [n for n in r.nodes if n.q is not None]
+            assert len(real) == r.drafted * 4  # N nodes per drafted depth
+            assert all(0 <= n.tree < 2 for n in r.nodes)
+            assert len(r.beams_after) == 2 and len(r.beams_before) == 2
+        json.loads(tr.to_json())  # JSON-serialisable
+
+
+def test_strict_finished_origins_colour_accepted_tokens():
+    target = tiny(0)
+    pair = pair_of(target, target)
+    set_generation(target)
+    tr = generate(pair, prompt(0), "atspeed_strict", beams=2, draft_beams=4, gamma=3,
+                  max_new_tokens=8)
+    assert len(tr.token_origins) == 8
+    assert tr.token_origins.count("accepted") >= 4  # drafted nodes the target kept
+
+
+# ------------------------------------------------------------------ beam sampling
+
+
+def test_beam_sample_is_reproducible_from_the_seed():
+    target = tiny(3)
+    pair = pair_of(target, None)
+    set_generation(target, frequent_token(target, prompt(3)))
+    runs = [generate(pair, prompt(3), "beam_sample", beams=3, max_new_tokens=10, top_k=10,
+                     seed=s) for s in (7, 7, 8, 9)]
+    assert runs[0].beams == runs[1].beams
+    assert [r.beams_after for r in runs[0].rounds] == [r.beams_after for r in runs[1].rounds]
+    assert len({r.beams for r in runs}) > 1
+    assert all(a.score >= b.score for a, b in zip(runs[0].beams, runs[0].beams[1:]))
+
+
+@torch.no_grad()
+def test_beam_sample_follows_beam_sample_step_draw_for_draw():
+    target, ids, k, n = tiny(3), prompt(4), 3, 10
+    pair = pair_of(target, None)
+    eos = frequent_token(target, ids)
+    set_generation(target, eos)
+    tr = generate(pair, ids, "beam_sample", beams=k, max_new_tokens=n, top_k=10, seed=5)
+    cfg = BeamConfig.from_generation_config(target.generation_config, k, n, len(ids))
+
+    def lp(seqs):
+        return torch.log_softmax(target(input_ids=seqs).logits[:, -1].float(), -1)
+
+    hyps, _ = run_beam_sampling(lp, torch.tensor([ids]), cfg, Warp(top_k=10), make_generator(5))
+    assert [b.token_ids for b in tr.beams] == [h.tokens for h in hyps]
+    assert all(abs(b.score - h.score) < TOL for b, h in zip(tr.beams, hyps))
+
+
+# ------------------------------------------------------------------ dsbd / relaxed traces
+
+
+@lru_cache(maxsize=None)
+def dsbd_run(one_cache: bool):
+    target = tiny(4)
+    pair = pair_of(target, perturbed(4, 0.05))
+    set_generation(target, frequent_token(target, prompt(5)))
+    return generate(pair, prompt(5), "dsbd", draft_beams=4, gamma=3, threshold=0.7,
+                    min_width=1, one_cache=one_cache, top_k=10, max_new_tokens=16, seed=3)
+
+
+def check_layer_tests(r, width: int, n_drafts: int, capped: bool) -> None:
+    """Every drafted candidate of every verified layer has a complete test record."""
+    for layer in r.extras["layers"]:
+        if layer["outcome"] == "bonus":
+            continue
+        tests = [t for t in r.tests if t.depth == layer["depth"]]
+        assert len(tests) == n_drafts and 1 <= layer["width"] <= width
+        n_accept = sum(t.decision == "accept" for t in tests)
+        assert n_accept == layer["accepted_count"]
+        assert (layer["outcome"] == "accepted") == (n_accept >= layer["width"])
+        assert n_accept <= (layer["width"] if capped else n_drafts)
+        for t in tests:
+            assert t.decision in ("accept", "reject", "auto_reject", "skip")
+            assert (t.uniform is not None) == (t.decision in ("accept", "reject"))
+            assert 0.0 <= t.ratio <= 1.0 and t.q > 0.0 and t.p >= 0.0
+
+
+@pytest.mark.parametrize("one_cache", [False, True])
+def test_dsbd_runs_end_to_end_with_complete_width_records(one_cache):
+    tr = dsbd_run(one_cache)
+    assert tr.beams and all(b.finished for b in tr.beams)
+    assert all(a.score >= b.score for a, b in zip(tr.beams, tr.beams[1:]))
+    outcomes = Counter()
+    for r in tr.rounds:
+        assert len(r.beams_after) == (1 if one_cache else 4)
+        check_layer_tests(r, 4, 4, capped=True)
+        for w, layer in zip(r.extras["width"], [x for x in r.extras["layers"] if "width" in x
+                                               and x["outcome"] != "bonus"]):
+            assert len(w["alphas"]) == 4 and len(w["P"]) == 5 and len(w["tails"]) == 5
+            assert abs(sum(w["P"]) - 1) < 1e-9 and abs(w["tails"][0] - 1) < 1e-9
+            assert w["chosen"] == layer["width"] == max(w["w_min"], w["w_tilde"])
+            assert w["t"] == 0.7
+        assert r.accepted == sum(x["outcome"] == "accepted" for x in r.extras["layers"])
+        assert {n.status for n in r.nodes} <= set(STATUSES)
+        outcomes.update(x["outcome"] for x in r.extras["layers"])
+    assert outcomes["corrected"] and outcomes["accepted"]  # both paths were exercised
+    assert RunTrace.from_json(tr.to_json()).to_json() == tr.to_json()
+    print(f"dsbd one_cache={one_cache}: {tr.stats['target_calls']} target calls, "
+          f"{len(tr.token_ids)} tokens, layer outcomes {dict(outcomes)}")
+
+
+def test_atspeed_relaxed_runs_end_to_end_with_complete_records():
+    target = tiny(4)
+    pair = pair_of(target, perturbed(4, 0.05))
+    set_generation(target, frequent_token(target, prompt(6)))
+    tr = generate(pair, prompt(6), "atspeed_relaxed", beams=2, draft_beams=4, gamma=3,
+                  top_k=10, max_new_tokens=16, seed=1)
+    assert 1 <= len(tr.beams) <= 2 and all(b.finished for b in tr.beams)
+    for r in tr.rounds:
+        assert len(r.beams_after) == 2
+        check_layer_tests(r, 2, 4, capped=False)
+        for layer in r.extras["layers"]:
+            assert layer["width"] == 2
+    json.loads(tr.to_json())
+    from engine.methods import METHODS
+
+    assert "not lossless" in METHODS["atspeed_relaxed"].exactness
+    assert "not lossless" in METHODS["atspeed_relaxed"].summary
+
+
+# ------------------------------------------------------------------ laws (exact enumeration)
+
+LAW_VOCAB, LAW_TOPK = 6, 3
+
+
+def law_pair():
+    target = tiny(1, LAW_VOCAB, 1, 0.5)
+    set_generation(target)
+    return pair_of(target, perturbed(1, 0.05, LAW_VOCAB, 1, 0.5))
+
+
+def engine_law(pair, method: str, key=tuple, **params) -> tuple[dict, Counter]:
+    """Exact law of the final beam rows (every branch of every random choice, float64)."""
+    law, outcomes = defaultdict(float), Counter()
+
+    def run(chooser):
+        dec, _, _ = make_decoder(pair, [2, 3, 4], method, max_new_tokens=2, top_k=LAW_TOPK,
+                                 **params)
+        dec.ctx.chooser = chooser
+        rounds = list(dec.rounds())
+        first = rounds[0].extras.get("layers", [{}])[0].get("outcome")
+        return key(tuple(s) for s in dec.ctx.seqs), first
+
+    for w, (seqs, first) in enumerate_outcomes(run):
+        law[seqs] += w
+        outcomes[first] += w
+    return dict(law), outcomes
+
+
+def gap(a: dict, b: dict) -> float:
+    return max(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
+
+
+def tv(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
+
+
+def test_dsbd_constant_width_output_law_equals_beam_sampling_end_to_end():
+    """Theorem 3.1 through the engine: draft forest, one target forward, layer verification,
+    correction / bonus layer and commit, on a 6-token model (K = W_S = 2, two steps)."""
+    pair = law_pair()
+    ref, _ = engine_law(pair, "beam_sample", beams=2)
+    law, outcomes = engine_law(pair, "dsbd", draft_beams=2, min_width=2, gamma=1)
+    assert abs(sum(law.values()) - 1) < 1e-9
+    assert outcomes["accepted"] > 0.1 and outcomes["corrected"] > 0.1  # both paths weigh
+    assert gap(law, ref) < 1e-5, gap(law, ref)
+
+
+def test_atspeed_relaxed_distance_from_beam_sampling_is_measured():
+    pair = law_pair()
+    ref, _ = engine_law(pair, "beam_sample", key=lambda rows: tuple(sorted(rows)), beams=2)
+    law, _ = engine_law(pair, "atspeed_relaxed", key=lambda rows: tuple(sorted(rows)),
+                        beams=2, draft_beams=3, gamma=1)
+    exact_tv, distinct_tv = tv(law, ref), tv(law, distinct_beam_sampling_law(pair))
+    trials, mc = 300, Counter()
+    for seed in range(trials):
+        dec, _, _ = make_decoder(pair, [2, 3, 4], "atspeed_relaxed", max_new_tokens=2,
+                                 top_k=LAW_TOPK, beams=2, draft_beams=3, gamma=1, seed=seed)
+        list(dec.rounds())
+        mc[tuple(sorted(tuple(s) for s in dec.ctx.seqs))] += 1
+    mc_tv = tv({x: c / trials for x, c in mc.items()}, ref)
+    print(f"atspeed_relaxed (K=2, N=3, gamma=1, V=6, top-k 3, 2 steps): TV from beam sampling "
+          f"= {exact_tv:.4f} exact, {mc_tv:.4f} Monte Carlo ({trials} runs); from beam "
+          f"sampling without replacement = {distinct_tv:.4f} exact")
+    assert abs(sum(law.values()) - 1) < 1e-9
+    assert all(0.0 <= x <= 1.0 for x in (exact_tv, mc_tv, distinct_tv))  # approximate by design
+
+
+@torch.no_grad()
+def distinct_beam_sampling_law(pair) -> dict:
+    """Exact law of beam sampling with distinct draws per step (beam_sample_step,
+    replacement=False), as sorted beam sets: the law relaxed verification approximates."""
+    model, ids = pair.target, torch.tensor([[2, 3, 4]])
+    cfg = BeamConfig.from_generation_config(model.generation_config, 2, 2, 3)
+
+    def lp(seqs):
+        return torch.log_softmax(model(input_ids=seqs).logits[:, -1].float(), -1)
+
+    def run(chooser):
+        _, steps = run_beam_sampling(lp, ids, cfg, Warp(top_k=LAW_TOPK), chooser,
+                                     replacement=False)
+        rows = [[] for _ in range(2)]
+        for info in steps:
+            rows = [rows[a] + [t] for a, t in zip(info.parents.tolist(), info.tokens.tolist())]
+        return tuple(sorted(tuple(r) for r in rows))
+
+    law: dict = defaultdict(float)
+    for w, beams in enumerate_outcomes(run):
+        law[beams] += w
+    return law
