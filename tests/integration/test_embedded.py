@@ -86,3 +86,26 @@ def test_cli_mcsd_temperature_zero_matches_generate(refs):
     data = json.loads(out.stdout)
     assert data["token_ids"] == refs[PROMPTS[1]]
     assert data["stats"]["acceptance_rate"] is not None
+
+
+@pytest.mark.parametrize("method", ["beam", "atspeed_strict"])
+def test_cli_beam_json_returns_the_beams_of_generate(embedded_pair, method):
+    prompt = PROMPTS[0]
+    ids = engine.encode_prompt(embedded_pair, prompt)
+    ref = embedded_pair.target.generate(
+        torch.tensor([ids]), do_sample=False, num_beams=4, num_return_sequences=4,
+        max_new_tokens=24, output_scores=True, return_dict_in_generate=True)
+    out = _cli("generate", "--method", method, "--beams", "4", "--prompt", prompt,
+               "--max-new-tokens", "24", "--json")
+    assert out.returncode == 0, out.stderr
+    beams = json.loads(out.stdout)["beams"]
+    pad = embedded_pair.target.generation_config.pad_token_id
+    eos = embedded_pair.target.generation_config.eos_token_id
+    for got, row, score in zip(beams, ref.sequences, ref.sequences_scores):
+        want = row[len(ids):].tolist()
+        if eos in want:
+            want = want[: want.index(eos) + 1]
+        while want and want[-1] == pad and pad != eos:
+            want.pop()
+        assert got["token_ids"] == want
+        assert abs(got["score"] - float(score)) < 1e-4
