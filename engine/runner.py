@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from engine.errors import UnsupportedModelError
-from engine.forest import PAD, ROOT
+from engine.forest import PAD
 
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -53,8 +53,9 @@ class CachedModel:
     def _reset_round(self) -> None:
         self.round_tokens: list[torch.Tensor] = []  # fed forest tokens, chunks of (W, m_i)
         self.round_parents: list[torch.Tensor] = []
-        self.anc: torch.Tensor | None = None  # (W, n, n) ancestors over round nodes
-        self.round_depth: torch.Tensor | None = None  # (W, n) depth of round nodes
+        self.round_par: torch.Tensor | None = None  # (W, f) parents of fed forest nodes
+        self.anc: torch.Tensor | None = None  # (W, f, f) forest ancestors (self included)
+        self.depth: torch.Tensor | None = None  # (W, f) forest depth
         self.tail_fed = 0  # tail tokens fed this round
         self.forest_fed = 0  # forest nodes fed this round
         self.root_logits: torch.Tensor | None = None  # (W, V) logits after the tail
@@ -114,50 +115,52 @@ class CachedModel:
         return logits[:, t_new:]
 
     def _inputs(self, tokens: torch.Tensor, parents: torch.Tensor, t_new: int):
-        """input_ids, position_ids and the 4D additive mask for tail + nodes."""
+        """input_ids, position_ids and the 4D additive mask for tail + nodes.
+
+        Key columns: cached prefix (base) | tail (a causal chain) | forest nodes fed so far.
+        """
         W, m = tokens.shape
-        t_all = self.tail.shape[1]
-        n_old = self.tail_fed + self.forest_fed  # round nodes already in the cache
-        # round-node parents: the tail is a chain; forest ROOT -> last tail token
-        tail_par = torch.arange(-1, t_all - 1, device=self.device).expand(W, t_all)
-        node_par = torch.where(parents >= 0, parents + t_all, parents)
-        node_par = torch.where(parents == ROOT, torch.full_like(parents, t_all - 1), node_par)
-        new_par = torch.cat([tail_par[:, t_all - t_new :], node_par], dim=1)  # (W, t_new + m)
-        self._extend_ancestors(new_par, n_old)
-        n = n_old + t_new + m
-        depth = self.round_depth[:, n_old:n]  # (W, t_new + m)
-        pos = self.base + depth
-        ids = torch.cat([self.tail[:, t_all - t_new :], tokens], dim=1)  # (W, t_new + m)
+        t_all, f_old = self.tail.shape[1], self.forest_fed
+        self._extend_forest(parents)
+        f = f_old + m
+        dev = self.device
+        tail_rows = torch.zeros((W, t_new, t_all + f), dtype=torch.bool, device=dev)
+        tail_rows[:, :, :t_all] = torch.ones((t_new, t_all), dtype=torch.bool,
+                                             device=dev).tril(t_all - t_new)
+        node_rows = torch.cat(
+            [(parents != PAD)[:, :, None].expand(W, m, t_all), self.anc[:, f_old:f, :f]], dim=2
+        )  # (W, m, t_all + f): a node sees the whole tail and its forest ancestors
         vis = torch.cat(
-            [
-                torch.ones((W, t_new + m, self.base), dtype=torch.bool, device=self.device),
-                self.anc[:, n_old:n, :n],
-            ],
-            dim=2,
-        )  # (W, t_new + m, base + n)
-        mask = torch.zeros(vis.shape, dtype=self.dtype, device=self.device)
+            [torch.ones((W, t_new + m, self.base), dtype=torch.bool, device=dev),
+             torch.cat([tail_rows, node_rows], dim=1)], dim=2,
+        )  # (W, t_new + m, base + t_all + f)
+        tail_pos = torch.arange(t_all - t_new, t_all, device=dev).expand(W, t_new)
+        node_pos = torch.where(parents == PAD, 0, t_all - 1 + self.depth[:, f_old:f])
+        pos = self.base + torch.cat([tail_pos, node_pos], dim=1)  # (W, t_new + m)
+        ids = torch.cat([self.tail[:, t_all - t_new :], tokens], dim=1)  # (W, t_new + m)
+        mask = torch.zeros(vis.shape, dtype=self.dtype, device=dev)
         mask = mask.masked_fill(~vis, torch.finfo(self.dtype).min)[:, None]  # (W, 1, q, kv)
         return ids, pos, mask
 
-    def _extend_ancestors(self, new_par: torch.Tensor, n_old: int) -> None:
-        """Grow the (W, n, n) ancestor matrix and depths by nodes with parents new_par."""
-        W, k = new_par.shape
-        n = n_old + k
-        anc = torch.zeros((W, n, n), dtype=torch.bool, device=self.device)
-        depth = torch.zeros((W, n), dtype=torch.long, device=self.device)
-        if n_old:
-            anc[:, :n_old, :n_old] = self.anc
-            depth[:, :n_old] = self.round_depth
-        rows = torch.arange(W, device=self.device)
-        for j in range(k):
-            i = n_old + j
-            pj = new_par[:, j]
-            has = pj >= 0
-            anc[:, i] = anc[rows, pj.clamp_min(0)] & has[:, None]
-            anc[:, i, i] = True
-            depth[:, i] = torch.where(has, depth[rows, pj.clamp_min(0)] + 1, 0)
-            depth[:, i] = torch.where(pj == PAD, 0, depth[:, i])
-        self.anc, self.round_depth = anc, depth
+    def _extend_forest(self, parents: torch.Tensor) -> None:
+        """Ancestor closure (self included) and depths of the round's forest nodes.
+
+        Repeated squaring of the parent relation: log2(depth) boolean matmuls instead of a
+        Python loop over nodes.
+        """
+        par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
+        self.round_par = par  # (W, f) forest parents, forest index space
+        W, f = par.shape
+        reach = torch.eye(f, device=self.device).expand(W, f, f).clone()  # (W, f, f)
+        rows, cols = (par >= 0).nonzero(as_tuple=True)
+        reach[rows, cols, par[rows, cols]] = 1.0
+        while f:
+            nxt = ((reach @ reach) > 0).float()
+            if torch.equal(nxt, reach):
+                break
+            reach = nxt
+        self.anc = reach > 0
+        self.depth = self.anc.sum(-1)  # (W, f) 1 = child of the root
 
     # ---------------------------------------------------------------- commit
     def commit(
