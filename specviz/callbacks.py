@@ -1,0 +1,236 @@
+"""Event handlers: (inputs, SessionState) -> (outputs, SessionState).
+
+Only ``run`` touches a model (one event per run, streaming a render every few rounds); the
+navigation handlers are cheap re-renders of the stored trace. Every handler is wrapped so
+that an engine error becomes a one-line ``gr.Error`` and nothing else reaches the page.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from engine import METHODS
+from engine.errors import SpecvizError
+from engine.trace import RunTrace
+from specviz import pairs, text_view
+from specviz.params import ParamPool
+from specviz.render import render
+from specviz.state import SessionState, coerce
+
+log = logging.getLogger("specviz")
+RENDER_EVERY_S = 0.35  # streaming: at most one render per this many seconds
+MAX_IMPORT_BYTES = 20 * 1024 * 1024
+EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-exports"
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def _as_gr_error(e: Exception) -> gr.Error:
+    if isinstance(e, gr.Error):
+        return e
+    if isinstance(e, SpecvizError):
+        return gr.Error(one_line(e), print_exception=False)
+    log.exception("unexpected error in a specviz callback")
+    return gr.Error(f"internal error ({type(e).__name__}): {one_line(e)}", print_exception=False)
+
+
+def guarded(fn: Callable) -> Callable:
+    """Turn every exception of a handler (plain or generator) into a one-line gr.Error."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen_wrapper(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the page must never show a traceback
+                raise _as_gr_error(e) from e
+        return gen_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the page must never show a traceback
+            raise _as_gr_error(e) from e
+    return wrapper
+
+
+def _out(state: SessionState) -> tuple[Any, ...]:
+    return (*render(state), state)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def _merge(state: SessionState, event: dict[str, Any]) -> SessionState:
+    rounds = (state.trace or {}).get("rounds", []) + [event["round"]]
+    return replace(state, trace={**event["head"], "rounds": rounds}, round=len(rounds) - 1)
+
+
+def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
+    """The Run handler for a parameter pool (keyword widget values -> method parameters)."""
+
+    @guarded
+    def run(prompt: str, method: str, target: str, draft: str,
+            **widgets: Any) -> Iterator[tuple[Any, ...]]:
+        if method not in METHODS:
+            raise gr.Error(f"unknown method '{method}'", print_exception=False)
+        params = pool.values(method, widgets)
+        pairs.check_run_limits(prompt, params)
+        state = SessionState(source="run", live=True)
+        last = 0.0
+        try:
+            for event in pairs.decode_stream(target, draft, prompt, method, params):
+                state = _merge(state, event)
+                if time.monotonic() - last >= RENDER_EVERY_S:
+                    last = time.monotonic()
+                    yield _out(state)
+        except Exception:
+            if state.trace is not None:  # keep the rounds so far, navigable
+                yield _out(replace(state, live=False))
+            raise
+        if state.trace is None:
+            raise gr.Error("the run produced no rounds", print_exception=False)
+        yield _out(replace(state, live=False))
+
+    return run
+
+
+# ---------------------------------------------------------------------- navigation
+
+
+@guarded
+def step(state: SessionState) -> tuple[Any, ...]:
+    s = coerce(state)
+    return _out(s.at(s.round + 1))
+
+
+@guarded
+def back(state: SessionState) -> tuple[Any, ...]:
+    s = coerce(state)
+    return _out(s.at(s.round - 1))
+
+
+PLAY, PAUSE = "▶ Play", "⏸ Pause"
+
+
+@guarded
+def reset(state: SessionState) -> tuple[Any, ...]:
+    """Rewind to the first round and stop playing (the trace stays loaded)."""
+    return (*_out(coerce(state).at(0)), gr.Timer(active=False), gr.Button(PLAY))
+
+
+@guarded
+def seek(index: float, state: SessionState) -> tuple[Any, ...]:
+    return _out(coerce(state).at(int(index or 0)))
+
+
+@guarded
+def select_token(state: SessionState, evt: gr.SelectData) -> tuple[Any, ...]:
+    """A click on a generated token selects the round that committed it."""
+    s = coerce(state)
+    r = text_view.round_at(s.run_trace(), evt.index)
+    return _out(s if r is None else s.at(r))
+
+
+@guarded
+def toggle_play(label: str, state: SessionState) -> tuple[Any, ...]:
+    """Play/Pause. The button's own label says which (a tick still in flight when Pause is
+    pressed may carry an older state, so the state is not the source of truth)."""
+    s = coerce(state)
+    playing = label != PAUSE
+    if playing and s.n_rounds < 2:
+        raise gr.Error("nothing to play: the trace has fewer than two rounds",
+                       print_exception=False)
+    if playing and s.round >= s.n_rounds - 1:
+        s = s.at(0)
+    return (*_out(s), gr.Timer(active=playing), gr.Button(PAUSE if playing else PLAY))
+
+
+@guarded
+def tick(state: SessionState) -> tuple[Any, ...]:
+    """Play timer: advance one round; stop the timer at the last one."""
+    s = coerce(state)
+    s = s.at(s.round + 1)
+    if s.round >= s.n_rounds - 1 and not s.live:
+        return (*_out(s), gr.Timer(active=False), gr.Button(PLAY))
+    return (*_out(s), gr.skip(), gr.skip())
+
+
+# ------------------------------------------------------------------- import/export
+
+
+@guarded
+def export_trace(state: SessionState) -> str | None:
+    """Write the session's trace to a JSON file and return its path (None if no trace)."""
+    s = coerce(state)
+    if s.trace is None or s.live:
+        return None
+    text = RunTrace.from_dict(s.trace).to_json()
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    EXPORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = EXPORT_DIR / f"specviz-{s.trace.get('method', 'run')}-{digest}.json"
+    if not path.exists():
+        path.write_text(text)
+    return str(path)
+
+
+def load_trace_file(path: str | Path) -> dict[str, Any]:
+    """A RunTrace dict from a JSON file; SpecvizError-style one-liners for bad files."""
+    p = Path(path)
+    if p.stat().st_size > MAX_IMPORT_BYTES:
+        raise gr.Error(f"trace file is larger than {MAX_IMPORT_BYTES // 2**20} MB",
+                       print_exception=False)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        trace = RunTrace.from_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise gr.Error(f"not a specviz trace: {one_line(e)}", print_exception=False) from e
+    if not isinstance(data, dict) or "rounds" not in data or not trace.rounds:
+        raise gr.Error("not a specviz trace: no rounds", print_exception=False)
+    return data
+
+
+@guarded
+def import_trace(file: Any, state: SessionState) -> tuple[Any, ...]:
+    if file is None:
+        raise gr.Error("no file received", print_exception=False)
+    path = file if isinstance(file, (str, Path)) else getattr(file, "name", None)
+    return _out(SessionState(trace=load_trace_file(path), source="import"))
+
+
+# -------------------------------------------------------------------- run controls
+
+
+def make_method_change(pool: ParamPool) -> Callable[[str], list[Any]]:
+    @guarded
+    def method_change(method: str) -> list[Any]:
+        spec = METHODS.get(method)
+        if spec is None:
+            raise gr.Error(f"unknown method '{method}'", print_exception=False)
+        about = (f"**{spec.name}** ({spec.family}) — {spec.summary}\n\n"
+                 f"<small>exactness: {spec.exactness}</small>")
+        return [about, *pool.updates(method)]
+
+    return method_change
+
+
+@guarded
+def preset_change(name: str) -> tuple[str, str]:
+    for p in pairs.presets():
+        if p.name == name:
+            return p.target, p.draft
+    raise gr.Error(f"unknown preset '{name}'", print_exception=False)

@@ -1,0 +1,192 @@
+"""Charts of a run, as pure figure builders over a RunTrace (fixed sizes: gr.Plot remounts).
+
+- ``progress_figure``: acceptance per round and cumulative, draft length per round, tokens
+  per target call, with the selected round marked.
+- ``posterior_figure``: the Thompson-sampling posterior recorded in RoundTrace.controller
+  (Beta for Beta-TS, Gaussian for Cali-TS) with the sampled theta of each draft step.
+- ``timeline_figure``: per-round propose/score/verify/commit phases of several runs.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from engine.control import beta_pdf, gaussian_pdf
+from engine.trace import RoundTrace, RunTrace
+from specviz.forest_view import empty_figure
+
+PROGRESS_HEIGHT = 430
+POSTERIOR_HEIGHT = 430
+TIMELINE_HEIGHT = 380
+GRID = torch.linspace(0.0025, 0.9975, 200, dtype=torch.float64)
+HISTORY = 6  # earlier posteriors drawn faded
+PHASES = (("propose", "draft (propose)", "#f2a65a"), ("score", "target forward (score)",
+          "#4e79a7"), ("verify", "verify", "#59a14f"), ("commit", "commit", "#b07aa1"))
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _cumulative(rounds: tuple[RoundTrace, ...], num, den) -> list[float | None]:
+    out, a, b = [], 0.0, 0.0
+    for r in rounds:
+        a, b = a + num(r), b + den(r)
+        out.append(_ratio(a, b))
+    return out
+
+
+def _mark_round(fig: go.Figure, index: int) -> None:
+    fig.add_vline(x=index, line=dict(color="#e0a800", width=2, dash="dot"))
+
+
+def progress_figure(trace: RunTrace | None, index: int) -> go.Figure:
+    """Three stacked panels sharing the round axis."""
+    if trace is None or not trace.rounds:
+        return empty_figure("Charts appear as rounds arrive", PROGRESS_HEIGHT)
+    rs = trace.rounds
+    x = [r.index for r in rs]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("acceptance rate", "draft length", "tokens per target "
+                                        "call"))
+    fig.add_bar(x=x, y=[_ratio(r.accepted, r.drafted) for r in rs], name="per round",
+                marker_color="#7fd18b", row=1, col=1)
+    fig.add_scatter(x=x, y=_cumulative(rs, lambda r: r.accepted, lambda r: r.drafted),
+                    name="cumulative", mode="lines", line=dict(color="#2e9e4f"), row=1, col=1)
+    fig.add_bar(x=x, y=[r.drafted for r in rs], name="drafted (path length)",
+                marker_color="#f2a65a", row=2, col=1)
+    fig.add_scatter(x=x, y=[r.accepted for r in rs], name="accepted", mode="markers",
+                    marker=dict(color="#2e9e4f", size=6), row=2, col=1)
+    fig.add_bar(x=x, y=[_ratio(len(r.committed), r.target_calls) for r in rs],
+                name="tokens / call", marker_color="#7fb3f5", row=3, col=1)
+    fig.add_scatter(x=x, y=_cumulative(rs, lambda r: len(r.committed),
+                                       lambda r: r.target_calls),
+                    name="cumulative tau", mode="lines", line=dict(color="#3b7dd8"), row=3,
+                    col=1)
+    _mark_round(fig, min(max(index, 0), len(rs) - 1))
+    fig.update_yaxes(range=[0, 1.05], row=1, col=1)
+    fig.update_layout(height=PROGRESS_HEIGHT, margin=dict(l=40, r=10, t=30, b=60),
+                      barmode="overlay", plot_bgcolor="white", bargap=0.15,
+                      legend=dict(orientation="h", y=-0.1, yanchor="top", font=dict(size=10)))
+    fig.update_annotations(font_size=12)
+    fig.update_xaxes(gridcolor="#eee", dtick=1 if len(rs) <= 12 else None)
+    fig.update_yaxes(gridcolor="#eee")
+    return fig
+
+
+def _curve(kind: str, state: dict) -> tuple[list[float], str] | None:
+    """Density of the posterior recorded before a round's draws, and its label."""
+    before, steps = state.get("before") or {}, state.get("steps") or []
+    if kind == "beta_ts" and "alpha" in before:
+        a, b = float(before["alpha"]), float(before["beta"])
+        return beta_pdf(GRID, a, b).tolist(), f"Beta({a:.3g}, {b:.3g})"
+    if kind == "cali_ts":
+        step = next((s for s in steps if s.get("mu") is not None), None)
+        if step and step.get("sigma"):
+            mu, sd = float(step["mu"]), float(step["sigma"])
+            return gaussian_pdf(GRID, mu, sd).tolist(), f"N({mu:.3g}, {sd:.3g}²)"
+    return None
+
+
+def _after_curve(kind: str, state: dict) -> tuple[list[float], str] | None:
+    after = state.get("after") or {}
+    if kind == "beta_ts" and "alpha" in after:
+        a, b = float(after["alpha"]), float(after["beta"])
+        return beta_pdf(GRID, a, b).tolist(), f"after: Beta({a:.3g}, {b:.3g})"
+    return None
+
+
+def _controller_rounds(trace: RunTrace, index: int) -> list[RoundTrace]:
+    return [r for r in trace.rounds[: index + 1] if r.controller]
+
+
+def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
+    """Posterior of the draft-length controller at the selected round, with history."""
+    if trace is None or not trace.rounds:
+        return empty_figure("Thompson-sampling posterior (EESD) appears here",
+                            POSTERIOR_HEIGHT)
+    index = min(max(index, 0), len(trace.rounds) - 1)
+    seen = _controller_rounds(trace, index)
+    if not seen:
+        return empty_figure("no draft-length controller recorded for this method",
+                            POSTERIOR_HEIGHT)
+    kind = seen[-1].controller.get("kind", "?")
+    if kind not in ("beta_ts", "cali_ts"):
+        cap = seen[-1].controller.get("before", {}).get("length")
+        return empty_figure(f"controller '{kind}' has no posterior (length {cap})",
+                            POSTERIOR_HEIGHT)
+    fig = go.Figure()
+    x = GRID.tolist()
+    for k, r in enumerate(seen[-HISTORY - 1:]):
+        curve = _curve(kind, r.controller)
+        if curve is None:
+            continue
+        last = k == len(seen[-HISTORY - 1:]) - 1
+        fig.add_scatter(x=x, y=curve[0], mode="lines", name=f"round {r.index}: {curve[1]}",
+                        line=dict(color="#3b7dd8" if last else "#b8c9e6",
+                                  width=3 if last else 1), showlegend=last)
+    after = _after_curve(kind, seen[-1].controller)
+    if after:
+        fig.add_scatter(x=x, y=after[0], mode="lines", name=after[1],
+                        line=dict(color="#3b7dd8", dash="dash", width=1.5))
+    _theta_marks(fig, seen[-1])
+    title = f"{kind} posterior before round {seen[-1].index}"
+    if seen[-1].index != index:
+        title += f" (round {index} used no controller)"
+    fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01),
+                      height=POSTERIOR_HEIGHT, plot_bgcolor="white",
+                      margin=dict(l=40, r=10, t=40, b=30),
+                      xaxis=dict(title="theta (probability to continue drafting)",
+                                 range=[0, 1], gridcolor="#eee"),
+                      yaxis=dict(title="density", gridcolor="#eee", rangemode="tozero"),
+                      legend=dict(orientation="h", y=-0.2, font=dict(size=10)))
+    return fig
+
+
+def _theta_marks(fig: go.Figure, r: RoundTrace) -> None:
+    """Sampled theta of each draft step: green = continue, red = stop (chi = 0)."""
+    steps = [s for s in r.controller.get("steps", []) if s.get("theta") is not None]
+    for cont in (True, False):
+        pts = [s for s in steps if bool(s.get("continue")) == cont]
+        if not pts:
+            continue
+        fig.add_scatter(
+            x=[s["theta"] for s in pts], y=[0] * len(pts), mode="markers",
+            name="sampled theta: " + ("continue" if cont else "stop"),
+            marker=dict(symbol="triangle-up", size=13,
+                        color="#2e9e4f" if cont else "#d64545"),
+            hovertext=[f"step {s.get('step')}: theta={s['theta']:.3f}, "
+                       f"u={s.get('uniform') or 0:.3f}" for s in pts], hoverinfo="text")
+
+
+def timeline_figure(runs: list[tuple[str, RunTrace]]) -> go.Figure:
+    """Each run's rounds laid end to end on a time axis, one bar segment per phase."""
+    if not runs:
+        return empty_figure("Pick methods and press Compare", TIMELINE_HEIGHT)
+    fig = go.Figure()
+    for key, label, color in PHASES:
+        ys, xs, bases, hover = [], [], [], []
+        for name, trace in runs:
+            t = 0.0
+            for r in trace.rounds:
+                for k, _, _ in PHASES:
+                    dt = 1000.0 * r.timings.get(k, 0.0)
+                    if k == key and dt > 0:
+                        ys.append(name)
+                        xs.append(dt)
+                        bases.append(t)
+                        hover.append(f"{name} round {r.index}: {label} {dt:.1f} ms")
+                    t += dt
+        fig.add_bar(y=ys, x=xs, base=bases, orientation="h", name=label,
+                    marker=dict(color=color, line=dict(width=0)), hovertext=hover,
+                    hoverinfo="text")
+    fig.update_layout(barmode="overlay", height=TIMELINE_HEIGHT, plot_bgcolor="white",
+                      margin=dict(l=10, r=10, t=40, b=40), bargap=0.35,
+                      title=dict(text="Time line of rounds: draft vs target phases",
+                                 font=dict(size=14), x=0.01),
+                      xaxis=dict(title="engine time (ms)", gridcolor="#eee"),
+                      yaxis=dict(autorange="reversed"),
+                      legend=dict(orientation="h", y=-0.18))
+    return fig

@@ -1,0 +1,40 @@
+"""Record the demo trace shipped in assets/demo_trace.json.
+
+    python -m specviz.record --draft early-exit:24 --method mcsd --param k_config=3x2x2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import engine
+from specviz.pairs import get_pair
+from specviz.state import DEMO_TRACE
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="embedded")
+    ap.add_argument("--draft", default="")
+    ap.add_argument("--prompt", default="Write a haiku about the sea.")
+    ap.add_argument("--method", default="mcsd")
+    ap.add_argument("--max-new-tokens", type=int, default=40)
+    ap.add_argument("--param", action="append", default=[], help="name=value (repeatable)")
+    ap.add_argument("--out", default=str(DEMO_TRACE))
+    args = ap.parse_args(argv)
+    params = dict(p.split("=", 1) for p in args.param)
+    pair = get_pair(args.target, args.draft)
+    trace = engine.generate(pair, args.prompt, args.method,
+                            max_new_tokens=args.max_new_tokens, **params)
+    text = trace.to_json(separators=(",", ":"))
+    with open(args.out, "w") as f:
+        f.write(text)
+    s = trace.stats
+    print(json.dumps({"out": args.out, "bytes": len(text), "rounds": s["rounds"],
+                      "acceptance": s["acceptance_rate"], "tau": s["tau"],
+                      "text": trace.text}))
+
+
+if __name__ == "__main__":
+    main()

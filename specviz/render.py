@@ -1,0 +1,52 @@
+"""SessionState -> every debugger output, in the order ``OUTPUTS`` names them.
+
+One pure composition of the figure builders, text view and round panel; the callbacks
+return its tuple so every event keeps all views consistent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from specviz import charts, forest_view, round_panel, text_view
+from specviz.state import SessionState
+
+OUTPUTS = ("forest", "progress", "posterior", "text", "round_md", "run_md", "tests",
+           "beams", "extras", "slider")
+
+
+def views(state: SessionState) -> dict[str, Any]:
+    """Plain values of every view, plus the slider/beam-table settings they imply."""
+    trace = state.run_trace()
+    i, n = state.round, state.n_rounds
+    beams = round_panel.beam_rows(trace, i)
+    return {
+        "forest": forest_view.forest_figure(trace, i),
+        "progress": charts.progress_figure(trace, i),
+        "posterior": charts.posterior_figure(trace, i),
+        "text": text_view.segments(trace),
+        "round_md": round_panel.round_markdown(trace, i),
+        "run_md": round_panel.run_markdown(trace, state.live, state.source),
+        "tests": pd.DataFrame(round_panel.test_rows(trace, i),
+                              columns=round_panel.TEST_HEADERS),
+        "beams": pd.DataFrame(beams, columns=round_panel.BEAM_HEADERS),
+        "beams_visible": bool(beams),
+        "extras": round_panel.extras_markdown(trace, i),
+        "slider": i,
+        "slider_max": max(n - 1, 1),
+        "slider_interactive": n > 1 and not state.live,
+        "slider_label": f"Round ({n} recorded)" if n else "Round",
+    }
+
+
+def render(state: SessionState) -> tuple[Any, ...]:
+    """All views of the selected round as output values/updates, OUTPUTS order."""
+    v = views(state)
+    out = {k: v[k] for k in OUTPUTS}
+    out["beams"] = gr.Dataframe(value=v["beams"], visible=v["beams_visible"])
+    out["slider"] = gr.Slider(minimum=0, maximum=v["slider_max"], value=v["slider"], step=1,
+                              interactive=v["slider_interactive"], label=v["slider_label"])
+    return tuple(out[k] for k in OUTPUTS)

@@ -1,0 +1,177 @@
+"""Round panel: the numbers of one round as tables and markdown (pure functions).
+
+Verification table (tests in order with p, q, ratio, uniform draw, decision, residual mass),
+beam sets before/after with scores, method extras (DSBD width decision, optimal acceptance
+next to the achieved one), and run-level statistics. Absent fields render as "—".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.trace import RoundTrace, RunTrace
+from specviz.forest_view import token_label, vocab_of
+
+TEST_HEADERS = ["#", "tree", "depth", "node", "token", "p (target)", "q (draft)",
+                "ratio", "uniform u", "decision", "residual mass", "note"]
+BEAM_HEADERS = ["set", "beam", "score", "finished", "last tokens"]
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, (int, float)):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def _round(trace: RunTrace, index: int) -> RoundTrace:
+    return trace.rounds[min(max(index, 0), len(trace.rounds) - 1)]
+
+
+def test_rows(trace: RunTrace | None, index: int) -> list[list[str]]:
+    """One row per TestRecord of the round, in test order."""
+    if trace is None or not trace.rounds:
+        return []
+    r = _round(trace, index)
+    text = {(n.tree, n.id): n.text for n in r.nodes}
+    vocab = vocab_of(trace)
+    rows = []
+    for i, t in enumerate(r.tests):
+        tok = text.get((t.tree, t.node), vocab.get(t.token_id, f"<{t.token_id}>"))
+        rows.append([str(i), str(t.tree), str(t.depth), str(t.node), token_label(tok),
+                     _num(t.p), _num(t.q), _num(t.ratio), _num(t.uniform), t.decision,
+                     _num(t.residual_mass), t.note])
+    return rows
+
+
+def beam_rows(trace: RunTrace | None, index: int) -> list[list[str]]:
+    """Beam sets before and after the round (empty for single-sequence methods)."""
+    if trace is None or not trace.rounds:
+        return []
+    r = _round(trace, index)
+    if len(r.beams_before) <= 1 and len(r.beams_after) <= 1:
+        return []
+    vocab = vocab_of(trace)
+    rows = []
+    for name, beams in (("before", r.beams_before), ("after", r.beams_after)):
+        for i, b in enumerate(beams):
+            tail = "".join(vocab.get(t, f"<{t}>") for t in b.token_ids[-8:])
+            rows.append([name, str(i), _num(b.score), "yes" if b.finished else "",
+                         tail.replace("\n", "↵")])
+    return rows
+
+
+def _cell(v: Any) -> str:
+    """Compact table cell: numbers to 3 digits, short number lists inline, nesting elided."""
+    if v is None:
+        return "—"
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:.3g}"
+    if isinstance(v, list) and all(isinstance(x, (int, float)) for x in v):
+        shown = ", ".join(f"{x:.3g}" for x in v[:6])
+        return "[" + shown + (", …" if len(v) > 6 else "") + "]"
+    if isinstance(v, (dict, list)):
+        return "…"
+    return str(v).replace("|", "\\|")
+
+
+def dict_table(rows: list[dict[str, Any]], columns: list[str] | None = None,
+               max_rows: int = 16) -> str:
+    """Markdown table of a list of dicts (columns: the union of keys, in first-seen order)."""
+    cols = columns or list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows[:max_rows]:
+        lines.append("| " + " | ".join(_cell(r.get(c)) if c in r else "—" for c in cols)
+                     + " |")
+    if len(rows) > max_rows:
+        lines.append(f"\n*{len(rows) - max_rows} more rows not shown*")
+    return "\n".join(lines)
+
+
+def _is_table(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _optimal(rows: Any) -> str:
+    """Optimal acceptance alpha* next to the achieved (and expected) one, per position."""
+    if not _is_table(rows):
+        return ""
+    if "depth" not in rows[0]:
+        rows = [{"position": i, **r} for i, r in enumerate(rows)]
+    lead = [c for c in ("position", "depth", "parent", "alpha_star", "achieved", "expected")
+            if c in rows[0]]
+    cols = lead + [k for k in dict.fromkeys(k for r in rows for k in r) if k not in lead]
+    return "**Optimal acceptance vs achieved** (Hu et al.)\n\n" + dict_table(rows, cols)
+
+
+def _width(extras: dict[str, Any]) -> str:
+    keys = [k for k in extras if "width" in k.lower()]
+    parts = []
+    for k in keys:
+        v = extras[k]
+        if _is_table(v):
+            parts.append(f"**Width decision** (`{k}`, DSBD Eq. 5-7)\n\n" + dict_table(v))
+        else:
+            parts.append(f"**Width decision**: {k} = `{_short(v)}`")
+    return "\n\n".join(parts)
+
+
+def _short(v: Any, limit: int = 120) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, default=str)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def extras_markdown(trace: RunTrace | None, index: int) -> str:
+    """Method-specific numbers of the round: width decision, optimal acceptance, the rest
+    (lists of records as tables, scalars inline), then the controller's posterior step."""
+    if trace is None or not trace.rounds:
+        return ""
+    r = _round(trace, index)
+    ex = dict(r.extras or {})
+    parts = [p for p in (_width(ex), _optimal(ex.pop("optimal", None))) if p]
+    rest = {k: v for k, v in ex.items() if "width" not in k.lower()}
+    inline = {k: v for k, v in rest.items() if not _is_table(v)}
+    if inline:
+        parts.append("**Extras**: " + ", ".join(f"{k} = `{_short(v)}`"
+                                                for k, v in inline.items()))
+    parts += [f"**{k}**\n\n" + dict_table(v) for k, v in rest.items() if _is_table(v)]
+    if r.controller:
+        c = r.controller
+        parts.append(f"**Controller** `{c.get('kind', '?')}`: before `{_short(c.get('before'))}`"
+                     f" → after `{_short(c.get('after'))}`, stop: {c.get('stop_reason') or '—'}")
+    return "\n\n".join(parts)
+
+
+def round_markdown(trace: RunTrace | None, index: int) -> str:
+    """One-line header of the selected round."""
+    if trace is None or not trace.rounds:
+        return "**No trace yet.** Run a method, or import a trace JSON."
+    r = _round(trace, index)
+    toks = "".join(c.text for c in r.committed)
+    ms = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in r.timings.items())
+    return (f"**Round {r.index}** of {len(trace.rounds)} · drafted {r.drafted}, accepted "
+            f"{r.accepted}, committed {len(r.committed)} token(s) `{toks!r}` · target calls "
+            f"{r.target_calls}, draft calls {r.draft_calls}" + (f" · {ms}" if ms else ""))
+
+
+def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -> str:
+    """Run-level summary: method, models, device and the engine's statistics."""
+    if trace is None:
+        return ""
+    s = trace.stats or {}
+    state = "running…" if live else (trace.stop_reason or "done")
+    origin = {"demo": "recorded demo trace", "import": "imported trace"}.get(source, "")
+    params = ", ".join(f"{k}={v}" for k, v in (trace.params or {}).items())
+    return (
+        f"**{trace.method}** ({params}) · target `{trace.target}` · draft "
+        f"`{trace.draft or '—'}` · {trace.device}" + (f" · *{origin}*" if origin else "")
+        + f"\n\n{len(trace.token_ids)} tokens in {len(trace.rounds)} rounds ({state}) · "
+        f"acceptance {_num(s.get('acceptance_rate'))} · tau {_num(s.get('tau'))} · "
+        f"target calls {_num(s.get('target_calls'))} · draft calls "
+        f"{_num(s.get('draft_calls'))} · wall {_num(s.get('wall_s'))} s · "
+        f"{_num(s.get('tokens_per_s'))} tok/s"
+    )

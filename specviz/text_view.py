@@ -1,0 +1,72 @@
+"""Text view: prompt and generated tokens coloured by origin (gr.HighlightedText value).
+
+Pure functions of a RunTrace: ``segments`` builds the (text, origin) list and
+``round_at`` maps a clicked segment index back to the round that committed the token.
+"""
+
+from __future__ import annotations
+
+from engine.trace import (
+    ORIGIN_ACCEPTED,
+    ORIGIN_BONUS,
+    ORIGIN_PROMPT,
+    ORIGIN_RESAMPLED,
+    ORIGIN_TARGET,
+    RunTrace,
+)
+
+ORIGIN_COLORS = {
+    ORIGIN_PROMPT: "#d0d4dc",
+    ORIGIN_ACCEPTED: "#7fd18b",
+    ORIGIN_RESAMPLED: "#f5b36b",
+    ORIGIN_BONUS: "#7fb3f5",
+    ORIGIN_TARGET: "#c9a7f0",
+}
+ELLIPSIS = "… "
+MAX_PROMPT_SHOWN = 24  # the chat template's system prompt is long: keep its tail
+
+
+def _prompt_tokens(trace: RunTrace) -> list[str]:
+    if trace.prompt_text:
+        return list(trace.prompt_text)
+    return [trace.prompt] if trace.prompt else []
+
+
+def _shown_prompt(trace: RunTrace, max_prompt: int) -> list[tuple[str, str | None]]:
+    toks = _prompt_tokens(trace)
+    head: list[tuple[str, str | None]] = []
+    if len(toks) > max_prompt:
+        head = [(ELLIPSIS, None)]
+        toks = toks[-max_prompt:]
+    return head + [(t, ORIGIN_PROMPT) for t in toks]
+
+
+def _generated(trace: RunTrace) -> list[tuple[str, str]]:
+    """(text, origin) of each generated token of the best beam."""
+    by_id: dict[int, str] = {}
+    for r in trace.rounds:
+        for c in r.committed:
+            by_id.setdefault(c.token_id, c.text)
+        for n in r.nodes:
+            by_id.setdefault(n.token_id, n.text)
+    origins = list(trace.token_origins) + [ORIGIN_TARGET] * len(trace.token_ids)
+    return [(by_id.get(t, f"<{t}>"), origins[i]) for i, t in enumerate(trace.token_ids)]
+
+
+def segments(trace: RunTrace | None,
+             max_prompt: int = MAX_PROMPT_SHOWN) -> list[tuple[str, str | None]]:
+    """HighlightedText value: the prompt tail then every generated token, labelled by origin."""
+    if trace is None:
+        return []
+    return _shown_prompt(trace, max_prompt) + _generated(trace)
+
+
+def round_at(trace: RunTrace | None, index: int,
+             max_prompt: int = MAX_PROMPT_SHOWN) -> int | None:
+    """Round that committed the token at segment ``index`` (None for prompt segments)."""
+    if trace is None or index is None:
+        return None
+    i = int(index) - len(_shown_prompt(trace, max_prompt))
+    if i < 0 or i >= len(trace.token_rounds):
+        return None
+    return int(trace.token_rounds[i])

@@ -1,0 +1,208 @@
+"""build_demo(): the Gradio layout and its event wiring (no logic here).
+
+Model work happens only in the Run and Compare events (one concurrency slot shared by both);
+navigation events (step, back, reset, slider, token click, play timer) are cheap re-renders
+of the session's stored trace and run without a concurrency limit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from engine import METHODS
+from specviz import callbacks as cb
+from specviz import compare, pairs
+from specviz.params import COMMON, ParamPool
+from specviz.render import OUTPUTS, views
+from specviz.state import ASSETS, SessionState, demo_state
+from specviz.text_view import ORIGIN_COLORS
+
+PLAY_INTERVAL_S = 0.8
+QUICK = dict(concurrency_limit=None, show_progress="hidden")
+MODEL = dict(concurrency_limit=1, concurrency_id="model")
+HEADER = ("## specviz · speculative decoding, round by round\n"
+          "Pick a method and press **Run**: each round's draft forest, verification numbers "
+          "and charts stream in. Step through rounds, click a token to jump to the round "
+          "that produced it, or export the trace and replay it without a model.")
+
+
+def launch_options() -> dict[str, Any]:
+    """Keyword arguments for ``demo.launch`` (Gradio 6 takes css and theme there)."""
+    theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate", radius_size="sm")
+    return {"css": (ASSETS / "style.css").read_text(), "theme": theme}
+
+
+def _examples() -> list[str]:
+    return json.loads((ASSETS / "examples.json").read_text())
+
+
+def _methods_markdown() -> str:
+    """Every registered method with its claim and parameters (from engine.METHODS)."""
+    def esc(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    rows = ["| method | family | summary | exactness | reference | parameters (defaults) |",
+            "|---|---|---|---|---|---|"]
+    for s in METHODS.values():
+        params = ", ".join(f"`{p.name}={p.default}`" for p in s.params) or "—"
+        rows.append(f"| **{s.name}** | {s.family} | {esc(s.summary)} | {esc(s.exactness)} | "
+                    f"{s.reference} | {params} |")
+    return "\n".join(rows)
+
+
+def _method_about(name: str) -> str:
+    return cb.make_method_change(ParamPool({}, {}))(name)[0]
+
+
+def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, Any]:
+    """Left column: prompt, method and its parameters, model pair, Run, import/export.
+
+    trace0: the opening trace; its prompt and parameters fill the fields, so Run repeats it.
+    """
+    c: dict[str, Any] = {}
+    values = trace0.get("params", {}) if trace0.get("method") == method0 else {}
+    c["prompt"] = gr.Textbox(label="Prompt", lines=3,
+                             value=trace0.get("prompt") or _examples()[0],
+                             max_length=pairs.MAX_PROMPT_CHARS, elem_id="sv-prompt")
+    gr.Examples(_examples(), inputs=c["prompt"], label="Example prompts")
+    c["method"] = gr.Dropdown(list(METHODS), value=method0, label="Method",
+                              elem_id="sv-method")
+    c["about"] = gr.Markdown(_method_about(method0), elem_classes="sv-about")
+    with gr.Accordion("Method parameters", open=True):
+        specific = ParamPool.build(method0, values=values)
+    with gr.Accordion("Sampling, seed and budget", open=False):
+        common = ParamPool.build(method0, names=COMMON, values=values)
+    c["pool"] = common.merge(specific)
+    with gr.Accordion("Model pair", open=False):
+        names = [p.name for p in pairs.presets()]
+        match = next((p.name for p in pairs.presets() if p.target == target), None)
+        c["preset"] = gr.Dropdown(names, value=match, label="Preset")
+        c["target"] = gr.Textbox(target, label="Target (p): embedded, hub id or local dir")
+        c["draft"] = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
+                                "the target's first N layers")
+    c["run"] = gr.Button("Run", variant="primary", elem_id="sv-run")
+    with gr.Row():
+        c["upload"] = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
+                                      elem_id="sv-import")
+        c["download"] = gr.DownloadButton("Export trace", size="sm", elem_id="sv-export")
+    return c
+
+
+def _views(v: dict[str, Any]) -> dict[str, Any]:
+    """Right column: run summary, text, playback, forest, round panel, charts."""
+    o: dict[str, Any] = {}
+    o["run_md"] = gr.Markdown(v["run_md"], elem_id="sv-run-md")
+    o["text"] = gr.HighlightedText(v["text"], label="Output (click a token to open its round)",
+                                   color_map=ORIGIN_COLORS, show_legend=True,
+                                   combine_adjacent=False, elem_id="sv-text")
+    with gr.Row(equal_height=True, elem_classes="sv-playback"):
+        o["back"] = gr.Button("◀ Back", size="sm", min_width=70, elem_id="sv-back")
+        o["step"] = gr.Button("Step ▶", size="sm", min_width=70, elem_id="sv-step")
+        o["play"] = gr.Button(cb.PLAY, size="sm", min_width=70, elem_id="sv-play")
+        o["reset"] = gr.Button("⟲ Reset", size="sm", min_width=70, elem_id="sv-reset")
+        o["slider"] = gr.Slider(0, v["slider_max"], value=v["slider"], step=1, scale=4,
+                                label=v["slider_label"], interactive=v["slider_interactive"],
+                                elem_id="sv-slider")
+    o["round_md"] = gr.Markdown(v["round_md"], elem_id="sv-round-md")
+    o["forest"] = gr.Plot(v["forest"], label="Draft forest", elem_id="sv-forest")
+    with gr.Accordion("Round details: verification, beams, extras", open=True):
+        o["tests"] = gr.Dataframe(v["tests"], label="Verification (tests in order)",
+                                  interactive=False, max_height=260, elem_id="sv-tests")
+        o["beams"] = gr.Dataframe(v["beams"], label="Beam sets before / after",
+                                  interactive=False, visible=v["beams_visible"])
+        o["extras"] = gr.Markdown(v["extras"])
+    with gr.Row():
+        o["progress"] = gr.Plot(v["progress"], label="Per-round statistics",
+                                elem_id="sv-progress")
+        o["posterior"] = gr.Plot(v["posterior"], label="Draft-length posterior",
+                                 elem_id="sv-posterior")
+    return o
+
+
+def _compare_tab(methods0: list[str]) -> dict[str, Any]:
+    c: dict[str, Any] = {}
+    gr.Markdown("Run several methods on one prompt with the model pair of the Debugger tab. "
+                "Each method uses its default parameters.")
+    with gr.Row():
+        c["prompt"] = gr.Textbox(_examples()[0], label="Prompt", lines=2, scale=3,
+                                 max_length=pairs.MAX_PROMPT_CHARS)
+        with gr.Column(scale=2):
+            c["methods"] = gr.CheckboxGroup(list(METHODS), value=methods0, label="Methods")
+            with gr.Row():
+                c["max_new"] = gr.Number(24, precision=0, label="max_new_tokens",
+                                         minimum=1, maximum=compare.MAX_COMPARE_TOKENS)
+                c["temperature"] = gr.Number(0.0, label="temperature", minimum=0)
+                c["seed"] = gr.Number(0, precision=0, label="seed", minimum=0)
+    c["go"] = gr.Button("Compare", variant="primary", elem_id="sv-compare")
+    c["note"] = gr.Markdown()
+    c["table"] = gr.Dataframe(pd.DataFrame(columns=compare.HEADERS), interactive=False,
+                              label="Results", wrap=True)
+    c["timeline"] = gr.Plot(compare.charts.timeline_figure([]), label="Time line")
+    return c
+
+
+def _wire(c: dict, o: dict, k: dict, state: gr.State, timer: gr.Timer) -> None:
+    outs = [o[name] for name in OUTPUTS] + [state]
+    pool: ParamPool = c["pool"]
+    run = c["run"].click(cb.make_run(pool), [c["prompt"], c["method"], c["target"],
+                         c["draft"]], outs, inputs_kwargs=pool.widgets,
+                         api_name="run", show_progress="minimal",
+                         show_progress_on=[o["run_md"]], **MODEL)
+    run.then(cb.export_trace, [state], [c["download"]], api_name="export", **QUICK)
+    imp = c["upload"].upload(cb.import_trace, [c["upload"], state], outs, api_name="import",
+                             **QUICK)
+    imp.then(cb.export_trace, [state], [c["download"]], api_visibility="private", **QUICK)
+    o["step"].click(cb.step, [state], outs, api_name="step", **QUICK)
+    o["back"].click(cb.back, [state], outs, api_name="back", **QUICK)
+    o["reset"].click(cb.reset, [state], outs + [timer, o["play"]], api_name="reset", **QUICK)
+    o["slider"].release(cb.seek, [o["slider"], state], outs, api_name="seek", **QUICK)
+    o["text"].select(cb.select_token, [state], outs, api_name="select_token", **QUICK)
+    o["play"].click(cb.toggle_play, [o["play"], state], outs + [timer, o["play"]],
+                    api_name="play", **QUICK)
+    timer.tick(cb.tick, [state], outs + [timer, o["play"]], api_visibility="private", **QUICK)
+    c["method"].change(cb.make_method_change(pool), [c["method"]],
+                       [c["about"], *pool.widgets.values()], api_name="method", **QUICK)
+    c["preset"].change(cb.preset_change, [c["preset"]], [c["target"], c["draft"]],
+                       api_name="preset", **QUICK)
+    k["go"].click(compare.compare, [k["prompt"], k["methods"], k["max_new"], k["temperature"],
+                  k["seed"], c["target"], c["draft"]], [k["table"], k["timeline"], k["note"]],
+                  api_name="compare", show_progress="minimal",
+                  show_progress_on=[k["note"], k["table"]], **MODEL)
+
+
+def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = True,
+               method: str | None = None) -> gr.Blocks:
+    """The specviz app. Models load lazily on the first Run (cached per process).
+
+    Args:
+        target, draft: default model pair shown in the Model pair fields.
+        demo_trace: open assets/demo_trace.json on first load.
+        method: method selected at start (default: the demo trace's, else "sd").
+    """
+    state0 = demo_state() if demo_trace else SessionState()
+    method0 = method or (state0.trace or {}).get("method") or "sd"
+    method0 = method0 if method0 in METHODS else next(iter(METHODS))
+    v = views(state0)
+    with gr.Blocks(title="specviz", fill_width=True) as demo:
+        state = gr.State(state0)
+        timer = gr.Timer(PLAY_INTERVAL_S, active=False)
+        gr.Markdown(HEADER, elem_classes="sv-header")
+        with gr.Tabs():
+            with gr.Tab("Debugger", id="debugger"):
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=300, elem_classes="sv-controls"):
+                        c = _controls(method0, target, draft, state0.trace or {})
+                    with gr.Column(scale=3):
+                        o = _views(v)
+            with gr.Tab("Compare", id="compare"):
+                k = _compare_tab([m for m in ("greedy", "sd", "mcsd") if m in METHODS])
+            with gr.Tab("Methods", id="methods"):
+                gr.Markdown(_methods_markdown(), elem_classes="sv-methods")
+        _wire(c, o, k, state, timer)
+        demo.load(cb.export_trace, [state], [c["download"]], api_visibility="private",
+                  **QUICK)
+    return demo

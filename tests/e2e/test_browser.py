@@ -1,0 +1,149 @@
+"""The debugger in Debian's Chromium, driven by Playwright: run the embedded model, step,
+see the forest and charts change, click a token, export a trace; screenshots go to
+artifacts/ (gitignored) for a human look."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.trace import RunTrace
+from tests.ui.helpers import launch_app
+
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:.*(downcasting|copy keyword).*")]
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+RUN_TIMEOUT_MS = 150_000
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    demo, url = launch_app(target="embedded")
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    pg.goto(app_url)
+    pg.locator("#sv-forest .js-plotly-plot").wait_for()
+    yield pg
+    ctx.close()
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"e2e-{name}.png"), full_page=True)
+
+
+def _round_md(page) -> str:
+    return page.locator("#sv-round-md").inner_text()
+
+
+def _wait_round(page, k: int) -> None:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#sv-round-md")).to_contain_text(f"Round {k} of")
+
+
+def _plot_html(page, elem: str) -> str:
+    return page.locator(f"#{elem} .js-plotly-plot").first.inner_html()
+
+
+def _choose_method(page, name: str) -> None:
+    page.locator("#sv-method input").click()
+    page.get_by_role("option", name=name, exact=True).click()
+
+
+def _set_number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def _setup_sd_run(page, gamma: int, max_new: int) -> None:
+    _choose_method(page, "sd")
+    _set_number(page, "gamma", gamma)
+    page.get_by_text("Sampling, seed and budget").click()
+    _set_number(page, "max_new_tokens", max_new)
+
+
+def test_run_step_click_and_export_in_the_browser(page):
+    from playwright.sync_api import expect
+
+    expect(page.locator("#sv-run-md")).to_contain_text("recorded demo trace")
+    _shot(page, "01-demo-trace")
+    _setup_sd_run(page, gamma=2, max_new=12)  # >= 4 rounds even if all accepted
+    page.locator("#sv-run").click()
+    run_md = page.locator("#sv-run-md")
+    expect(run_md).to_contain_text("sd (max_new_tokens=12", timeout=RUN_TIMEOUT_MS)
+    expect(run_md).to_contain_text("SmolLM2-135M-Instruct", timeout=RUN_TIMEOUT_MS)
+    expect(run_md).not_to_contain_text("running", timeout=RUN_TIMEOUT_MS)
+    n = int(re.search(r" of (\d+)", _round_md(page)).group(1))
+    assert n >= 4
+    _shot(page, "02-after-run")
+
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    forest0, progress0 = _plot_html(page, "sv-forest"), _plot_html(page, "sv-progress")
+    for k in (1, 2, 3):
+        page.locator("#sv-step").click()
+        _wait_round(page, k)
+    assert _plot_html(page, "sv-forest") != forest0
+    assert _plot_html(page, "sv-progress") != progress0
+    _shot(page, "03-stepped-to-round-3")
+
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    page.locator("#sv-play").click()  # the play timer advances one round per tick
+    _wait_round(page, 2)
+    page.locator("#sv-play").click()
+    expect(page.locator("#sv-play")).to_have_text("▶ Play")
+    page.wait_for_timeout(1200)  # let a tick already in flight land before rewinding
+
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    page.locator("#sv-text .token").last.click()
+    _wait_round(page, n - 1)
+    _shot(page, "04-token-clicked")
+
+    with page.expect_download() as info:
+        page.locator("#sv-export").click()
+    saved = ARTIFACTS / "e2e-exported-trace.json"
+    info.value.save_as(str(saved))
+    trace = RunTrace.from_dict(json.loads(saved.read_text()))
+    assert trace.method == "sd" and len(trace.rounds) == n
+
+
+def test_bad_parameter_shows_a_one_line_error_and_no_traceback(page):
+    from playwright.sync_api import expect
+
+    _choose_method(page, "sd")
+    _set_number(page, "gamma", 0)
+    page.locator("#sv-run").click()
+    toast = page.get_by_text("gamma must be >= 1, got 0")
+    expect(toast).to_be_visible()
+    page.wait_for_timeout(800)  # let the toast finish sliding in
+    _shot(page, "05-error-toast")
+    assert "Traceback" not in page.content()

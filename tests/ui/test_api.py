@@ -1,0 +1,165 @@
+"""The launched app through gradio_client: run, navigation, export/import, errors, compare.
+
+Most runs use a tiny random model (instant); one run uses the embedded SmolLM2-135M.
+Outputs come back in specviz.render.OUTPUTS order.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gradio_client import handle_file
+from gradio_client.exceptions import AppError
+
+from engine import METHODS
+from engine.trace import RunTrace
+from specviz.render import OUTPUTS
+from tests.ui.helpers import TINY
+
+pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:.*(downcasting|copy keyword).*")]
+
+
+def _views(out) -> dict:
+    return dict(zip(OUTPUTS, out))
+
+
+def _run(client, **kw):
+    args = dict(prompt="hello world", method="sd", target=TINY, draft="", p_gamma=3,
+                p_max_new_tokens=12)
+    args.update(kw)
+    return _views(client.predict(api_name="/run", **args))
+
+
+def _plot_names(plot: dict) -> set[str]:
+    return {t.get("name") for t in json.loads(plot["plot"])["data"]}
+
+
+def test_fresh_session_opens_the_recorded_demo_trace(client):
+    client.predict(api_name="/reset")
+    v = _views(client.predict(api_name="/step"))
+    assert "recorded demo trace" in v["run_md"]
+    assert v["round_md"].startswith("**Round 1** of ")
+    assert any(s["class_or_confidence"] == "prompt" for s in v["text"])
+
+
+def test_run_streams_a_tiny_model_run_and_shows_its_last_round(client):
+    v = _run(client)
+    assert v["run_md"].startswith("**sd** (max_new_tokens=12")
+    assert "12 tokens in" in v["run_md"] and "running" not in v["run_md"]
+    n = v["slider"]["maximum"] + 1
+    assert v["round_md"].startswith(f"**Round {n - 1}** of {n}")
+    generated = [s for s in v["text"] if s["class_or_confidence"] != "prompt"]
+    assert len(generated) == 12
+    assert {"accepted", "rejected", "committed path"} <= _plot_names(v["forest"])
+
+
+def test_run_streams_updates_while_rounds_arrive(client):
+    job = client.submit(prompt="hello world", method="sd", target=TINY, draft="", p_gamma=2,
+                        p_max_new_tokens=16, api_name="/run")
+    job.result()
+    runs = [_views(o)["run_md"] for o in job.outputs()]
+    assert len(runs) >= 2
+    assert "(running…)" in runs[0] and "running" not in runs[-1]
+
+
+def test_play_toggles_the_round_timer(client):
+    _run(client)
+    assert client.predict(api_name="/reset")[-1]["active"] is False
+    assert client.predict("▶ Play", api_name="/play")[-1]["active"] is True  # last: timer
+    assert client.predict("⏸ Pause", api_name="/play")[-1]["active"] is False
+
+
+def test_step_back_reset_and_seek_move_the_selected_round(client):
+    _run(client)
+    assert _views(client.predict(api_name="/reset"))["round_md"].startswith("**Round 0**")
+    assert _views(client.predict(api_name="/step"))["round_md"].startswith("**Round 1**")
+    v = _views(client.predict(api_name="/step"))
+    assert v["round_md"].startswith("**Round 2**") and v["slider"]["value"] == 2
+    assert _views(client.predict(api_name="/back"))["round_md"].startswith("**Round 1**")
+    assert _views(client.predict(3, api_name="/seek"))["round_md"].startswith("**Round 3**")
+    v = _views(client.predict(api_name="/reset"))
+    assert v["round_md"].startswith("**Round 0**")
+    assert len(v["tests"]["data"]) >= 1  # round 0 verified drafts
+
+
+def test_export_writes_a_trace_that_round_trips_and_imports(client):
+    _run(client, method="mcsd")
+    path = client.predict(api_name="/export")
+    trace = RunTrace.from_json(open(path).read())
+    assert trace.method == "mcsd" and len(trace.token_ids) == 12
+    other = _views(client.predict(handle_file(path), api_name="/import"))
+    assert "imported trace" in other["run_md"]
+    assert other["run_md"].startswith("**mcsd**")
+
+
+def test_import_rejects_a_file_that_is_not_a_trace(client, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(AppError, match="not a specviz trace"):
+        client.predict(handle_file(str(bad)), api_name="/import")
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(p_gamma=0), "gamma must be >= 1, got 0"),
+    (dict(p_max_new_tokens=300), "max_new_tokens must be <= 256 in the UI"),
+    (dict(prompt="  "), "prompt is empty"),
+    (dict(prompt="x" * 2001), "the UI limit is 2000"),
+    (dict(method="mcsd", p_k_config="9x9x9"), "k_config '9x9x9' makes 819 nodes"),
+    (dict(method="atspeed_strict", p_draft_beams=256, p_gamma=16),
+     "draft_beams x gamma = 4096 forest nodes per round; the UI limit is 1024"),
+    (dict(target="Qwen/Qwen2.5-7B-Instruct"), "is a GPU preset: it needs a CUDA device"),
+    (dict(target="/no/such/model"), "cannot load model '/no/such/model'"),
+])
+def test_bad_inputs_become_one_line_errors(client, kw, message):
+    with pytest.raises(AppError) as err:
+        _run(client, **kw)
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text and "Traceback" not in text
+
+
+def test_method_change_shows_that_methods_parameters_with_defaults(client):
+    out = client.predict("dsbd", api_name="/method")
+    assert out[0].startswith("**dsbd** (beam)")
+    shown = [u.get("value") for u in out[1:] if u.get("visible")]
+    hidden = [u for u in out[1:] if u.get("visible") is False]
+    assert 0.7 in shown and 3 in shown  # threshold and gamma defaults of dsbd
+    assert hidden  # e.g. mcsd's k_config
+
+
+def test_preset_fills_the_model_pair_fields(client):
+    target, draft = client.predict("Qwen2.5-7B-Instruct / 0.5B-Instruct draft (GPU)",
+                                   api_name="/preset")
+    assert (target, draft) == ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_compare_checks_each_output_against_its_reference(client):
+    table, timeline, note = client.predict("hello world", ["sd", "mcsd"], 8, 0.0, 0, TINY, "",
+                                           api_name="/compare")
+    rows = {r[0]: r for r in table["data"]}
+    assert rows["sd"][8] == "yes" and rows["mcsd"][8] == "yes"
+    assert "greedy (reference)" in rows
+    names = _plot_names(timeline)
+    assert {"draft (propose)", "target forward (score)"} <= names
+    assert "Ran" in note
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_registered_method_runs_and_renders_without_ui_changes(client, method):
+    overrides = {f"p_{k}": v for k, v in METHODS[method].defaults.items()}
+    v = _run(client, method=method, p_max_new_tokens=4, **overrides)
+    assert v["run_md"].startswith(f"**{method}**")
+    assert "4 tokens in" in v["run_md"] or "(eos)" in v["run_md"]
+    n = int(v["round_md"].split(" of ")[1].split()[0])
+    for i in range(n):
+        assert _views(client.predict(i, api_name="/seek"))["round_md"].startswith(
+            f"**Round {i}**")
+
+
+@pytest.mark.embedded
+def test_run_on_the_embedded_model(client):
+    v = _run(client, target="embedded", prompt="Say hi.", p_gamma=2, p_max_new_tokens=4)
+    assert "SmolLM2-135M-Instruct" in v["run_md"]
+    assert "4 tokens in" in v["run_md"] or "eos" in v["run_md"]

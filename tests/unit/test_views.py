@@ -1,0 +1,276 @@
+"""Figure builders, text view and round panel as pure functions of recorded traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.trace import (
+    STATUSES,
+    BeamTrace,
+    CommittedToken,
+    NodeTrace,
+    RoundTrace,
+    RunTrace,
+    TestRecord,
+)
+from specviz import charts, forest_view, round_panel, text_view
+from specviz.render import OUTPUTS, render
+from specviz.state import DEMO_TRACE, SessionState, demo_state
+
+
+def _node(i, parent, depth, text, status, tree=0, p=0.5, q=0.25):
+    return NodeTrace(i, parent, tree, depth, 100 + i, text, q, p, status)
+
+
+def _tree_round() -> RoundTrace:
+    """A 2-level tree: a accepted, b rejected, c skipped; a's kids: d rejected, e resampled
+    (pseudo node), f not_reached below b, g auto_rejected below b."""
+    nodes = (
+        _node(0, -1, 1, " a", "rejected"),
+        _node(1, -1, 1, " b", "accepted"),
+        _node(2, -1, 1, " c", "skipped"),
+        _node(3, 1, 2, " d", "rejected"),
+        _node(4, 0, 2, "\n", "not_reached", p=None),
+        _node(5, 0, 2, " g", "auto_rejected"),
+        _node(6, 1, 2, " e", "resampled", q=None),
+    )
+    tests = (
+        TestRecord(0, 0, 1, 100, 0.1, 0.4, 0.25, 0.9, "reject", 0.75),
+        TestRecord(1, 0, 1, 101, 0.6, 0.3, 1.0, 0.2, "accept"),
+        TestRecord(3, 0, 2, 103, 0.05, 0.5, 0.1, 0.7, "reject", 0.95, "residual"),
+    )
+    committed = (CommittedToken(101, " b", "accepted", 0, 1),
+                 CommittedToken(106, " e", "resampled", 0, -1))
+    controller = {"kind": "beta_ts", "before": {"alpha": 2.0, "beta": 3.0},
+                  "steps": [{"step": 1, "theta": 0.7, "uniform": 0.2, "continue": True},
+                            {"step": 2, "theta": 0.3, "uniform": 0.5, "continue": False}],
+                  "after": {"alpha": 3.0, "beta": 4.0}}
+    return RoundTrace(index=0, nodes=nodes, tests=tests, committed=committed, drafted=2,
+                      accepted=1, target_calls=1, draft_calls=2,
+                      timings={"propose": 0.01, "score": 0.02, "verify": 0.001,
+                               "commit": 0.002},
+                      controller=controller,
+                      extras={"width": {"w_tilde": 2, "width": 2},
+                              "optimal": [{"alpha_star": 0.8, "achieved": 0.6,
+                                           "expected": 0.7}]})
+
+
+def _beam_round() -> RoundTrace:
+    """Two beams, one node each with the same id (ids are unique per tree only)."""
+    nodes = (_node(7, -1, 1, " x", "accepted", tree=0),
+             NodeTrace(7, -1, 1, 1, 108, " y", 0.25, 0.5, "bonus"))
+    before = (BeamTrace((101,), -0.5), BeamTrace((106,), -0.9))
+    after = (BeamTrace((101, 107), -0.7), BeamTrace((106, 108), -1.2, True))
+    return RoundTrace(index=1, nodes=nodes, beams_before=before, beams_after=after,
+                      committed=(CommittedToken(107, " x", "accepted", 0, 7),),
+                      drafted=1, accepted=1, target_calls=1, draft_calls=1,
+                      timings={"propose": 0.02, "score": 0.03})
+
+
+def _baseline_round() -> RoundTrace:
+    return RoundTrace(index=2, committed=(CommittedToken(7, "!", "target"),), target_calls=1,
+                      timings={"score": 0.01})
+
+
+@pytest.fixture
+def trace() -> RunTrace:
+    rounds = (_tree_round(), _beam_round(), _baseline_round())
+    return RunTrace(method="mcsd", params={"k_config": "3x2"}, target="t", draft="d",
+                    device="cpu", prompt="Hi", prompt_ids=(5, 6), rounds=rounds,
+                    token_ids=(101, 106, 107, 7), text=" b e x!", beams=(), stats={},
+                    token_origins=("accepted", "resampled", "accepted", "target"),
+                    token_rounds=(0, 0, 1, 2), prompt_text=("H", "i"))
+
+
+def _by_name(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_tidy_layout_centres_parents_over_children_and_puts_trees_side_by_side(trace):
+    g = forest_view.forest_graph(trace.rounds[0])
+    pos = forest_view.tidy_layout(g)
+    assert pos[("n", 0, 1)][0] == (pos[("n", 0, 3)][0] + pos[("n", 0, 6)][0]) / 2
+    assert pos[("root", 0)][0] == (pos[("n", 0, 0)][0] + pos[("n", 0, 2)][0]) / 2
+    assert pos[("n", 0, 3)][1] == -2
+    beams = forest_view.tidy_layout(forest_view.forest_graph(trace.rounds[1]))
+    assert beams[("root", 1)][0] > beams[("n", 0, 7)][0]
+    assert beams[("n", 1, 7)][0] == beams[("root", 1)][0]
+
+
+def test_forest_figure_colours_every_status_with_a_legend_entry(trace):
+    fig = forest_view.forest_figure(trace, 0)
+    names = {t.name for t in fig.data}
+    assert set(STATUSES) <= names
+    rejected = _by_name(fig, "rejected")
+    assert rejected.marker.color == forest_view.STATUS_COLORS["rejected"]
+    assert list(rejected.text) == ["␣a", "␣d"]
+    assert fig.layout.height == forest_view.HEIGHT
+
+
+def test_forest_hover_joins_node_with_its_test_record(trace):
+    fig = forest_view.forest_figure(trace, 0)
+    hover = _by_name(fig, "rejected").hovertext[1]
+    for part in ("p (target) = 0.5", "q (draft) = 0.25", "min(1, p/q) = 0.1", "u = 0.7",
+                 "decision: <b>reject</b>", "residual mass = 0.95", "(residual)"):
+        assert part in hover
+    assert "not tested" in _by_name(fig, "skipped").hovertext[0]
+
+
+def test_committed_path_highlights_accepted_and_resampled_edges(trace):
+    path = _by_name(forest_view.forest_figure(trace, 0), "committed path")
+    xs = [x for x in path.x if x is not None]
+    assert len(xs) == 4  # root -> b, b -> e
+
+
+def test_baseline_round_draws_target_tokens_with_a_note(trace):
+    fig = forest_view.forest_figure(trace, 2)
+    assert list(_by_name(fig, "target").text) == ["!"]
+    assert "no draft forest" in fig.layout.title.text
+
+
+def test_big_forest_folds_not_reached_subtrees_and_hides_labels():
+    nodes = [_node(0, -1, 1, "r", "rejected")]
+    for i in range(1, 600):  # a chain of not_reached nodes hanging below the rejected one
+        nodes.append(_node(i, i - 1, i + 1, "z", "not_reached"))
+    nodes += [_node(600 + i, -1, 1, "s", "skipped") for i in range(100)]
+    r = RoundTrace(index=0, nodes=tuple(nodes))
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+    fig = forest_view.forest_figure(t, 0)
+    shown = sum(len([x for x in tr.x if x is not None]) for tr in fig.data
+                if tr.name in STATUSES)
+    assert shown <= forest_view.NODE_LIMIT
+    assert "598 nodes below not_reached nodes folded" in fig.layout.title.text
+    assert "labels of skipped / not_reached nodes hidden" in fig.layout.title.text
+    assert _by_name(fig, "rejected").mode == "markers+text"
+    assert _by_name(fig, "skipped").mode == "markers"
+
+
+def test_text_segments_colour_tokens_by_origin_and_map_clicks_to_rounds(trace):
+    segs = text_view.segments(trace)
+    assert segs == [("H", "prompt"), ("i", "prompt"), (" b", "accepted"), (" e", "resampled"),
+                    (" x", "accepted"), ("!", "target")]
+    assert text_view.round_at(trace, 4) == 1
+    assert text_view.round_at(trace, 1) is None
+    assert text_view.round_at(trace, 5) == 2
+
+
+def test_long_prompts_keep_their_tail_and_click_indices_follow():
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", tuple(range(30)), (), (9,), "", (), {},
+                 token_origins=("target",), token_rounds=(0,),
+                 prompt_text=tuple(str(i) for i in range(30)))
+    segs = text_view.segments(t, max_prompt=5)
+    assert segs[0] == (text_view.ELLIPSIS, None) and segs[1] == ("25", "prompt")
+    assert text_view.round_at(t, 6, max_prompt=5) == 0
+
+
+def test_verification_table_lists_tests_in_order(trace):
+    rows = round_panel.test_rows(trace, 0)
+    assert [r[4] for r in rows] == ["␣a", "␣b", "␣d"]
+    assert rows[0][5:11] == ["0.1", "0.4", "0.25", "0.9", "reject", "0.75"]
+    assert rows[1][10] == "—"
+
+
+def test_beam_table_shows_sets_before_and_after_with_scores(trace):
+    rows = round_panel.beam_rows(trace, 1)
+    assert [r[:4] for r in rows] == [["before", "0", "-0.5", ""], ["before", "1", "-0.9", ""],
+                                     ["after", "0", "-0.7", ""], ["after", "1", "-1.2", "yes"]]
+    assert rows[2][4] == " b x"
+    assert round_panel.beam_rows(trace, 0) == []
+
+
+def test_extras_show_width_decision_and_optimal_next_to_achieved(trace):
+    md = round_panel.extras_markdown(trace, 0)
+    assert "**Width decision**: width = `{\"w_tilde\": 2, \"width\": 2}`" in md
+    assert "| 0 | 0.8 | 0.6 | 0.7 |" in md
+    assert "`beta_ts`" in md
+    assert round_panel.extras_markdown(trace, 2) == ""
+
+
+def test_lists_of_records_in_extras_become_tables():
+    r = RoundTrace(0, extras={"width": [{"depth": 1, "alphas": [0.98, 0.41], "chosen": 2}],
+                              "steps": [{"depth": 1, "accepted": True, "nested": {"a": 1}}]})
+    t = RunTrace("dsbd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+    md = round_panel.extras_markdown(t, 0)
+    assert "| depth | alphas | chosen |\n|---|---|---|\n| 1 | [0.98, 0.41] | 2 |" in md
+    assert "**steps**\n\n| depth | accepted | nested |" in md and "| 1 | True | … |" in md
+
+
+def test_progress_figure_has_per_round_and_cumulative_series(trace):
+    fig = charts.progress_figure(trace, 1)
+    assert list(_by_name(fig, "per round").y) == [0.5, 1.0, None]
+    assert list(_by_name(fig, "cumulative").y) == [0.5, 2 / 3, 2 / 3]
+    assert list(_by_name(fig, "drafted (path length)").y) == [2, 1, 0]
+    assert list(_by_name(fig, "cumulative tau").y) == [2.0, 1.5, 4 / 3]
+    assert fig.layout.shapes[0].x0 == 1  # selected round marker
+
+
+def test_posterior_figure_draws_beta_density_and_sampled_thetas(trace):
+    fig = charts.posterior_figure(trace, 0)
+    curve = _by_name(fig, "round 0: Beta(2, 3)")
+    assert max(curve.y) == pytest.approx(1.7777, abs=2e-3)  # mode 1/3: 12 x (1-x)^2
+    assert list(_by_name(fig, "sampled theta: continue").x) == [0.7]
+    assert list(_by_name(fig, "sampled theta: stop").x) == [0.3]
+    assert _by_name(fig, "after: Beta(3, 4)")
+
+
+def test_posterior_figure_draws_gaussian_for_cali_ts():
+    ctl = {"kind": "cali_ts", "before": {"sigma": 0.2},
+           "steps": [{"step": 1, "mu": 0.5, "sigma": 0.2, "theta": 0.4, "continue": False}]}
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=ctl),), (), "",
+                 (), {})
+    fig = charts.posterior_figure(t, 0)
+    curve = next(tr for tr in fig.data if tr.name.startswith("round 0: N(0.5"))
+    assert max(curve.y) == pytest.approx(1.9947, abs=1e-3)
+
+
+def test_posterior_figure_explains_when_no_controller_ran(trace):
+    fig = charts.posterior_figure(RunTrace("sd", {}, "t", "d", "cpu", "", (),
+                                           (_baseline_round(),), (), "", (), {}), 0)
+    assert "no draft-length controller" in fig.layout.annotations[0].text
+
+
+def test_timeline_lays_rounds_end_to_end_per_phase(trace):
+    fig = charts.timeline_figure([("mcsd", trace)])
+    score = _by_name(fig, "target forward (score)")
+    assert list(score.base) == pytest.approx([10.0, 53.0, 83.0])
+    assert list(score.x) == pytest.approx([20.0, 30.0, 10.0])
+
+
+def test_every_view_renders_every_round_of_the_demo_trace():
+    state = demo_state()
+    assert DEMO_TRACE.exists() and state.n_rounds > 5
+    assert len(DEMO_TRACE.read_bytes()) < 400_000
+    for i in range(state.n_rounds):
+        out = render(state.at(i))
+        assert len(out) == len(OUTPUTS)
+    data = json.loads(DEMO_TRACE.read_text())
+    assert json.loads(RunTrace.from_dict(data).to_json()) == data
+
+
+def test_empty_state_renders_placeholders():
+    out = dict(zip(OUTPUTS, render(SessionState())))
+    assert out["text"] == []
+    assert "No trace yet" in out["round_md"]
+    assert "Run a method" in out["forest"].layout.annotations[0].text
+
+
+def test_session_state_is_json_round_trippable():
+    state = demo_state().at(3)
+    again = SessionState.from_json(state.to_json())
+    assert again == state and again.round == 3
+    assert state.at(10_000).round == state.n_rounds - 1 and state.at(-5).round == 0
+
+
+def test_compare_plan_runs_each_decode_once_with_references_and_baseline():
+    from specviz import compare
+
+    common = {"max_new_tokens": 8, "temperature": 0.0, "seed": 0}
+    jobs, refs = compare.plan(["sd", "greedy", "atspeed_strict"], common)
+    labels = [j.label for j in jobs]
+    assert labels[:3] == ["sd", "greedy", "atspeed_strict"]
+    assert labels[3:] == ["beam (baseline, reference, beams=4)"]
+    assert refs["sd"] == refs["greedy"] == jobs[1].key
+    sampled, refs = compare.plan(["sd"], {**common, "temperature": 0.8})
+    assert refs == {} and [j.label for j in sampled] == ["sd", "beam (baseline, beams=4)"]
