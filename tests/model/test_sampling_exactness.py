@@ -1,7 +1,7 @@
 """End to end: sampling methods reproduce the target's law of 3-token continuations.
 
 A tiny random model (vocab 8) gives the exact law by enumerating all 8^3 continuations; each
-method is run 20,000 times with seeds 0..19,999 and compared by a chi-square test whose
+speculative method is run 20,000 times with seeds 0..19,999 and compared by a chi-square test whose
 threshold has a 1e-6 false-alarm probability (the seeds are fixed, so the test is
 deterministic). A companion test shows the same check rejects a deliberately wrong rule.
 """
@@ -22,10 +22,13 @@ V, N_SAMPLES, PROMPT, NEW = 8, 20_000, [3, 4], 3
 
 @pytest.fixture(scope="module")
 def pair():
-    """One-layer target and a different one-layer draft model (q != p), vocab 8."""
+    """One-layer target and a different one-layer draft model, vocab 8. initializer_range 0.3
+    makes the laws peaked (entropy ~4 nats of 6.2) and far apart (TV(p, q) ~0.5 at the first
+    position), so a wrong rule cannot hide behind p ~ q ~ uniform."""
     from engine.models import model_from_config, tiny_config
 
-    cfg = tiny_config("llama", vocab_size=V, layers=1, hidden_size=16, intermediate_size=32)
+    cfg = tiny_config("llama", vocab_size=V, layers=1, hidden_size=16, intermediate_size=32,
+                      initializer_range=0.3)
     target = model_from_config(cfg, seed=5)
     draft = model_from_config(cfg, seed=6)
     p = engine.load_pair(target=target, draft=draft, device="cpu")
@@ -76,7 +79,6 @@ def sample_counts(pair, method, params, n=N_SAMPLES) -> dict:
 
 
 @pytest.mark.parametrize("method,params", [
-    ("sample", {}),
     ("sd", {"gamma": 2}),
     ("mcsd", {"k_config": "3x2", "verifier": "rrs_wor"}),
     ("mcsd", {"k_config": "3x2", "verifier": "rrs_wr"}),
@@ -99,5 +101,5 @@ def test_the_check_rejects_a_rule_that_ignores_the_target(pair, law, monkeypatch
     import engine.methods.token as token_method
 
     monkeypatch.setitem(token_method.RULES, "sd", _always_accept)
-    stat, threshold = chi_square(sample_counts(pair, "sd", {"gamma": 2}, 5_000), law, 5_000)
+    stat, threshold = chi_square(sample_counts(pair, "sd", {"gamma": 2}, 3_000), law, 3_000)
     assert stat > 10 * threshold
