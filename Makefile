@@ -13,8 +13,7 @@ app: setup
 
 # 2. install everything and run the whole suite (browser tests included)
 test: setup browser
-	.venv/bin/python -m ruff check engine specviz tests app.py
-	.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900
+	bash scripts/test.sh
 
 lint:
 	.venv/bin/python -m ruff check engine specviz tests app.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -66,8 +67,10 @@ def test_mcsd_sampling_reports_acceptance_and_tau(embedded_pair):
 
 
 def _cli(*args):
+    # one OpenMP thread: two threads on a busy 2-core machine are several times slower
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
 
 
 def test_cli_generate_json_matches_generate(refs):
@@ -95,8 +98,9 @@ def test_cli_beam_json_returns_the_beams_of_generate(embedded_pair, method):
     ref = embedded_pair.target.generate(
         torch.tensor([ids]), do_sample=False, num_beams=4, num_return_sequences=4,
         max_new_tokens=24, output_scores=True, return_dict_in_generate=True)
+    extra = ["--draft-beams", "4", "--gamma", "2"] if method == "atspeed_strict" else []
     out = _cli("generate", "--method", method, "--beams", "4", "--prompt", prompt,
-               "--max-new-tokens", "24", "--json")
+               "--max-new-tokens", "24", "--json", *extra)
     assert out.returncode == 0, out.stderr
     beams = json.loads(out.stdout)["beams"]
     pad = embedded_pair.target.generation_config.pad_token_id
