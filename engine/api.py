@@ -107,6 +107,9 @@ def build_trace(pair, decoder: Decoder, method: str, params: dict, prompt, ids: 
     stats = summarize(rounds, len(best))
     stats["wall_s"] = wall
     stats["tokens_per_s"] = len(best) / wall if wall > 0 else None
+    run_stats = getattr(decoder.method, "run_stats", None)  # optional method extras (eesd)
+    if run_stats is not None:
+        stats.update(run_stats(pair, ids, best, stats))
     return RunTrace(
         method=method, params=params, target=pair.target_name,
         draft=pair.draft_name if METHODS[method].uses_draft else "",

@@ -5,12 +5,22 @@ loop feeds it the tail and forest levels and commits it like the target.
 
 - :class:`ModelDrafter`: a separate small model sharing the target's vocabulary.
 - :class:`EarlyExitDrafter`: the target's own first N layers + its final norm and LM head
-  (EESD §1.1; untrained here: the modules are the target's, shared, not copied).
+  (EESD §1.1), optionally followed by one trained decoder layer (Transformer^e, initialised
+  from the target's last layer) and restricted to a token shortlist; the shared modules are
+  the target's, not copies. ``early_exit_drafter`` picks the shipped trained one
+  (assets/drafter/) when it was made for the target.
+
+KV cache: the drafter is a stock model with its own ``DynamicCache``; its first N layers hold
+the same keys/values as the target's (EESD §1.2) but are not shared with the target's cache,
+so the target recomputes those N layers for the drafted tokens in its verify pass
+(N / L of the score step; measured in assets/drafter/recipe.json).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -47,9 +57,11 @@ def _decoder(model: nn.Module) -> nn.Module:
 
 
 def build_early_exit_model(target: nn.Module, n_layers: int,
-                           extra_layer: nn.Module | None = None) -> nn.Module:
+                           extra_layer: nn.Module | None = None, norm: nn.Module | None = None,
+                           head: nn.Module | None = None) -> nn.Module:
     """A stock model of the target's class whose modules are the target's first N layers,
-    optionally followed by one extra decoder layer, then the target's final norm and head."""
+    optionally followed by one extra decoder layer, then the target's final norm and head
+    (or the given norm / head)."""
     inner = _decoder(target)
     total = len(inner.layers)
     if not 1 <= n_layers < total:
@@ -65,10 +77,10 @@ def build_early_exit_model(target: nn.Module, n_layers: int,
     layers = list(inner.layers[:n_layers]) + ([extra_layer] if extra_layer is not None else [])
     draft.model.embed_tokens = inner.embed_tokens
     draft.model.layers = nn.ModuleList(layers)
-    draft.model.norm = inner.norm
+    draft.model.norm = norm if norm is not None else inner.norm
     if hasattr(inner, "rotary_emb"):
         draft.model.rotary_emb = inner.rotary_emb
-    draft.lm_head = target.get_output_embeddings()
+    draft.lm_head = head if head is not None else target.get_output_embeddings()
     draft.generation_config = target.generation_config
     left = [n for n, p in draft.named_parameters() if p.is_meta]
     left += [n for n, b in draft.named_buffers() if b.is_meta]
@@ -78,15 +90,174 @@ def build_early_exit_model(target: nn.Module, n_layers: int,
 
 
 class EarlyExitDrafter:
-    """The target's first N layers + final norm + head (untrained early exit)."""
+    """The target's first N layers (+ one trained layer) + final norm + head.
+
+    Args:
+        target: the target model (its modules are shared, never modified).
+        n_layers: N, the shared first layers (default: about a quarter).
+        extra_layer: the trained Transformer^e (its attention layer_idx must be N).
+        norm: a trained copy of the final norm (default: the target's).
+        shortlist: (S,) token ids the head scores (default: the whole vocabulary).
+    """
 
     def __init__(self, target: nn.Module, n_layers: int | None = None,
-                 extra_layer: nn.Module | None = None, label: str = ""):
+                 extra_layer: nn.Module | None = None, label: str = "",
+                 norm: nn.Module | None = None, shortlist: torch.Tensor | None = None,
+                 source: str = ""):
         total = len(_decoder(target).layers)
         self.n_layers = n_layers or max(1, total // 4)
-        self.model = build_early_exit_model(target, self.n_layers, extra_layer)
-        kind = "trained" if extra_layer is not None else "untrained"
-        self.name = label or f"early-exit (first {self.n_layers}/{total} layers, {kind})"
+        self.trained = extra_layer is not None
+        self.extra_layer = extra_layer
+        self.source = source
+        if extra_layer is not None:
+            set_layer_index(extra_layer, self.n_layers)  # its KV-cache slot in the drafter
+        head = ShortlistHead(target.get_output_embeddings(), shortlist) \
+            if shortlist is not None else None
+        self.model = build_early_exit_model(target, self.n_layers, extra_layer, norm, head)
+        kind = "trained" if self.trained else "untrained"
+        short = f", {len(shortlist)}-token head" if shortlist is not None else ""
+        self.name = label or f"early-exit (first {self.n_layers}/{total} layers, {kind}{short})"
 
     def runner(self) -> CachedModel:
         return CachedModel(self.model)
+
+
+# --------------------------------------------------------------- trained early exit (EESD §1)
+
+DRAFTER_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafter"
+WEIGHTS_FILE = "extra_layer.safetensors"
+UNTRAINED_SPECS = ("early-exit-untrained", "early_exit_untrained")
+TRAINED_SPECS = ("early-exit-trained", "early_exit_trained")
+EARLY_EXIT_SPECS = ("early-exit", "early_exit", "self") + UNTRAINED_SPECS + TRAINED_SPECS
+
+
+class ShortlistHead(nn.Module):
+    """The target's LM head restricted to a token shortlist (a speed device, not in EESD).
+
+    Logits outside the shortlist are the dtype's minimum, so q is 0 there: the draft never
+    proposes them and every verification rule stays exact. Costs S x d instead of V x d.
+    """
+
+    def __init__(self, head: nn.Module, ids: torch.Tensor):
+        super().__init__()
+        self.vocab_size = int(head.weight.shape[0])
+        self.register_buffer("ids", ids.long().clone())  # (S,)
+        self.weight = nn.Parameter(head.weight.detach()[self.ids].clone(), requires_grad=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., d) hidden states -> (..., V) logits."""
+        out = h.new_full((*h.shape[:-1], self.vocab_size), torch.finfo(h.dtype).min)
+        out[..., self.ids] = h @ self.weight.T  # (..., S)
+        return out
+
+
+def init_extra_layer(target: nn.Module, n_layers: int) -> nn.Module:
+    """A trainable copy of the target's LAST decoder layer, placed at index n_layers of the
+    drafter (EESD §1.1: Transformer^e is initialised from the LLM's last layer)."""
+    layer = copy.deepcopy(_decoder(target).layers[-1])
+    set_layer_index(layer, n_layers)
+    for p in layer.parameters():
+        p.requires_grad_(False)
+    return layer
+
+
+def set_layer_index(layer: nn.Module, index: int) -> None:
+    """The KV-cache slot of a decoder layer (its attention's layer_idx)."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is None or not hasattr(attn, "layer_idx"):
+        raise ConfigError("early-exit layer needs a .self_attn with a layer_idx")
+    attn.layer_idx = index
+
+
+def target_fingerprint(target: nn.Module) -> dict[str, object]:
+    """Shape facts + a checksum of the embedding, to match trained weights to their target."""
+    cfg = target.config
+    emb = target.get_input_embeddings().weight.detach()
+    return {
+        "model_type": cfg.model_type,
+        "num_hidden_layers": int(cfg.num_hidden_layers),
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": int(emb.shape[0]),
+        "embed_abs_sum_256": float(emb[:256].double().abs().sum()),
+    }
+
+
+def same_target(a: dict, b: dict, rtol: float = 1e-3) -> bool:
+    """Fingerprints agree (shapes exactly, checksum within rtol)."""
+    keys = ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
+    if any(a.get(k) != b.get(k) for k in keys):
+        return False
+    x, y = float(a["embed_abs_sum_256"]), float(b["embed_abs_sum_256"])
+    return abs(x - y) <= rtol * max(abs(x), abs(y), 1e-12)
+
+
+def save_trained(path: Path, target: nn.Module, n_layers: int, layer: nn.Module,
+                 norm: nn.Module | None = None, shortlist: torch.Tensor | None = None) -> Path:
+    """Write the trained parts (fp16 safetensors): layer.*, norm.weight, shortlist."""
+    from safetensors.torch import save_file
+
+    tensors = {f"layer.{k}": v.detach().to(torch.float16).contiguous()
+               for k, v in layer.state_dict().items()}
+    if norm is not None:
+        tensors["norm.weight"] = norm.weight.detach().to(torch.float16).contiguous()
+    if shortlist is not None:
+        tensors["shortlist"] = shortlist.to(torch.int32).contiguous()
+    meta = {"n_layers": str(n_layers), "fingerprint": json.dumps(target_fingerprint(target))}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def load_trained(target: nn.Module, path: Path | None = None, check: bool = True,
+                 shortlist: bool = True) -> EarlyExitDrafter | None:
+    """The trained early exit for this target, or None when absent or made for another model.
+
+    Args:
+        path: a weights file (default assets/drafter/extra_layer.safetensors).
+        check: refuse weights whose target fingerprint differs from this target's.
+        shortlist: use the shipped token shortlist head when there is one.
+    """
+    from safetensors import safe_open
+
+    path = Path(path) if path else DRAFTER_DIR / WEIGHTS_FILE
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if check and not same_target(json.loads(meta.get("fingerprint", "{}")),
+                                 target_fingerprint(target)):
+        return None
+    n_layers = int(meta["n_layers"])
+    dtype = next(target.parameters()).dtype
+    device = next(target.parameters()).device
+    layer = init_extra_layer(target, n_layers)
+    layer.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("layer.")})
+    layer.to(device=device, dtype=dtype)
+    norm = None
+    if "norm.weight" in tensors:
+        norm = copy.deepcopy(_decoder(target).norm)
+        norm.weight.data = tensors["norm.weight"].to(device=device, dtype=dtype)
+        norm.weight.requires_grad_(False)
+    ids = tensors.get("shortlist") if shortlist else None
+    return EarlyExitDrafter(target, n_layers, layer, label="", norm=norm, shortlist=ids,
+                            source=str(path))
+
+
+def early_exit_drafter(target: nn.Module, spec: str | None = None,
+                       n_layers: int | None = None) -> EarlyExitDrafter:
+    """The early exit a draft spec asks for: None / 'early-exit' -> the shipped trained drafter
+    when it was made for this target (and n_layers is unset or equal), else the untrained one;
+    'early-exit-untrained' -> untrained; 'early-exit-trained' -> trained or ConfigError."""
+    spec = (spec or "early-exit").lower()
+    if spec not in EARLY_EXIT_SPECS:
+        raise ConfigError(f"unknown early-exit drafter '{spec}'")
+    if spec not in UNTRAINED_SPECS:
+        trained = load_trained(target)
+        if trained is not None and n_layers in (None, trained.n_layers):
+            return trained
+        if spec in TRAINED_SPECS:
+            raise ConfigError("no trained early-exit drafter for this target (see "
+                              "'python -m engine train-draft')")
+    return EarlyExitDrafter(target, n_layers)

@@ -232,15 +232,15 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         device_map: e.g. 'auto' for a target larger than one GPU.
         early_exit_layers: layers of the early-exit drafter (default: about a quarter).
     """
-    from engine.drafters import EarlyExitDrafter, ModelDrafter
+    from engine.drafters import EARLY_EXIT_SPECS, ModelDrafter, early_exit_drafter
 
     _quiet_transformers()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     tmodel, tok, tname = load_model(target, dev, dt, device_map)
     check_supported(tmodel)
-    if draft is None or draft in ("early-exit", "early_exit", "self"):
-        drafter = EarlyExitDrafter(tmodel, early_exit_layers)
+    if draft is None or draft in EARLY_EXIT_SPECS:  # trained early exit when shipped for it
+        drafter = early_exit_drafter(tmodel, draft, early_exit_layers)
         dname = drafter.name
     else:
         dmodel, dtok, dname = load_model(draft, dev, dt)

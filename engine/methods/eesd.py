@@ -1,0 +1,116 @@
+"""EESD (Liu et al. 2024): early-exit drafting with Thompson-sampling draft-length control.
+
+Propose: the early-exit drafter (the target's first N layers + one trained layer, note 004 §1;
+the shipped trained one when it was made for the target) drafts a chain token by token; after
+each token the controller (Beta-TS by default, §2.3; Alg. 1 steps 6-11) samples theta and
+chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling, greedy match at
+temperature 0 (§3) -- the chain of :mod:`engine.methods.token`, not a copy. Observe: the
+posterior update; every round's trace holds ``controller.state()``.
+
+At temperature 0 the run can also time ``generate(do_sample=False)`` on the same prompt right
+after it and report ``speedup_vs_greedy_generate`` in the run's stats.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import replace
+
+import torch
+
+from engine.config import ParamSpec
+from engine.drafters import EarlyExitDrafter, early_exit_drafter
+from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
+
+EXIT_CHOICES = ("auto", "trained", "untrained")
+_DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {spec: drafter}
+
+
+def drafter_for(pair, which: str = "auto") -> EarlyExitDrafter:
+    """The early-exit drafter of a run: the pair's own when it is an early exit of the wanted
+    kind, else one built once per target (trained = the shipped weights for this target)."""
+    own = pair.drafter if isinstance(pair.drafter, EarlyExitDrafter) else None
+    if own is not None and (which == "auto" or own.trained == (which == "trained")):
+        return own
+    built = _DRAFTERS.setdefault(pair.target, {})
+    if which not in built:
+        spec = {"auto": None, "trained": "early-exit-trained",
+                "untrained": "early-exit-untrained"}[which]
+        layers = own.n_layers if own is not None and which == "untrained" else None
+        built[which] = early_exit_drafter(pair.target, spec, layers)
+    return built[which]
+
+
+class EESD(TreeSpeculation):
+    """A controlled chain drafted by the early exit (see module docstring)."""
+
+    def __init__(self, params: dict):
+        chain = build_chain(params, rule="sd")
+        super().__init__(chain.cfg, chain.controller)
+        self.exit_drafter = params["exit_drafter"]
+        self.compare = params["compare_generate"]
+        self.greedy = True
+        self.max_new = 0
+
+    def start(self, ctx) -> None:
+        super().start(ctx)
+        ctx.drafter = drafter_for(ctx.pair, self.exit_drafter)
+        self.greedy = ctx.warp.greedy
+        self.max_new = ctx.cfg.max_new_tokens
+        self._name = ctx.drafter.name
+
+    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+        verdict = super().verify(ctx, forest, p_root, p_nodes)
+        if ctx.round_index == 0:
+            verdict.extras["drafter"] = self._name
+        return verdict
+
+    def observe(self, ctx, verdict: Verdict) -> dict:
+        """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior."""
+        if verdict.drafted == 0:
+            self.controller.begin_round()
+            return self.controller.state()
+        self.controller.observe(verdict.drafted, verdict.accepted)
+        return self.controller.state()
+
+    def run_stats(self, pair, prompt_ids: list[int], token_ids: list[int], stats: dict) -> dict:
+        """Run-level stats: at temperature 0, time generate(do_sample=False) right after."""
+        if not (self.compare and self.greedy):
+            return {}
+        ids = torch.tensor([prompt_ids], device=next(pair.target.parameters()).device)
+        pad = pair.target.generation_config.pad_token_id
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = pair.target.generate(ids, attention_mask=torch.ones_like(ids),
+                                       do_sample=False, max_new_tokens=self.max_new,
+                                       pad_token_id=pad)
+        ref_s = time.perf_counter() - t0
+        ref = out[0, ids.shape[1]:].tolist()
+        wall = stats.get("wall_s") or float("nan")
+        return {"greedy_generate_s": ref_s, "speedup_vs_greedy_generate": ref_s / wall,
+                "equals_greedy_generate": ref == list(token_ids)}
+
+
+PARAMS = (
+    ParamSpec("gamma", int, 4, "draft tokens per round with the fixed controller (heuristic: "
+              "the start length)", min=1, max=64),
+    *(replace(p, default="beta_ts") if p.name == "controller" else p for p in CONTROL_PARAMS),
+    ParamSpec("exit_drafter", str, "auto", "early exit: auto (the pair's; the shipped trained "
+              "one by default), trained, untrained", choices=EXIT_CHOICES),
+    ParamSpec("compare_generate", bool, True, "at temperature 0, time generate(do_sample="
+              "False) on the same prompt afterwards (stats: speedup_vs_greedy_generate)"),
+)
+
+register(MethodSpec(
+    name="eesd",
+    summary="EESD (Liu et al. 2024): the target's first N layers + one trained layer draft a "
+            "chain whose length Thompson sampling controls (Beta-TS / Cali-TS, or fixed / "
+            "heuristic); greedy or speculative-sampling verification.",
+    family="token",
+    exactness=EXACT,
+    params=PARAMS,
+    build=EESD,
+    reference="greedy",
+))

@@ -1,0 +1,228 @@
+"""EESD on tiny models: greedy parity with every controller, the posterior in every round's
+trace, the trained early-exit layer (save / load, shortlist head) and a tiny training run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import engine
+from engine.drafters import (
+    EarlyExitDrafter,
+    ShortlistHead,
+    early_exit_drafter,
+    init_extra_layer,
+    load_trained,
+    save_trained,
+)
+from engine.errors import ConfigError
+from engine.methods.eesd import drafter_for
+from tests.conftest import tiny_pair
+
+CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts"]
+
+
+def _ref(pair, prompt, n):
+    out = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)
+    return out[0, len(prompt):].tolist()
+
+
+def _perturbed_layer(target, n_layers, seed=0, scale=0.05):
+    """An extra layer that differs from the target's last one (a stand-in for training)."""
+    layer = init_extra_layer(target, n_layers)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return layer
+
+
+def _trained_pair(family="llama", shortlist=None):
+    pair = tiny_pair(family, layers=4, early_exit_layers=2)
+    pair.drafter = EarlyExitDrafter(pair.target, 2, _perturbed_layer(pair.target, 2),
+                                    shortlist=shortlist)
+    return pair
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("drafter", ["untrained", "trained", "shortlist"])
+def test_temperature_zero_equals_greedy_generate(controller, drafter):
+    if drafter == "untrained":
+        pair = tiny_pair(layers=4, early_exit_layers=2)
+    else:
+        pair = _trained_pair(shortlist=torch.arange(0, 64, 2) if drafter == "shortlist" else None)
+    for prompt in ([3, 4, 5, 6], [11, 12]):
+        trace = engine.generate(pair, prompt, "eesd", controller=controller, gamma=3,
+                                max_new_tokens=24, compare_generate=False)
+        assert list(trace.token_ids) == _ref(pair, prompt, 24), (controller, drafter, prompt)
+
+
+def test_qwen2_family_equals_greedy_generate_with_a_trained_layer():
+    pair = _trained_pair("qwen2")
+    trace = engine.generate(pair, [5, 6, 7], "eesd", max_new_tokens=20)
+    assert list(trace.token_ids) == _ref(pair, [5, 6, 7], 20)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_every_round_trace_holds_the_controller_posterior(controller):
+    pair = _trained_pair()
+    trace = engine.generate(pair, [3, 4, 5], "eesd", controller=controller, max_new_tokens=30,
+                            compare_generate=False)
+    assert trace.rounds and all(r.controller is not None for r in trace.rounds)
+    states = [r.controller for r in trace.rounds]
+    assert all(s["kind"] == controller for s in states)
+    for prev, nxt in zip(states, states[1:]):
+        if prev["after"] is not None:  # the posterior carries over from round to round
+            assert nxt["before"] == prev["after"]
+    if controller == "beta_ts":
+        first = states[0]
+        assert first["before"] == {"alpha": 1.0, "beta": 1.0, "mean": 0.5}
+        spec = [s for s in states if s["update"] is not None]
+        assert all(s["update"]["drafted"] >= 1 and "d_alpha" in s["update"] for s in spec)
+        assert all(step["theta"] is not None for s in spec for step in s["steps"][:-1])
+    json.dumps(trace.to_dict())  # the posterior is JSON-able
+
+
+def test_sampling_is_the_sd_chain_drafted_by_the_early_exit():
+    """Same drafter, controller and seed: eesd and sd draw the same tokens (shared code)."""
+    pair = _trained_pair()
+    for seed in (0, 3):
+        kw = dict(temperature=0.8, top_p=0.9, seed=seed, max_new_tokens=24, controller="beta_ts")
+        a = engine.generate(pair, [3, 4, 5], "eesd", **kw)
+        b = engine.generate(pair, [3, 4, 5], "sd", **kw)
+        assert list(a.token_ids) == list(b.token_ids)
+        assert a.stats["drafted"] == b.stats["drafted"]
+        assert "speedup_vs_greedy_generate" not in a.stats  # only at temperature 0
+
+
+def test_greedy_run_reports_speedup_against_generate():
+    pair = _trained_pair()
+    trace = engine.generate(pair, [3, 4, 5], "eesd", max_new_tokens=16)
+    assert trace.stats["equals_greedy_generate"] is True
+    assert trace.stats["speedup_vs_greedy_generate"] > 0
+    assert trace.stats["greedy_generate_s"] > 0
+    assert trace.rounds[0].extras["drafter"].startswith("early-exit (first 2/4 layers, trained")
+
+
+def test_exit_drafter_choice_builds_an_untrained_exit_of_the_same_depth():
+    pair = _trained_pair()
+    assert drafter_for(pair, "auto") is pair.drafter
+    assert drafter_for(pair, "trained") is pair.drafter
+    untrained = drafter_for(pair, "untrained")
+    assert not untrained.trained and untrained.n_layers == 2
+    assert drafter_for(pair, "untrained") is untrained  # built once per target
+    with pytest.raises(ConfigError):  # no shipped weights for a tiny random target
+        drafter_for(tiny_pair(layers=4, early_exit_layers=2), "trained")
+
+
+def test_trained_layer_save_load_round_trip(tmp_path):
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    target = pair.target
+    layer = _perturbed_layer(target, 2)
+    norm = torch.nn.RMSNorm(32)
+    norm.weight.data = torch.linspace(0.5, 1.5, 32)
+    short = torch.tensor([1, 3, 5, 7, 11])
+    path = save_trained(tmp_path / "w.safetensors", target, 2, layer, norm, short)
+    loaded = load_trained(target, path)
+    assert loaded.trained and loaded.n_layers == 2
+    for (k, a), (_, b) in zip(layer.state_dict().items(), loaded.extra_layer.state_dict().items()):
+        torch.testing.assert_close(b, a.half().float(), msg=k)
+    torch.testing.assert_close(loaded.model.model.norm.weight, norm.weight.half().float())
+    assert loaded.model.model.norm is not target.model.norm  # the target's norm is untouched
+    assert isinstance(loaded.model.lm_head, ShortlistHead)
+    assert loaded.model.lm_head.ids.tolist() == short.tolist()
+    ref = EarlyExitDrafter(target, 2, layer, norm=norm, shortlist=short)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(input_ids=ids).logits,
+                                   ref.model(input_ids=ids).logits, atol=2e-3, rtol=0)
+    other = tiny_pair(layers=4, early_exit_layers=2, seed=1).target
+    assert load_trained(other, path) is None  # made for another target
+    assert load_trained(target, tmp_path / "missing.safetensors") is None
+
+
+def test_shortlist_head_gives_q_zero_off_the_list():
+    head = torch.nn.Linear(4, 6, bias=False)
+    short = ShortlistHead(head, torch.tensor([1, 4]))
+    h = torch.randn(2, 3, 4)
+    out = short(h)
+    assert out.shape == (2, 3, 6)
+    torch.testing.assert_close(out[..., [1, 4]], head(h)[..., [1, 4]])
+    q = torch.softmax(out, -1)
+    assert float(q[..., [0, 2, 3, 5]].abs().max()) == 0.0
+
+
+def test_early_exit_specs():
+    target = tiny_pair(layers=4, early_exit_layers=2).target
+    d = early_exit_drafter(target, None, 3)
+    assert not d.trained and d.n_layers == 3
+    assert not early_exit_drafter(target, "early-exit-untrained").trained
+    with pytest.raises(ConfigError):
+        early_exit_drafter(target, "early-exit-trained")
+    pair = engine.load_pair(target=target, draft="early-exit-untrained", device="cpu")
+    assert not pair.drafter.trained
+
+
+def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
+    from engine.__main__ import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nwrite a poem\nwhat is up\nexplain it\ncount to ten\nabc\n")
+    out = tmp_path / "drafter"
+    code = main(["train-draft", "--target", 'tiny:{"layers": 4, "vocab_size": 64}',
+                 "--layers", "2", "--prompts", str(prompts), "--heldout-every", "3",
+                 "--max-new-tokens", "12", "--epochs", "4", "--lr", "3e-3",
+                 "--batch-tokens", "64", "--out", str(out), "--work-dir",
+                 str(tmp_path / "work"), "--no-progress", "--train-norm"])
+    assert code == 0
+    recipe = json.loads((out / "recipe.json").read_text())
+    losses = recipe["losses"]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert recipe["command"].startswith("python -m engine train-draft")
+    assert "--train-norm" in recipe["command"] and "--out" not in recipe["command"]
+    trained = recipe["eval_heldout"]["trained"]
+    assert 0 <= trained["greedy_acceptance"] <= 1 and trained["positions"] > 0
+    assert sorted((tmp_path / "work").glob("epoch*.safetensors"))
+    target = engine.load_pair(target='tiny:{"layers": 4, "vocab_size": 64}', device="cpu",
+                              early_exit_layers=2).target
+    drafter = load_trained(target, out / "extra_layer.safetensors")
+    assert drafter is not None and drafter.trained
+
+
+@pytest.mark.parametrize("objective", ["wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r"])
+def test_every_objective_trains_on_cached_states(objective):
+    from engine.train import ExitHead, cache_hidden, generate_examples, train_head
+
+    target = tiny_pair(layers=4, early_exit_layers=2).target
+    for p in target.parameters():
+        p.requires_grad_(False)
+    mode = "beam" if objective in ("seqkd", "atspeed_s", "atspeed_r") else "greedy"
+    ex = generate_examples(target, [[3, 4, 5], [7, 8], [9, 10, 11, 12]], mode, 8, batch=2,
+                           eos={1}, pad=1, beams=2)
+    assert ex and all(e.kind == mode for e in ex)
+    cache_hidden(target, 2, ex, pad=1, teacher=objective != "seqkd")
+    head = ExitHead(target, 2, False, None)
+    losses = train_head(head, ex, objective, 0.5, 4, 64, epochs=4, lr=3e-3, max_tokens=64,
+                        seed=0, log=lambda *_: None)
+    assert losses[-1] < losses[0], (objective, losses)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+def test_states_kept_from_generation_equal_a_teacher_forced_pass(mode):
+    from engine.train import cache_hidden, generate_examples
+
+    target = tiny_pair(layers=4, early_exit_layers=2).target
+    prompts = [[3, 4, 5], [7, 8], [9, 10, 11, 12, 13]]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        ex = generate_examples(target, prompts, mode, 6, batch=3, eos={1}, pad=1,
+                               greedy_prefix=2, capture=2)
+    assert len(ex) == 3
+    for e in ex:
+        fresh = type(e)(e.ids, e.start, e.kind)
+        cache_hidden(target, 2, [fresh], pad=1, teacher=True)
+        n = len(e.ids) - 1  # the last token is never fed to generate()
+        torch.testing.assert_close(e.h_exit[:n], fresh.h_exit[:n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(e.h_target[:-1], fresh.h_target[:-1], atol=1e-5, rtol=1e-4)
