@@ -55,7 +55,7 @@ def _sync(device: torch.device) -> None:
 
 def reference_kind(spec, params: dict[str, Any]) -> tuple[str, int]:
     """('greedy' | 'sample' | 'beam' | 'beam_sample', width) of the matching generate()."""
-    width = int(params.get("beams", 1) or 1)
+    width = int(params.get("beams") or params.get("draft_beams") or 1)
     if spec.reference.startswith("beam"):
         return ("beam" if params["temperature"] == 0 else "beam_sample"), width
     return ("greedy" if params["temperature"] == 0 else "sample"), 1
