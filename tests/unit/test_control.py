@@ -26,6 +26,7 @@ from engine.control import (
 )
 from engine.errors import ConfigError
 from engine.sampling import TorchChooser, make_generator
+from tests.choosers import ScriptedChooser
 
 ALWAYS_CONTINUE = {  # parameters under which every kind would draft far past cap = 3
     "fixed": {"gamma": 3},
@@ -33,23 +34,6 @@ ALWAYS_CONTINUE = {  # parameters under which every kind would draft far past ca
     "beta_ts": {"alpha0": 1e4, "beta0": 1e-2, "cap": 3},
     "cali_ts": {"theta_M": 1.0, "sigma_M": 1e-6, "cap": 3},
 }
-
-
-class ScriptedChooser:
-    """Chooser returning scripted uniforms, to pin down every draw by hand."""
-
-    def __init__(self, uniforms: list[float]):
-        self.uniforms = list(uniforms)
-
-    def uniform(self) -> float:
-        return self.uniforms.pop(0)
-
-    def accept(self, prob: float) -> tuple[bool, float]:
-        u = self.uniform()
-        return u < prob, u
-
-    def categorical(self, probs: torch.Tensor) -> int:
-        raise AssertionError("controllers never draw categoricals")
 
 
 def draft_round(controller, rng, accepted_of=lambda k: k, features=None) -> tuple[int, int]:
@@ -362,7 +346,7 @@ def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
     r1 = 1.0 - math.exp(-0.5)  # Box-Muller radius 1
     r4 = 1.0 - math.exp(-8.0)  # Box-Muller radius 4
     # step 1: z = +1 -> theta 0.5, u 0.4 -> go; step 2: z = -1 -> theta 0.1, u 0.2 -> stop
-    chooser = ScriptedChooser([r1, 0.0, 0.4, r1, 0.5, 0.2])
+    chooser = ScriptedChooser([r1, 0.0, 0.4, r1, 0.5, 0.2], allow_categorical=False)
     assert ctl.should_continue(1, chooser) is True
     assert ctl.should_continue(2, chooser) is False
     steps = ctl.state()["steps"]
@@ -370,7 +354,7 @@ def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
     assert ctl.state()["stop_reason"] == "chi0"
     # z = +4 -> raw 1.1 -> clipped to 1; z = -4 -> raw -0.5 -> clipped to 0
     ctl.begin_round()
-    chooser = ScriptedChooser([r4, 0.0, 0.999, r4, 0.5, 0.0])
+    chooser = ScriptedChooser([r4, 0.0, 0.999, r4, 0.5, 0.0], allow_categorical=False)
     assert ctl.should_continue(1, chooser) is True
     assert ctl.should_continue(2, chooser) is False
     first, second = ctl.state()["steps"]

@@ -31,6 +31,7 @@ from engine.verify.token import (
     kseq_rho,
     without,
 )
+from tests.choosers import ScriptedChooser
 
 F64 = torch.float64
 
@@ -340,26 +341,9 @@ def test_zero_residual_falls_back_to_the_target():
             assert v.residual_mass is not None and math.isfinite(v.residual_mass)
 
 
-class _Scripted:
-    """Chooser with fixed uniforms; categorical takes the argmax."""
-
-    def __init__(self, uniforms: list[float]):
-        self.uniforms = list(uniforms)
-
-    def uniform(self) -> float:
-        return self.uniforms.pop(0)
-
-    def accept(self, prob: float) -> tuple[bool, float]:
-        u = self.uniform()
-        return u < prob, u
-
-    def categorical(self, probs: torch.Tensor) -> int:
-        return int(probs.argmax())
-
-
 def test_test_records_carry_the_residual_and_draft_law_used():
     p, q = _t(0.1, 0.4, 0.5), _t(0.5, 0.3, 0.2)
-    v = RULES["rrs_wor"](p, q, [0, 1], _Scripted([0.9, 0.9]))
+    v = RULES["rrs_wor"](p, q, [0, 1], ScriptedChooser([0.9, 0.9]))
     assert (v.accepted, v.token) == (None, 2)
     assert v.residual_mass == pytest.approx(0.35)
     first, second = v.tests
@@ -369,7 +353,7 @@ def test_test_records_carry_the_residual_and_draft_law_used():
     assert (second.node, second.token_id, second.decision) == (1, 1, "reject")
     assert (second.p, second.q) == pytest.approx((0.25, 0.6))  # p_2 and q_2 = q^{¬0}
     assert second.ratio == pytest.approx(5 / 12) and second.residual_mass == pytest.approx(0.35)
-    accepted = RULES["rrs_wor"](p, q, [0, 1], _Scripted([0.1]))
+    accepted = RULES["rrs_wor"](p, q, [0, 1], ScriptedChooser([0.1]))
     assert (accepted.accepted, accepted.token, accepted.residual_mass) == (0, 0, None)
     assert accepted.tests[0].decision == "accept" and accepted.tests[0].residual_mass is None
 
