@@ -9,7 +9,7 @@ browser:
 
 # 1. install everything and open the debugger on the embedded model
 app: setup
-	.venv/bin/python app.py
+	.venv/bin/python app.py --preload
 
 # 2. install everything and run the whole suite (browser tests included)
 test: setup browser
