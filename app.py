@@ -8,9 +8,12 @@ run functions are wrapped with spaces.GPU (see specviz/pairs.py).
 from __future__ import annotations
 
 import argparse
+import os
 
-import specviz
-from specviz import pairs
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from the app
+
+import specviz  # noqa: E402
+from specviz import pairs  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
