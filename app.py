@@ -20,8 +20,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="specviz: speculative decoding visual debugger")
     ap.add_argument("--target", default="embedded", help="target model: embedded, hub id, dir")
     ap.add_argument("--draft", default="", help="draft model (empty: early-exit of the target)")
-    ap.add_argument("--host", default="127.0.0.1", help="server name (0.0.0.0 on a Space)")
-    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                    help="server name (a Space sets GRADIO_SERVER_NAME=0.0.0.0)")
+    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     ap.add_argument("--share", action="store_true", help="create a public gradio.live link")
     ap.add_argument("--preload", action="store_true", help="load the model pair at start")
     ap.add_argument("--no-demo-trace", action="store_true", help="start without the demo trace")
