@@ -11,6 +11,9 @@ Objectives (note 000 §2, note 004 §1.3), mixed as alpha * align + (1 - alpha) 
 - seqkd: CE on the target's top-K beam sequences (no mix);
 - atspeed_s: reverse KL + density regularisation over the draft's top-K (AtSpeed Eq. 4-5);
 - atspeed_r: TVD of p and q renormalised over the draft's top-K (AtSpeed Eq. 8-9).
+
+Each epoch is checkpointed and evaluated on held-out prompts; the best epoch is kept. The
+Cali-TS predictor (note 004 §2.4) is not trained here.
 """
 
 from __future__ import annotations

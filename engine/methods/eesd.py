@@ -7,8 +7,9 @@ chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling,
 temperature 0 (§3) -- the chain of :mod:`engine.methods.token`, not a copy. Observe: the
 posterior update; every round's trace holds ``controller.state()``.
 
-At temperature 0 the run can also time ``generate(do_sample=False)`` on the same prompt right
-after it and report ``speedup_vs_greedy_generate`` in the run's stats.
+Cali-TS runs with the constant predictor theta_M of engine.control (no trained predictor
+ships yet). At temperature 0 the run can also time ``generate(do_sample=False)`` on the same
+prompt right after it and report ``speedup_vs_greedy_generate`` in the run's stats.
 """
 
 from __future__ import annotations
