@@ -64,26 +64,6 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
     return d.to(parents.device)
 
 
-def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """anc[w, i, j] = True when node j is node i or one of its ancestors.
-
-    Args:
-        parents: (W, m) long, parents precede children.
-    Returns:
-        (W, m, m) bool.
-    """
-    W, m = parents.shape
-    anc = torch.eye(m, dtype=torch.bool).repeat(W, 1, 1)  # (W, m, m)
-    par = parents.cpu()
-    for j in range(m):
-        pj = par[:, j]
-        has = pj >= 0
-        if has.any():
-            rows = anc[torch.arange(W), pj.clamp_min(0)]  # (W, m)
-            anc[:, j] |= rows & has[:, None]
-    return anc.to(parents.device)
-
-
 def children(parents: torch.Tensor, row: int, node: int) -> list[int]:
     """Children of `node` (ROOT for the root) in row `row`, in draw order."""
     return [j for j, pj in enumerate(parents[row].tolist()) if pj == node]
@@ -97,27 +77,3 @@ def path_to(parents: torch.Tensor, row: int, node: int) -> list[int]:
         out.append(node)
         node = par[node]
     return out[::-1]
-
-
-def descendants(parents: torch.Tensor, row: int, node: int) -> list[int]:
-    """All nodes strictly below `node` in row `row`."""
-    par = parents[row].tolist()
-    below: set[int] = set()
-    for j, pj in enumerate(par):
-        if pj == node or pj in below:
-            below.add(j)
-    return sorted(below)
-
-
-def kconfig_parents(k_config: tuple[int, ...]) -> list[int]:
-    """Parent array of a k-config tree in BFS (depth-major) order (MCSD §3.1-3.2)."""
-    parents: list[int] = []
-    level = [ROOT]
-    for k in k_config:
-        nxt = []
-        for par in level:
-            for _ in range(k):
-                parents.append(par)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    return parents

@@ -12,7 +12,6 @@ from typing import Any, Iterator
 import torch
 
 from engine.config import RunConfig
-from engine.forest import Forest
 from engine.methods.base import Method, Verdict
 from engine.models import ModelPair
 from engine.runner import CachedModel
@@ -173,10 +172,3 @@ def _top_slices(p_root, p_nodes, v: Verdict) -> tuple[TopK, ...]:
         out.append(TopK(tuple(idx.tolist()), tuple(round(x, 6) for x in val.tolist())))
     return tuple(out)
 
-
-def empty_verdict_rows(ctx: RunContext) -> torch.Tensor:
-    return torch.arange(ctx.width)
-
-
-def forest_is_empty(forest: Forest) -> bool:
-    return forest.size == 0

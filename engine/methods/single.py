@@ -38,6 +38,11 @@ def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int
     )
 
 
+def target_token(p: torch.Tensor, ctx) -> int:
+    """The target's own token from its warped distribution p (V,): argmax at temperature 0."""
+    return int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
+
+
 class SingleStart:
     """start(): one row holding the prompt."""
 
@@ -58,10 +63,10 @@ class Autoregressive(SingleStart):
         return empty_forest(1)
 
     def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
-        if self.greedy or ctx.warp.greedy:
+        if self.greedy:
             tok = int(p_root[0].argmax())
         else:
-            tok = ctx.chooser.categorical(probs_from_logits(p_root[0], ctx.warp))
+            tok = target_token(probs_from_logits(p_root[0], ctx.warp), ctx)
         return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])
 
 

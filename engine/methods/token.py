@@ -10,14 +10,15 @@ earns a bonus token drawn from p.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from engine.control import Controller, FixedController
-from engine.forest import ROOT, Forest, empty_forest
-from engine.methods.base import Verdict
-from engine.methods.single import SingleStart, finish_single
+from engine.config import ParamSpec, parse_k_config
+from engine.control import Controller, FixedController, make_controller
+from engine.forest import ROOT, Forest, depths, empty_forest
+from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.single import SingleStart, finish_single, target_token
 from engine.sampling import probs_from_logits
 from engine.trace import (
     ACCEPTED,
@@ -126,7 +127,7 @@ class TreeSpeculation(SingleStart):
     def verify(self, ctx, forest: Forest, p_root, p_nodes) -> Verdict:
         if forest.size == 0:
             p = probs_from_logits(p_root[0], ctx.warp)
-            tok = int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
+            tok = target_token(p, ctx)
             return finish_single(ctx, [], [], tok, [ORIGIN_BONUS],
                                  nodes=(_pseudo(0, ROOT, 1, tok, ctx, BONUS, p),))
         tokens = forest.tokens[0].tolist()
@@ -145,7 +146,7 @@ class TreeSpeculation(SingleStart):
             for c in kids.get(node, []):
                 p_tok[c] = float(p[tokens[c]])
             if node not in kids:  # leaf: every draft on the path accepted -> bonus
-                final = int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
+                final = target_token(p, ctx)
                 break
             group = kids[node]
             q, cands = forest.extras["q_at"][node], [tokens[c] for c in group]
@@ -171,13 +172,13 @@ class TreeSpeculation(SingleStart):
     def _finish(self, ctx, forest, tokens, parents, status, p_tok, tests, path, final,
                 final_status) -> Verdict:
         q_tok = forest.q_tok[0].tolist()
-        depths = _depths(parents)
-        nodes = [NodeTrace(i, parents[i], 0, depths[i], tokens[i], ctx.decode(tokens[i]),
+        depth = depths(forest.parents)[0].tolist()
+        nodes = [NodeTrace(i, parents[i], 0, depth[i], tokens[i], ctx.decode(tokens[i]),
                            q_tok[i], p_tok[i], status[i]) for i in range(len(tokens))]
         last = path[-1] if path else ROOT
         nodes.append(_pseudo(len(tokens), last, len(path) + 1, final, ctx, final_status, None))
         origin = ORIGIN_BONUS if final_status == BONUS else ORIGIN_RESAMPLED
-        drafted = max(depths) if depths else 0
+        drafted = max(depth) if depth else 0
         return finish_single(
             ctx, path, [tokens[i] for i in path], final,
             [ORIGIN_ACCEPTED] * len(path) + [origin], nodes=tuple(nodes), tests=tuple(tests),
@@ -195,16 +196,7 @@ class TreeSpeculation(SingleStart):
 
 
 def _remap(t: TestRecord, group: list[int], depth: int) -> TestRecord:
-    from dataclasses import replace
-
     return replace(t, node=group[t.node], depth=depth)
-
-
-def _depths(parents: list[int]) -> list[int]:
-    d: list[int] = []
-    for par in parents:
-        d.append(1 if par < 0 else d[par] + 1)
-    return d
 
 
 def _pseudo(i: int, parent: int, depth: int, tok: int, ctx, status: str, p) -> NodeTrace:
@@ -214,9 +206,6 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx, status: str, p) -> N
 
 
 # ------------------------------------------------------------------ registry
-from engine.config import ParamSpec, parse_k_config  # noqa: E402
-from engine.control import make_controller  # noqa: E402
-from engine.methods.base import MethodSpec, register  # noqa: E402
 
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")

@@ -61,9 +61,9 @@ def test_rounds_record_nodes_tests_and_statuses():
 
 def test_eos_inside_an_accepted_draft_stops_the_run():
     target = tiny_pair(layers=2, early_exit_layers=1).target
-    ref = _ref_ids = target.generate(torch.tensor([[3, 4, 5]]), do_sample=False,
+    ref = target.generate(torch.tensor([[3, 4, 5]]), do_sample=False,
                                      max_new_tokens=12)[0, 3:].tolist()
-    target.generation_config.eos_token_id = _ref_ids[4]
+    target.generation_config.eos_token_id = ref[4]
     pair = engine.load_pair(target=target, draft=target, device="cpu")
     trace = engine.generate(pair, [3, 4, 5], "sd", gamma=8, max_new_tokens=12)
     cut = ref.index(ref[4]) + 1
