@@ -109,6 +109,7 @@ class EarlyExitDrafter:
         self.trained = extra_layer is not None
         self.extra_layer = extra_layer
         self.source = source
+        self.fingerprint = target_fingerprint(target)
         if extra_layer is not None:
             set_layer_index(extra_layer, self.n_layers)  # its KV-cache slot in the drafter
         head = ShortlistHead(target.get_output_embeddings(), shortlist) \
@@ -120,6 +121,22 @@ class EarlyExitDrafter:
 
     def runner(self) -> CachedModel:
         return CachedModel(self.model)
+
+    def predictor(self):
+        """The Cali-TS predictor trained for these weights (a file beside them), or None."""
+        if not hasattr(self, "_predictor"):
+            self._predictor = None
+            if self.source:
+                from engine.predictor import PREDICTOR_FILE, file_digest, load_predictor
+
+                path = Path(self.source).parent / PREDICTOR_FILE
+                try:
+                    self._predictor = load_predictor(
+                        path, self.fingerprint, file_digest(Path(self.source)),
+                        next(self.model.parameters()).device)
+                except ConfigError:
+                    self._predictor = None
+        return self._predictor
 
 
 # --------------------------------------------------------------- trained early exit (EESD §1)

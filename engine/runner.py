@@ -59,6 +59,8 @@ class CachedModel:
         self.tail_fed = 0  # tail tokens fed this round
         self.forest_fed = 0  # forest nodes fed this round
         self.root_logits: torch.Tensor | None = None  # (W, V) logits after the tail
+        self.root_hidden: torch.Tensor | None = None  # (W, d) last hidden state there
+        self.node_hidden: torch.Tensor | None = None  # (W, m, d) of the last call's nodes
 
     def start(self, ids: torch.Tensor) -> None:
         """Begin a sequence: nothing cached, the whole prompt is the tail.
@@ -88,7 +90,9 @@ class CachedModel:
                 earlier), ROOT for children of the newest committed token, PAD for padding.
         Returns:
             (W, m, V) logits of the new nodes (m may be 0). After the round's first call,
-            ``root_logits`` (W, V) holds the logits after the newest committed token.
+            ``root_logits`` (W, V) holds the logits after the newest committed token and
+            ``root_hidden`` (W, d) the final (normed) hidden state there; ``node_hidden``
+            (W, m, d) holds this call's node states (Cali-TS features, EESD Eq. 5).
         """
         W = self.width
         if tokens is None:
@@ -99,18 +103,20 @@ class CachedModel:
         ids, pos, mask = self._inputs(tokens, parents, t_new)
         if ids.shape[1] == 0:
             return torch.zeros((W, 0, self.model.config.vocab_size), device=self.device)
-        with torch.no_grad():
-            out = self.model(
+        with torch.no_grad():  # the causal-LM forward, split to keep the hidden states
+            hidden = self.model.model(
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=pos,
                 past_key_values=self.cache,
                 use_cache=True,
-            )
-        logits = out.logits  # (W, t_new + m, V)
+            ).last_hidden_state  # (W, t_new + m, d)
+            logits = self.model.get_output_embeddings()(hidden)  # (W, t_new + m, V)
         if t_new:
             self.root_logits = logits[:, t_new - 1]
+            self.root_hidden = hidden[:, t_new - 1]
             self.tail_fed += t_new
+        self.node_hidden = hidden[:, t_new:]
         self.forest_fed += tokens.shape[1]
         return logits[:, t_new:]
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import train_predictor
 from engine.errors import ConfigError
 
 OBJECTIVES = ("ce", "wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r")
@@ -530,6 +531,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=str(ASSETS / "drafter"))
     p.add_argument("--work-dir", default="", help="checkpoints and the token cache")
     p.add_argument("--no-progress", action="store_true")
+    train_predictor.add_arguments(p)
 
 
 def command_of(args) -> str:
@@ -537,7 +539,8 @@ def command_of(args) -> str:
     and the progress bar do not change the result and are left out)."""
     parts = ["python -m engine train-draft"]
     for key, value in sorted(vars(args).items()):
-        if key in ("command", "run", "no_progress", "out", "work_dir") or value is None:
+        if key in ("command", "run", "no_progress", "out", "work_dir", "predictor_only",
+                   "no_predictor") or value is None:
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, str) and value.startswith(str(ASSETS.parent) + "/"):
@@ -652,15 +655,17 @@ def build_data(args, pair, eos: set[int], pad: int, bar, work: Path) -> TrainDat
 
 
 def run(args) -> int:
-    """Generate target data, cache H^N, train Transformer^e, evaluate, save weights + recipe."""
-    from engine.drafters import WEIGHTS_FILE, save_trained
+    """Generate target data, cache H^N, train Transformer^e, evaluate, save weights + recipe;
+    then train the Cali-TS predictor for that drafter (unless --no-predictor)."""
     from engine.models import ModelPair, cache_root, load_model, resolve_device
     from engine.runner import check_supported
 
     if args.objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective '{args.objective}'")
-    if args.epochs < 1:
-        raise ConfigError("--epochs must be >= 1")
+    if args.epochs < 1 or args.predictor_epochs < 1:
+        raise ConfigError("--epochs and --predictor-epochs must be >= 1")
+    if args.predictor_only and args.no_predictor:
+        raise ConfigError("--predictor-only and --no-predictor exclude each other")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -678,6 +683,27 @@ def run(args) -> int:
     bar = _progress(args)
     work = Path(args.work_dir) if args.work_dir else cache_root() / "train-draft"
     data = build_data(args, pair, eos, pad, bar, work)
+    out = Path(args.out)
+    recipe = {} if args.predictor_only else train_drafter(args, pair, data, eos, bar, work, t0)
+    if not args.no_predictor:
+        recipe["predictor"] = {"command": command_of(args) + " --predictor-only",
+                               **train_predictor.run(args, pair, data, out, bar)}
+        print(json.dumps({k: recipe["predictor"][k] for k in ("heldout", "best_epoch")},
+                         indent=1))
+    old = out / "recipe.json"
+    if old.is_file():  # keep measurements added by hand (e.g. end-to-end speed)
+        recipe = {**json.loads(old.read_text()), **recipe}
+    out.mkdir(parents=True, exist_ok=True)
+    old.write_text(json.dumps(recipe, indent=1) + "\n")
+    return 0
+
+
+def train_drafter(args, pair, data: TrainData, eos: set[int], bar, work: Path,
+                  t0: float) -> dict:
+    """Train Transformer^e on the data, keep the best held-out epoch, save it; its recipe."""
+    from engine.drafters import WEIGHTS_FILE, save_trained
+
+    target = pair.target
     t_data = time.perf_counter() - t0
     vocab = pair.vocab_size
     shortlist = build_shortlist(data.train, vocab, args.shortlist, eos) \
@@ -723,13 +749,9 @@ def run(args) -> int:
         "weights": {"file": WEIGHTS_FILE, "bytes": path.stat().st_size, "dtype": "float16"},
         "threads": torch.get_num_threads(),
     }
-    old = out / "recipe.json"
-    if old.is_file():  # keep measurements added by hand (e.g. end-to-end speed)
-        recipe = {**json.loads(old.read_text()), **recipe}
-    old.write_text(json.dumps(recipe, indent=1) + "\n")
     print(json.dumps({"eval_heldout": recipe["eval_heldout"], "seconds": recipe["seconds"]},
                      indent=1))
-    return 0
+    return recipe
 
 
 def _data_stats(data: TrainData, shortlist: torch.Tensor | None) -> dict:

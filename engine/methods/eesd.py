@@ -7,9 +7,13 @@ chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling,
 temperature 0 (§3) -- the chain of :mod:`engine.methods.token`, not a copy. Observe: the
 posterior update; every round's trace holds ``controller.state()``.
 
-Cali-TS runs with the constant predictor theta_M of engine.control (no trained predictor
-ships yet). At temperature 0 the run can also time ``generate(do_sample=False)`` on the same
-prompt right after it and report ``speedup_vs_greedy_generate`` in the run's stats.
+Cali-TS (``controller=cali_ts``) takes theta_M from the predictor trained for the drafter
+(engine.predictor; ``predictor=auto`` uses it when one ships beside the drafter's weights,
+else the constant ``theta_m``). Its features: the target's final hidden state that produced
+the round's root (kept from the last verify; none in round 0) and the drafter's final hidden
+state that produced the newest draft token. At temperature 0 the run can also time
+``generate(do_sample=False)`` on the same prompt right after it and report
+``speedup_vs_greedy_generate`` in the run's stats.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from dataclasses import replace
 import torch
 
 from engine.config import ParamSpec
+from engine.control import CaliTSController
 from engine.drafters import EarlyExitDrafter, early_exit_drafter
+from engine.errors import ConfigError
 from engine.methods.base import MethodSpec, Verdict, register
 from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
+from engine.predictor import CaliFeatures
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
+PREDICTOR_CHOICES = ("auto", "trained", "constant")
 _DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {spec: drafter}
 
 
@@ -51,9 +59,11 @@ class EESD(TreeSpeculation):
         chain = build_chain(params, rule="sd")
         super().__init__(chain.cfg, chain.controller)
         self.exit_drafter = params["exit_drafter"]
+        self.predictor_kind = params["predictor"]
         self.compare = params["compare_generate"]
         self.greedy = True
         self.max_new = 0
+        self.h_target: torch.Tensor | None = None  # (d,) target state behind the root
 
     def start(self, ctx) -> None:
         super().start(ctx)
@@ -61,11 +71,38 @@ class EESD(TreeSpeculation):
         self.greedy = ctx.warp.greedy
         self.max_new = ctx.cfg.max_new_tokens
         self._name = ctx.drafter.name
+        self.h_target = None
+        self._use_predictor(ctx.drafter)
+
+    def _use_predictor(self, drafter: EarlyExitDrafter) -> None:
+        """Give a Cali-TS controller the drafter's trained predictor (see module docstring)."""
+        if not isinstance(self.controller, CaliTSController) or self.predictor_kind == "constant":
+            self._predictor_name = "constant"
+            return
+        model = drafter.predictor()
+        if model is None and self.predictor_kind == "trained":
+            raise ConfigError(f"no trained Cali-TS predictor for the drafter '{drafter.name}' "
+                              "(see 'python -m engine train-draft --predictor-only')")
+        if model is not None:
+            self.controller.predictor = model.predict
+        self._predictor_name = "trained" if model is not None else "constant"
+
+    def _features(self, depth: int, ctx) -> CaliFeatures | None:
+        if not isinstance(self.controller, CaliTSController):
+            return None
+        d = ctx.draft
+        h_d = d.root_hidden[0] if depth == 1 else d.node_hidden[0, -1]  # (d,) made token i
+        return CaliFeatures(step=depth, target=self.h_target, draft=h_d)
 
     def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
         verdict = super().verify(ctx, forest, p_root, p_nodes)
+        path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
+        tgt = ctx.target  # the state whose output is the next round's root
+        self.h_target = tgt.node_hidden[0, path[-1]] if path else tgt.root_hidden[0]  # (d,)
         if ctx.round_index == 0:
             verdict.extras["drafter"] = self._name
+            if isinstance(self.controller, CaliTSController):
+                verdict.extras["predictor"] = self._predictor_name
         return verdict
 
     def observe(self, ctx, verdict: Verdict) -> dict:
@@ -100,6 +137,9 @@ PARAMS = (
     *(replace(p, default="beta_ts") if p.name == "controller" else p for p in CONTROL_PARAMS),
     ParamSpec("exit_drafter", str, "auto", "early exit: auto (the pair's; the shipped trained "
               "one by default), trained, untrained", choices=EXIT_CHOICES),
+    ParamSpec("predictor", str, "auto", "Cali-TS theta_M: auto (the drafter's trained "
+              "predictor when it ships, else theta_m), trained, constant (theta_m)",
+              choices=PREDICTOR_CHOICES),
     ParamSpec("compare_generate", bool, True, "at temperature 0, time generate(do_sample="
               "False) on the same prompt afterwards (stats: speedup_vs_greedy_generate)"),
 )

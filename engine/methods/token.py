@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from engine.config import ParamSpec, parse_k_config
-from engine.control import Controller, FixedController, make_controller
+from engine.control import THETA_HAT_RULES, Controller, FixedController, make_controller
 from engine.forest import ROOT, Forest, depths, empty_forest
 from engine.methods.base import MethodSpec, Verdict, register
 from engine.methods.single import SingleStart, finish_single, target_token
@@ -121,7 +121,11 @@ class TreeSpeculation(SingleStart):
             return depth < len(levels)
         if depth >= budget:
             return False
-        return self.controller.should_continue(depth, ctx.chooser)
+        return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
+
+    def _features(self, depth: int, ctx):
+        """What a Cali-TS predictor sees after `depth` drafted tokens (None: nothing)."""
+        return None
 
     # -------------------------------------------------------------- verify
     def verify(self, ctx, forest: Forest, p_root, p_nodes) -> Verdict:
@@ -219,6 +223,16 @@ CONTROL_PARAMS = (
     ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0", min=0.0, min_exclusive=True),
     ParamSpec("update", str, "paper", "Beta-TS update rule (EESD Eq. 3-4 or textbook counts)",
               choices=("paper", "clean")),
+    ParamSpec("sigma_m", float, 0.4, "Cali-TS sigma_M: prior std around the predictor's "
+              "theta_M (EESD Eq. 6-7)", min=0.0, min_exclusive=True),
+    ParamSpec("sigma_s", float, 0.25, "Cali-TS sigma_S: std of the sample mean (Eq. 6-7)",
+              min=0.0, min_exclusive=True),
+    ParamSpec("theta_hat0", float, 0.5, "Cali-TS initial sample mean theta_hat_0 (Eq. 8)",
+              min=0.0, max=1.0),
+    ParamSpec("theta_hat_rule", str, "accepted", "Cali-TS theta_hat numerator: accepted "
+              "drafts (note 004 fix) or |Q_v| (Eq. 8 as printed)", choices=THETA_HAT_RULES),
+    ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
+              "is used", min=0.0, max=1.0),
 )
 
 
@@ -232,7 +246,9 @@ def build_controller(params: dict) -> Controller:
     if kind == "beta_ts":
         return make_controller("beta_ts", alpha0=params["alpha0"], beta0=params["beta0"],
                                update=params["update"], cap=params["cap"])
-    return make_controller("cali_ts", cap=params["cap"])
+    return make_controller("cali_ts", cap=params["cap"], sigma_M=params["sigma_m"],
+                           sigma_S=params["sigma_s"], theta_hat0=params["theta_hat0"],
+                           theta_hat_rule=params["theta_hat_rule"], theta_M=params["theta_m"])
 
 
 OPTIMAL_PARAM = ParamSpec(

@@ -189,6 +189,15 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
                               early_exit_layers=2).target
     drafter = load_trained(target, out / "extra_layer.safetensors")
     assert drafter is not None and drafter.trained
+    pred = recipe["predictor"]  # the Cali-TS predictor was trained for this drafter
+    assert pred["rows"]["train"] > 0 and pred["rows"]["heldout"] > 0
+    assert 0 <= pred["heldout"]["brier"] <= 1 and pred["command"].endswith("--predictor-only")
+    assert drafter.predictor() is not None
+    pair = engine.load_pair(target=target, device="cpu", early_exit_layers=2)
+    pair.drafter = drafter
+    trace = engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", predictor="trained",
+                            max_new_tokens=8, compare_generate=False)
+    assert trace.rounds[0].extras["predictor"] == "trained"
 
 
 @pytest.mark.parametrize("objective", ["wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r"])
@@ -226,3 +235,71 @@ def test_states_kept_from_generation_equal_a_teacher_forced_pass(mode):
         n = len(e.ids) - 1  # the last token is never fed to generate()
         torch.testing.assert_close(e.h_exit[:n], fresh.h_exit[:n], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(e.h_target[:-1], fresh.h_target[:-1], atol=1e-5, rtol=1e-4)
+
+
+class _RecordingPredictor:
+    """Stands in for a trained Cali-TS predictor: records its features, answers 0.9."""
+
+    def __init__(self):
+        self.calls = []
+
+    def predict(self, features):
+        self.calls.append(features)
+        return 0.9
+
+
+def _greedy_chain(drafter, ids, n):
+    """The drafter's greedy continuation of ids (full recompute, no cache)."""
+    out = list(ids)
+    for _ in range(n):
+        logits = drafter.model(torch.tensor([out])).logits[0, -1]
+        out.append(int(logits.argmax()))
+    return out[len(ids):]
+
+
+def test_cali_ts_predictor_sees_the_target_state_behind_the_root_and_the_draft_state():
+    pair = _trained_pair()
+    rec = _RecordingPredictor()
+    pair.drafter._predictor = rec
+    prompt = [3, 4, 5]
+    trace = engine.generate(pair, prompt, "eesd", controller="cali_ts", predictor="trained",
+                            max_new_tokens=20, compare_generate=False)
+    assert list(trace.token_ids) == _ref(pair, prompt, 20)
+    assert trace.rounds[0].extras["predictor"] == "trained"
+    calls = iter(rec.calls)
+    ids = list(prompt)
+    checked = 0
+    with torch.no_grad():
+        h_target = pair.target.model(torch.tensor([prompt + list(trace.token_ids)]))
+        h_target = h_target.last_hidden_state[0]  # (T, d) teacher-forced final states
+        for r in trace.rounds:
+            for step in r.controller["steps"]:
+                if "theta_M" not in step:
+                    continue  # the cap: no prediction
+                f = next(calls)
+                assert step["theta_M"] == 0.9 and f.step == step["step"]
+                if r.index == 0:
+                    assert f.target is None
+                else:
+                    torch.testing.assert_close(f.target, h_target[len(ids) - 2],
+                                               atol=1e-4, rtol=1e-4)
+                drafted = _greedy_chain(pair.drafter, ids, f.step - 1)
+                h_d = pair.drafter.model.model(torch.tensor([ids + drafted])).last_hidden_state
+                torch.testing.assert_close(f.draft, h_d[0, -1], atol=1e-4, rtol=1e-4)
+                checked += 1
+            ids += [c.token_id for c in r.committed]
+    assert checked == len(rec.calls) and checked >= 5
+    assert any(c.step > 1 for c in rec.calls) and any(c.target is not None for c in rec.calls)
+
+
+def test_cali_ts_without_a_trained_predictor_uses_theta_m_or_refuses():
+    pair = _trained_pair()
+    trace = engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", theta_m=0.3,
+                            max_new_tokens=12, compare_generate=False)
+    thetas = {s["theta_M"] for r in trace.rounds for s in r.controller["steps"]
+              if "theta_M" in s}
+    assert thetas == {0.3}
+    assert trace.rounds[0].extras["predictor"] == "constant"
+    with pytest.raises(ConfigError, match="no trained Cali-TS predictor"):
+        engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", predictor="trained",
+                        max_new_tokens=4, compare_generate=False)

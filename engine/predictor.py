@@ -1,0 +1,132 @@
+"""Cali-TS model prediction theta_M (EESD Eq. 5, note 004 §2.4 a).
+
+    theta_M = sigmoid( w_p . [ W^{min(i, 10)} h_T ; h_D ] + b )
+
+- h_T (d,): the target's final (normed) hidden state at the newest position it computed, the
+  one whose output is the round's first committed token (the root). Round 0 has none yet (the
+  prompt is scored together with the first draft): h_T = 0 there, and training shows the
+  predictor such zeroed rounds too.
+- h_D (d,): the drafter's final (normed) hidden state whose output is draft token i (i = 1 is
+  the root's), so theta_M estimates P(draft token i is accepted | tokens 1..i-1 were), the
+  chance chi = 1 stands for. The note's 0-based W^{min(i+1, 10)} is this 1-based W^{min(i, 10)}.
+- W^1..W^10 (d x d, initialised to the identity), w_p (2d) and b are the trained parameters;
+  the paper's 2-logit W_p trained with cross-entropy is the same model as one logit with BCE
+  (sigmoid(z_1 - z_0)). Features are standardised with training-set statistics first.
+
+The predictor belongs to one drafter: its file records the drafter weights' digest and the
+target's fingerprint, and :func:`load_predictor` refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.errors import ConfigError
+
+MAX_STEP = 10  # W^1..W^10 (EESD: i = min(i, 10))
+PREDICTOR_FILE = "predictor.safetensors"
+
+
+@dataclass(frozen=True)
+class CaliFeatures:
+    """What the predictor sees at draft step i (see module docstring)."""
+
+    step: int  # i >= 1, the draft token just drafted
+    target: torch.Tensor | None  # (d,) h_T, None in round 0 (treated as zeros)
+    draft: torch.Tensor  # (d,) h_D
+
+
+class CaliPredictor(nn.Module):
+    """theta_M = sigmoid(w_p [W^i h_T ; h_D] + b) over standardised features."""
+
+    def __init__(self, d: int, steps: int = MAX_STEP):
+        super().__init__()
+        self.steps = steps
+        self.W = nn.Parameter(torch.eye(d).repeat(steps, 1, 1))  # (S, d, d) W^1..W^S
+        self.w_p = nn.Linear(2 * d, 1)
+        self.register_buffer("mean", torch.zeros(2, d))  # (2, d) target, draft feature means
+        self.register_buffer("std", torch.ones(2, d))  # (2, d)
+
+    def forward(self, step: torch.Tensor, h_t: torch.Tensor, h_d: torch.Tensor) -> torch.Tensor:
+        """Logits of chi = 1.
+
+        Args:
+            step: (B,) 1-based draft steps; h_t: (B, d) target states (zero rows: none);
+            h_d: (B, d) draft states.
+        Returns:
+            (B,) logits.
+        """
+        none = (h_t == 0).all(-1, keepdim=True)  # (B, 1) round 0: no target state yet
+        x_t = torch.where(none, 0.0, (h_t - self.mean[0]) / self.std[0])  # (B, d)
+        x_d = (h_d - self.mean[1]) / self.std[1]  # (B, d)
+        idx = step.clamp(1, self.steps) - 1  # (B,)
+        z = torch.zeros_like(x_t)  # (B, d) W^i h_T, one matmul per step index
+        for s in idx.unique().tolist():
+            rows = idx == s
+            z[rows] = x_t[rows] @ self.W[s].T
+        return self.w_p(torch.cat([z, x_d], dim=-1)).squeeze(-1)  # (B,)
+
+    @torch.no_grad()
+    def predict(self, features: CaliFeatures) -> float:
+        """theta_M for one draft step (the Cali-TS controller's predictor callable)."""
+        h_d = features.draft.float().reshape(1, -1)  # (1, d)
+        h_t = torch.zeros_like(h_d) if features.target is None \
+            else features.target.float().reshape(1, -1).to(h_d.device)  # (1, d)
+        step = torch.tensor([features.step], device=h_d.device)
+        return float(torch.sigmoid(self(step, h_t, h_d))[0])
+
+
+def file_digest(path: Path) -> str:
+    """sha1 of a file (which drafter weights a predictor was trained for)."""
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+
+
+def save_predictor(path: Path, model: CaliPredictor, meta: dict) -> Path:
+    """Write the predictor (fp16 W, fp32 rest) with its metadata (JSON in the header)."""
+    from safetensors.torch import save_file
+
+    state = {k: (v.to(torch.float16) if k == "W" else v.float()).contiguous()
+             for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(state, str(tmp), metadata={"meta": json.dumps(meta, sort_keys=True)})
+    tmp.replace(path)
+    return path
+
+
+def read_meta(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("meta", "{}"))
+
+
+def load_predictor(path: Path, fingerprint: dict, drafter_digest: str,
+                   device: torch.device | str = "cpu") -> CaliPredictor:
+    """The predictor in `path`, checked against the target and drafter it was trained for.
+
+    Raises ConfigError (one line) when the file is missing or made for something else.
+    """
+    from safetensors.torch import load_file
+
+    from engine.drafters import same_target
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no trained Cali-TS predictor at {path}")
+    meta = read_meta(path)
+    if not same_target(meta.get("target", {}), fingerprint):
+        raise ConfigError(f"the Cali-TS predictor in {path} was trained for another target")
+    if meta.get("drafter_sha1") != drafter_digest:
+        raise ConfigError(f"the Cali-TS predictor in {path} was trained for another drafter")
+    state = load_file(str(path))
+    steps, d, _ = state["W"].shape
+    model = CaliPredictor(d, steps)
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.to(device).eval()
