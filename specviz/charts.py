@@ -159,6 +159,14 @@ def _theta_marks(fig: go.Figure, r: RoundTrace) -> None:
                         color="#2e9e4f" if cont else "#d64545"),
             hovertext=[f"step {s.get('step')}: theta={s['theta']:.3f}, "
                        f"u={s.get('uniform') or 0:.3f}" for s in pts], hoverinfo="text")
+    preds = [s for s in steps if s.get("theta_M") is not None]
+    if preds:  # Cali-TS: the predictor's theta_M (the prior mean) at each step
+        fig.add_scatter(
+            x=[s["theta_M"] for s in preds], y=[0] * len(preds), mode="markers",
+            name="predictor theta_M", marker=dict(symbol="diamond-open", size=11,
+                                                   color="#7a4fc9"),
+            hovertext=[f"step {s.get('step')}: theta_M={s['theta_M']:.3f}, "
+                       f"mu={s.get('mu', 0):.3f}" for s in preds], hoverinfo="text")
 
 
 def timeline_figure(runs: list[tuple[str, RunTrace]]) -> go.Figure:

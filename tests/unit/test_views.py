@@ -217,12 +217,16 @@ def test_posterior_figure_draws_beta_density_and_sampled_thetas(trace):
 
 def test_posterior_figure_draws_gaussian_for_cali_ts():
     ctl = {"kind": "cali_ts", "before": {"sigma": 0.2},
-           "steps": [{"step": 1, "mu": 0.5, "sigma": 0.2, "theta": 0.4, "continue": False}]}
+           "steps": [{"step": 1, "mu": 0.5, "sigma": 0.2, "theta": 0.4, "continue": True,
+                      "theta_M": 0.62},
+                     {"step": 2, "mu": 0.3, "sigma": 0.2, "theta": 0.1, "continue": False,
+                      "theta_M": 0.35}]}
     t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=ctl),), (), "",
                  (), {})
     fig = charts.posterior_figure(t, 0)
     curve = next(tr for tr in fig.data if tr.name.startswith("round 0: N(0.5"))
     assert max(curve.y) == pytest.approx(1.9947, abs=1e-3)
+    assert list(_by_name(fig, "predictor theta_M").x) == [0.62, 0.35]
 
 
 def test_posterior_figure_explains_when_no_controller_ran(trace):
