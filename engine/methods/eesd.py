@@ -31,6 +31,7 @@ from engine.errors import ConfigError
 from engine.methods.base import MethodSpec, Verdict, register
 from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
 from engine.predictor import CaliFeatures
+from engine.shared import SharedDrafter, SharedSide, SharedTrunk
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
 PREDICTOR_CHOICES = ("auto", "trained", "constant")
@@ -61,18 +62,24 @@ class EESD(TreeSpeculation):
         self.exit_drafter = params["exit_drafter"]
         self.predictor_kind = params["predictor"]
         self.compare = params["compare_generate"]
+        self.share_kv = params["share_kv"]
         self.greedy = True
         self.max_new = 0
         self.h_target: torch.Tensor | None = None  # (d,) target state behind the root
 
     def start(self, ctx) -> None:
         super().start(ctx)
-        ctx.drafter = drafter_for(ctx.pair, self.exit_drafter)
+        drafter = drafter_for(ctx.pair, self.exit_drafter)
+        ctx.drafter = drafter
+        if self.share_kv:  # one cache for the first N layers (engine.shared)
+            trunk = SharedTrunk(ctx.pair.target, drafter)
+            ctx.target = SharedSide(trunk, "target")
+            ctx.drafter = SharedDrafter(drafter, trunk)
         self.greedy = ctx.warp.greedy
         self.max_new = ctx.cfg.max_new_tokens
         self._name = ctx.drafter.name
         self.h_target = None
-        self._use_predictor(ctx.drafter)
+        self._use_predictor(drafter)
 
     def _use_predictor(self, drafter: EarlyExitDrafter) -> None:
         """Give a Cali-TS controller the drafter's trained predictor (see module docstring)."""
@@ -140,6 +147,8 @@ PARAMS = (
     ParamSpec("predictor", str, "auto", "Cali-TS theta_M: auto (the drafter's trained "
               "predictor when it ships, else theta_m), trained, constant (theta_m)",
               choices=PREDICTOR_CHOICES),
+    ParamSpec("share_kv", bool, True, "share the first N layers' KV cache between drafter and "
+              "target: the verify pass starts drafted tokens at layer N+1 (EESD §1.2)"),
     ParamSpec("compare_generate", bool, True, "at temperature 0, time generate(do_sample="
               "False) on the same prompt afterwards (stats: speedup_vs_greedy_generate)"),
 )
