@@ -44,6 +44,7 @@ class TreeConfig:
     k_config: tuple[int, ...]  # children per node at each depth (chain: (1,) * gamma)
     rule: str  # key of engine.verify.token.RULES
     chain_control: bool = False  # a controller decides the chain length token by token
+    depth_control: bool = False  # a controller may stop a tree before its last level
     record_optimal: bool = False  # Hu et al. alpha* and exact acceptance per position
 
     @property
@@ -118,7 +119,9 @@ class TreeSpeculation(SingleStart):
 
     def _go_deeper(self, depth: int, levels, budget: int, ctx) -> bool:
         if levels is not None:
-            return depth < len(levels)
+            if depth >= len(levels) or not self.cfg.depth_control:
+                return depth < len(levels)
+            return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
         if depth >= budget:
             return False
         return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
@@ -236,6 +239,11 @@ CONTROL_PARAMS = (
 )
 
 
+TREE_CONTROL_PARAMS = tuple(  # the k-config's depth is the cap of a tree's controller
+    replace(p, help="tree depth controller: fixed = every level of the k-config")
+    if p.name == "controller" else p for p in CONTROL_PARAMS)
+
+
 def build_controller(params: dict) -> Controller:
     kind = params["controller"]
     if kind == "fixed":
@@ -266,9 +274,17 @@ def build_chain(params: dict, rule: str = "sd") -> TreeSpeculation:
 
 
 def build_tree(params: dict, rule: str) -> TreeSpeculation:
-    cfg = TreeConfig(parse_k_config(params["k_config"]), rule,
+    """A k-config tree; a controller other than 'fixed' may stop it before its last level
+    (drafted = the tree's depth, accepted = the accepted path's length)."""
+    k_config = parse_k_config(params["k_config"])
+    kind = params.get("controller", "fixed")
+    cfg = TreeConfig(k_config, rule, depth_control=kind != "fixed",
                      record_optimal=params.get("optimal", False))
-    return TreeSpeculation(cfg)
+    if kind == "fixed":
+        return TreeSpeculation(cfg)
+    ctl = build_controller({**params, "gamma": len(k_config),
+                            "cap": min(params["cap"], len(k_config))})
+    return TreeSpeculation(cfg, ctl)
 
 
 register(MethodSpec(
@@ -295,7 +311,7 @@ register(MethodSpec(
         ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
         OPTIMAL_PARAM,
-    ),
+    ) + TREE_CONTROL_PARAMS,
     build=lambda p: build_tree(p, p["verifier"]),
     reference="greedy",
 ))

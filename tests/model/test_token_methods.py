@@ -18,6 +18,8 @@ METHODS = [
     ("mcsd", {"k_config": "2x2x1", "verifier": "naive"}),
     ("mcsd", {"k_config": "3x1", "verifier": "kseq"}),
     ("greedy_drafts", {"k_config": "3x2x2"}),
+    ("mcsd", {"k_config": "2x2x2x2", "controller": "beta_ts"}),
+    ("mcsd", {"k_config": "2x2x2", "controller": "heuristic"}),
 ]
 
 
@@ -91,3 +93,19 @@ def test_optimal_acceptance_is_recorded_per_verified_position(method, params, sc
     eff = trace.stats["verifier_efficiency"]
     assert eff == pytest.approx(sum(r["achieved"] for r in recs)
                                 / sum(r["alpha_star"] for r in recs))
+
+
+@pytest.mark.parametrize("controller", ["beta_ts", "heuristic", "cali_ts"])
+def test_a_controller_cuts_mcsd_trees_by_depth_and_records_its_posterior(controller):
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    trace = engine.generate(pair, [3, 4, 5, 6], "mcsd", k_config="2x2x2x2",
+                            controller=controller, max_new_tokens=40, seed=1)
+    assert list(trace.token_ids) == _ref(pair, [3, 4, 5, 6], 40)
+    depths = [r.drafted for r in trace.rounds if r.drafted]
+    assert all(1 <= d <= 4 for d in depths) and min(depths) < 4  # stopped before level 4
+    states = [r.controller for r in trace.rounds if r.drafted]
+    assert all(s["kind"] == controller and s["update"]["drafted"] == r.drafted
+               for s, r in zip(states, [r for r in trace.rounds if r.drafted]))
+    fixed = engine.generate(pair, [3, 4, 5, 6], "mcsd", k_config="2x2x2x2",
+                            max_new_tokens=12)
+    assert all(r.drafted == 4 for r in fixed.rounds if r.drafted and r.index < 2)
