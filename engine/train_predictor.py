@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.predictor import MAX_STEP, CaliPredictor
+from engine.predictor import MAX_STEP, CaliPredictor, draft_confidence
+
+FEATURES = ("paper", "confidence")  # hidden states only (EESD Eq. 5), or + draft confidence
 
 
 @dataclass
@@ -29,6 +31,7 @@ class PredictorData:
     h_t: torch.Tensor  # (R, d) target state behind the root (zeros: none)
     h_d: torch.Tensor  # (R, d) draft state that made token i
     chi: torch.Tensor  # (R,) 1.0 = accepted
+    conf: torch.Tensor  # (R, 2) draft confidence in token i (draft_confidence)
 
     def __len__(self) -> int:
         return int(self.chi.shape[0])
@@ -60,36 +63,39 @@ def round_rows(match: list[bool], first_root: int, max_step: int = MAX_STEP
 
 @torch.no_grad()
 def sequence_states(target: nn.Module, drafter: nn.Module, ids: list[int], start: int):
-    """Final normed states of target and drafter at positions start-1 .. T-2, and the match
-    of their greedy tokens there.
+    """Final normed states of target and drafter at positions start-1 .. T-2, the match of
+    their greedy tokens there and the drafter's confidence.
 
     Returns:
-        ((n, d) h_T, (n, d) h_D, (n,) bool match), n = T - start.
+        ((n, d) h_T, (n, d) h_D, (n,) bool match, (n, 2) confidence), n = T - start.
     """
     dev = next(target.parameters()).device
     x = torch.tensor([ids], device=dev)  # (1, T)
     h_t = target.model(input_ids=x, use_cache=False).last_hidden_state[0, start - 1:-1]
     h_d = drafter.model(input_ids=x, use_cache=False).last_hidden_state[0, start - 1:-1]
     g_t = target.get_output_embeddings()(h_t).argmax(-1)  # (n,)
-    g_d = drafter.get_output_embeddings()(h_d).argmax(-1)  # (n,)
-    return h_t.float().cpu(), h_d.float().cpu(), (g_t == g_d).cpu()
+    q_logits = drafter.get_output_embeddings()(h_d)  # (n, V)
+    g_d = q_logits.argmax(-1)  # (n,)
+    return (h_t.float().cpu(), h_d.float().cpu(), (g_t == g_d).cpu(),
+            draft_confidence(q_logits).cpu())
 
 
 def build_rows(target: nn.Module, drafter: nn.Module, examples, progress=None) -> PredictorData:
     """PredictorData over every example (each a sequence with its generation start)."""
-    steps, hts, hds, chis = [], [], [], []
+    steps, hts, hds, chis, confs = [], [], [], [], []
     for e in examples:
-        h_t, h_d, match = sequence_states(target, drafter, e.ids, e.start)
+        h_t, h_d, match, conf = sequence_states(target, drafter, e.ids, e.start)
         for r, i, j in round_rows(match.tolist(), e.start - 1):
             steps.append(i)
             k = r - (e.start - 1)  # root index in the state arrays
             hts.append(h_t[k - 1] if k >= 1 else torch.zeros_like(h_t[0]))
             hds.append(h_d[j - (e.start - 1)])
             chis.append(float(match[j - (e.start - 1)]))
+            confs.append(conf[j - (e.start - 1)])
         if progress is not None:
             progress.update(1)
     return PredictorData(torch.tensor(steps), torch.stack(hts), torch.stack(hds),
-                         torch.tensor(chis))
+                         torch.tensor(chis), torch.stack(confs))
 
 
 def fit_standardisation(model: CaliPredictor, data: PredictorData) -> None:
@@ -99,13 +105,16 @@ def fit_standardisation(model: CaliPredictor, data: PredictorData) -> None:
         for k, h in enumerate((data.h_t[has], data.h_d)):
             model.mean[k] = h.mean(0)
             model.std[k] = h.std(0).clamp_min(1e-4)
+        if model.n_conf:
+            model.conf_mean.copy_(data.conf.mean(0))
+            model.conf_std.copy_(data.conf.std(0).clamp_min(1e-4))
 
 
 def predictor_metrics(model: CaliPredictor, data: PredictorData, base_rate: float) -> dict:
     """BCE, Brier and RMSE of theta_M against chi; the constant base-rate predictor's Brier;
     AUC; acceptance and prediction per step."""
     with torch.no_grad():
-        theta = torch.sigmoid(model(data.step, data.h_t, data.h_d))  # (R,)
+        theta = torch.sigmoid(model(data.step, data.h_t, data.h_d, data.conf))  # (R,)
     chi = data.chi
     brier = float(((theta - chi) ** 2).mean())
     per_step = {}
@@ -156,7 +165,8 @@ def train_predictor(model: CaliPredictor, train: PredictorData, heldout: Predict
         total = 0.0
         for b in range(0, len(train), batch):
             rows = order[b: b + batch]
-            logits = model(train.step[rows], train.h_t[rows], train.h_d[rows])  # (B,)
+            logits = model(train.step[rows], train.h_t[rows], train.h_d[rows],
+                           train.conf[rows])  # (B,)
             loss = F.binary_cross_entropy_with_logits(logits, train.chi[rows])
             opt.zero_grad()
             loss.backward()
@@ -183,6 +193,9 @@ def add_arguments(p) -> None:
     p.add_argument("--predictor-lr", type=float, default=1e-3)
     p.add_argument("--predictor-weight-decay", type=float, default=0.1)
     p.add_argument("--predictor-batch", type=int, default=512)
+    p.add_argument("--predictor-features", default="confidence", choices=FEATURES,
+                   help="paper: hidden states only (EESD Eq. 5); confidence: + the draft's "
+                        "confidence in its token")
 
 
 def run(args, pair, data, out, bar) -> dict:
@@ -203,7 +216,8 @@ def run(args, pair, data, out, bar) -> dict:
     held = build_rows(pair.target, drafter.model, data.heldout, progress)
     progress.close()
     torch.manual_seed(args.seed)
-    model = CaliPredictor(pair.target.config.hidden_size)
+    n_conf = 2 if args.predictor_features == "confidence" else 0
+    model = CaliPredictor(pair.target.config.hidden_size, n_conf=n_conf)
     fit_standardisation(model, train)
     base = float(train.chi.mean())
     before = predictor_metrics(model, held, base)
@@ -214,6 +228,7 @@ def run(args, pair, data, out, bar) -> dict:
         "target": target_fingerprint(pair.target), "drafter_sha1": file_digest(weights)})
     return {
         "file": PREDICTOR_FILE, "bytes": path.stat().st_size,
+        "features": args.predictor_features,
         "rows": {"train": len(train), "heldout": len(held)},
         "train_acceptance": base, "heldout_at_init": before, "heldout": after,
         "suggested_sigma_M": after["rmse"], **fit,

@@ -30,7 +30,7 @@ from engine.drafters import EarlyExitDrafter, early_exit_drafter
 from engine.errors import ConfigError
 from engine.methods.base import MethodSpec, Verdict, register
 from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
-from engine.predictor import CaliFeatures
+from engine.predictor import CaliFeatures, draft_confidence
 from engine.shared import SharedDrafter, SharedSide, SharedTrunk
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
@@ -99,7 +99,8 @@ class EESD(TreeSpeculation):
             return None
         d = ctx.draft
         h_d = d.root_hidden[0] if depth == 1 else d.node_hidden[0, -1]  # (d,) made token i
-        return CaliFeatures(step=depth, target=self.h_target, draft=h_d)
+        conf = draft_confidence(self._newest_logits)  # (2,) q's confidence in token i
+        return CaliFeatures(step=depth, target=self.h_target, draft=h_d, confidence=conf)
 
     def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
         verdict = super().verify(ctx, forest, p_root, p_nodes)

@@ -98,6 +98,7 @@ class TreeSpeculation(SingleStart):
             k = self._branching(depth, levels)
             new = []
             for node, logits in frontier:
+                self._newest_logits = logits  # (V,) made the newest draft token(s)
                 q, cands = draft_dist(logits, k, self.cfg.scheme, ctx)
                 q_at[node] = q
                 for c in cands:

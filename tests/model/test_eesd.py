@@ -19,6 +19,7 @@ from engine.drafters import (
 )
 from engine.errors import ConfigError
 from engine.methods.eesd import drafter_for
+from engine.predictor import draft_confidence
 from tests.conftest import tiny_pair
 
 CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts"]
@@ -286,6 +287,9 @@ def test_cali_ts_predictor_sees_the_target_state_behind_the_root_and_the_draft_s
                 drafted = _greedy_chain(pair.drafter, ids, f.step - 1)
                 h_d = pair.drafter.model.model(torch.tensor([ids + drafted])).last_hidden_state
                 torch.testing.assert_close(f.draft, h_d[0, -1], atol=1e-4, rtol=1e-4)
+                q_logits = pair.drafter.model(torch.tensor([ids + drafted])).logits[0, -1]
+                torch.testing.assert_close(f.confidence, draft_confidence(q_logits),
+                                           atol=1e-4, rtol=1e-4)
                 checked += 1
             ids += [c.token_id for c in r.committed]
     assert checked == len(rec.calls) and checked >= 5

@@ -13,6 +13,7 @@ from engine.predictor import (
     MAX_STEP,
     CaliFeatures,
     CaliPredictor,
+    draft_confidence,
     file_digest,
     load_predictor,
     save_predictor,
@@ -67,6 +68,27 @@ def test_predict_is_the_sigmoid_of_the_logit_and_takes_none_for_round_zero():
     assert m.predict(f0) == pytest.approx(0.5)
 
 
+def test_draft_confidence_is_log_top_probability_and_margin():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]]))
+    got = draft_confidence(logits)
+    torch.testing.assert_close(got, torch.tensor([[math.log(0.6), 0.3], [math.log(0.5), 0.25]]))
+
+
+def test_the_confidence_term_enters_the_logit_after_standardisation():
+    m = CaliPredictor(2, n_conf=2)
+    with torch.no_grad():
+        m.w_p.weight.zero_()
+        m.w_p.weight[0, 4:] = torch.tensor([1.0, -2.0])
+        m.w_p.bias.zero_()
+        m.conf_mean.copy_(torch.tensor([1.0, 0.0]))
+        m.conf_std.copy_(torch.tensor([2.0, 0.5]))
+    conf = torch.tensor([[3.0, 1.0]])
+    got = m(torch.tensor([1]), torch.ones(1, 2), torch.ones(1, 2), conf)
+    torch.testing.assert_close(got, torch.tensor([(3.0 - 1.0) / 2.0 - 2.0 * 1.0 / 0.5]))
+    with pytest.raises(ConfigError, match="confidence"):
+        m(torch.tensor([1]), torch.ones(1, 2), torch.ones(1, 2))
+
+
 def test_round_rows_keep_a_step_only_after_matched_steps():
     # positions 10..14 match: T F T T F; max 3 steps
     rows = round_rows([True, False, True, True, False], first_root=10, max_step=3)
@@ -94,7 +116,7 @@ def _synthetic(n, d, seed):
     h_t = torch.randn(n, d, generator=g) * 3 + 1
     h_d = torch.randn(n, d, generator=g) * 2 - 1
     chi = ((h_d[:, 0] + 1) / 2 + torch.where(step == 1, (h_t[:, 1] - 1) / 3, 0.0) > 0).float()
-    return PredictorData(step, h_t, h_d, chi)
+    return PredictorData(step, h_t, h_d, chi, torch.randn(n, 2, generator=g))
 
 
 def test_training_learns_a_learnable_signal_and_beats_the_base_rate():
@@ -111,7 +133,7 @@ def test_training_learns_a_learnable_signal_and_beats_the_base_rate():
 
 
 def test_save_load_round_trip_and_refusals(tmp_path):
-    m = _hand_model(3)
+    m = CaliPredictor(3, n_conf=2)
     fp = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 3, "vocab_size": 9,
           "embed_abs_sum_256": 12.5}
     weights = tmp_path / "w.bin"
@@ -119,7 +141,9 @@ def test_save_load_round_trip_and_refusals(tmp_path):
     path = save_predictor(tmp_path / "p.safetensors", m,
                           {"target": fp, "drafter_sha1": file_digest(weights)})
     back = load_predictor(path, fp, file_digest(weights))
-    f = CaliFeatures(step=4, target=torch.tensor([1.0, 2.0, 0.5]), draft=torch.ones(3))
+    f = CaliFeatures(step=4, target=torch.tensor([1.0, 2.0, 0.5]), draft=torch.ones(3),
+                     confidence=torch.tensor([-0.5, 0.2]))
+    assert back.n_conf == 2
     assert back.predict(f) == pytest.approx(m.predict(f), abs=1e-3)  # W stored in fp16
     with pytest.raises(ConfigError, match="another drafter"):
         load_predictor(path, fp, "0" * 40)
