@@ -687,7 +687,8 @@ def run(args) -> int:
     recipe = {} if args.predictor_only else train_drafter(args, pair, data, eos, bar, work, t0)
     if not args.no_predictor:
         recipe["predictor"] = {"command": command_of(args) + " --predictor-only",
-                               **train_predictor.run(args, pair, data, out, bar)}
+                               **train_predictor.run(args, pair, data, out, bar, eos, pad,
+                                                     work)}
         print(json.dumps({k: recipe["predictor"][k] for k in ("heldout", "best_epoch")},
                          indent=1))
     old = out / "recipe.json"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from torch import nn
 
 from engine.predictor import MAX_STEP, CaliPredictor, draft_confidence
 
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 FEATURES = ("paper", "confidence")  # hidden states only (EESD Eq. 5), or + draft confidence
 
 
@@ -193,13 +195,57 @@ def add_arguments(p) -> None:
     p.add_argument("--predictor-lr", type=float, default=1e-3)
     p.add_argument("--predictor-weight-decay", type=float, default=0.1)
     p.add_argument("--predictor-batch", type=int, default=512)
+    p.add_argument("--predictor-prompts", default=str(ASSETS / "predictor_prompts.txt"),
+                   help="prompts for the predictor's training rows, unseen by the drafter "
+                        "('' = the drafter's training sequences)")
     p.add_argument("--predictor-features", default="confidence", choices=FEATURES,
                    help="paper: hidden states only (EESD Eq. 5); confidence: + the draft's "
                         "confidence in its token")
 
 
-def run(args, pair, data, out, bar) -> dict:
-    """Train, evaluate and save the predictor for the drafter in `out`; returns its recipe."""
+def predictor_examples(args, pair, eos: set[int], pad: int, work, bar) -> list:
+    """Target continuations (greedy + hybrid samples) of --predictor-prompts, cached in `work`.
+
+    The drafter must not have seen them: on its own training sequences its acceptance is far
+    higher than on new text (0.65 vs 0.35 for the shipped drafter), and a predictor fitted
+    there learns the wrong base rate.
+    """
+    import hashlib
+    import json
+
+    from engine.drafters import target_fingerprint
+    from engine.train import Example, _prompt_ids, generate_examples
+
+    prompts = _prompt_ids(pair, Path(args.predictor_prompts), 0)
+    key = {"prompts": prompts, "fingerprint": target_fingerprint(pair.target),
+           **{k: getattr(args, k) for k in ("max_new_tokens", "greedy_prefix",
+                                            "sample_temperature", "seed")}}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    cache = Path(work) / f"predictor-tokens-{digest}.json"
+    if cache.is_file():
+        return [Example(e["ids"], e["start"], e["kind"]) for e in json.loads(cache.read_text())]
+    kw = dict(eos=eos, pad=pad, batch=args.gen_batch)
+    progress = bar(2 * len(prompts), "predictor data")
+    out = generate_examples(pair.target, prompts, "greedy", args.max_new_tokens,
+                            progress=progress, **kw)
+    with torch.random.fork_rng():
+        torch.manual_seed(args.seed * 1000 + 999)
+        out += generate_examples(pair.target, prompts, "sample", args.max_new_tokens,
+                                 progress=progress, greedy_prefix=args.greedy_prefix,
+                                 temperature=args.sample_temperature, **kw)
+    progress.close()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps([{"ids": e.ids, "start": e.start, "kind": e.kind}
+                                 for e in out]))
+    return out
+
+
+def run(args, pair, data, out, bar, eos: set[int], pad: int, work) -> dict:
+    """Train, evaluate and save the predictor for the drafter in `out`; returns its recipe.
+
+    Training rows come from --predictor-prompts (prompts the drafter never saw; default: the
+    drafter's training sequences when empty), held-out rows from the drafter's held-out set.
+    """
     import time
 
     from engine.drafters import WEIGHTS_FILE, load_trained, target_fingerprint
@@ -211,8 +257,10 @@ def run(args, pair, data, out, bar) -> dict:
     drafter = load_trained(pair.target, weights)
     if drafter is None:
         raise ConfigError(f"no drafter for this target in {weights} (train it first)")
-    progress = bar(len(data.train) + len(data.heldout), "predictor rows")
-    train = build_rows(pair.target, drafter.model, data.train, progress)
+    examples = predictor_examples(args, pair, eos, pad, work, bar) \
+        if args.predictor_prompts else data.train
+    progress = bar(len(examples) + len(data.heldout), "predictor rows")
+    train = build_rows(pair.target, drafter.model, examples, progress)
     held = build_rows(pair.target, drafter.model, data.heldout, progress)
     progress.close()
     torch.manual_seed(args.seed)
@@ -230,6 +278,8 @@ def run(args, pair, data, out, bar) -> dict:
         "file": PREDICTOR_FILE, "bytes": path.stat().st_size,
         "features": args.predictor_features,
         "rows": {"train": len(train), "heldout": len(held)},
+        "train_sequences": len(examples),
+        "prompts": str(args.predictor_prompts or "the drafter's training prompts"),
         "train_acceptance": base, "heldout_at_init": before, "heldout": after,
         "suggested_sigma_M": after["rmse"], **fit,
         "seconds": round(time.perf_counter() - t0, 1),

@@ -171,12 +171,15 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\nwrite a poem\nwhat is up\nexplain it\ncount to ten\nabc\n")
+    unseen = tmp_path / "unseen.txt"
+    unseen.write_text("tell me more\nanother one\nsay hi\n")
     out = tmp_path / "drafter"
     code = main(["train-draft", "--target", 'tiny:{"layers": 4, "vocab_size": 64}',
                  "--layers", "2", "--prompts", str(prompts), "--heldout-every", "3",
                  "--max-new-tokens", "12", "--epochs", "4", "--lr", "3e-3",
                  "--batch-tokens", "64", "--out", str(out), "--work-dir",
-                 str(tmp_path / "work"), "--no-progress", "--train-norm"])
+                 str(tmp_path / "work"), "--no-progress", "--train-norm",
+                 "--predictor-prompts", str(unseen), "--predictor-epochs", "3"])
     assert code == 0
     recipe = json.loads((out / "recipe.json").read_text())
     losses = recipe["losses"]
@@ -192,6 +195,7 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
     assert drafter is not None and drafter.trained
     pred = recipe["predictor"]  # the Cali-TS predictor was trained for this drafter
     assert pred["rows"]["train"] > 0 and pred["rows"]["heldout"] > 0
+    assert pred["train_sequences"] == 6 and pred["prompts"] == str(unseen)  # greedy + sample
     assert 0 <= pred["heldout"]["brier"] <= 1 and pred["command"].endswith("--predictor-only")
     assert drafter.predictor() is not None
     pair = engine.load_pair(target=target, device="cpu", early_exit_layers=2)
