@@ -10,10 +10,9 @@ loop feeds it the tail and forest levels and commits it like the target.
   the target's, not copies. ``early_exit_drafter`` picks the shipped trained one
   (assets/drafter/) when it was made for the target.
 
-KV cache: the drafter is a stock model with its own ``DynamicCache``; its first N layers hold
-the same keys/values as the target's (EESD §1.2) but are not shared with the target's cache,
-so the target recomputes those N layers for the drafted tokens in its verify pass
-(N / L of the score step; measured in assets/drafter/recipe.json).
+KV cache: the drafter is a stock model with its own ``DynamicCache``, usable by every method
+(chains, trees, beams). ``eesd`` shares the first N layers' cache with the target instead
+(:mod:`engine.shared`, EESD §1.2): a drafted token goes through layers 1..N once.
 """
 
 from __future__ import annotations

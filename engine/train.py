@@ -12,18 +12,18 @@ Objectives (note 000 §2, note 004 §1.3), mixed as alpha * align + (1 - alpha) 
 - atspeed_s: reverse KL + density regularisation over the draft's top-K (AtSpeed Eq. 4-5);
 - atspeed_r: TVD of p and q renormalised over the draft's top-K (AtSpeed Eq. 8-9).
 
-Each epoch is checkpointed and evaluated on held-out prompts; the best epoch is kept. The
-Cali-TS predictor (note 004 §2.4) is not trained here.
+Data: engine.train_data. Each epoch is checkpointed and evaluated on held-out prompts; the
+best epoch is kept. Then the Cali-TS predictor (note 004 §2.4) is trained for the drafter
+(engine.train_predictor).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,10 +32,17 @@ from torch import nn
 
 from engine import train_predictor
 from engine.errors import ConfigError
+from engine.train_data import (
+    TEACHER_OBJECTIVES,
+    Example,
+    TrainData,
+    build_data,
+    build_shortlist,
+    data_stats,
+    in_batches,
+)
 
 OBJECTIVES = ("ce", "wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r")
-BEAM_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")
-TEACHER_OBJECTIVES = ("wordkd", "tvdkd", "atspeed_s", "atspeed_r")  # need the target's p
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
@@ -109,187 +116,6 @@ def objective_loss(name: str, q_logits: torch.Tensor, labels: torch.Tensor,
              "atspeed_s": lambda: atspeed_s_loss(q_logits, p_logits, k),
              "atspeed_r": lambda: atspeed_r_loss(q_logits, p_logits, k)}[name]()
     return alpha * align + (1.0 - alpha) * ce
-
-
-# ----------------------------------------------------------------------------------- data
-
-
-@dataclass
-class Example:
-    """One target-generated sequence: ids = prompt + continuation, generated from `start`."""
-
-    ids: list[int]
-    start: int
-    kind: str  # greedy | sample | beam
-    h_exit: torch.Tensor | None = None  # (T, d) frozen H^N
-    h_target: torch.Tensor | None = None  # (T - start + 1, d) target's final normed state
-
-
-@dataclass
-class TrainData:
-    train: list[Example] = field(default_factory=list)
-    heldout: list[Example] = field(default_factory=list)
-
-
-def _cut_eos(row: list[int], eos: set[int]) -> list[int]:
-    for i, tok in enumerate(row):
-        if tok in eos:
-            return row[: i + 1]
-    return row
-
-
-def hf_generate(model: nn.Module, prompts: list[list[int]], eos: set[int], pad: int,
-                capture: int | None = None, **kw) -> tuple[list[list[int]], list | None]:
-    """Batched generate() with left padding.
-
-    Returns per prompt (x num_return_sequences) the new tokens, cut after the first EOS, and,
-    if `capture` = N, per row (H^N, final normed state), each (prompt + new, d): the states
-    generate() computed anyway (the last token's row is zero: it is never fed).
-    """
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, width)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    dev = next(model.parameters()).device
-    extra = dict(output_hidden_states=True, return_dict_in_generate=True) if capture else {}
-    with torch.no_grad():
-        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                             pad_token_id=pad, **kw, **extra)
-    seqs = out.sequences if capture else out
-    news = [_cut_eos(row, eos) for row in seqs[:, width:].tolist()]
-    if not capture:
-        return news, None
-    states = []
-    for i, (p, n) in enumerate(zip(prompts, news)):
-        if not n:
-            states.append(None)
-            continue
-        steps = out.hidden_states[: len(n)]  # step 0: the prompt; step s: new token s - 1
-        pair = []
-        for layer in (capture, -1):
-            rows = [steps[0][layer][i, width - len(p):]] + [st[layer][i] for st in steps[1:]]
-            h = torch.cat(rows + [torch.zeros_like(rows[0][:1])])  # (len(p) + len(n), d)
-            pair.append(h.float().cpu())
-        states.append(tuple(pair))
-    return news, states
-
-
-def _example(prompt: list[int], new: list[int], kind: str, state=None) -> Example:
-    e = Example(prompt + new, len(prompt), kind)
-    if state is not None:
-        e.h_exit, e.h_target = state[0], state[1][len(prompt) - 1:]
-    return e
-
-
-def generate_examples(model: nn.Module, prompts: list[list[int]], mode: str, max_new: int,
-                      batch: int, eos: set[int], pad: int, greedy_prefix: int = 4,
-                      temperature: float = 1.0, beams: int = 4, capture: int | None = None,
-                      progress=None) -> list[Example]:
-    """Target continuations of every prompt: 'greedy', 'sample' (hybrid: greedy_prefix tokens
-    greedy, then sampled; LLM-QAT) or 'beam' (the top-`beams` beams). With capture = N the
-    examples keep the hidden states generate() computed (greedy and sample modes)."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[Example] = []
-    for b in range(0, len(order), batch):
-        chunk = [prompts[i] for i in order[b: b + batch]]
-        states = None
-        if mode == "greedy":
-            news, states = hf_generate(model, chunk, eos, pad, capture, do_sample=False,
-                                       max_new_tokens=max_new)
-        elif mode == "sample":
-            news, states = hf_generate(model, chunk, eos, pad, capture, do_sample=False,
-                                       max_new_tokens=greedy_prefix)
-            live = [i for i, r in enumerate(news) if not (set(r) & eos)]
-            if live and max_new > greedy_prefix:
-                rest, rest_states = hf_generate(
-                    model, [chunk[i] + news[i] for i in live], eos, pad, capture,
-                    do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                    max_new_tokens=max_new - greedy_prefix)
-                for j, i in enumerate(live):
-                    news[i] = news[i] + rest[j]
-                    if states is not None:
-                        states[i] = rest_states[j]
-        elif mode == "beam":
-            news, _ = hf_generate(model, chunk, eos, pad, None, do_sample=False,
-                                  num_beams=beams, num_return_sequences=beams,
-                                  max_new_tokens=max_new, early_stopping=True)
-            chunk = [p for p in chunk for _ in range(beams)]
-        else:
-            raise ConfigError(f"unknown generation mode '{mode}'")
-        out += [_example(p, n, mode, states[j] if states else None)
-                for j, (p, n) in enumerate(zip(chunk, news)) if n]
-        if progress is not None:
-            progress.update(len(order[b: b + batch]))
-    return out
-
-
-def _right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
-    width = max(len(s) for s in seqs)
-    return torch.tensor([s + [pad] * (width - len(s)) for s in seqs])  # (B, width)
-
-
-def _in_batches(examples: list[Example], max_tokens: int):
-    """Length-sorted groups of examples with at most max_tokens padded tokens each."""
-    order = sorted(examples, key=lambda e: len(e.ids))
-    group: list[Example] = []
-    for e in order:
-        if group and (len(group) + 1) * len(e.ids) > max_tokens:
-            yield group
-            group = []
-        group.append(e)
-    if group:
-        yield group
-
-
-def exit_model(target: nn.Module, n_layers: int) -> nn.Module:
-    """The target's first N layers with no final norm: last_hidden_state = H^N."""
-    from engine.drafters import build_early_exit_model
-
-    return build_early_exit_model(target, n_layers, None, norm=nn.Identity())
-
-
-def cache_hidden(target: nn.Module, n_layers: int, examples: list[Example], pad: int,
-                 teacher: bool, max_tokens: int = 4096, progress=None) -> None:
-    """Fill missing h_exit (H^N: the frozen layers only) and, if teacher, missing h_target
-    (a full target pass)."""
-    first = exit_model(target, n_layers)
-    dev = next(target.parameters()).device
-    todo = [e for e in examples if e.h_exit is None or (teacher and e.h_target is None)]
-    for group in _in_batches(todo, max_tokens):
-        ids = _right_padded([e.ids for e in group], pad).to(dev)  # causal: pads come last
-        full = teacher and any(e.h_target is None for e in group)
-        with torch.no_grad():
-            h = first.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, d)
-            ht = target.model(input_ids=ids, use_cache=False).last_hidden_state if full \
-                else None
-        for i, e in enumerate(group):
-            e.h_exit = h[i, : len(e.ids)].float().cpu()
-            if ht is not None and e.h_target is None:
-                e.h_target = ht[i, e.start - 1: len(e.ids)].float().cpu()
-    if progress is not None:
-        progress.update(len(examples))
-
-
-def build_shortlist(examples: list[Example], vocab: int, size: int,
-                    always: set[int]) -> torch.Tensor:
-    """(S,) sorted token ids: `always`, then generated tokens by frequency, then lowest ids."""
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for e in examples:
-        counts += torch.bincount(torch.tensor(e.ids[e.start:]), minlength=vocab)
-    chosen = list(dict.fromkeys(sorted(always)))
-    seen = set(chosen)
-    for tok in counts.argsort(descending=True, stable=True).tolist():
-        if len(chosen) >= size or counts[tok] == 0:
-            break
-        if tok not in seen:
-            chosen.append(tok)
-            seen.add(tok)
-    for tok in range(vocab):
-        if len(chosen) >= size:
-            break
-        if tok not in seen:
-            chosen.append(tok)
-            seen.add(tok)
-    return torch.tensor(sorted(chosen[:size]))
 
 
 # --------------------------------------------------------------------------- drafter parts
@@ -424,7 +250,7 @@ def evaluate(head: ExitHead | None, examples: list[Example], target: nn.Module, 
     overlap, exact, n_top = 0.0, 0, 0
     norm = target.model.norm
     with torch.no_grad():
-        for group in _in_batches(examples, 4096):
+        for group in in_batches(examples, 4096):
             batch = make_batch(group)
             if no_extra:  # untrained early exit: H^N -> norm -> head
                 h = norm(batch.h_exit)[batch.rows, batch.cols]
@@ -469,7 +295,7 @@ def train_head(head: ExitHead, examples: list[Example], objective: str, alpha: f
     loss of every epoch. `ckpt(epoch)` is called after each epoch."""
     params = head.parameters()
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    batches = [make_batch(g) for g in _in_batches(examples, max_tokens)]
+    batches = [make_batch(g) for g in in_batches(examples, max_tokens)]
     total = epochs * len(batches)
     warm = max(1, total // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -552,15 +378,6 @@ def command_of(args) -> str:
     return " ".join(parts)
 
 
-def _prompt_ids(pair, path: Path, limit: int) -> list[list[int]]:
-    from engine.api import encode_prompt
-
-    if not path.is_file():
-        raise ConfigError(f"prompt file not found: {path}")
-    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-    return [encode_prompt(pair, ln) for ln in (lines[:limit] if limit else lines)]
-
-
 def _quiet() -> None:
     from transformers.utils import logging as hf_logging
 
@@ -573,85 +390,6 @@ def _progress(args):
 
     return lambda total, desc: tqdm(total=total, desc=desc, disable=args.no_progress,
                                     dynamic_ncols=True)
-
-
-def generate_data(args, pair, held: list[list[int]], train: list[list[int]], eos: set[int],
-                  pad: int, bar) -> TrainData:
-    """Target continuations: greedy for held-out prompts; greedy + hybrid samples (or the
-    top-K beams for the beam objectives) for training prompts."""
-    model, kw = pair.target, dict(eos=eos, pad=pad, batch=args.gen_batch, capture=args.layers)
-    beam = args.objective in BEAM_OBJECTIVES
-    rounds = [train[: round(len(train) * min(1.0, args.samples - s))]
-              for s in range(math.ceil(args.samples))] if not beam else []
-    progress = bar(len(held) + len(train) + sum(len(r) for r in rounds), "generate")
-    data = TrainData()
-    data.heldout = generate_examples(model, held, "greedy", args.max_new_tokens,
-                                     progress=progress, **kw)
-    if beam:
-        data.train = generate_examples(model, train, "beam", args.max_new_tokens,
-                                       beams=args.beams, progress=progress, **kw)
-    else:
-        data.train = generate_examples(model, train, "greedy", args.max_new_tokens,
-                                       progress=progress, **kw)
-        for s, chosen in enumerate(rounds):
-            with torch.random.fork_rng():
-                torch.manual_seed(args.seed * 1000 + s)
-                data.train += generate_examples(
-                    model, chosen, "sample", args.max_new_tokens, progress=progress,
-                    greedy_prefix=args.greedy_prefix, temperature=args.sample_temperature,
-                    **kw)
-    progress.close()
-    return data
-
-
-def _token_cache(args, target, prompts: list[list[int]], work: Path) -> Path:
-    """Where the generated token sequences of these settings are cached."""
-    from engine.drafters import target_fingerprint
-
-    beam = args.objective in BEAM_OBJECTIVES
-    key = {"prompts": prompts, "fingerprint": target_fingerprint(target), "beam": beam,
-           **{k: getattr(args, k) for k in ("heldout_every", "max_new_tokens", "samples",
-                                            "greedy_prefix", "sample_temperature", "seed")},
-           "beams": args.beams if beam else 0}
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return work / f"tokens-{digest}.json"
-
-
-def build_data(args, pair, eos: set[int], pad: int, bar, work: Path) -> TrainData:
-    """Train / held-out examples (token sequences cached in `work`) with hidden states."""
-    prompts = _prompt_ids(pair, Path(args.prompts), args.limit_prompts)
-    every = args.heldout_every
-    held = [p for i, p in enumerate(prompts) if i % every == every - 1]
-    train = [p for i, p in enumerate(prompts) if i % every != every - 1]
-    if not train or not held:
-        raise ConfigError("need at least one training and one held-out prompt")
-    cache = _token_cache(args, pair.target, prompts, work)
-    states = cache.with_suffix(".states.pt")
-    if cache.is_file():
-        raw = json.loads(cache.read_text())
-        data = TrainData(*[[Example(e["ids"], e["start"], e["kind"]) for e in raw[part]]
-                           for part in ("train", "heldout")])
-        if states.is_file():  # the target's final states, kept from generation
-            saved = torch.load(states)
-            for part in ("train", "heldout"):
-                for e, h in zip(getattr(data, part), saved[part]):
-                    e.h_target = h.float() if h is not None else None
-    else:
-        data = generate_data(args, pair, held, train, eos, pad, bar)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({part: [{"ids": e.ids, "start": e.start, "kind": e.kind}
-                                            for e in getattr(data, part)]
-                                     for part in ("train", "heldout")}))
-        torch.save({part: [e.h_target.half() if e.h_target is not None else None
-                           for e in getattr(data, part)] for part in ("train", "heldout")},
-                   states)
-    teacher = args.objective in TEACHER_OBJECTIVES
-    progress = bar(len(data.train) + len(data.heldout), "hidden states")
-    cache_hidden(pair.target, args.layers, data.train, pad, teacher, progress=progress)
-    cache_hidden(pair.target, args.layers, data.heldout, pad,
-                 teacher or args.objective in BEAM_OBJECTIVES, progress=progress)
-    progress.close()
-    return data
 
 
 def run(args) -> int:
@@ -741,7 +479,7 @@ def train_drafter(args, pair, data: TrainData, eos: set[int], bar, work: Path,
                         head.norm if args.train_norm else None, shortlist)
     recipe = {
         "command": command_of(args), "objective": args.objective, "n_layers": args.layers,
-        "target": pair.target_name, "data": _data_stats(data, shortlist),
+        "target": pair.target_name, "data": data_stats(data, shortlist),
         "losses": losses, "best_epoch": best["epoch"], "per_epoch_heldout": per_epoch,
         "eval_heldout": {"trained": after, "extra_layer_at_init": before,
                          "untrained_no_extra_layer": untrained},
@@ -755,15 +493,3 @@ def train_drafter(args, pair, data: TrainData, eos: set[int], bar, work: Path,
     return recipe
 
 
-def _data_stats(data: TrainData, shortlist: torch.Tensor | None) -> dict:
-    gen = [t for e in data.train for t in e.ids[e.start:]]
-    stats = {"train_sequences": len(data.train), "heldout_sequences": len(data.heldout),
-             "train_generated_tokens": len(gen),
-             "heldout_generated_tokens": sum(len(e.ids) - e.start for e in data.heldout),
-             "kinds": sorted({e.kind for e in data.train})}
-    if shortlist is not None:
-        short = set(shortlist.tolist())
-        held = [t for e in data.heldout for t in e.ids[e.start:]]
-        stats["shortlist_size"] = len(short)
-        stats["heldout_shortlist_coverage"] = sum(t in short for t in held) / max(1, len(held))
-    return stats

@@ -214,9 +214,9 @@ def predictor_examples(args, pair, eos: set[int], pad: int, work, bar) -> list:
     import json
 
     from engine.drafters import target_fingerprint
-    from engine.train import Example, _prompt_ids, generate_examples
+    from engine.train_data import Example, generate_examples, prompt_ids_of
 
-    prompts = _prompt_ids(pair, Path(args.predictor_prompts), 0)
+    prompts = prompt_ids_of(pair, Path(args.predictor_prompts), 0)
     key = {"prompts": prompts, "fingerprint": target_fingerprint(pair.target),
            **{k: getattr(args, k) for k in ("max_new_tokens", "greedy_prefix",
                                             "sample_temperature", "seed")}}

@@ -207,7 +207,8 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
 
 @pytest.mark.parametrize("objective", ["wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r"])
 def test_every_objective_trains_on_cached_states(objective):
-    from engine.train import ExitHead, cache_hidden, generate_examples, train_head
+    from engine.train import ExitHead, train_head
+    from engine.train_data import cache_hidden, generate_examples
 
     target = tiny_pair(layers=4, early_exit_layers=2).target
     for p in target.parameters():
@@ -225,7 +226,7 @@ def test_every_objective_trains_on_cached_states(objective):
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
 def test_states_kept_from_generation_equal_a_teacher_forced_pass(mode):
-    from engine.train import cache_hidden, generate_examples
+    from engine.train_data import cache_hidden, generate_examples
 
     target = tiny_pair(layers=4, early_exit_layers=2).target
     prompts = [[3, 4, 5], [7, 8], [9, 10, 11, 12, 13]]

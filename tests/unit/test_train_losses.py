@@ -13,16 +13,15 @@ import torch
 
 from engine.errors import ConfigError
 from engine.train import (
-    Example,
     atspeed_r_loss,
     atspeed_s_loss,
-    build_shortlist,
     ce_loss,
     objective_loss,
     replay_chain,
     tvd_loss,
     wordkd_loss,
 )
+from engine.train_data import Example, build_shortlist
 
 Q = torch.tensor([[0.3, 0.2, 0.5]]).log()
 P = torch.tensor([[0.5, 0.3, 0.2]]).log()

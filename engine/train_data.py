@@ -1,0 +1,303 @@
+"""Training data of the early-exit drafter: target-generated sequences and cached states.
+
+Greedy and hybrid sampled continuations (LLM-QAT: the first tokens greedy, the rest sampled)
+of a prompt set, or the target's top-K beams for the beam objectives (AtSpeed §2:
+D' = TopK(M_p(x))); token sequences are cached per data setting, and the frozen layer-N
+states H^N (and the target's final states for the teacher objectives) are computed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.errors import ConfigError
+
+BEAM_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")
+TEACHER_OBJECTIVES = ("wordkd", "tvdkd", "atspeed_s", "atspeed_r")  # need the target's p
+
+
+@dataclass
+class Example:
+    """One target-generated sequence: ids = prompt + continuation, generated from `start`."""
+
+    ids: list[int]
+    start: int
+    kind: str  # greedy | sample | beam
+    h_exit: torch.Tensor | None = None  # (T, d) frozen H^N
+    h_target: torch.Tensor | None = None  # (T - start + 1, d) target's final normed state
+
+
+@dataclass
+class TrainData:
+    train: list[Example] = field(default_factory=list)
+    heldout: list[Example] = field(default_factory=list)
+
+
+def _cut_eos(row: list[int], eos: set[int]) -> list[int]:
+    for i, tok in enumerate(row):
+        if tok in eos:
+            return row[: i + 1]
+    return row
+
+
+def hf_generate(model: nn.Module, prompts: list[list[int]], eos: set[int], pad: int,
+                capture: int | None = None, **kw) -> tuple[list[list[int]], list | None]:
+    """Batched generate() with left padding.
+
+    Returns per prompt (x num_return_sequences) the new tokens, cut after the first EOS, and,
+    if `capture` = N, per row (H^N, final normed state), each (prompt + new, d): the states
+    generate() computed anyway (the last token's row is zero: it is never fed).
+    """
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, width)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    dev = next(model.parameters()).device
+    extra = dict(output_hidden_states=True, return_dict_in_generate=True) if capture else {}
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                             pad_token_id=pad, **kw, **extra)
+    seqs = out.sequences if capture else out
+    news = [_cut_eos(row, eos) for row in seqs[:, width:].tolist()]
+    if not capture:
+        return news, None
+    states = []
+    for i, (p, n) in enumerate(zip(prompts, news)):
+        if not n:
+            states.append(None)
+            continue
+        steps = out.hidden_states[: len(n)]  # step 0: the prompt; step s: new token s - 1
+        pair = []
+        for layer in (capture, -1):
+            rows = [steps[0][layer][i, width - len(p):]] + [st[layer][i] for st in steps[1:]]
+            h = torch.cat(rows + [torch.zeros_like(rows[0][:1])])  # (len(p) + len(n), d)
+            pair.append(h.float().cpu())
+        states.append(tuple(pair))
+    return news, states
+
+
+def _example(prompt: list[int], new: list[int], kind: str, state=None) -> Example:
+    e = Example(prompt + new, len(prompt), kind)
+    if state is not None:
+        e.h_exit, e.h_target = state[0], state[1][len(prompt) - 1:]
+    return e
+
+
+def generate_examples(model: nn.Module, prompts: list[list[int]], mode: str, max_new: int,
+                      batch: int, eos: set[int], pad: int, greedy_prefix: int = 4,
+                      temperature: float = 1.0, beams: int = 4, capture: int | None = None,
+                      progress=None) -> list[Example]:
+    """Target continuations of every prompt: 'greedy', 'sample' (hybrid: greedy_prefix tokens
+    greedy, then sampled; LLM-QAT) or 'beam' (the top-`beams` beams). With capture = N the
+    examples keep the hidden states generate() computed (greedy and sample modes)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[Example] = []
+    for b in range(0, len(order), batch):
+        chunk = [prompts[i] for i in order[b: b + batch]]
+        states = None
+        if mode == "greedy":
+            news, states = hf_generate(model, chunk, eos, pad, capture, do_sample=False,
+                                       max_new_tokens=max_new)
+        elif mode == "sample":
+            news, states = hf_generate(model, chunk, eos, pad, capture, do_sample=False,
+                                       max_new_tokens=greedy_prefix)
+            live = [i for i, r in enumerate(news) if not (set(r) & eos)]
+            if live and max_new > greedy_prefix:
+                rest, rest_states = hf_generate(
+                    model, [chunk[i] + news[i] for i in live], eos, pad, capture,
+                    do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                    max_new_tokens=max_new - greedy_prefix)
+                for j, i in enumerate(live):
+                    news[i] = news[i] + rest[j]
+                    if states is not None:
+                        states[i] = rest_states[j]
+        elif mode == "beam":
+            news, _ = hf_generate(model, chunk, eos, pad, None, do_sample=False,
+                                  num_beams=beams, num_return_sequences=beams,
+                                  max_new_tokens=max_new, early_stopping=True)
+            chunk = [p for p in chunk for _ in range(beams)]
+        else:
+            raise ConfigError(f"unknown generation mode '{mode}'")
+        out += [_example(p, n, mode, states[j] if states else None)
+                for j, (p, n) in enumerate(zip(chunk, news)) if n]
+        if progress is not None:
+            progress.update(len(order[b: b + batch]))
+    return out
+
+
+def _right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    return torch.tensor([s + [pad] * (width - len(s)) for s in seqs])  # (B, width)
+
+
+def in_batches(examples: list[Example], max_tokens: int):
+    """Length-sorted groups of examples with at most max_tokens padded tokens each."""
+    order = sorted(examples, key=lambda e: len(e.ids))
+    group: list[Example] = []
+    for e in order:
+        if group and (len(group) + 1) * len(e.ids) > max_tokens:
+            yield group
+            group = []
+        group.append(e)
+    if group:
+        yield group
+
+
+def exit_model(target: nn.Module, n_layers: int) -> nn.Module:
+    """The target's first N layers with no final norm: last_hidden_state = H^N."""
+    from engine.drafters import build_early_exit_model
+
+    return build_early_exit_model(target, n_layers, None, norm=nn.Identity())
+
+
+def cache_hidden(target: nn.Module, n_layers: int, examples: list[Example], pad: int,
+                 teacher: bool, max_tokens: int = 4096, progress=None) -> None:
+    """Fill missing h_exit (H^N: the frozen layers only) and, if teacher, missing h_target
+    (a full target pass)."""
+    first = exit_model(target, n_layers)
+    dev = next(target.parameters()).device
+    todo = [e for e in examples if e.h_exit is None or (teacher and e.h_target is None)]
+    for group in in_batches(todo, max_tokens):
+        ids = _right_padded([e.ids for e in group], pad).to(dev)  # causal: pads come last
+        full = teacher and any(e.h_target is None for e in group)
+        with torch.no_grad():
+            h = first.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, d)
+            ht = target.model(input_ids=ids, use_cache=False).last_hidden_state if full \
+                else None
+        for i, e in enumerate(group):
+            e.h_exit = h[i, : len(e.ids)].float().cpu()
+            if ht is not None and e.h_target is None:
+                e.h_target = ht[i, e.start - 1: len(e.ids)].float().cpu()
+    if progress is not None:
+        progress.update(len(examples))
+
+
+def build_shortlist(examples: list[Example], vocab: int, size: int,
+                    always: set[int]) -> torch.Tensor:
+    """(S,) sorted token ids: `always`, then generated tokens by frequency, then lowest ids."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for e in examples:
+        counts += torch.bincount(torch.tensor(e.ids[e.start:]), minlength=vocab)
+    chosen = list(dict.fromkeys(sorted(always)))
+    seen = set(chosen)
+    for tok in counts.argsort(descending=True, stable=True).tolist():
+        if len(chosen) >= size or counts[tok] == 0:
+            break
+        if tok not in seen:
+            chosen.append(tok)
+            seen.add(tok)
+    for tok in range(vocab):
+        if len(chosen) >= size:
+            break
+        if tok not in seen:
+            chosen.append(tok)
+            seen.add(tok)
+    return torch.tensor(sorted(chosen[:size]))
+
+
+def prompt_ids_of(pair, path: Path, limit: int) -> list[list[int]]:
+    from engine.api import encode_prompt
+
+    if not path.is_file():
+        raise ConfigError(f"prompt file not found: {path}")
+    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    return [encode_prompt(pair, ln) for ln in (lines[:limit] if limit else lines)]
+
+
+def generate_data(args, pair, held: list[list[int]], train: list[list[int]], eos: set[int],
+                  pad: int, bar) -> TrainData:
+    """Target continuations: greedy for held-out prompts; greedy + hybrid samples (or the
+    top-K beams for the beam objectives) for training prompts."""
+    model, kw = pair.target, dict(eos=eos, pad=pad, batch=args.gen_batch, capture=args.layers)
+    beam = args.objective in BEAM_OBJECTIVES
+    rounds = [train[: round(len(train) * min(1.0, args.samples - s))]
+              for s in range(math.ceil(args.samples))] if not beam else []
+    progress = bar(len(held) + len(train) + sum(len(r) for r in rounds), "generate")
+    data = TrainData()
+    data.heldout = generate_examples(model, held, "greedy", args.max_new_tokens,
+                                     progress=progress, **kw)
+    if beam:
+        data.train = generate_examples(model, train, "beam", args.max_new_tokens,
+                                       beams=args.beams, progress=progress, **kw)
+    else:
+        data.train = generate_examples(model, train, "greedy", args.max_new_tokens,
+                                       progress=progress, **kw)
+        for s, chosen in enumerate(rounds):
+            with torch.random.fork_rng():
+                torch.manual_seed(args.seed * 1000 + s)
+                data.train += generate_examples(
+                    model, chosen, "sample", args.max_new_tokens, progress=progress,
+                    greedy_prefix=args.greedy_prefix, temperature=args.sample_temperature,
+                    **kw)
+    progress.close()
+    return data
+
+
+def _token_cache(args, target, prompts: list[list[int]], work: Path) -> Path:
+    """Where the generated token sequences of these settings are cached."""
+    from engine.drafters import target_fingerprint
+
+    beam = args.objective in BEAM_OBJECTIVES
+    key = {"prompts": prompts, "fingerprint": target_fingerprint(target), "beam": beam,
+           **{k: getattr(args, k) for k in ("heldout_every", "max_new_tokens", "samples",
+                                            "greedy_prefix", "sample_temperature", "seed")},
+           "beams": args.beams if beam else 0}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return work / f"tokens-{digest}.json"
+
+
+def build_data(args, pair, eos: set[int], pad: int, bar, work: Path) -> TrainData:
+    """Train / held-out examples (token sequences cached in `work`) with hidden states."""
+    prompts = prompt_ids_of(pair, Path(args.prompts), args.limit_prompts)
+    every = args.heldout_every
+    held = [p for i, p in enumerate(prompts) if i % every == every - 1]
+    train = [p for i, p in enumerate(prompts) if i % every != every - 1]
+    if not train or not held:
+        raise ConfigError("need at least one training and one held-out prompt")
+    cache = _token_cache(args, pair.target, prompts, work)
+    states = cache.with_suffix(".states.pt")
+    if cache.is_file():
+        raw = json.loads(cache.read_text())
+        data = TrainData(*[[Example(e["ids"], e["start"], e["kind"]) for e in raw[part]]
+                           for part in ("train", "heldout")])
+        if states.is_file():  # the target's final states, kept from generation
+            saved = torch.load(states)
+            for part in ("train", "heldout"):
+                for e, h in zip(getattr(data, part), saved[part]):
+                    e.h_target = h.float() if h is not None else None
+    else:
+        data = generate_data(args, pair, held, train, eos, pad, bar)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({part: [{"ids": e.ids, "start": e.start, "kind": e.kind}
+                                            for e in getattr(data, part)]
+                                     for part in ("train", "heldout")}))
+        torch.save({part: [e.h_target.half() if e.h_target is not None else None
+                           for e in getattr(data, part)] for part in ("train", "heldout")},
+                   states)
+    teacher = args.objective in TEACHER_OBJECTIVES
+    progress = bar(len(data.train) + len(data.heldout), "hidden states")
+    cache_hidden(pair.target, args.layers, data.train, pad, teacher, progress=progress)
+    cache_hidden(pair.target, args.layers, data.heldout, pad,
+                 teacher or args.objective in BEAM_OBJECTIVES, progress=progress)
+    progress.close()
+    return data
+
+
+def data_stats(data: TrainData, shortlist: torch.Tensor | None) -> dict:
+    gen = [t for e in data.train for t in e.ids[e.start:]]
+    stats = {"train_sequences": len(data.train), "heldout_sequences": len(data.heldout),
+             "train_generated_tokens": len(gen),
+             "heldout_generated_tokens": sum(len(e.ids) - e.start for e in data.heldout),
+             "kinds": sorted({e.kind for e in data.train})}
+    if shortlist is not None:
+        short = set(shortlist.tolist())
+        held = [t for e in data.heldout for t in e.ids[e.start:]]
+        stats["shortlist_size"] = len(short)
+        stats["heldout_shortlist_coverage"] = sum(t in short for t in held) / max(1, len(held))
+    return stats
