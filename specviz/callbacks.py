@@ -215,17 +215,41 @@ def import_trace(file: Any, state: SessionState) -> tuple[Any, ...]:
 # -------------------------------------------------------------------- run controls
 
 
-def make_method_change(pool: ParamPool) -> Callable[[str], list[Any]]:
+def _imported_params(state: SessionState | None, method: str) -> dict[str, Any]:
+    """The parameters of an imported trace of this method (else nothing)."""
+    trace = (state.trace or {}) if state is not None else {}
+    if state is None or state.source != "import" or trace.get("method") != method:
+        return {}
+    return dict(trace.get("params") or {})
+
+
+def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:
     @guarded
-    def method_change(method: str) -> list[Any]:
+    def method_change(method: str, state: SessionState | None = None) -> list[Any]:
         spec = METHODS.get(method)
         if spec is None:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         about = (f"**{spec.name}** ({spec.family}) — {spec.summary}\n\n"
                  f"<small>exactness: {spec.exactness}</small>")
-        return [about, *pool.updates(method)]
+        return [about, *pool.updates(method, _imported_params(state, method))]
 
     return method_change
+
+
+def make_import_controls(pool: ParamPool) -> Callable[[SessionState], list[Any]]:
+    """After an import: the prompt, method and parameter widgets of the imported trace (a
+    method this app does not know leaves the controls as they are)."""
+
+    @guarded
+    def import_controls(state: SessionState) -> list[Any]:
+        trace = state.trace or {}
+        method = trace.get("method")
+        if state.source != "import" or method not in METHODS:
+            return [gr.update(), gr.update()] + [gr.update() for _ in pool.widgets]
+        return [gr.update(value=trace.get("prompt", "")), gr.update(value=method),
+                *pool.updates(method, _imported_params(state, method))]
+
+    return import_controls
 
 
 @guarded

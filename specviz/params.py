@@ -89,18 +89,22 @@ class ParamPool:
     def merge(self, other: ParamPool) -> ParamPool:
         return ParamPool({**self.widgets, **other.widgets}, {**self.specs, **other.specs})
 
-    def updates(self, method: str) -> list[Any]:
-        """Widget updates for a method change: visibility and the method's defaults.
+    def updates(self, method: str, values: dict[str, Any] | None = None) -> list[Any]:
+        """Widget updates for a method change: visibility and the method's defaults, or the
+        given values (an imported trace's parameters) where present.
 
         Common parameters keep the user's value unless the method overrides the default.
         """
         spec = METHODS.get(method)
         mine = {param_key(p): p for p in spec.all_params} if spec else {}
+        values = values or {}
         out = []
         for k in self.widgets:
             p = mine.get(k)
             if p is None:
                 out.append(gr.update(visible=False))
+            elif p.name in values:
+                out.append(gr.update(visible=True, value=values[p.name], info=describe(p)))
             elif p.name in COMMON and p.name not in spec.defaults:
                 out.append(gr.update(visible=True))
             else:

@@ -156,6 +156,9 @@ def _wire(c: dict, o: dict, k: dict, state: gr.State, timer: gr.Timer) -> None:
     imp = c["upload"].upload(cb.import_trace, [c["upload"], state], outs, api_name="import",
                              **QUICK)
     imp.then(cb.export_trace, [state], [c["download"]], api_visibility="private", **QUICK)
+    imp.then(cb.make_import_controls(pool), [state],
+             [c["prompt"], c["method"], *pool.widgets.values()], api_name="import_controls",
+             **QUICK)
     o["step"].click(cb.step, [state], outs, api_name="step", **QUICK)
     o["back"].click(cb.back, [state], outs, api_name="back", **QUICK)
     o["reset"].click(cb.reset, [state], outs + [timer, o["play"]], api_name="reset", **QUICK)
@@ -164,7 +167,7 @@ def _wire(c: dict, o: dict, k: dict, state: gr.State, timer: gr.Timer) -> None:
     o["play"].click(cb.toggle_play, [o["play"], state], outs + [timer, o["play"]],
                     api_name="play", **QUICK)
     timer.tick(cb.tick, [state], outs + [timer, o["play"]], api_visibility="private", **QUICK)
-    c["method"].change(cb.make_method_change(pool), [c["method"]],
+    c["method"].change(cb.make_method_change(pool), [c["method"], state],
                        [c["about"], *pool.widgets.values()], api_name="method", **QUICK)
     c["preset"].change(cb.preset_change, [c["preset"]], [c["target"], c["draft"]],
                        api_name="preset", **QUICK)

@@ -94,6 +94,17 @@ def test_export_writes_a_trace_that_round_trips_and_imports(client):
     assert other["run_md"].startswith("**mcsd**")
 
 
+def test_import_sets_prompt_method_and_parameters_from_the_trace(client):
+    _run(client, method="mcsd", p_k_config="2x3", prompt="Name a colour.")
+    path = client.predict(api_name="/export")
+    _run(client, method="sd", prompt="something else")
+    client.predict(handle_file(path), api_name="/import")
+    out = client.predict(api_name="/import_controls")
+    value = [u.get("value") if isinstance(u, dict) else u for u in out]
+    assert value[0] == "Name a colour." and value[1] == "mcsd"
+    assert "2x3" in value[2:]  # the k_config widget shows the trace's value
+
+
 def test_import_rejects_a_file_that_is_not_a_trace(client, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
