@@ -56,6 +56,7 @@ class Job:
     method: str
     params: tuple[tuple[str, Any], ...]
     roles: frozenset[str]
+    title: str = ""  # the entry as the user wrote it (e.g. "eesd:controller=cali_ts")
 
     @property
     def key(self) -> tuple:
@@ -68,7 +69,7 @@ class Job:
     @property
     def label(self) -> str:
         if self.chosen:
-            return self.method
+            return self.title or self.method
         own = [f"{k}={v}" for k, v in self.params if k not in COMMON]
         return f"{self.method} ({', '.join(sorted(self.roles) + own)})"
 
@@ -79,20 +80,35 @@ def _key(method: str, params: dict[str, Any]) -> tuple:
     return method, tuple(sorted(validate_params(spec.all_params, params, method).items()))
 
 
-def plan(methods: list[str], common: dict[str, Any]) -> tuple[list[Job], dict[str, tuple]]:
-    """Jobs to run (chosen methods, then missing references and the baseline, each decode
-    once) and the reference job key of each chosen method."""
+def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
+    """'method' or 'method:key=value:key=value' -> (method, parameters as typed)."""
+    from engine.bench import parse_methods
+
+    case = parse_methods(entry)[0]
+    if case.method not in METHODS:
+        raise ConfigError(f"unknown method '{case.method}'")
+    return case.method, case.params
+
+
+def plan(entries: list[str], common: dict[str, Any]) -> tuple[list[Job], dict[str, tuple]]:
+    """Jobs to run (chosen entries, then missing references and the baseline, each decode
+    once) and the reference job key of each chosen entry. An entry is a method name or
+    'method:key=value:...' (the bench syntax), so one method can run with several settings."""
     roles: dict[tuple, set[str]] = {}
-    for m in methods:
-        roles.setdefault(_key(m, common), set()).add("chosen")
+    titles: dict[tuple, str] = {}
+    parsed = {e: parse_entry(e) for e in entries}
+    for e, (m, params) in parsed.items():
+        key = _key(m, {**common, **params})
+        roles.setdefault(key, set()).add("chosen")
+        titles.setdefault(key, e)
     refs: dict[str, tuple] = {}
-    for m in methods:
+    for e, (m, _) in parsed.items():
         ref = reference_of(m, common["temperature"])
         if ref:
-            refs[m] = _key(ref, {**common, **shared_params(m, ref)})
-            roles.setdefault(refs[m], set()).add("reference")
+            refs[e] = _key(ref, {**common, **shared_params(m, ref)})
+            roles.setdefault(refs[e], set()).add("reference")
     roles.setdefault(_key(baseline_of(), common), set()).add("baseline")
-    return [Job(k[0], k[1], frozenset(r)) for k, r in roles.items()], refs
+    return [Job(k[0], k[1], frozenset(r), titles.get(k, "")) for k, r in roles.items()], refs
 
 
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
@@ -113,9 +129,8 @@ def _validate(prompt: str, methods: list[str], max_new: float) -> None:
         raise ConfigError("pick at least one method to compare")
     if len(methods) > MAX_METHODS:
         raise ConfigError(f"compare at most {MAX_METHODS} methods at once")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"unknown method '{unknown[0]}'")
+    for m in methods:
+        parse_entry(m)  # unknown method or a malformed key=value: one line
     if max_new is None or not 1 <= float(max_new) <= MAX_COMPARE_TOKENS:
         raise ConfigError(f"max_new_tokens must be in [1, {MAX_COMPARE_TOKENS}] here")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -130,9 +145,14 @@ def _check_jobs(jobs: list[Job]) -> None:
 
 @guarded
 def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature: float,
-            seed: float, target: str, draft: str) -> Iterator[tuple[Any, Any, str]]:
-    """Run each job in turn, yielding (table, time line, note) after each run."""
-    methods = list(dict.fromkeys(methods or []))
+            seed: float, target: str, draft: str, more: str = ""
+            ) -> Iterator[tuple[Any, Any, str]]:
+    """Run each job in turn, yielding (table, time line, note) after each run.
+
+    more: extra comma-separated entries with parameters, e.g. "eesd:controller=cali_ts".
+    """
+    extra = [e.strip() for e in (more or "").split(",") if e.strip()]
+    methods = list(dict.fromkeys([*(methods or []), *extra]))
     _validate(prompt, methods, max_new_tokens)
     common = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature or 0),
               "seed": int(seed or 0)}
@@ -152,7 +172,7 @@ def verdict(job: Job, traces: dict[tuple, RunTrace], refs: dict[str, tuple],
     """Whether a chosen method's output equals its reference decode."""
     if not job.chosen:
         return "reference" if "reference" in job.roles else ""
-    ref = refs.get(job.method)
+    ref = refs.get(job.title or job.method)
     if ref is None:
         return "n/a (sampling)" if temperature > 0 else "n/a (no reference method)"
     if ref == job.key:

@@ -132,6 +132,9 @@ def _compare_tab(methods0: list[str]) -> dict[str, Any]:
                                  max_length=pairs.MAX_PROMPT_CHARS)
         with gr.Column(scale=2):
             c["methods"] = gr.CheckboxGroup(list(METHODS), value=methods0, label="Methods")
+            c["more"] = gr.Textbox("", label="More runs (method:key=value, comma-separated)",
+                                   placeholder="eesd:controller=cali_ts, sd:gamma=2",
+                                   max_lines=1)
             with gr.Row():
                 c["max_new"] = gr.Number(24, precision=0, label="max_new_tokens",
                                          minimum=1, maximum=compare.MAX_COMPARE_TOKENS)
@@ -172,7 +175,8 @@ def _wire(c: dict, o: dict, k: dict, state: gr.State, timer: gr.Timer) -> None:
     c["preset"].change(cb.preset_change, [c["preset"]], [c["target"], c["draft"]],
                        api_name="preset", **QUICK)
     k["go"].click(compare.compare, [k["prompt"], k["methods"], k["max_new"], k["temperature"],
-                  k["seed"], c["target"], c["draft"]], [k["table"], k["timeline"], k["note"]],
+                  k["seed"], c["target"], c["draft"], k["more"]],
+                  [k["table"], k["timeline"], k["note"]],
                   api_name="compare", show_progress="minimal",
                   show_progress_on=[k["note"], k["table"]], **MODEL)
 

@@ -148,13 +148,21 @@ def test_preset_fills_the_model_pair_fields(client):
 
 def test_compare_checks_each_output_against_its_reference(client):
     table, timeline, note = client.predict("hello world", ["sd", "mcsd"], 8, 0.0, 0, TINY, "",
-                                           api_name="/compare")
+                                           "sd:gamma=1", api_name="/compare")
     rows = {r[0]: r for r in table["data"]}
     assert rows["sd"][8] == "yes" and rows["mcsd"][8] == "yes"
+    assert rows["sd:gamma=1"][8] == "yes"  # the same method with other settings
     assert "greedy (reference)" in rows
     names = _plot_names(timeline)
     assert {"draft (propose)", "target forward (score)"} <= names
     assert "Ran" in note
+
+
+def test_compare_names_a_bad_extra_run_in_one_line(client):
+    with pytest.raises(AppError) as err:
+        client.predict("hello world", ["sd"], 8, 0.0, 0, TINY, "", "sd:gamma=0",
+                       api_name="/compare")
+    assert "gamma must be >= 1" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

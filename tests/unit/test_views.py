@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from engine.errors import ConfigError
 from engine.trace import (
     STATUSES,
     BeamTrace,
@@ -278,3 +279,9 @@ def test_compare_plan_runs_each_decode_once_with_references_and_baseline():
     assert refs["sd"] == refs["greedy"] == jobs[1].key
     sampled, refs = compare.plan(["sd"], {**common, "temperature": 0.8})
     assert refs == {} and [j.label for j in sampled] == ["sd", "beam (baseline, beams=4)"]
+    variants, refs = compare.plan(["sd", "sd:gamma=1", "sd:gamma=4"], common)
+    labels = [j.label for j in variants]
+    assert labels[:2] == ["sd", "sd:gamma=1"]  # gamma=4 is sd's default: the same decode
+    assert refs["sd:gamma=1"] == refs["sd"] and dict(variants[1].params)["gamma"] == 1
+    with pytest.raises(ConfigError, match="unknown method 'nope'"):
+        compare.plan(["nope:x=1"], common)
