@@ -103,3 +103,31 @@ def test_the_check_rejects_a_rule_that_ignores_the_target(pair, law, monkeypatch
     monkeypatch.setitem(token_method.RULES, "sd", _always_accept)
     stat, threshold = chi_square(sample_counts(pair, "sd", {"gamma": 2}, 3_000), law, 3_000)
     assert stat > 10 * threshold
+
+
+@pytest.fixture(scope="module")
+def exit_pair():
+    """Two-layer vocab-8 target whose early exit (layer 1 + a perturbed copy of layer 2, the
+    stand-in for a trained Transformer^e) drafts: eesd's own drafter, KV cache shared."""
+    from engine.drafters import EarlyExitDrafter, init_extra_layer
+    from engine.models import model_from_config, tiny_config
+
+    cfg = tiny_config("llama", vocab_size=V, layers=2, hidden_size=16, intermediate_size=32,
+                      initializer_range=0.3)
+    p = engine.load_pair(target=model_from_config(cfg, seed=7), device="cpu",
+                         early_exit_layers=1)
+    layer = init_extra_layer(p.target, 1)
+    gen = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        for w in layer.parameters():
+            w.add_(0.3 * torch.randn(w.shape, generator=gen))
+    p.drafter = EarlyExitDrafter(p.target, 1, layer)
+    p.target.generation_config.eos_token_id = None
+    return p
+
+
+def test_eesd_with_thompson_sampling_and_a_shared_cache_matches_the_target_law(exit_pair):
+    params = {"compare_generate": False}  # defaults: Beta-TS, share_kv
+    stat, threshold = chi_square(sample_counts(exit_pair, "eesd", params),
+                                 exact_law(exit_pair.target), N_SAMPLES)
+    assert stat < threshold, (stat, threshold)
