@@ -107,6 +107,9 @@ class EESD(TreeSpeculation):
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
         tgt = ctx.target  # the state whose output is the next round's root
         self.h_target = tgt.node_hidden[0, path[-1]] if path else tgt.root_hidden[0]  # (d,)
+        if isinstance(tgt, SharedSide):  # cache lengths before the rollback (note 004 §5.2)
+            verdict.extras["kv_cache"] = {**tgt.trunk.len,
+                                          "kept": tgt.trunk.committed + verdict.accepted}
         if ctx.round_index == 0:
             verdict.extras["drafter"] = self._name
             if isinstance(self.controller, CaliTSController):

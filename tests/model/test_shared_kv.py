@@ -92,3 +92,19 @@ def test_the_trunk_refuses_widths_and_trees_it_does_not_cover():
     draft = SharedSide(trunk, "draft")
     with pytest.raises(ConfigError, match="another sequence"):
         draft.start(torch.tensor([[9, 9, 9]]))
+
+
+def test_rounds_record_cache_lengths_before_the_rollback():
+    pair = _pair()
+    prompt = [3, 4, 5, 6]
+    trace = engine.generate(pair, prompt, "eesd", max_new_tokens=20, compare_generate=False,
+                            controller="fixed", gamma=3)
+    committed = len(prompt)
+    for r in trace.rounds:
+        kv = r.extras["kv_cache"]
+        fed = committed + r.drafted  # root ... last draft, all scored by the target
+        assert kv["shared"] == kv["deep"] == fed
+        assert kv["ee"] == fed - 1  # the drafter never feeds its last draft
+        assert kv["kept"] == committed + r.accepted
+        committed += len(r.committed)
+    assert committed == len(prompt) + len(trace.token_ids)
