@@ -25,6 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from engine.errors import ConfigError
+from engine.forest import ROOT
 
 
 class SharedTrunk:
@@ -174,7 +175,7 @@ class SharedSide:
         m = 0 if tokens is None else int(tokens.shape[1])
         if m:
             want = torch.arange(self.forest_fed - 1, self.forest_fed + m - 1)  # chain parents
-            if not torch.equal(parents[0].cpu(), want.clamp_min(-1)):
+            if not torch.equal(parents[0].cpu(), want.clamp_min(ROOT)):
                 raise ConfigError("KV sharing supports chain drafts only")
             self.trunk.place(self.forest_fed, tokens[0].tolist())
         committed = self.trunk.committed
