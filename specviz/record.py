@@ -1,6 +1,6 @@
 """Record the demo trace shipped in assets/demo_trace.json.
 
-    python -m specviz.record --draft early-exit:24 --method mcsd --param k_config=3x2x2
+    python -m specviz.record --method mcsd --param k_config=3x2x2 --param optimal=true
 """
 
 from __future__ import annotations
