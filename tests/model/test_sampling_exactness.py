@@ -85,6 +85,7 @@ def sample_counts(pair, method, params, n=N_SAMPLES) -> dict:
     ("mcsd", {"k_config": "2x2", "verifier": "kseq"}),
     ("mcsd", {"k_config": "2x2", "verifier": "naive"}),
     ("greedy_drafts", {"k_config": "3x2"}),
+    ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
 ])
 def test_sampling_method_matches_the_target_law_of_continuations(pair, law, method, params):
     stat, threshold = chi_square(sample_counts(pair, method, params), law, N_SAMPLES)
