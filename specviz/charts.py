@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from engine.control import beta_pdf, gaussian_pdf
+from engine.posterior import beta_pdf, gaussian_pdf
 from engine.trace import RoundTrace, RunTrace
 from specviz.forest_view import empty_figure
 

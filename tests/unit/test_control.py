@@ -1,4 +1,5 @@
-"""Draft-length controllers (engine/control.py): EESD Beta-TS / Cali-TS, fixed and heuristic."""
+"""Draft-length controllers (engine/control.py) and their math (engine/posterior.py):
+EESD Beta-TS / Cali-TS, fixed and heuristic."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from engine.control import (
     ConstantPredictor,
     FixedController,
     HeuristicController,
+    make_controller,
+)
+from engine.errors import ConfigError
+from engine.posterior import (
     beta_pdf,
     beta_update,
     cali_posterior,
     gaussian_pdf,
-    make_controller,
     sample_beta,
     sample_normal,
     theta_hat_update,
 )
-from engine.errors import ConfigError
 from engine.sampling import TorchChooser, make_generator
 from tests.choosers import ScriptedChooser
 
