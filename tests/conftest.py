@@ -24,6 +24,19 @@ def tiny_pair(family="llama", vocab_size=64, layers=4, draft=None, early_exit_la
                             early_exit_layers=early_exit_layers)
 
 
+def perturbed_exit_layer(target, n_layers, seed=0, scale=0.05):
+    """An early-exit extra layer that differs from the target's last one (a stand-in for a
+    trained Transformer^e): its init plus scale * N(0, 1) noise from a seeded generator."""
+    from engine.drafters import init_extra_layer
+
+    layer = init_extra_layer(target, n_layers)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return layer
+
+
 @pytest.fixture(scope="session")
 def embedded_pair():
     import engine

@@ -95,7 +95,7 @@ class EESD(TreeSpeculation):
         self._predictor_name = "trained" if model is not None else "constant"
 
     def _features(self, depth: int, ctx) -> CaliFeatures | None:
-        if not isinstance(self.controller, CaliTSController):
+        if self._predictor_name != "trained":  # a constant theta_M needs no features
             return None
         d = ctx.draft
         h_d = d.root_hidden[0] if depth == 1 else d.node_hidden[0, -1]  # (d,) made token i

@@ -13,14 +13,13 @@ from engine.drafters import (
     EarlyExitDrafter,
     ShortlistHead,
     early_exit_drafter,
-    init_extra_layer,
     load_trained,
     save_trained,
 )
 from engine.errors import ConfigError
 from engine.methods.eesd import drafter_for
 from engine.predictor import draft_confidence
-from tests.conftest import tiny_pair
+from tests.conftest import perturbed_exit_layer, tiny_pair
 
 CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts"]
 
@@ -30,19 +29,9 @@ def _ref(pair, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
-def _perturbed_layer(target, n_layers, seed=0, scale=0.05):
-    """An extra layer that differs from the target's last one (a stand-in for training)."""
-    layer = init_extra_layer(target, n_layers)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=gen))
-    return layer
-
-
 def _trained_pair(family="llama", shortlist=None):
     pair = tiny_pair(family, layers=4, early_exit_layers=2)
-    pair.drafter = EarlyExitDrafter(pair.target, 2, _perturbed_layer(pair.target, 2),
+    pair.drafter = EarlyExitDrafter(pair.target, 2, perturbed_exit_layer(pair.target, 2),
                                     shortlist=shortlist)
     return pair
 
@@ -121,7 +110,7 @@ def test_exit_drafter_choice_builds_an_untrained_exit_of_the_same_depth():
 def test_trained_layer_save_load_round_trip(tmp_path):
     pair = tiny_pair(layers=4, early_exit_layers=2)
     target = pair.target
-    layer = _perturbed_layer(target, 2)
+    layer = perturbed_exit_layer(target, 2)
     norm = torch.nn.RMSNorm(32)
     norm.weight.data = torch.linspace(0.5, 1.5, 32)
     short = torch.tensor([1, 3, 5, 7, 11])

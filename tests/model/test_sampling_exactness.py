@@ -16,6 +16,7 @@ from scipy.stats import chi2
 
 import engine
 import engine.verify.token as token_rules
+from tests.conftest import perturbed_exit_layer
 
 V, N_SAMPLES, PROMPT, NEW = 8, 20_000, [3, 4], 3
 
@@ -110,19 +111,14 @@ def test_the_check_rejects_a_rule_that_ignores_the_target(pair, law, monkeypatch
 def exit_pair():
     """Two-layer vocab-8 target whose early exit (layer 1 + a perturbed copy of layer 2, the
     stand-in for a trained Transformer^e) drafts: eesd's own drafter, KV cache shared."""
-    from engine.drafters import EarlyExitDrafter, init_extra_layer
+    from engine.drafters import EarlyExitDrafter
     from engine.models import model_from_config, tiny_config
 
     cfg = tiny_config("llama", vocab_size=V, layers=2, hidden_size=16, intermediate_size=32,
                       initializer_range=0.3)
     p = engine.load_pair(target=model_from_config(cfg, seed=7), device="cpu",
                          early_exit_layers=1)
-    layer = init_extra_layer(p.target, 1)
-    gen = torch.Generator().manual_seed(8)
-    with torch.no_grad():
-        for w in layer.parameters():
-            w.add_(0.3 * torch.randn(w.shape, generator=gen))
-    p.drafter = EarlyExitDrafter(p.target, 1, layer)
+    p.drafter = EarlyExitDrafter(p.target, 1, perturbed_exit_layer(p.target, 1, 8, 0.3))
     p.target.generation_config.eos_token_id = None
     return p
 

@@ -8,21 +8,16 @@ import pytest
 import torch
 
 import engine
-from engine.drafters import EarlyExitDrafter, init_extra_layer
+from engine.drafters import EarlyExitDrafter
 from engine.errors import ConfigError
 from engine.shared import SharedSide, SharedTrunk
-from tests.conftest import tiny_pair
+from tests.conftest import perturbed_exit_layer, tiny_pair
 
 
 def _pair(family="llama", trained=True):
     pair = tiny_pair(family, layers=4, early_exit_layers=2)
     if trained:
-        layer = init_extra_layer(pair.target, 2)
-        gen = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
-        pair.drafter = EarlyExitDrafter(pair.target, 2, layer)
+        pair.drafter = EarlyExitDrafter(pair.target, 2, perturbed_exit_layer(pair.target, 2, 1))
     return pair
 
 
