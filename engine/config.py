@@ -15,7 +15,12 @@ from engine.sampling import Warp
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One method parameter: name, type, default, help, and its valid range."""
+    """One method parameter: name, type, default, help, and its valid range.
+
+    advanced: shown under the UI's "Advanced" accordion instead of with the everyday
+    parameters (priors, sigmas, update-rule and implementation switches); the CLI is
+    unaffected.
+    """
 
     name: str
     type: type
@@ -25,6 +30,7 @@ class ParamSpec:
     min: float | None = None
     max: float | None = None
     min_exclusive: bool = False
+    advanced: bool = False
 
     @property
     def flag(self) -> str:

@@ -62,11 +62,15 @@ class ParamPool:
 
     @classmethod
     def build(cls, method: str, names: tuple[str, ...] = (),
-              values: dict[str, Any] | None = None) -> ParamPool:
+              values: dict[str, Any] | None = None, advanced: bool | None = None) -> ParamPool:
         """Render the pool inside the current Blocks context (call inside a layout block).
 
         names: if given, only parameters with these names (e.g. COMMON) are rendered.
         values: initial values of the method's parameters (e.g. the demo trace's params).
+        advanced: None = every parameter; True = only the advanced ones
+            (``ParamSpec.advanced``, for the "Advanced" accordion); False = only the everyday
+            ones. A widget's kind is that of its first spec seen, so pools built with True
+            and with False never share a widget and ``merge`` into one pool.
         """
         values = values or {}
         specs: dict[str, ParamSpec] = {}
@@ -75,16 +79,25 @@ class ParamPool:
                 wanted = p.name in names if names else p.name not in COMMON
                 if wanted:
                     specs.setdefault(param_key(p), p)
+        if advanced is not None:
+            specs = {k: p for k, p in specs.items() if p.advanced == advanced}
         visible = {param_key(p) for p in METHODS[method].all_params}
         widgets = {}
-        with gr.Row(elem_classes="sv-params"):  # numbers and choices two by two
-            for k, p in specs.items():
-                if p.type is not bool:
-                    widgets[k] = make_widget(p, k in visible, values.get(p.name))
+        if any(p.type is not bool for p in specs.values()):
+            with gr.Row(elem_classes="sv-params"):  # numbers and choices two by two
+                for k, p in specs.items():
+                    if p.type is not bool:
+                        widgets[k] = make_widget(p, k in visible, values.get(p.name))
         for k, p in specs.items():  # checkboxes below, full width for their help text
             if p.type is bool:
                 widgets[k] = make_widget(p, k in visible, values.get(p.name))
         return cls(widgets, specs)
+
+    @staticmethod
+    def has_advanced(method: str) -> bool:
+        """Whether the method has advanced parameters (its "Advanced" accordion is shown)."""
+        spec = METHODS.get(method)
+        return spec is not None and any(p.advanced for p in spec.params)
 
     def merge(self, other: ParamPool) -> ParamPool:
         return ParamPool({**self.widgets, **other.widgets}, {**self.specs, **other.specs})

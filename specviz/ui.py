@@ -59,24 +59,32 @@ def _method_about(name: str) -> str:
 
 
 def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, Any]:
-    """Left column: prompt, method and its parameters, model pair, Run, import/export.
+    """Left column: prompt, method, its everyday parameters and Run, all without scrolling;
+    then accordions: example prompts, the method's advanced parameters, sampling/seed/budget,
+    model pair; last import/export.
 
     trace0: the opening trace; its prompt and parameters fill the fields, so Run repeats it.
     """
     c: dict[str, Any] = {}
     values = trace0.get("params", {}) if trace0.get("method") == method0 else {}
-    c["prompt"] = gr.Textbox(label="Prompt", lines=3,
+    c["prompt"] = gr.Textbox(label="Prompt", lines=2,
                              value=trace0.get("prompt") or _examples()[0],
                              max_length=pairs.MAX_PROMPT_CHARS, elem_id="sv-prompt")
-    gr.Examples(_examples(), inputs=c["prompt"], label="Example prompts")
     c["method"] = gr.Dropdown(list(METHODS), value=method0, label="Method",
                               elem_id="sv-method")
     c["about"] = gr.Markdown(_method_about(method0), elem_classes="sv-about")
-    with gr.Accordion("Method parameters", open=True):
-        specific = ParamPool.build(method0, values=values)
+    everyday = ParamPool.build(method0, values=values, advanced=False)
+    c["run"] = gr.Button("Run", variant="primary", elem_id="sv-run")
+    with gr.Accordion("Example prompts", open=False):
+        gr.Examples(_examples(), inputs=c["prompt"], label=None)
+    with gr.Accordion("Advanced", open=False, visible=ParamPool.has_advanced(method0),
+                      elem_id="sv-advanced") as c["advanced"]:
+        advanced = ParamPool.build(method0, values=values, advanced=True)
+    c["method"].change(lambda m: gr.update(visible=ParamPool.has_advanced(m)),
+                       [c["method"]], [c["advanced"]], api_visibility="private", **QUICK)
     with gr.Accordion("Sampling, seed and budget", open=False):
         common = ParamPool.build(method0, names=COMMON, values=values)
-    c["pool"] = common.merge(specific)
+    c["pool"] = common.merge(everyday).merge(advanced)
     with gr.Accordion("Model pair", open=False):
         names = [p.name for p in pairs.presets()]
         match = next((p.name for p in pairs.presets() if p.target == target), None)
@@ -84,7 +92,6 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
         c["target"] = gr.Textbox(target, label="Target (p): embedded, hub id or local dir")
         c["draft"] = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
                                 "the target's first N layers")
-    c["run"] = gr.Button("Run", variant="primary", elem_id="sv-run")
     with gr.Row():
         c["upload"] = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
                                       elem_id="sv-import")

@@ -150,11 +150,13 @@ PARAMS = (
               "one by default), trained, untrained", choices=EXIT_CHOICES),
     ParamSpec("predictor", str, "auto", "Cali-TS theta_M: auto (the drafter's trained "
               "predictor when it ships, else theta_m), trained, constant (theta_m)",
-              choices=PREDICTOR_CHOICES),
+              choices=PREDICTOR_CHOICES, advanced=True),
     ParamSpec("share_kv", bool, True, "share the first N layers' KV cache between drafter and "
-              "target: the verify pass starts drafted tokens at layer N+1 (EESD §1.2)"),
+              "target: the verify pass starts drafted tokens at layer N+1 (EESD §1.2)",
+              advanced=True),
     ParamSpec("compare_generate", bool, True, "at temperature 0, time generate(do_sample="
-              "False) on the same prompt afterwards (stats: speedup_vs_greedy_generate)"),
+              "False) on the same prompt afterwards (stats: speedup_vs_greedy_generate)",
+              advanced=True),
 )
 
 register(MethodSpec(

@@ -218,25 +218,28 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx, status: str, p) -> N
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")
 
-CONTROL_PARAMS = (
+CONTROL_PARAMS = (  # everyday: the controller; advanced: its cap, priors and update rules
     ParamSpec("controller", str, "fixed", "draft-length controller",
               choices=("fixed", "heuristic", "beta_ts", "cali_ts")),
     ParamSpec("cap", int, 16, "hard cap on the draft length (adaptive controllers)", min=1,
-              max=64),
-    ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0", min=0.0, min_exclusive=True),
-    ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0", min=0.0, min_exclusive=True),
+              max=64, advanced=True),
+    ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0", min=0.0, min_exclusive=True,
+              advanced=True),
+    ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0", min=0.0, min_exclusive=True,
+              advanced=True),
     ParamSpec("update", str, "paper", "Beta-TS update rule (EESD Eq. 3-4 or textbook counts)",
-              choices=("paper", "clean")),
+              choices=("paper", "clean"), advanced=True),
     ParamSpec("sigma_m", float, 0.4, "Cali-TS sigma_M: prior std around the predictor's "
-              "theta_M (EESD Eq. 6-7)", min=0.0, min_exclusive=True),
+              "theta_M (EESD Eq. 6-7)", min=0.0, min_exclusive=True, advanced=True),
     ParamSpec("sigma_s", float, 0.25, "Cali-TS sigma_S: std of the sample mean (Eq. 6-7)",
-              min=0.0, min_exclusive=True),
+              min=0.0, min_exclusive=True, advanced=True),
     ParamSpec("theta_hat0", float, 0.5, "Cali-TS initial sample mean theta_hat_0 (Eq. 8)",
-              min=0.0, max=1.0),
+              min=0.0, max=1.0, advanced=True),
     ParamSpec("theta_hat_rule", str, "accepted", "Cali-TS theta_hat numerator: accepted "
-              "drafts (note 004 fix) or |Q_v| (Eq. 8 as printed)", choices=THETA_HAT_RULES),
+              "drafts (note 004 fix) or |Q_v| (Eq. 8 as printed)", choices=THETA_HAT_RULES,
+              advanced=True),
     ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
-              "is used", min=0.0, max=1.0),
+              "is used", min=0.0, max=1.0, advanced=True),
 )
 
 
@@ -263,7 +266,7 @@ def build_controller(params: dict) -> Controller:
 OPTIMAL_PARAM = ParamSpec(
     "optimal", bool, False,
     "record Hu et al.'s optimal acceptance alpha* and the verifier's exact acceptance at "
-    "every verified position (slower)")
+    "every verified position (slower)", advanced=True)
 
 
 def build_chain(params: dict, rule: str = "sd") -> TreeSpeculation:
