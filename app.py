@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.preload:
-        pairs.get_pair(args.target, args.draft)
+        pairs.preload(args.target, args.draft)
     demo = specviz.build_demo(args.target, args.draft, demo_trace=not args.no_demo_trace)
     demo.queue(default_concurrency_limit=None).launch(
         server_name=args.host, server_port=args.port, share=args.share,

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from engine import threads
+
+        threads.configure()  # the same thread rule as the app (engine/threads.py)
         if args.command == "methods":
             return cmd_methods(args)
         if args.command == "generate":

@@ -1,4 +1,11 @@
-"""Public entry points: generate(), iter_rounds(), prompt encoding."""
+"""Public entry points: start() (a streaming run), generate(), iter_rounds(), prompt encoding.
+
+``run = start(pair, prompt, method, **params)`` validates everything and builds the round
+loop; ``for rnd in run`` steps it one round at a time; ``run.trace()`` is the RunTrace of the
+rounds so far at any point (the whole trace once ``run.done``). Statistics accumulate per
+round; run-level extras (the cost model, :mod:`engine.costs`) are computed once, when the
+last round is in.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from engine.errors import ConfigError
 from engine.loop import Decoder
 from engine.methods import METHODS
 from engine.models import ModelPair
-from engine.trace import RoundTrace, RunTrace, summarize
+from engine.trace import BeamTrace, RoundTrace, RunStats, RunTrace
 
 
 class IdTokenizer:
@@ -75,48 +82,111 @@ def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = Fa
     return decoder, full, ids
 
 
+class Run:
+    """One run in progress (see module docstring). Not thread-safe: step it from one thread.
+
+    ``wall_s`` counts only time spent inside the engine's rounds, never the caller's time
+    between rounds (a UI rendering, a client reading).
+    """
+
+    def __init__(self, pair: ModelPair, prompt, method: str, raw: bool = False,
+                 **params: Any) -> None:
+        self.pair, self.method, self.prompt = pair, method, prompt
+        self._decoder, self.params, ids = make_decoder(pair, prompt, method, raw, **params)
+        self.prompt_ids: tuple[int, ...] = tuple(ids)
+        self._steps = self._decoder.rounds()
+        self._rounds: list[RoundTrace] = []
+        self._stats = RunStats()
+        self._extras: dict[str, Any] = {}
+        self.wall_s = 0.0
+        self.done = False
+
+    def __iter__(self) -> Run:
+        return self
+
+    def __next__(self) -> RoundTrace:
+        if self.done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        r = next(self._steps, None)
+        self.wall_s += time.perf_counter() - t0
+        if r is None:  # a method that stops without a final round
+            self._finish()
+            raise StopIteration
+        self._rounds.append(r)
+        self._stats.add(r)
+        if self._decoder.done:
+            self._finish()
+        return r
+
+    @property
+    def rounds(self) -> int:
+        return len(self._rounds)
+
+    @property
+    def stop_reason(self) -> str:
+        return self._decoder.stop_reason
+
+    def to_end(self) -> RunTrace:
+        """Step the remaining rounds and return the whole trace."""
+        for _ in self:
+            pass
+        return self.trace()
+
+    def _finish(self) -> None:
+        from engine import costs
+
+        self.done = True
+        stats = self._stats.result(len(self._best()[0]))
+        stats["wall_s"] = self.wall_s
+        self._extras = {"cost": costs.cost_model(self.pair, self.method, stats,
+                                                 self._rounds, self.params)}
+
+    def _best(self) -> tuple[list[int], tuple[BeamTrace, ...], list]:
+        ctx = self._decoder.ctx
+        beams = self._decoder.final_beams or tuple(
+            BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores))
+        best = list(beams[0].token_ids)
+        origins = ctx.finished_origins.get(tuple(best)) or (
+            ctx.origins[0] if ctx.seqs and ctx.seqs[0] == best else [])
+        return best, beams, origins
+
+    def trace(self, with_rounds: bool = True) -> RunTrace:
+        """The RunTrace of the rounds so far (best beam first); ``with_rounds=False`` gives
+        the head only (text, origins, stats): cheap enough to take after any round."""
+        best, beams, origins = self._best()
+        tok = tokenizer_of(self.pair)
+        stats = self._stats.result(len(best))
+        stats["wall_s"] = self.wall_s
+        stats["tokens_per_s"] = len(best) / self.wall_s if self.wall_s > 0 else None
+        stats.update(self._extras)
+        return RunTrace(
+            method=self.method, params=self.params, target=self.pair.target_name,
+            draft=self.pair.draft_name if METHODS[self.method].uses_draft else "",
+            device=self.pair.device_name,
+            prompt=self.prompt if isinstance(self.prompt, str) else "",
+            prompt_ids=self.prompt_ids, rounds=tuple(self._rounds) if with_rounds else (),
+            token_ids=tuple(best), text=tok.decode(best), beams=tuple(beams), stats=stats,
+            stop_reason=self._decoder.stop_reason,
+            token_origins=tuple(o for o, _ in origins),
+            token_rounds=tuple(r for _, r in origins),
+            prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),
+        )
+
+
+def start(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+          **params: Any) -> Run:
+    """A streaming run: iterate it for RoundTrace records; ``trace()`` at any point."""
+    return Run(pair, prompt, method, raw, **params)
+
+
 def iter_rounds(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
                 **params: Any) -> Iterator[RoundTrace]:
-    """Step through a run one round at a time."""
-    decoder, _, _ = make_decoder(pair, prompt, method, raw, **params)
-    yield from decoder.rounds()
+    """Step through a run one round at a time (``start`` without the trace)."""
+    yield from start(pair, prompt, method, raw, **params)
 
 
 def generate(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
              **params: Any) -> RunTrace:
     """Run a method to the end and return its full trace."""
-    decoder, full, ids = make_decoder(pair, prompt, method, raw, **params)
-    t0 = time.perf_counter()
-    rounds = tuple(decoder.rounds())
-    wall = time.perf_counter() - t0
-    return build_trace(pair, decoder, method, full, prompt, ids, rounds, wall)
-
-
-def build_trace(pair, decoder: Decoder, method: str, params: dict, prompt, ids: list[int],
-                rounds: tuple[RoundTrace, ...], wall: float) -> RunTrace:
-    """RunTrace of a finished decoder (best beam first)."""
-    from engine.trace import BeamTrace
-
-    ctx = decoder.ctx
-    beams = decoder.final_beams or tuple(
-        BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores))
-    best = list(beams[0].token_ids)
-    origins = ctx.finished_origins.get(tuple(best)) or (
-        ctx.origins[0] if ctx.seqs and ctx.seqs[0] == best else [])
-    tok = tokenizer_of(pair)
-    stats = summarize(rounds, len(best))
-    stats["wall_s"] = wall
-    stats["tokens_per_s"] = len(best) / wall if wall > 0 else None
-    run_stats = getattr(decoder.method, "run_stats", None)  # optional method extras (eesd)
-    if run_stats is not None:
-        stats.update(run_stats(pair, ids, best, stats))
-    return RunTrace(
-        method=method, params=params, target=pair.target_name,
-        draft=pair.draft_name if METHODS[method].uses_draft else "",
-        device=pair.device_name, prompt=prompt if isinstance(prompt, str) else "",
-        prompt_ids=tuple(ids), rounds=rounds, token_ids=tuple(best),
-        text=tok.decode(best), beams=tuple(beams), stats=stats,
-        stop_reason=decoder.stop_reason,
-        token_origins=tuple(o for o, _ in origins), token_rounds=tuple(r for _, r in origins),
-        prompt_text=tuple(tok.decode([i]) for i in ids),
-    )
+    return start(pair, prompt, method, raw, **params).to_end()

@@ -173,39 +173,65 @@ def _build(cls: type, d: dict[str, Any]) -> Any:
     return cls(**kw)
 
 
-def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int) -> dict[str, Any]:
-    """Run-level statistics from round records (acceptance, tau, per-depth, time split)."""
-    drafted = sum(r.drafted for r in rounds)
-    accepted = sum(r.accepted for r in rounds)
-    target_calls = sum(r.target_calls for r in rounds)
-    spec_rounds = [r for r in rounds if r.drafted > 0]
-    per_depth: dict[int, list[int]] = {}  # depth -> [positions accepted, positions tested]
-    for r in rounds:
+class RunStats:
+    """Run-level statistics accumulated round by round (O(round) per :meth:`add`).
+
+    :meth:`result` gives acceptance, tau, per-depth acceptance and the time split of the
+    rounds added so far; :func:`summarize` is the same over a finished list of rounds.
+    """
+
+    def __init__(self) -> None:
+        self.rounds = self.drafted = self.accepted = self.target_calls = 0
+        self.draft_calls = self.spec_rounds = 0
+        self.per_depth: dict[int, list[int]] = {}  # depth -> [accepted, tested] positions
+        self.split: dict[str, float] = {}  # phase -> seconds
+        self.opt_alpha = self.opt_achieved = 0.0
+        self.opt_n = 0
+
+    def add(self, r: RoundTrace) -> None:
+        self.rounds += 1
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.target_calls += r.target_calls
+        self.draft_calls += r.draft_calls
+        self.spec_rounds += r.drafted > 0
         groups: dict[tuple[int, int], bool] = {}
         for t in r.tests:
             key = (t.tree, t.depth)
             groups[key] = groups.get(key, False) or t.decision in ("accept", "match")
         for (_, depth), ok in groups.items():
-            a, n = per_depth.get(depth, [0, 0])
-            per_depth[depth] = [a + ok, n + 1]
-    split: dict[str, float] = {}
-    for r in rounds:
+            a, n = self.per_depth.get(depth, [0, 0])
+            self.per_depth[depth] = [a + ok, n + 1]
         for k, v in r.timings.items():
-            split[k] = split.get(k, 0.0) + v
-    optimal = [rec for r in rounds for rec in r.extras.get("optimal", [])]
-    opt_sum = sum(rec["alpha_star"] for rec in optimal)
-    return {
-        "verifier_efficiency": (sum(rec["achieved"] for rec in optimal) / opt_sum
-                                if opt_sum > 0 else None),
-        "rounds": len(rounds),
-        "target_calls": target_calls,
-        "draft_calls": sum(r.draft_calls for r in rounds),
-        "new_tokens": new_tokens,
-        "drafted": drafted,
-        "accepted": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_per_round": accepted / len(spec_rounds) if spec_rounds else None,
-        "tau": new_tokens / target_calls if target_calls else None,
-        "per_depth_acceptance": {str(d): a / n for d, (a, n) in sorted(per_depth.items())},
-        "time_split_s": split,
-    }
+            self.split[k] = self.split.get(k, 0.0) + v
+        for rec in r.extras.get("optimal", []):
+            self.opt_alpha += rec["alpha_star"]
+            self.opt_achieved += rec["achieved"]
+            self.opt_n += 1
+
+    def result(self, new_tokens: int) -> dict[str, Any]:
+        return {
+            "verifier_efficiency": (self.opt_achieved / self.opt_alpha
+                                    if self.opt_n and self.opt_alpha > 0 else None),
+            "rounds": self.rounds,
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
+            "new_tokens": new_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "mean_accepted_per_round": (self.accepted / self.spec_rounds
+                                        if self.spec_rounds else None),
+            "tau": new_tokens / self.target_calls if self.target_calls else None,
+            "per_depth_acceptance": {str(d): a / n
+                                     for d, (a, n) in sorted(self.per_depth.items())},
+            "time_split_s": dict(self.split),
+        }
+
+
+def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int) -> dict[str, Any]:
+    """Run-level statistics from round records (acceptance, tau, per-depth, time split)."""
+    acc = RunStats()
+    for r in rounds:
+        acc.add(r)
+    return acc.result(new_tokens)

@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import tempfile
 import time
 from dataclasses import replace
@@ -29,7 +30,6 @@ from specviz.render import render
 from specviz.state import SessionState, coerce
 
 log = logging.getLogger("specviz")
-RENDER_EVERY_S = 0.35  # streaming: at most one render per this many seconds
 MAX_IMPORT_BYTES = 20 * 1024 * 1024
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-exports"
 
@@ -48,23 +48,59 @@ def _as_gr_error(e: Exception) -> gr.Error:
     return gr.Error(f"internal error ({type(e).__name__}): {one_line(e)}", print_exception=False)
 
 
+TIMINGS_ENV = "SPECVIZ_TIMINGS"  # a file: every handler call appends one JSON line
+
+
+def _record(name: str, start: float, busy: float, **extra: Any) -> None:
+    """Server-side time of one handler call (for specviz.bench), when SPECVIZ_TIMINGS is set.
+
+    busy: seconds spent inside the handler's own code (a generator's time between a resume
+    and its next yield, summed), as opposed to its wall time from call to end."""
+    path = os.environ.get(TIMINGS_ENV)
+    if not path:
+        return
+    row = {"handler": name, "busy_s": busy, "wall_s": time.perf_counter() - start, **extra}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def guarded(fn: Callable) -> Callable:
-    """Turn every exception of a handler (plain or generator) into a one-line gr.Error."""
+    """Turn every exception of a handler (plain or generator) into a one-line gr.Error, and
+    time it (see ``_record``)."""
+    name = fn.__name__
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def gen_wrapper(*args, **kwargs):
+            start, busy, yields, it = time.perf_counter(), 0.0, 0, None
             try:
-                yield from fn(*args, **kwargs)
+                it = fn(*args, **kwargs)
+                while True:
+                    t0 = time.perf_counter()
+                    try:
+                        out = next(it)
+                    except StopIteration:
+                        busy += time.perf_counter() - t0
+                        break
+                    busy += time.perf_counter() - t0
+                    yields += 1
+                    yield out
             except Exception as e:  # noqa: BLE001 - the page must never show a traceback
                 raise _as_gr_error(e) from e
+            finally:
+                if it is not None:
+                    it.close()  # a client that went away cancels the decode at once
+                _record(name, start, busy, yields=yields)
         return gen_wrapper
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the page must never show a traceback
             raise _as_gr_error(e) from e
+        finally:
+            _record(name, start, time.perf_counter() - start)
     return wrapper
 
 
@@ -75,13 +111,12 @@ def _out(state: SessionState) -> tuple[Any, ...]:
 # ----------------------------------------------------------------------------- run
 
 
-def _merge(state: SessionState, event: dict[str, Any]) -> SessionState:
-    rounds = (state.trace or {}).get("rounds", []) + [event["round"]]
-    return replace(state, trace={**event["head"], "rounds": rounds}, round=len(rounds) - 1)
-
-
 def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
-    """The Run handler for a parameter pool (keyword widget values -> method parameters)."""
+    """The Run handler for a parameter pool (keyword widget values -> method parameters).
+
+    The decode runs on the model thread (specviz.pairs); this handler only collects the
+    rounds that arrived and renders when a new run head comes with them.
+    """
 
     @guarded
     def run(prompt: str, method: str, target: str, draft: str,
@@ -90,21 +125,30 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         params = pool.values(method, widgets)
         pairs.check_run_limits(prompt, params)
+        rounds: list = []
         state = SessionState(source="run", live=True)
-        last = 0.0
         try:
-            for event in pairs.decode_stream(target, draft, prompt, method, params):
-                state = _merge(state, event)
-                if time.monotonic() - last >= RENDER_EVERY_S:
-                    last = time.monotonic()
+            for update in pairs.decode_stream(target, draft, prompt, method, params):
+                rounds += update.rounds
+                if update.head is None:
+                    continue
+                head = update.head
+                if update.note:
+                    head = replace(head, stop_reason=update.note)
+                state = SessionState(trace=replace(head, rounds=tuple(rounds)),
+                                     round=len(rounds) - 1, source="run",
+                                     live=not update.final)
+                if not update.final:
                     yield _out(state)
-        except Exception:
+        except Exception as e:
             if state.trace is not None:  # keep the rounds so far, navigable
-                yield _out(replace(state, live=False))
+                kept = replace(state.trace, rounds=tuple(rounds),
+                               stop_reason=f"failed: {one_line(e)}")
+                yield _out(SessionState(trace=kept, round=len(rounds) - 1, source="run"))
             raise
         if state.trace is None:
             raise gr.Error("the run produced no rounds", print_exception=False)
-        yield _out(replace(state, live=False))
+        yield _out(state)
 
     return run
 
@@ -179,17 +223,17 @@ def export_trace(state: SessionState) -> str | None:
     s = coerce(state)
     if s.trace is None or s.live:
         return None
-    text = RunTrace.from_dict(s.trace).to_json()
+    text = s.cached("json", s.trace.to_json)
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     EXPORT_DIR.mkdir(parents=True, exist_ok=True)
-    path = EXPORT_DIR / f"specviz-{s.trace.get('method', 'run')}-{digest}.json"
+    path = EXPORT_DIR / f"specviz-{s.trace.method or 'run'}-{digest}.json"
     if not path.exists():
         path.write_text(text)
     return str(path)
 
 
-def load_trace_file(path: str | Path) -> dict[str, Any]:
-    """A RunTrace dict from a JSON file; SpecvizError-style one-liners for bad files."""
+def load_trace_file(path: str | Path) -> RunTrace:
+    """A RunTrace from a JSON file (parsed once); one-line errors for bad files."""
     p = Path(path)
     if p.stat().st_size > MAX_IMPORT_BYTES:
         raise gr.Error(f"trace file is larger than {MAX_IMPORT_BYTES // 2**20} MB",
@@ -201,7 +245,7 @@ def load_trace_file(path: str | Path) -> dict[str, Any]:
         raise gr.Error(f"not a specviz trace: {one_line(e)}", print_exception=False) from e
     if not isinstance(data, dict) or "rounds" not in data or not trace.rounds:
         raise gr.Error("not a specviz trace: no rounds", print_exception=False)
-    return data
+    return trace
 
 
 @guarded
@@ -217,10 +261,10 @@ def import_trace(file: Any, state: SessionState) -> tuple[Any, ...]:
 
 def _imported_params(state: SessionState | None, method: str) -> dict[str, Any]:
     """The parameters of an imported trace of this method (else nothing)."""
-    trace = (state.trace or {}) if state is not None else {}
-    if state is None or state.source != "import" or trace.get("method") != method:
+    trace = state.trace if state is not None else None
+    if trace is None or state.source != "import" or trace.method != method:
         return {}
-    return dict(trace.get("params") or {})
+    return dict(trace.params or {})
 
 
 def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:
@@ -242,11 +286,11 @@ def make_import_controls(pool: ParamPool) -> Callable[[SessionState], list[Any]]
 
     @guarded
     def import_controls(state: SessionState) -> list[Any]:
-        trace = state.trace or {}
-        method = trace.get("method")
+        trace = coerce(state).trace
+        method = trace.method if trace is not None else None
         if state.source != "import" or method not in METHODS:
             return [gr.update(), gr.update()] + [gr.update() for _ in pool.widgets]
-        return [gr.update(value=trace.get("prompt", "")), gr.update(value=method),
+        return [gr.update(value=trace.prompt or ""), gr.update(value=method),
                 *pool.updates(method, _imported_params(state, method))]
 
     return import_controls

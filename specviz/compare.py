@@ -1,10 +1,13 @@
 """Compare tab: several methods on one prompt, side by side.
 
-Each method runs once through the engine (``generate``); the table shows the engine's own
-statistics and whether the output equals the reference decode: greedy for token methods at
-temperature 0, "beam" with the same width for beam methods (n/a when sampling or when the
-reference method is not registered). The time line puts every run's phases against the plain
-beam-search (or greedy) baseline's per-step forwards.
+Each decode runs once through the engine, and its row appears as soon as it finishes. Roles:
+a *chosen* row is an entry the user asked for; its *plain* decode is the target-only decode
+it is measured and checked against (greedy or beam search of the same width at temperature
+0, sampling or beam sampling above; added when not chosen); the *baseline* is plain beam
+search, the time line's yardstick. Each row shows its own parameters, the engine's
+statistics, the speedup its cost model predicts (engine.costs), the speedup measured
+against its plain decode in this process, their ratio, and whether its output equals its
+plain decode's (temperature 0; in law, proved by the test suite, above it).
 """
 
 from __future__ import annotations
@@ -21,19 +24,24 @@ from engine.trace import RunTrace
 from specviz import charts, pairs
 from specviz.callbacks import guarded
 
-HEADERS = ["method", "wall s", "tokens/s", "tokens", "target calls", "draft calls",
-           "acceptance", "tau", "equals reference", "output"]
+HEADERS = ["run", "role", "parameters", "wall s", "tokens/s", "tokens", "target calls",
+           "draft calls", "acceptance", "tau", "predicted ×", "measured ×", "efficiency",
+           "equals plain decode", "output"]
 MAX_METHODS = 8
 MAX_COMPARE_TOKENS = 128
 COMMON = {p.name for p in COMMON_PARAMS}
 
 
-def reference_of(method: str, temperature: float) -> str | None:
-    """Reference method for an exactness check, or None (sampling, or not registered)."""
+PLAIN = {0: {"greedy": "greedy", "sample": "greedy", "beam": "beam", "beam_sample": "beam"},
+         1: {"greedy": "sample", "sample": "sample", "beam": "beam_sample",
+             "beam_sample": "beam_sample"}}
+
+
+def plain_of(method: str, temperature: float) -> str | None:
+    """The target-only decode a method is measured and checked against (None: the method
+    is one, or that decode is not registered)."""
     spec = METHODS[method]
-    if temperature > 0:
-        return None
-    ref = "beam" if spec.family == "beam" or spec.reference == "beam" else "greedy"
+    ref = PLAIN[int(temperature > 0)].get(spec.reference)
     return ref if ref in METHODS else None
 
 
@@ -68,10 +76,23 @@ class Job:
 
     @property
     def label(self) -> str:
-        if self.chosen:
-            return self.title or self.method
-        own = [f"{k}={v}" for k, v in self.params if k not in COMMON]
-        return f"{self.method} ({', '.join(sorted(self.roles) + own)})"
+        return self.title or self.method
+
+    @property
+    def role(self) -> str:
+        names = {"chosen": "chosen", "reference": "plain decode", "baseline": "baseline"}
+        return ", ".join(names[r] for r in ("chosen", "reference", "baseline")
+                         if r in self.roles)
+
+    @property
+    def own_params(self) -> str:
+        """The method's own parameters (not the shared budget / sampling ones): its everyday
+        ones, and advanced ones where they differ from the default."""
+        given = dict(self.params)
+        shown = [f"{p.name}={given[p.name]}" for p in METHODS[self.method].params
+                 if p.name in given and p.name not in COMMON
+                 and (not p.advanced or given[p.name] != p.default)]
+        return ", ".join(shown) or "—"
 
 
 def _key(method: str, params: dict[str, Any]) -> tuple:
@@ -102,10 +123,12 @@ def plan(entries: list[str], common: dict[str, Any]) -> tuple[list[Job], dict[st
         roles.setdefault(key, set()).add("chosen")
         titles.setdefault(key, e)
     refs: dict[str, tuple] = {}
-    for e, (m, _) in parsed.items():
-        ref = reference_of(m, common["temperature"])
+    for e, (m, params) in parsed.items():
+        ref = plain_of(m, common["temperature"])
         if ref:
-            refs[e] = _key(ref, {**common, **shared_params(m, ref)})
+            shared = {k: v for k, v in params.items() if k in {p.name for p in
+                                                                METHODS[ref].params}}
+            refs[e] = _key(ref, {**common, **shared_params(m, ref), **shared})
             roles.setdefault(refs[e], set()).add("reference")
     roles.setdefault(_key(baseline_of(), common), set()).add("baseline")
     return [Job(k[0], k[1], frozenset(r), titles.get(k, "")) for k, r in roles.items()], refs
@@ -115,13 +138,24 @@ def _num(x: Any, fmt: str = "{:.3g}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
-def _row(job: Job, t: RunTrace, verdict: str) -> list[str]:
+def _speedup(t: RunTrace, ref: RunTrace | None) -> float | None:
+    """Tokens per second against the plain decode's, both measured here."""
+    a, b = t.stats.get("tokens_per_s"), ref.stats.get("tokens_per_s") if ref else None
+    return a / b if a and b else None
+
+
+def _row(job: Job, t: RunTrace, ref: RunTrace | None, verdict: str) -> list[str]:
     s = t.stats
+    cost = s.get("cost") or {}
+    measured = _speedup(t, ref) if ref is not None and ref is not t else None
+    predicted = cost.get("predicted_speedup") if cost.get("kind") != "plain" else None
+    eff = measured / predicted if measured and predicted else None
     out = t.text if len(t.text) <= 80 else t.text[:79] + "…"
-    return [job.label, _num(s.get("wall_s"), "{:.2f}"), _num(s.get("tokens_per_s"), "{:.1f}"),
-            str(len(t.token_ids)), str(s.get("target_calls", "—")),
-            str(s.get("draft_calls", "—")), _num(s.get("acceptance_rate")), _num(s.get("tau")),
-            verdict, out.replace("\n", "↵")]
+    return [job.label, job.role, job.own_params, _num(s.get("wall_s"), "{:.2f}"),
+            _num(s.get("tokens_per_s"), "{:.1f}"), str(len(t.token_ids)),
+            str(s.get("target_calls", "—")), str(s.get("draft_calls", "—")),
+            _num(s.get("acceptance_rate")), _num(s.get("tau")), _num(predicted, "{:.2f}"),
+            _num(measured, "{:.2f}"), _num(eff, "{:.0%}"), verdict, out.replace("\n", "↵")]
 
 
 def _validate(prompt: str, methods: list[str], max_new: float) -> None:
@@ -160,23 +194,29 @@ def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature:
     _check_jobs(jobs)
     traces: dict[tuple, RunTrace] = {}
     for k, job in enumerate(jobs):
-        data = pairs.run_trace(target, draft, prompt, job.method, dict(job.params))
-        traces[job.key] = RunTrace.from_dict(data)
         yield (table(jobs, traces, refs), _timeline(jobs, traces),
-               f"ran {k + 1}/{len(jobs)}: {job.label}")
-    yield table(jobs, traces, refs), _timeline(jobs, traces), _note(jobs, common)
+               f"running {k + 1}/{len(jobs)}: {job.label} ({job.role}) …")
+        traces[job.key] = pairs.run_trace(target, draft, prompt, job.method, dict(job.params))
+    yield table(jobs, traces, refs), _timeline(jobs, traces), _note(jobs, traces, refs, common)
+
+
+def _ref_key(job: Job, refs: dict[str, tuple]) -> tuple | None:
+    """The plain decode a job is measured against (itself for a plain decode)."""
+    if not job.chosen:
+        return job.key
+    return refs.get(job.title or job.method)
 
 
 def verdict(job: Job, traces: dict[tuple, RunTrace], refs: dict[str, tuple],
             temperature: float) -> str:
-    """Whether a chosen method's output equals its reference decode."""
-    if not job.chosen:
-        return "reference" if "reference" in job.roles else ""
-    ref = refs.get(job.title or job.method)
+    """Whether a row's output equals its plain decode's (a plain decode is its own)."""
+    ref = _ref_key(job, refs)
     if ref is None:
-        return "n/a (sampling)" if temperature > 0 else "n/a (no reference method)"
+        return "n/a (no plain decode registered)"
     if ref == job.key:
-        return "reference"
+        return "is the plain decode"
+    if temperature > 0:
+        return "n/a (sampling: law proved by tests)"
     if ref not in traces:
         return "pending"
     return "yes" if traces[job.key].token_ids == traces[ref].token_ids else "NO"
@@ -184,8 +224,13 @@ def verdict(job: Job, traces: dict[tuple, RunTrace], refs: dict[str, tuple],
 
 def table(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]):
     temperature = dict(jobs[0].params).get("temperature", 0.0) if jobs else 0.0
-    rows = [_row(j, traces[j.key], verdict(j, traces, refs, temperature))
-            for j in jobs if j.key in traces]
+    rows = []
+    for j in jobs:
+        if j.key not in traces:
+            continue
+        ref = _ref_key(j, refs)
+        rows.append(_row(j, traces[j.key], traces.get(ref) if ref else None,
+                         verdict(j, traces, refs, temperature)))
     return pd.DataFrame(rows, columns=HEADERS)
 
 
@@ -193,12 +238,23 @@ def _timeline(jobs: list[Job], traces: dict[tuple, RunTrace]):
     return charts.timeline_figure([(j.label, traces[j.key]) for j in jobs if j.key in traces])
 
 
-def _note(jobs: list[Job], common: dict[str, Any]) -> str:
-    extra = [j.label for j in jobs if not j.chosen]
-    parts = [f"Ran {len(jobs)} decodes on the same prompt."]
+def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple],
+          common: dict[str, Any]) -> str:
+    """What ran, and for each chosen speculative run where its time went (cost model)."""
+    extra = [f"{j.label} ({j.role})" for j in jobs if not j.chosen]
+    parts = [f"Ran {len(jobs)} decodes on the same prompt, one after the other in this "
+             "process."]
     if extra:
         parts.append(f"Added: {', '.join(extra)}.")
+    parts.append("*predicted ×*: the speedup the run's own measured acceptance and costs "
+                 "predict; *measured ×*: tokens/s against its plain decode; *efficiency*: "
+                 "their ratio.")
     if common["temperature"] > 0:
         parts.append("At temperature > 0 outputs are samples: equality is checked in law by "
                      "the engine's tests, not token by token here.")
-    return " ".join(parts)
+    lines = [" ".join(parts)]
+    for j in jobs:
+        cost = traces[j.key].stats.get("cost") or {}
+        if j.chosen and cost.get("kind") not in (None, "plain"):
+            lines.append(f"- **{j.label}**: {cost['summary']}.")
+    return "\n".join(lines)

@@ -6,16 +6,39 @@ return its tuple so every event keeps all views consistent.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gradio as gr
 import pandas as pd
+from gradio.components.plot import PlotData
+from plotly.utils import PlotlyJSONEncoder
 
 from specviz import charts, forest_view, round_panel, text_view
 from specviz.state import SessionState
 
 OUTPUTS = ("forest", "progress", "posterior", "text", "round_md", "run_md", "tests",
            "beams", "extras", "slider")
+PLOTS = ("forest", "progress", "posterior")
+
+
+def _figure_parts(fig) -> tuple[str, dict[str, Any]]:
+    d = fig.to_plotly_json()
+    return json.dumps(d["data"], cls=PlotlyJSONEncoder), d["layout"]
+
+
+def progress_plot(state: SessionState) -> Any:
+    """The per-round charts with the selected round marked. The figure is built once per
+    trace (O(rounds) and slow in plotly); navigation only moves the marker in its JSON."""
+    trace, i = state.trace, state.round
+    if trace is None or not trace.rounds:
+        return charts.progress_figure(trace, i)
+    data, layout = state.cached("progress", lambda: _figure_parts(
+        charts.progress_figure(trace, 0)))
+    i = min(max(i, 0), len(trace.rounds) - 1)
+    marked = {**layout, "shapes": [{**sh, "x0": i, "x1": i} for sh in layout.get("shapes", [])]}
+    return PlotData(type="plotly", plot='{"data": ' + data + ', "layout": '
+                    + json.dumps(marked, cls=PlotlyJSONEncoder) + "}")
 
 
 def views(state: SessionState) -> dict[str, Any]:
@@ -25,9 +48,9 @@ def views(state: SessionState) -> dict[str, Any]:
     beams = round_panel.beam_rows(trace, i)
     return {
         "forest": forest_view.forest_figure(trace, i),
-        "progress": charts.progress_figure(trace, i),
+        "progress": progress_plot(state),
         "posterior": charts.posterior_figure(trace, i),
-        "text": text_view.segments(trace),
+        "text": state.cached("text", lambda: text_view.segments(trace)),
         "round_md": round_panel.round_markdown(trace, i),
         "run_md": round_panel.run_markdown(trace, state.live, state.source),
         "tests": pd.DataFrame(round_panel.test_rows(trace, i),
@@ -49,4 +72,7 @@ def render(state: SessionState) -> tuple[Any, ...]:
     out["beams"] = gr.Dataframe(value=v["beams"], visible=v["beams_visible"])
     out["slider"] = gr.Slider(minimum=0, maximum=v["slider_max"], value=v["slider"], step=1,
                               interactive=v["slider_interactive"], label=v["slider_label"])
+    for k in PLOTS:  # serialised here, so a handler's measured time includes it
+        if not isinstance(out[k], PlotData):
+            out[k] = PlotData(type="plotly", plot=out[k].to_json())
     return tuple(out[k] for k in OUTPUTS)

@@ -173,5 +173,12 @@ def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -
         f"acceptance {_num(s.get('acceptance_rate'))} · tau {_num(s.get('tau'))} · "
         f"target calls {_num(s.get('target_calls'))} · draft calls "
         f"{_num(s.get('draft_calls'))} · wall {_num(s.get('wall_s'))} s · "
-        f"{_num(s.get('tokens_per_s'))} tok/s"
+        f"{_num(s.get('tokens_per_s'))} tok/s" + cost_markdown(s.get("cost"))
     )
+
+
+def cost_markdown(cost: dict[str, Any] | None) -> str:
+    """The run's cost model (engine.costs): predicted vs measured speedup and why."""
+    if not cost or not cost.get("summary"):
+        return ""
+    return f"\n\n**Cost model**: {cost['summary']}."

@@ -1,15 +1,18 @@
-"""Per-session UI state kept in ``gr.State``: a JSON-able dataclass, never tensors.
+"""Per-session UI state kept in ``gr.State``: the parsed RunTrace and the selected round.
 
-The trace is stored in its ``RunTrace.to_dict()`` form so a session can be exported,
-imported and replayed without a model.
+The trace is held as a RunTrace object, parsed once (from a run, an import or the demo file),
+never re-parsed by navigation; views that depend on the whole trace but not on the selected
+round (the text, the per-round series) are computed once per trace and kept in ``memo``,
+which every navigation copy of the state shares. Gradio keeps a State value by reference
+(it copies only the initial value, once per session).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.trace import RunTrace
 
@@ -21,42 +24,54 @@ DEMO_TRACE = ASSETS / "demo_trace.json"
 class SessionState:
     """What one browser session is looking at.
 
-    trace: a RunTrace dict (possibly partial while a run streams), or None.
+    trace: the RunTrace (possibly partial while a run streams), or None.
     round: index of the selected round.
     source: "demo" | "run" | "import" | "" (where the trace came from).
+    live: a run is streaming into this state.
     """
 
-    trace: dict[str, Any] | None = None
+    trace: RunTrace | None = None
     round: int = 0
     source: str = ""
-    live: bool = False  # a run is streaming into this state
+    live: bool = False
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_rounds(self) -> int:
-        return len(self.trace["rounds"]) if self.trace else 0
+        return len(self.trace.rounds) if self.trace else 0
 
     def run_trace(self) -> RunTrace | None:
-        return RunTrace.from_dict(self.trace) if self.trace else None
+        return self.trace
 
     def at(self, index: int) -> SessionState:
-        """A copy with the selected round clamped into range."""
+        """A copy with the selected round clamped into range (same trace, same memo)."""
         last = max(self.n_rounds - 1, 0)
         return replace(self, round=min(max(int(index), 0), last))
 
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """A value derived from the whole trace, built once per trace (not while live)."""
+        if self.live:
+            return build()
+        if key not in self.memo:
+            self.memo[key] = build()
+        return self.memo[key]
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        trace = self.trace.to_dict() if self.trace else None
+        return json.dumps({"trace": trace, "round": self.round, "source": self.source,
+                           "live": self.live})
 
     @classmethod
     def from_json(cls, text: str) -> SessionState:
-        return cls(**json.loads(text))
+        d = json.loads(text)
+        trace = RunTrace.from_dict(d["trace"]) if d.get("trace") else None
+        return cls(trace, d.get("round", 0), d.get("source", ""), d.get("live", False))
 
 
 def coerce(state: Any) -> SessionState:
-    """A SessionState from whatever gr.State hands back (dataclass, dict or None)."""
+    """A SessionState from whatever gr.State hands back (dataclass or None)."""
     if isinstance(state, SessionState):
         return state
-    if isinstance(state, dict):
-        return SessionState(**state)
     return SessionState()
 
 
@@ -65,8 +80,7 @@ def demo_state() -> SessionState:
     (a more telling first view than an all-rejected round); empty state if it is missing."""
     if not DEMO_TRACE.exists():
         return SessionState()
-    data = json.loads(DEMO_TRACE.read_text())
-    RunTrace.from_dict(data)  # fail early if the shipped file no longer matches the contract
-    accepted = [r.get("accepted", 0) for r in data["rounds"]]
+    trace = RunTrace.from_json(DEMO_TRACE.read_text())
+    accepted = [r.accepted for r in trace.rounds]
     first = accepted.index(max(accepted)) if accepted else 0
-    return SessionState(trace=data, round=first, source="demo")
+    return SessionState(trace=trace, round=first, source="demo")

@@ -198,7 +198,10 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
         method: method selected at start (default: the demo trace's, else "sd").
     """
     state0 = demo_state() if demo_trace else SessionState()
-    method0 = method or (state0.trace or {}).get("method") or "sd"
+    trace0 = state0.trace
+    opening = ({"method": trace0.method, "params": trace0.params, "prompt": trace0.prompt}
+               if trace0 is not None else {})
+    method0 = method or opening.get("method") or "sd"
     method0 = method0 if method0 in METHODS else next(iter(METHODS))
     v = views(state0)
     with gr.Blocks(title="specviz", fill_width=True) as demo:
@@ -209,7 +212,7 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
             with gr.Tab("Debugger", id="debugger"):
                 with gr.Row():
                     with gr.Column(scale=1, min_width=300, elem_classes="sv-controls"):
-                        c = _controls(method0, target, draft, state0.trace or {})
+                        c = _controls(method0, target, draft, opening)
                     with gr.Column(scale=3):
                         o = _views(v)
             with gr.Tab("Compare", id="compare"):

@@ -11,14 +11,12 @@ Cali-TS (``controller=cali_ts``) takes theta_M from the predictor trained for th
 (engine.predictor; ``predictor=auto`` uses it when one ships beside the drafter's weights,
 else the constant ``theta_m``). Its features: the target's final hidden state that produced
 the round's root (kept from the last verify; none in round 0) and the drafter's final hidden
-state that produced the newest draft token. At temperature 0 the run can also time
-``generate(do_sample=False)`` on the same prompt right after it and report
-``speedup_vs_greedy_generate`` in the run's stats.
+state that produced the newest draft token. Timing against ``generate()`` is the job of
+``bench`` and the Compare tab, never of a run.
 """
 
 from __future__ import annotations
 
-import time
 import weakref
 from dataclasses import replace
 
@@ -61,10 +59,7 @@ class EESD(TreeSpeculation):
         super().__init__(chain.cfg, chain.controller)
         self.exit_drafter = params["exit_drafter"]
         self.predictor_kind = params["predictor"]
-        self.compare = params["compare_generate"]
         self.share_kv = params["share_kv"]
-        self.greedy = True
-        self.max_new = 0
         self.h_target: torch.Tensor | None = None  # (d,) target state behind the root
 
     def start(self, ctx) -> None:
@@ -75,8 +70,6 @@ class EESD(TreeSpeculation):
             trunk = SharedTrunk(ctx.pair.target, drafter)
             ctx.target = SharedSide(trunk, "target")
             ctx.drafter = SharedDrafter(drafter, trunk)
-        self.greedy = ctx.warp.greedy
-        self.max_new = ctx.cfg.max_new_tokens
         self._name = ctx.drafter.name
         self.h_target = None
         self._use_predictor(drafter)
@@ -124,23 +117,6 @@ class EESD(TreeSpeculation):
         self.controller.observe(verdict.drafted, verdict.accepted)
         return self.controller.state()
 
-    def run_stats(self, pair, prompt_ids: list[int], token_ids: list[int], stats: dict) -> dict:
-        """Run-level stats: at temperature 0, time generate(do_sample=False) right after."""
-        if not (self.compare and self.greedy):
-            return {}
-        ids = torch.tensor([prompt_ids], device=next(pair.target.parameters()).device)
-        pad = pair.target.generation_config.pad_token_id
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = pair.target.generate(ids, attention_mask=torch.ones_like(ids),
-                                       do_sample=False, max_new_tokens=self.max_new,
-                                       pad_token_id=pad)
-        ref_s = time.perf_counter() - t0
-        ref = out[0, ids.shape[1]:].tolist()
-        wall = stats.get("wall_s") or float("nan")
-        return {"greedy_generate_s": ref_s, "speedup_vs_greedy_generate": ref_s / wall,
-                "equals_greedy_generate": ref == list(token_ids)}
-
 
 PARAMS = (
     ParamSpec("gamma", int, 4, "draft tokens per round with the fixed controller (heuristic: "
@@ -153,9 +129,6 @@ PARAMS = (
               choices=PREDICTOR_CHOICES, advanced=True),
     ParamSpec("share_kv", bool, True, "share the first N layers' KV cache between drafter and "
               "target: the verify pass starts drafted tokens at layer N+1 (EESD §1.2)",
-              advanced=True),
-    ParamSpec("compare_generate", bool, True, "at temperature 0, time generate(do_sample="
-              "False) on the same prompt afterwards (stats: speedup_vs_greedy_generate)",
               advanced=True),
 )
 

@@ -36,15 +36,14 @@ def test_the_shipped_trained_drafter_is_the_default(embedded_pair):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_eesd_with_the_shipped_drafter_equals_greedy_generate(embedded_pair, prompt):
-    trace = engine.generate(embedded_pair, prompt, "eesd", max_new_tokens=N,
-                            compare_generate=False)
+    trace = engine.generate(embedded_pair, prompt, "eesd", max_new_tokens=N)
     assert list(trace.token_ids) == _ref(embedded_pair, prompt)
     assert all(r.controller is not None for r in trace.rounds)
     assert trace.stats["accepted"] > 0
 
 
 def test_trained_acceptance_is_above_the_untrained_early_exit(embedded_pair):
-    kw = dict(controller="fixed", gamma=3, max_new_tokens=24, compare_generate=False)
+    kw = dict(controller="fixed", gamma=3, max_new_tokens=24)
     prompt = PROMPTS[1]
     trained = engine.generate(embedded_pair, prompt, "eesd", **kw)
     untrained = engine.generate(embedded_pair, prompt, "eesd", exit_drafter="untrained", **kw)

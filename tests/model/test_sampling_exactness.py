@@ -124,7 +124,7 @@ def exit_pair():
 
 
 def test_eesd_with_thompson_sampling_and_a_shared_cache_matches_the_target_law(exit_pair):
-    params = {"compare_generate": False}  # defaults: Beta-TS, share_kv
+    params = {}  # defaults: Beta-TS, share_kv
     stat, threshold = chi_square(sample_counts(exit_pair, "eesd", params),
                                  exact_law(exit_pair.target), N_SAMPLES)
     assert stat < threshold, (stat, threshold)

@@ -23,7 +23,7 @@ def _pair(family="llama", trained=True):
 
 def _run(pair, share, **kw):
     return engine.generate(pair, [3, 4, 5, 6], "eesd", share_kv=share, max_new_tokens=28,
-                           compare_generate=False, **kw)
+                           **kw)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
@@ -92,7 +92,7 @@ def test_the_trunk_refuses_widths_and_trees_it_does_not_cover():
 def test_rounds_record_cache_lengths_before_the_rollback():
     pair = _pair()
     prompt = [3, 4, 5, 6]
-    trace = engine.generate(pair, prompt, "eesd", max_new_tokens=20, compare_generate=False,
+    trace = engine.generate(pair, prompt, "eesd", max_new_tokens=20,
                             controller="fixed", gamma=3)
     committed = len(prompt)
     for r in trace.rounds:

@@ -258,7 +258,33 @@ def test_empty_state_renders_placeholders():
     out = dict(zip(OUTPUTS, render(SessionState())))
     assert out["text"] == []
     assert "No trace yet" in out["round_md"]
-    assert "Run a method" in out["forest"].layout.annotations[0].text
+    assert "Run a method" in json.loads(out["forest"].plot)["layout"]["annotations"][0]["text"]
+
+
+def test_navigation_reuses_the_whole_trace_views_and_moves_only_the_marker(monkeypatch):
+    from specviz import charts, text_view
+
+    state = demo_state()
+    first = dict(zip(OUTPUTS, render(state.at(1))))
+    calls = []
+    monkeypatch.setattr(charts, "progress_figure", lambda *a: calls.append("progress"))
+    monkeypatch.setattr(text_view, "segments", lambda *a: calls.append("text"))
+    again = dict(zip(OUTPUTS, render(state.at(4))))
+    assert calls == []  # built once per trace, not per navigation event
+    assert again["text"] == first["text"]
+    marks = [sh["x0"] for sh in json.loads(again["progress"].plot)["layout"]["shapes"]]
+    assert marks and set(marks) == {4}
+    before = json.loads(first["progress"].plot)
+    assert json.loads(again["progress"].plot)["data"] == before["data"]
+
+
+def test_run_summary_states_the_cost_model():
+    from specviz import round_panel
+
+    cost = {"summary": "draft steps cost 0.20 of a target step · predicted 1.10x"}
+    assert round_panel.cost_markdown(cost) == (
+        "\n\n**Cost model**: draft steps cost 0.20 of a target step · predicted 1.10x.")
+    assert round_panel.cost_markdown(None) == "" == round_panel.cost_markdown({})
 
 
 def test_session_state_is_json_round_trippable():
@@ -268,20 +294,26 @@ def test_session_state_is_json_round_trippable():
     assert state.at(10_000).round == state.n_rounds - 1 and state.at(-5).round == 0
 
 
-def test_compare_plan_runs_each_decode_once_with_references_and_baseline():
+def test_compare_plan_runs_each_decode_once_with_plain_decodes_and_baseline():
     from specviz import compare
 
     common = {"max_new_tokens": 8, "temperature": 0.0, "seed": 0}
     jobs, refs = compare.plan(["sd", "greedy", "atspeed_strict"], common)
     labels = [j.label for j in jobs]
-    assert labels[:3] == ["sd", "greedy", "atspeed_strict"]
-    assert labels[3:] == ["beam (baseline, reference, beams=4)"]
-    assert refs["sd"] == refs["greedy"] == jobs[1].key
+    assert labels == ["sd", "greedy", "atspeed_strict", "beam"]
+    assert [j.role for j in jobs] == ["chosen", "chosen, plain decode", "chosen",
+                                      "plain decode, baseline"]
+    assert jobs[3].own_params == "beams=4"
+    assert refs["sd"] == refs["greedy"] == jobs[1].key and refs["atspeed_strict"] == jobs[3].key
     sampled, refs = compare.plan(["sd"], {**common, "temperature": 0.8})
-    assert refs == {} and [j.label for j in sampled] == ["sd", "beam (baseline, beams=4)"]
+    assert [(j.label, j.role) for j in sampled] == [("sd", "chosen"), ("sample", "plain decode"),
+                                                    ("beam", "baseline")]
+    assert refs == {"sd": sampled[1].key}
     variants, refs = compare.plan(["sd", "sd:gamma=1", "sd:gamma=4"], common)
     labels = [j.label for j in variants]
     assert labels[:2] == ["sd", "sd:gamma=1"]  # gamma=4 is sd's default: the same decode
     assert refs["sd:gamma=1"] == refs["sd"] and dict(variants[1].params)["gamma"] == 1
+    narrow, refs = compare.plan(["atspeed_strict:beams=2"], common)
+    assert dict(narrow[1].params)["beams"] == 2  # the plain decode has the run's own width
     with pytest.raises(ConfigError, match="unknown method 'nope'"):
         compare.plan(["nope:x=1"], common)

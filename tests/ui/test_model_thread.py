@@ -1,0 +1,84 @@
+"""Model work in the app: one dedicated thread, no generate() inside a run, and a run that
+fails mid-stream leaves the app usable."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from gradio_client.exceptions import AppError
+from transformers import GenerationMixin
+
+from engine import threads
+from specviz import pairs
+from specviz.render import OUTPUTS
+from tests.ui.helpers import TINY
+
+pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def _run(client, **kw):
+    args = dict(prompt="hello world", method="sd", target=TINY, draft="", p_gamma=3,
+                p_max_new_tokens=12)
+    args.update(kw)
+    return dict(zip(OUTPUTS, client.predict(api_name="/run", **args)))
+
+
+def test_every_model_call_of_run_and_compare_runs_on_the_one_model_thread(client):
+    pair = pairs.get_pair(TINY)
+    seen: set[int] = set()
+    hooks = [m.register_forward_pre_hook(lambda *_: seen.add(threading.get_ident()))
+             for m in (pair.target, pair.target.model)]
+    try:
+        _run(client, method="eesd")
+        _run(client, method="mcsd")
+        client.predict("hello world", ["sd"], 6, 0.0, 0, TINY, "", "", api_name="/compare")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {pairs.WORKER.thread.ident}
+    assert pairs.WORKER.threads == (threads.thread_count() or torch.get_num_threads())
+
+
+def test_an_eesd_run_through_the_ui_never_calls_generate(client, monkeypatch):
+    calls = []
+    original = GenerationMixin.generate
+
+    def counting(self, *a, **k):
+        calls.append(1)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(GenerationMixin, "generate", counting)
+    v = _run(client, method="eesd", p_max_new_tokens=16)
+    assert v["run_md"].startswith("**eesd**") and "running" not in v["run_md"]
+    assert calls == []
+
+
+def test_a_run_that_fails_mid_stream_keeps_its_rounds_and_the_app_usable(client, monkeypatch):
+    real = pairs._start
+
+    def failing_start(*a, **k):
+        run = real(*a, **k)
+        step = type(run).__next__
+
+        class Failing(type(run)):
+            def __next__(self):
+                if self.rounds >= 2:
+                    raise RuntimeError("boom in round 2")
+                return step(self)
+
+        run.__class__ = Failing
+        return run
+
+    monkeypatch.setattr(pairs, "_start", failing_start)
+    job = client.submit(prompt="hello world", method="sd", target=TINY, draft="", p_gamma=3,
+                        p_max_new_tokens=20, api_name="/run")
+    with pytest.raises(AppError) as err:
+        job.result()
+    assert "boom in round 2" in str(err.value) and "\n" not in str(err.value)
+    kept = dict(zip(OUTPUTS, job.outputs()[-1]))
+    assert "in 2 rounds" in kept["run_md"] and "running" not in kept["run_md"]
+    monkeypatch.setattr(pairs, "_start", real)
+    v = _run(client)  # the model thread is free again
+    assert "12 tokens in" in v["run_md"]

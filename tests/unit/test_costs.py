@@ -1,0 +1,67 @@
+"""The cost model (engine.costs) on literal numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import costs
+from engine.trace import ACCEPTED, REJECTED, RESAMPLED, CommittedToken, NodeTrace, RoundTrace
+from tests.conftest import tiny_pair
+
+
+def test_expected_tokens_is_leviathans_geometric_sum():
+    assert costs.expected_tokens(0.0, 4) == 1.0
+    assert costs.expected_tokens(1.0, 4) == 5.0
+    assert costs.expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_break_even_acceptance_solves_expected_tokens_equals_cost():
+    # gamma 1, draft 0.2, verify 1.0: 1 + a = 1.2 -> a = 0.2
+    assert costs.break_even_acceptance(1, 0.2, 1.0) == pytest.approx(0.2, abs=1e-9)
+    assert costs.break_even_acceptance(2, 0.0, 1.0) == 0.0  # free drafts pay at once
+    assert costs.break_even_acceptance(1, 1.5, 1.0) is None  # 2 tokens < 2.5 steps
+
+
+def _node(i, depth, status):
+    return NodeTrace(i, i - 1, 0, depth, 7, "x", 0.5, 0.5, status)
+
+
+def _chain_round(index, accepted, timings):
+    nodes = [_node(0, 1, ACCEPTED if accepted else REJECTED), _node(1, 2, REJECTED),
+             NodeTrace(2, -1, 0, 1, 8, "y", None, None, RESAMPLED)]
+    committed = tuple(CommittedToken(7, "x", "accepted") for _ in range(accepted + 1))
+    return RoundTrace(index, nodes=tuple(nodes), committed=committed, drafted=2,
+                      accepted=accepted, target_calls=1, draft_calls=2, timings=timings)
+
+
+def test_chain_cost_model_from_measured_phases():
+    pair = tiny_pair()
+    costs.record_step(pair.target, 1, 0.1)
+    t = {"propose": 0.04, "score": 0.12, "verify": 0.01, "commit": 0.01, "observe": 0.0}
+    rounds = [_chain_round(0, 0, {"propose": 9.0}), _chain_round(1, 1, t),
+              _chain_round(2, 1, t)]  # round 0 (prefill) is left out
+    out = costs.cost_model(pair, "sd", {}, rounds, {})
+    assert out["kind"] == "chain"
+    assert out["c_draft"] == pytest.approx(0.2) and out["c_verify"] == pytest.approx(1.2)
+    assert out["acceptance"] == pytest.approx(0.5) and out["gamma"] == pytest.approx(2)
+    assert out["predicted_speedup"] == pytest.approx(1.75 / 1.6)
+    assert out["measured_speedup"] == pytest.approx(4 * 0.1 / 0.36)
+    assert out["efficiency"] == pytest.approx((0.4 / 0.36) / (1.75 / 1.6))
+    assert out["break_even_acceptance"] == pytest.approx(
+        costs.break_even_acceptance(2, 0.2, 1.2))
+    assert "draft steps cost 0.20 of a target step" in out["summary"]
+
+
+def test_a_plain_run_records_its_step_for_later_runs():
+    pair = tiny_pair()
+    rounds = [RoundTrace(i, committed=(CommittedToken(1, "a", "target"),), target_calls=1,
+                         timings={"score": 0.05 + 0.01 * i}) for i in range(4)]
+    out = costs.cost_model(pair, "greedy", {}, rounds, {})
+    assert out["kind"] == "plain" and out["t_step_s"] == pytest.approx(0.07)
+    assert costs.plain_step_s(pair, 1) == pytest.approx(0.07)
+
+
+def test_calibration_measures_a_plain_step_when_none_is_known():
+    pair = tiny_pair(seed=5)
+    step = costs.plain_step_s(pair, 2)
+    assert step > 0 and costs.plain_step_s(pair, 2) == step  # measured once
