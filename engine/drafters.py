@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError
+from engine.paths import ASSETS
 from engine.runner import CachedModel
 
 
@@ -140,7 +141,7 @@ class EarlyExitDrafter:
 
 # --------------------------------------------------------------- trained early exit (EESD §1)
 
-DRAFTER_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafter"
+DRAFTER_DIR = ASSETS / "drafter"
 WEIGHTS_FILE = "extra_layer.safetensors"
 UNTRAINED_SPECS = ("early-exit-untrained", "early_exit_untrained")
 TRAINED_SPECS = ("early-exit-trained", "early_exit_trained")

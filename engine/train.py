@@ -32,6 +32,7 @@ from torch import nn
 
 from engine import train_predictor
 from engine.errors import ConfigError
+from engine.paths import ASSETS
 from engine.train_data import (
     TEACHER_OBJECTIVES,
     Example,
@@ -43,7 +44,6 @@ from engine.train_data import (
 )
 
 OBJECTIVES = ("ce", "wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r")
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
 # ------------------------------------------------------------------------------ pure losses

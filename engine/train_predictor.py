@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.paths import ASSETS
 from engine.predictor import MAX_STEP, CaliPredictor, draft_confidence
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 FEATURES = ("paper", "confidence")  # hidden states only (EESD Eq. 5), or + draft confidence
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
+from engine.paths import ASSETS
 from engine.trace import RunTrace
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEMO_TRACE = ASSETS / "demo_trace.json"
 
 
