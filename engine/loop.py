@@ -71,10 +71,15 @@ class RunContext:
         return self.draft.feed(tokens, parents)
 
 
+def eos_token_ids(gen_cfg) -> tuple[int, ...]:
+    """EOS ids of a GenerationConfig in the order given (as generate() reads them)."""
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    return (eos,) if isinstance(eos, int) else tuple(eos or ())
+
+
 def eos_ids(model: torch.nn.Module) -> frozenset[int]:
-    """EOS ids of the model's generation config (as generate() uses them)."""
-    eos = model.generation_config.eos_token_id
-    return frozenset([eos] if isinstance(eos, int) else (eos or []))
+    """EOS ids of the model's generation config, as a set."""
+    return frozenset(eos_token_ids(model.generation_config))
 
 
 def _sync(device: torch.device) -> None:
