@@ -42,3 +42,19 @@ def embedded_pair():
     import engine
 
     return engine.load_pair(device="cpu")
+
+
+STATS_SUMMARY: list[str] = []  # sample sizes and powers of the statistical tests (tests/stats.py)
+
+
+@pytest.fixture(scope="session")
+def stats_summary() -> list[str]:
+    """Lines a statistical test adds (its N and power); printed at the end of the run."""
+    return STATS_SUMMARY
+
+
+def pytest_terminal_summary(terminalreporter):
+    if STATS_SUMMARY:
+        terminalreporter.section("statistical tests: sample size N and power")
+        for line in STATS_SUMMARY:
+            terminalreporter.write_line(line)
