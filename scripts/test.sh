@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The whole suite: lint, then two pytest processes side by side (one per core): the
-# 20,000-sample chi-square tests in one, everything else (unit, model, embedded, UI,
-# browser) in the other. Exit code is non-zero if either fails.
+# The whole suite: lint, then two pytest processes side by side (one per core) that take about
+# the same time: tests/unit + tests/model (with the chi-square end-to-end laws, marked slow) in
+# one, everything else (the embedded model, the UI, the browser) in the other. Arguments go to
+# both (e.g. -m "not slow"). Exit code is non-zero if either fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p artifacts
 .venv/bin/python -m ruff check engine specviz tests app.py || exit 1
-CHI=tests/model/test_sampling_exactness.py
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 "$CHI" \
-    > artifacts/chi-square.log 2>&1 &
-chi=$!
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --ignore="$CHI" "$@"
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=10)
+FIRST=(tests/unit tests/model)
+"${PYTEST[@]}" "${FIRST[@]}" "$@" > artifacts/unit-model.log 2>&1 &
+first=$!
+"${PYTEST[@]}" tests "${FIRST[@]/#/--ignore=}" "$@"
 rest=$?
-wait "$chi"
-chi_rc=$?
-echo "---- chi-square tests ($CHI) ----"
-cat artifacts/chi-square.log
-[ "$rest" -eq 0 ] && [ "$chi_rc" -eq 0 ]
+wait "$first"
+first_rc=$?
+echo "---- ${FIRST[*]} (artifacts/unit-model.log) ----"
+cat artifacts/unit-model.log
+[ "$rest" -eq 0 ] && [ "$first_rc" -eq 0 ]

@@ -86,21 +86,29 @@ def draft_law(models):
     return exact_law(models[1])
 
 
-def sized(law: dict, wrong: dict, label: str, summary: list, **kw) -> int:
-    """N from the power calculation against wrong; adds N and the power to the summary."""
+def powers(law: dict, wrong: dict, n: int) -> str:
+    return (f"power {power(law, wrong, n):.4f} (ncx2) / "
+            f"{simulated_power(law, wrong, n):.4f} (simulated)")
+
+
+def exactness_size(law: dict, q_law: dict) -> tuple[int, str]:
+    """N for an exactness test (power >= POWER against the mixture towards q's law at TV) and
+    a line stating N and the power against that mixture and against q's law itself."""
+    mixture = mixture_at_tv(law, q_law, TV)
+    n = sample_size(law, mixture)
+    return n, (f"N={n}, {powers(law, mixture, n)} against the TV {TV} mixture, "
+               f"{powers(law, q_law, n)} against q's law (TV {tv(law, q_law):.2f})")
+
+
+def control_size(law: dict, wrong: dict, **kw) -> tuple[int, str]:
+    """N for a negative control: power >= POWER against the wrong rule's exact law."""
     n = sample_size(law, wrong, **kw)
-    summary.append(f"{label}: N={n}, power {power(law, wrong, n):.4f} (ncx2) / "
-                   f"{simulated_power(law, wrong, n):.4f} (simulated), TV {tv(law, wrong):.3f}")
-    return n
+    return n, f"N={n}, {powers(law, wrong, n)} against its law (TV {tv(law, wrong):.3f})"
 
 
-def exactness_n(law: dict, q_law: dict, label: str, summary: list) -> int:
-    """N for an exactness test: power >= POWER against the TV mixture towards q's law."""
-    n = sized(law, mixture_at_tv(law, q_law, TV), f"{label} vs TV {TV} mixture", summary)
-    summary.append(f"{label} vs q's law: power {power(law, q_law, n):.4f} (ncx2) / "
-                   f"{simulated_power(law, q_law, n):.4f} (simulated)")
-    return n
-
+@pytest.fixture(scope="module")
+def pair_size(law, draft_law):
+    return exactness_size(law, draft_law)
 
 
 def sample_counts(pair, method, params, seeds) -> dict:
@@ -122,9 +130,10 @@ def sample_counts(pair, method, params, seeds) -> dict:
     ("greedy_drafts", {"k_config": "3x2"}),
     ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
 ])
-def test_sampling_method_matches_the_target_law_of_continuations(pair, law, draft_law, method,
+def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, method,
                                                                  params, stats_summary):
-    n = exactness_n(law, draft_law, f"{method} {params}", stats_summary)
+    n, note = pair_size
+    stats_summary.append(f"{method} {params}: {note}")
     stat, threshold = chi_square(sample_counts(pair, method, params, range(n)), law, n)
     assert stat < threshold, (method, params, n, stat, threshold)
 
@@ -144,7 +153,8 @@ def always_accept_law(models):
 
 def test_the_check_rejects_a_rule_that_ignores_the_target(pair, law, always_accept_law,
                                                           monkeypatch, stats_summary):
-    n = sized(law, always_accept_law, "control: sd always accepting", stats_summary, step=10)
+    n, note = control_size(law, always_accept_law, step=10)
+    stats_summary.append(f"control, sd always accepting: {note}")
     monkeypatch.setitem(token_rules.RULES, "sd", _always_accept)
     monkeypatch.setitem(token_method.RULES, "sd", _always_accept)
     stat, threshold = chi_square(sample_counts(pair, "sd", {"gamma": 2}, range(n)), law, n)
@@ -158,7 +168,8 @@ def test_the_check_rejects_a_rule_that_ignores_the_target_in_a_few_runs(
     otherwise: the law (1 - e) p + e always_accept_law at TV distance TV from p."""
     wrong = mixture_at_tv(law, always_accept_law, TV)
     e = TV / tv(law, always_accept_law)
-    n = sized(law, wrong, f"control: sd always accepting in {e:.1%} of runs", stats_summary)
+    n, note = control_size(law, wrong)
+    stats_summary.append(f"control, sd always accepting in {e:.1%} of runs: {note}")
     bad = np.random.default_rng(12345).random(n) < e  # (n,) which seeds run the wrong rule
     counts = sample_counts(pair, "sd", {"gamma": 2}, np.flatnonzero(~bad).tolist())
     monkeypatch.setitem(token_rules.RULES, "sd", _always_accept)
@@ -186,12 +197,13 @@ def test_eesd_with_thompson_sampling_and_a_shared_cache_matches_the_target_law(e
                                                                                stats_summary):
     params = {}  # defaults: Beta-TS, share_kv
     law = exact_law(exit_pair.target)
-    n = exactness_n(law, exact_law(exit_pair.drafter.model), "eesd {}", stats_summary)
+    n, note = exactness_size(law, exact_law(exit_pair.drafter.model))
+    stats_summary.append(f"eesd {params}: {note}")
     stat, threshold = chi_square(sample_counts(exit_pair, "eesd", params, range(n)), law, n)
     assert stat < threshold, (n, stat, threshold)
 
 
-def test_the_power_calculation_is_right_about_a_known_case(stats_summary):
+def test_the_power_calculation_is_right_about_a_known_case():
     """Uniform law on 4 cells against a wrong law with the same chi2 distance: the
     noncentral and the simulated power agree, and sample_size reaches POWER by both."""
     law = {i: 0.25 for i in range(4)}
