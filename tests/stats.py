@@ -13,6 +13,7 @@ from scipy.stats import chi2, ncx2
 
 ALPHA = 1e-6  # false-alarm probability of each test (its seeds are fixed: a deterministic test)
 POWER = 0.99  # the probability each test rejects the wrong law it is sized against
+TV = 0.05  # TV distance from p of the subtle wrong law an exactness test is sized to reject
 
 
 def merged_cells(law: dict, n: int) -> list[tuple]:
@@ -86,3 +87,25 @@ def mixture_at_tv(law: dict, other: dict, distance: float) -> dict:
     rule that ignores p in a fraction e of runs and is right otherwise."""
     e = distance / tv(law, other)
     return {c: (1 - e) * law.get(c, 0.0) + e * other.get(c, 0.0) for c in set(law) | set(other)}
+
+
+def powers(law: dict, wrong: dict, n: int) -> str:
+    """The power of the n-run test against wrong, both ways, for the run's summary."""
+    return (f"power {power(law, wrong, n):.4f} (ncx2) / "
+            f"{simulated_power(law, wrong, n):.4f} (simulated)")
+
+
+def exactness_size(law: dict, q_law: dict, distance: float = TV) -> tuple[int, str]:
+    """N for an exactness test: power >= POWER against the law of a rule that ignores p in
+    just enough runs to be distance (TV) away from p, the mixture towards q's law. Also a line
+    stating N and the power against that mixture and against q's law itself."""
+    mixture = mixture_at_tv(law, q_law, distance)
+    n = sample_size(law, mixture)
+    return n, (f"N={n}, {powers(law, mixture, n)} against the TV {distance} mixture, "
+               f"{powers(law, q_law, n)} against q's law (TV {tv(law, q_law):.2f})")
+
+
+def control_size(law: dict, wrong: dict, **kw) -> tuple[int, str]:
+    """N for a negative control: power >= POWER against the wrong rule's exact law."""
+    n = sample_size(law, wrong, **kw)
+    return n, f"N={n}, {powers(law, wrong, n)} against its law (TV {tv(law, wrong):.3f})"
