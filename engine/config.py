@@ -94,7 +94,7 @@ class RunConfig:
 
 
 def parse_k_config(text: str | tuple[int, ...]) -> tuple[int, ...]:
-    """'4x2x2' or '4,2,2' -> (4, 2, 2) (MCSD §3.1)."""
+    """'4x2x2' or '4,2,2' -> (4, 2, 2): MCSD's k-config, children per depth (MCSD §4.3-4.4)."""
     if isinstance(text, tuple):
         ks = text
     else:

@@ -3,9 +3,12 @@
 The round loop drafts one token at a time and, after each drafted token, asks
 :meth:`Controller.should_continue` (EESD Alg. 1 steps 6-11: draft first, then sample theta, then
 chi ~ Bernoulli(theta), stop on chi = 0). After verification it calls
-:meth:`Controller.observe` (Alg. 1 step 18). A hard cap bounds every round (note 004 §2.1).
+:meth:`Controller.observe` (Alg. 1 step 18). The paper bounds a round only by the token budget
+(Alg. 1 step 5); here a hard cap K_max bounds every round too (docs/derivations.md, EESD).
 
 The posterior is per request (Alg. 1 step 1): build one controller per generation.
+``features`` are opaque here: they go unchanged to a Cali-TS predictor (an
+:class:`engine.predictor.CaliFeatures` for the trained one, None for a constant theta_M).
 Every random draw goes through a :class:`~engine.sampling.Chooser` (or a ``torch.Generator``
 wrapped into one), never the global RNG. ``state()`` is the JSON snapshot the trace stores.
 The math (variates, densities, posterior updates) is in :mod:`engine.posterior`.
@@ -30,7 +33,8 @@ from engine.posterior import (
 )
 from engine.sampling import Chooser, as_chooser
 
-Predictor = Callable[[torch.Tensor | None], float]
+Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing
+Predictor = Callable[[Features], float]  # features -> theta_M in [0, 1] (EESD Eq. 5)
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -101,7 +105,7 @@ class ConstantPredictor:
     def __post_init__(self) -> None:
         _check(0 <= self.theta_M <= 1, f"theta_M must be in [0, 1], got {self.theta_M}")
 
-    def __call__(self, features: torch.Tensor | None = None) -> float:
+    def __call__(self, features: Features = None) -> float:
         return self.theta_M
 
 
@@ -114,7 +118,7 @@ class Controller(Protocol):
     def begin_round(self) -> None: ...
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         """Called after the `drafted`-th token of the round (>= 1); False stops drafting.
         Always False once drafted >= the round's cap. Records theta and the decision."""
@@ -196,7 +200,7 @@ class _LengthController(_RoundRecorder):
     """A controller whose round length is decided before the round (no sampling)."""
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         if self._at_limit(drafted, "length"):
             return False
@@ -282,7 +286,7 @@ class BetaTSController(_RoundRecorder):
         return self.config.cap
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         if self._at_limit(drafted, "cap"):
             return False
@@ -294,8 +298,8 @@ class BetaTSController(_RoundRecorder):
 
 class CaliTSController(_RoundRecorder):
     """Cali-TS (EESD Sec. 3.3, Alg. 3): theta ~ N(mu, sigma^2) per draft step (Eq. 6-7), blending
-    the predictor's theta_M with the sample mean theta_hat (Eq. 8, with the note 004 §2.4 d fix
-    by default); theta is clipped to [0, 1] before chi ~ Bernoulli(theta)."""
+    the predictor's theta_M with the sample mean theta_hat (Eq. 8; by default with the fix of
+    docs/derivations.md, EESD); theta is clipped to [0, 1] before chi ~ Bernoulli(theta)."""
 
     name = "cali_ts"
 
@@ -334,7 +338,7 @@ class CaliTSController(_RoundRecorder):
         return self.config.cap
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         if self._at_limit(drafted, "cap"):
             return False

@@ -5,11 +5,11 @@ width W (the engine's own greedy round for W = 1, its beam-search round for W = 
 
 - ``c_draft`` = propose seconds per draft call / t_step (a draft step);
 - ``c_verify`` = score seconds per round / t_step (one target forward over the forest);
-- chains (one drafted path per round; Leviathan et al. 2023, Thm 3.8 with measured costs):
-  E(alpha) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at per-token acceptance alpha
-  (accepted over tested drafts, :func:`chain_acceptance`) and g
-  drafts per round, predicted speedup = E / (g c_draft + c_verify), and break-even is the
-  alpha where that equals 1;
+- chains (one drafted path per round; Leviathan et al. 2023, Eq. 1 and Thm 3.8 with measured
+  costs): E(alpha) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at per-token acceptance
+  alpha (accepted over tested drafts, :func:`chain_acceptance`) and g drafts per round,
+  predicted speedup = E / (g c_draft + c_verify), and break-even is the alpha where that
+  equals 1 (derivation in docs/derivations.md, Cost model);
 - trees and beams: predicted speedup = tokens per round / (draft calls per round x c_draft +
   c_verify);
 - measured speedup against plain decoding = committed tokens x t_step / engine seconds, and
