@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--trace", default=None, help="write the full RunTrace JSON here")
     gen.set_defaults(param_names=_method_flags(gen))
     for name, module in (("bench", "engine.bench"), ("optimal", "engine.optimal_cli"),
-                         ("train-draft", "engine.train")):
+                         ("train-draft", "engine.cli.train_draft")):
         try:
             mod = __import__(module, fromlist=["add_arguments"])
         except ImportError:
