@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from engine.cached_model import check_supported
 from engine.errors import ConfigError, ModelLoadError
-from engine.runner import check_supported
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")

@@ -395,8 +395,8 @@ def _progress(args):
 def run(args) -> int:
     """Generate target data, cache H^N, train Transformer^e, evaluate, save weights + recipe;
     then train the Cali-TS predictor for that drafter (unless --no-predictor)."""
+    from engine.cached_model import check_supported
     from engine.models import ModelPair, cache_root, load_model, resolve_device
-    from engine.runner import check_supported
 
     if args.objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective '{args.objective}'")
