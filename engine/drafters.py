@@ -1,6 +1,6 @@
 """Drafters: something that scores a forest of nodes with its own KV cache.
 
-A drafter hands the round loop a fresh :class:`~engine.runner.CachedModel` per run; the
+A drafter hands the round loop a fresh :class:`~engine.cached_model.CachedModel` per run; the
 loop feeds it the tail and forest levels and commits it like the target.
 
 - :class:`ModelDrafter`: a separate small model sharing the target's vocabulary.
@@ -25,8 +25,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from engine.cached_model import CachedModel
 from engine.errors import ConfigError
-from engine.runner import CachedModel
 from engine.weights import (
     DRAFTER_DIR,
     PREDICTOR_FILE,

@@ -11,10 +11,10 @@ from typing import Any, Iterator
 
 import torch
 
+from engine.cached_model import CachedModel, Scored
 from engine.config import RunConfig
 from engine.methods.base import Method, Verdict
 from engine.models import ModelPair
-from engine.runner import CachedModel
 from engine.sampling import TorchChooser, make_generator
 from engine.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 
@@ -40,6 +40,7 @@ class RunContext:
     round_index: int = 0
     draft_calls: int = 0
     drafter: object | None = None  # a method may set its own drafter in start()
+    scored: Scored | None = None  # the target's step-2 result of the current round
     _draft: CachedModel | None = None
 
     @property
@@ -66,7 +67,8 @@ class RunContext:
         rows = [self.prompt_ids + s for s in self.seqs]
         return torch.tensor(rows, dtype=torch.long)
 
-    def draft_feed(self, tokens=None, parents=None) -> torch.Tensor:
+    def draft_feed(self, tokens=None, parents=None) -> Scored:
+        """One draft forward (counted): the tail and/or (W, m) new nodes, see CachedModel."""
         self.draft_calls += 1
         return self.draft.feed(tokens, parents)
 
@@ -119,8 +121,8 @@ class Decoder:
         forest = self.method.propose(ctx)  # 1. propose
         _sync(dev)
         t1 = time.perf_counter()
-        p_nodes = ctx.target.feed(forest.tokens, forest.parents)  # 2. score
-        p_root = ctx.target.root_logits
+        ctx.scored = ctx.target.feed(forest.tokens, forest.parents)  # 2. score
+        p_root, p_nodes = ctx.scored.root_logits, ctx.scored.node_logits  # (W, V), (W, m, V)
         _sync(dev)
         t2 = time.perf_counter()
         verdict = self.method.verify(ctx, forest, p_root, p_nodes)  # 3. verify

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from engine.cached_model import check_supported
 from engine.errors import ConfigError, ModelLoadError
-from engine.runner import check_supported
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")

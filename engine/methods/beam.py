@@ -78,8 +78,7 @@ def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> F
     toks: list[list[int]] = [[] for _ in range(W)]
     pars: list[list[int]] = [[] for _ in range(W)]
     qtok: list[list[float]] = [[] for _ in range(W)]
-    ctx.draft_feed()
-    logits = ctx.draft.root_logits  # (W, V)
+    logits = ctx.draft_feed().root_logits  # (W, V)
     pos: list[Pos] = [(r, ROOT) for r in range(W)]
     scores = torch.tensor(root_scores, dtype=torch.float32)  # (B,)
     levels: list[Level] = []
@@ -95,7 +94,7 @@ def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> F
         scores, pos = joint.reshape(-1)[picks], level.pos
         if d + 1 < depth:  # the deepest level needs no draft forward
             out = ctx.draft_feed(torch.tensor([t[start:] for t in toks]),
-                                 torch.tensor([p[start:] for p in pars]))  # (W, m, V)
+                                 torch.tensor([p[start:] for p in pars])).node_logits  # (W, m, V)
             logits = torch.stack([out[r, n - start] for r, n in pos])  # (B, V)
     forest = Forest(tokens=torch.tensor(toks, dtype=torch.long).reshape(W, -1),
                     parents=torch.tensor(pars, dtype=torch.long).reshape(W, -1),

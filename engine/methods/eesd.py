@@ -1,17 +1,17 @@
 """EESD (Liu et al. 2024): early-exit drafting with Thompson-sampling draft-length control.
 
-Propose: the early-exit drafter (the target's first N layers + one trained layer, note 004 §1;
-the shipped trained one when it was made for the target) drafts a chain token by token; after
-each token the controller (Beta-TS by default, §2.3; Alg. 1 steps 6-11) samples theta and
-chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling, greedy match at
-temperature 0 (§3) -- the chain of :mod:`engine.methods.token`, not a copy. Observe: the
-posterior update; every round's trace holds ``controller.state()``.
+Propose: the early-exit drafter (the target's first N layers + one trained layer, EESD §3.1,
+Eq. 1; the shipped trained one when it was made for the target) drafts a chain token by token;
+after each token the controller (Beta-TS by default, §3.3, Eq. 2-4; Alg. 1 steps 6-11) samples
+theta and chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling,
+greedy match at temperature 0 (Alg. 1 step 15) -- the chain of :mod:`engine.methods.token`,
+not a copy. Observe: the posterior update; every round's trace holds ``controller.state()``.
 
 Cali-TS (``controller=cali_ts``) takes theta_M from the predictor trained for the drafter
 (engine.predictor; ``predictor=auto`` uses it when one ships beside the drafter's weights,
-else the constant ``theta_m``). Its features: the target's final hidden state that produced
-the round's root (kept from the last verify; none in round 0) and the drafter's final hidden
-state that produced the newest draft token. Timing against ``generate()`` is the job of
+else the constant ``theta_m``). Its features (Eq. 5): the target's final hidden state that
+produced the round's root (kept from the last verify; none in round 0) and the drafter's final
+hidden state that produced the newest draft token. Timing against ``generate()`` is the job of
 ``bench`` and the Compare tab, never of a run.
 """
 
@@ -87,20 +87,20 @@ class EESD(TreeSpeculation):
             self.controller.predictor = model.predict
         self._predictor_name = "trained" if model is not None else "constant"
 
-    def _features(self, depth: int, ctx) -> CaliFeatures | None:
+    def _features(self, depth: int, logits: torch.Tensor,
+                  hidden: torch.Tensor) -> CaliFeatures | None:
         if self._predictor_name != "trained":  # a constant theta_M needs no features
             return None
-        d = ctx.draft
-        h_d = d.root_hidden[0] if depth == 1 else d.node_hidden[0, -1]  # (d,) made token i
-        conf = draft_confidence(self._newest_logits)  # (2,) q's confidence in token i
-        return CaliFeatures(step=depth, target=self.h_target, draft=h_d, confidence=conf)
+        conf = draft_confidence(logits)  # (2,) q's confidence in the newest token
+        return CaliFeatures(step=depth, target=self.h_target, draft=hidden, confidence=conf)
 
     def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
         verdict = super().verify(ctx, forest, p_root, p_nodes)
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
-        tgt = ctx.target  # the state whose output is the next round's root
-        self.h_target = tgt.node_hidden[0, path[-1]] if path else tgt.root_hidden[0]  # (d,)
-        if isinstance(tgt, SharedSide):  # cache lengths before the rollback (note 004 §5.2)
+        p = ctx.scored  # the state whose output is the next round's root
+        self.h_target = p.node_hidden[0, path[-1]] if path else p.root_hidden[0]  # (d,)
+        tgt = ctx.target
+        if isinstance(tgt, SharedSide):  # cache lengths before the rollback, for the trace
             verdict.extras["kv_cache"] = {**tgt.trunk.len,
                                           "kept": tgt.trunk.committed + verdict.accepted}
         if ctx.round_index == 0:

@@ -53,7 +53,8 @@ class TreeConfig:
 
 
 def draft_dist(logits: torch.Tensor, k: int, scheme: str, ctx) -> tuple[torch.Tensor, list[int]]:
-    """Draft law q at a node and its k children (MCSD §2.5 at temperature 0).
+    """Draft law q at a node and its k children (MCSD §3.1-3.2; at temperature 0, §4.1
+    argmax sampling, the top-k law of the MCSD authors' code).
 
     Args:
         logits: (V,) draft logits at the node.
@@ -87,18 +88,17 @@ class TreeSpeculation(SingleStart):
         if budget < 1 or levels == []:
             return empty_forest(1)
         self.controller.begin_round()
-        ctx.draft_feed()
+        root = ctx.draft_feed()
         q_at: dict[int, torch.Tensor] = {}
         tokens: list[int] = []
         parents: list[int] = []
         q_tok: list[float] = []
-        frontier = [(ROOT, ctx.draft.root_logits[0])]
+        frontier = [(ROOT, root.root_logits[0], root.root_hidden[0])]  # (V,), (d,)
         depth = 0
         while frontier:
             k = self._branching(depth, levels)
             new = []
-            for node, logits in frontier:
-                self._newest_logits = logits  # (V,) made the newest draft token(s)
+            for node, logits, _ in frontier:
                 q, cands = draft_dist(logits, k, self.cfg.scheme, ctx)
                 q_at[node] = q
                 for c in cands:
@@ -107,28 +107,31 @@ class TreeSpeculation(SingleStart):
                     q_tok.append(float(q[c]))
                     new.append(len(tokens) - 1)
             depth += 1
-            if not self._go_deeper(depth, levels, budget, ctx):
+            if not self._go_deeper(depth, levels, budget, ctx, frontier[-1]):
                 break
-            logits = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
-                                    torch.tensor([[parents[i] for i in new]]))[0]
-            frontier = [(n, logits[j]) for j, n in enumerate(new)]
+            fed = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
+                                 torch.tensor([[parents[i] for i in new]]))
+            frontier = [(n, fed.node_logits[0, j], fed.node_hidden[0, j])  # (V,), (d,)
+                        for j, n in enumerate(new)]
         return Forest(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
                       q_tok=torch.tensor([q_tok]), extras={"q_at": q_at, "depth": depth})
 
     def _branching(self, depth: int, levels: list[int] | None) -> int:
         return 1 if levels is None else levels[depth]
 
-    def _go_deeper(self, depth: int, levels, budget: int, ctx) -> bool:
+    def _go_deeper(self, depth: int, levels, budget: int, ctx, newest) -> bool:
+        """Draft another level? `newest`: (node, logits, hidden) that made the newest token."""
         if levels is not None:
             if depth >= len(levels) or not self.cfg.depth_control:
                 return depth < len(levels)
-            return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
-        if depth >= budget:
+        elif depth >= budget:
             return False
-        return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
+        features = self._features(depth, newest[1], newest[2])
+        return self.controller.should_continue(depth, ctx.chooser, features)
 
-    def _features(self, depth: int, ctx):
-        """What a Cali-TS predictor sees after `depth` drafted tokens (None: nothing)."""
+    def _features(self, depth: int, logits: torch.Tensor, hidden: torch.Tensor):
+        """What a Cali-TS predictor sees after `depth` drafted tokens, the newest one drawn from
+        the draft logits (V,) at the draft state hidden (d,) (None: nothing)."""
         return None
 
     # -------------------------------------------------------------- verify
@@ -236,8 +239,8 @@ CONTROL_PARAMS = (  # everyday: the controller; advanced: its cap, priors and up
     ParamSpec("theta_hat0", float, 0.5, "Cali-TS initial sample mean theta_hat_0 (Eq. 8)",
               min=0.0, max=1.0, advanced=True),
     ParamSpec("theta_hat_rule", str, "accepted", "Cali-TS theta_hat numerator: accepted "
-              "drafts (note 004 fix) or |Q_v| (Eq. 8 as printed)", choices=THETA_HAT_RULES,
-              advanced=True),
+              "drafts (the fix in docs/derivations.md, EESD) or |Q_v| (Eq. 8 as printed)",
+              choices=THETA_HAT_RULES, advanced=True),
     ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
               "is used", min=0.0, max=1.0, advanced=True),
 )

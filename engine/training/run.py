@@ -14,7 +14,7 @@ import torch
 
 from engine.loop import eos_ids
 from engine.models import ModelPair, _quiet_transformers, cache_root, load_model, resolve_device
-from engine.runner import check_supported
+from engine.cached_model import check_supported
 from engine.training.config import TrainDraftConfig
 from engine.training.data import Progress, build_data
 from engine.training.drafter import train_drafter
