@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from engine.cached_model import check_supported
 from engine.loop import eos_ids
 from engine.models import ModelPair, _quiet_transformers, cache_root, load_model, resolve_device
-from engine.cached_model import check_supported
 from engine.training.config import TrainDraftConfig
 from engine.training.data import Progress, build_data
 from engine.training.drafter import train_drafter
