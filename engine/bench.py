@@ -218,7 +218,7 @@ def run(args) -> int:
     summary = summarize(rows, cases)
     extra = {}
     if args.optimal:
-        from engine.optimal import bench_optimal
+        from engine.optimal_bench import bench_optimal
 
         extra["optimal_ms"] = bench_optimal()
     md = markdown(summary, pair.device_name, meta)

@@ -191,7 +191,7 @@ def test_exact_acceptance_runs_on_a_full_vocabulary():
     p, q = _random_dist(11, v), _random_dist(12, v)
     cands = draw_candidates(q, 3, "with_replacement", make_generator(0))
     p_k, want, stay = p, 0.0, 1.0
-    for x in cands:  # note 002 §3.2: c(x) = sum_k a_k prod_{j<k} (1 - a_j), a_k = p_k(x)/q(x)
+    for x in cands:  # Hu et al. App. A.1: c(x) = sum_k a_k prod_{j<k} (1 - a_j), a_k = p_k(x)/q(x)
         a = min(1.0, float(p_k[x] / q[x]))
         want, stay = want + stay * a, stay * (1 - a)
         p_k, _ = residual(p_k, q)
