@@ -38,7 +38,8 @@ class RoundVerdict:
 
 
 class Method(Protocol):
-    """Hooks the round loop calls (steps 1 and 3; the loop scores, commits and observes)."""
+    """Hooks the round loop calls: start once, then per round 1. propose, 3. verify and
+    5. observe (the loop itself does 2. score and 4. commit)."""
 
     def start(self, ctx) -> None: ...
 
