@@ -46,9 +46,9 @@ Every topk runs on a ``(1, N)`` tensor built with the same float32 operations as
 transformers, so ties break the same way. This holds only on the device where generate ran,
 because CPU and CUDA topk may order exactly equal values differently.
 
-Versions: read from transformers 5.23. These rules date from the beam-search refactor
-(v4.50, PR #35802); a public copy of 5.17's helpers has the same formulas (requirements.txt
-allows >= 5.17).
+Versions: checked against transformers 5.23. The rules date from the beam-search refactor
+(v4.50, PR #35802); for 5.17, the lowest version requirements.txt allows, only a public copy
+of the helpers was compared (same formulas).
 """
 
 from __future__ import annotations
