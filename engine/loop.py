@@ -13,7 +13,7 @@ import torch
 
 from engine.cached_model import CachedModel, Scored
 from engine.config import RunConfig
-from engine.methods.base import Method, Verdict
+from engine.methods.base import Method, RoundVerdict
 from engine.models import ModelPair
 from engine.sampling import TorchChooser, make_generator
 from engine.trace import BeamTrace, CommittedToken, RoundTrace, TopK
@@ -145,7 +145,7 @@ class Decoder:
             p_top=_top_slices(p_root, p_nodes, verdict),
         )
 
-    def _commit(self, v: Verdict) -> tuple[CommittedToken, ...]:
+    def _commit(self, v: RoundVerdict) -> tuple[CommittedToken, ...]:
         """Step 4: caches compacted/reordered, sequences and origins extended."""
         ctx = self.ctx
         ctx.target.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
@@ -168,7 +168,7 @@ class Decoder:
         )
 
 
-def _top_slices(p_root, p_nodes, v: Verdict) -> tuple[TopK, ...]:
+def _top_slices(p_root, p_nodes, v: RoundVerdict) -> tuple[TopK, ...]:
     """Target top-k at each committed position of beam 0's parent row."""
     row = int(v.rows[0])
     logits = [p_root[row]] + [p_nodes[row, n] for n in v.path_nodes[0].tolist()]

@@ -13,8 +13,9 @@ from engine.trace import BeamTrace, NodeTrace, TestRecord
 
 
 @dataclass
-class Verdict:
-    """Outcome of verify: which paths survive, what is appended, and why.
+class RoundVerdict:
+    """A round's verdict (what ``Method.verify`` returns): which paths survive, what is
+    appended, and why.
 
     rows: (W',) parent row of each new beam; path_nodes / path_tokens: (W', k) kept forest
     nodes per new beam (root side first); new_tokens: (W', a) tokens appended after the path.
@@ -37,16 +38,17 @@ class Verdict:
 
 
 class Method(Protocol):
-    """Hooks the round loop calls (steps 1 and 3; the loop scores, commits and observes)."""
+    """Hooks the round loop calls: start once, then per round 1. propose, 3. verify and
+    5. observe (the loop itself does 2. score and 4. commit)."""
 
     def start(self, ctx) -> None: ...
 
     def propose(self, ctx) -> Forest: ...
 
     def verify(self, ctx, forest: Forest, p_root: torch.Tensor,
-               p_nodes: torch.Tensor) -> Verdict: ...
+               p_nodes: torch.Tensor) -> RoundVerdict: ...
 
-    def observe(self, ctx, verdict: Verdict) -> dict | None: ...
+    def observe(self, ctx, verdict: RoundVerdict) -> dict | None: ...
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from engine.config import ParamSpec
 from engine.control import CaliTSController
 from engine.drafters import EarlyExitDrafter, early_exit_drafter
 from engine.errors import ConfigError
-from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
 from engine.predictor import CaliFeatures, draft_confidence
 from engine.shared import SharedDrafter, SharedSide, SharedTrunk
@@ -94,7 +94,7 @@ class EESD(TreeSpeculation):
         conf = draft_confidence(logits)  # (2,) q's confidence in the newest token
         return CaliFeatures(step=depth, target=self.h_target, draft=hidden, confidence=conf)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
         verdict = super().verify(ctx, forest, p_root, p_nodes)
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
         p = ctx.scored  # the state whose output is the next round's root
@@ -109,7 +109,7 @@ class EESD(TreeSpeculation):
                 verdict.extras["predictor"] = self._predictor_name
         return verdict
 
-    def observe(self, ctx, verdict: Verdict) -> dict:
+    def observe(self, ctx, verdict: RoundVerdict) -> dict:
         """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior."""
         if verdict.drafted == 0:
             self.controller.begin_round()

@@ -17,7 +17,7 @@ import torch
 from engine.config import ParamSpec, parse_k_config
 from engine.control import THETA_HAT_RULES, Controller, FixedController, make_controller
 from engine.forest import ROOT, Forest, depths, empty_forest
-from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.sampling import probs_from_logits
 from engine.trace import (
@@ -135,7 +135,7 @@ class TreeSpeculation(SingleStart):
         return None
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest: Forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest: Forest, p_root, p_nodes) -> RoundVerdict:
         if forest.size == 0:
             p = probs_from_logits(p_root[0], ctx.warp)
             tok = target_token(p, ctx)
@@ -181,7 +181,7 @@ class TreeSpeculation(SingleStart):
                             final_status)
 
     def _finish(self, ctx, forest, tokens, parents, status, p_tok, tests, path, final,
-                final_status) -> Verdict:
+                final_status) -> RoundVerdict:
         q_tok = forest.q_tok[0].tolist()
         depth = depths(forest.parents)[0].tolist()
         nodes = [NodeTrace(i, parents[i], 0, depth[i], tokens[i], ctx.decode(tokens[i]),
@@ -199,7 +199,7 @@ class TreeSpeculation(SingleStart):
                                                   if self.cfg.record_optimal else {})},
         )
 
-    def observe(self, ctx, verdict: Verdict) -> dict | None:
+    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
         if verdict.drafted == 0:
             return None
         self.controller.observe(verdict.drafted, verdict.accepted)
