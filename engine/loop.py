@@ -13,6 +13,7 @@ import torch
 
 from engine.cached_model import CachedModel, Scored
 from engine.config import RunConfig
+from engine.eos import eos_ids
 from engine.methods.base import Method, RoundVerdict
 from engine.models import ModelPair
 from engine.sampling import TorchChooser, make_generator
@@ -71,17 +72,6 @@ class RunContext:
         """One draft forward (counted): the tail and/or (W, m) new nodes, see CachedModel."""
         self.draft_calls += 1
         return self.draft.feed(tokens, parents)
-
-
-def eos_token_ids(gen_cfg) -> tuple[int, ...]:
-    """EOS ids of a GenerationConfig in the order given (as generate() reads them)."""
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    return (eos,) if isinstance(eos, int) else tuple(eos or ())
-
-
-def eos_ids(model: torch.nn.Module) -> frozenset[int]:
-    """EOS ids of the model's generation config, as a set."""
-    return frozenset(eos_token_ids(model.generation_config))
 
 
 def _sync(device: torch.device) -> None:
