@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from engine.cached_model import Scored
 from engine.config import COMMON_PARAMS, ParamSpec, check_config_fields, config_from_params
 from engine.errors import ConfigError
 from engine.forest import Forest
@@ -47,8 +48,9 @@ class Method(Protocol):
 
     def propose(self, ctx) -> Forest: ...
 
-    def verify(self, ctx, forest: Forest, p_root: torch.Tensor,
-               p_nodes: torch.Tensor) -> RoundVerdict: ...
+    def verify(self, ctx, forest: Forest, scored: Scored) -> RoundVerdict:
+        """scored: the target's step-2 result on the forest (root and node logits, hidden
+        states)."""
 
     def observe(self, ctx, verdict: RoundVerdict) -> dict | None: ...
 

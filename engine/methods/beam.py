@@ -80,7 +80,8 @@ class BeamSearch(BeamStart):
         n = min(self.n, int((flat > DEAD).sum()))
         return torch.topk(flat, n).indices.tolist(), None
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth = forest_depth(forest)
         kids = children_of(forest)
         rp = Replay([(r, ROOT) for r in range(ctx.width)], [], [], {})
@@ -164,7 +165,8 @@ class BeamSampling(BeamStart):
     def propose(self, ctx) -> Forest:
         return empty_forest(ctx.width)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         roots = [(r, ROOT) for r in range(ctx.width)]
         lp = target_logprobs(p_root, p_nodes, roots)  # (K, V)
         self.state, info = beam_sample_step(self.state, lp, self.cfg, ctx.warp, ctx.chooser)

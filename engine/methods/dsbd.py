@@ -111,7 +111,8 @@ class SampledBeams(BeamStart):
         return select
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth, levels = forest_depth(forest), forest.extras.get("levels", [])
         st = Layers([(r, ROOT) for r in range(ctx.width)],
                     [s if s > DEAD else None for s in ctx.scores])

@@ -106,11 +106,12 @@ class EESD(TreeSpeculation):
         conf = draft_confidence(logits)  # (2,) q's confidence in the newest token
         return CaliFeatures(step=depth, target=self.h_target, draft=hidden, confidence=conf)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
-        verdict = super().verify(ctx, forest, p_root, p_nodes)
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        verdict = super().verify(ctx, forest, scored)
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
-        p = ctx.scored  # the state whose output is the next round's root
-        self.h_target = p.node_hidden[0, path[-1]] if path else p.root_hidden[0]  # (d,)
+        # the target state whose output is the next round's root
+        self.h_target = (scored.node_hidden[0, path[-1]] if path
+                         else scored.root_hidden[0])  # (d,)
         tgt = ctx.target
         if isinstance(tgt, SharedSide):  # cache lengths before the rollback, for the trace
             verdict.extras["kv_cache"] = {**tgt.trunk.len,

@@ -69,11 +69,12 @@ class Autoregressive(SingleStart):
     def propose(self, ctx) -> Forest:
         return empty_forest(1)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        logits = scored.root_logits[0]  # (V,)
         if self.greedy:
-            tok = int(p_root[0].argmax())
+            tok = int(logits.argmax())
         else:
-            tok = target_token(probs_from_logits(p_root[0], ctx.warp), ctx)
+            tok = target_token(probs_from_logits(logits, ctx.warp), ctx)
         return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])
 
 

@@ -14,6 +14,7 @@ from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
 
+from engine.cached_model import Scored
 from engine.config import ParamSpec, parse_k_config
 from engine.control import (
     CONTROL_PARAMS,
@@ -142,7 +143,8 @@ class TreeSpeculation(SingleStart):
         return None
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest: Forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest: Forest, scored: Scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         if forest.size == 0:
             p = probs_from_logits(p_root[0], ctx.warp)
             tok = target_token(p, ctx)
