@@ -159,8 +159,8 @@ class Decoder:
 def _top_slices(scored: Scored, v: RoundVerdict) -> tuple[TopK, ...]:
     """Target top-k at each committed position of beam 0's parent row."""
     row = int(v.rows[0])
-    logits = [scored.root_logits[row]] + [scored.node_logits[row, n]  # (V,) each
-                                          for n in v.path_nodes[0].tolist()]
+    path = v.path_nodes[0].tolist()
+    logits = [scored.root_logits[row]] + [scored.node_logits[row, n] for n in path]  # (V,) each
     out = []
     for lg in logits[: v.path_tokens.shape[1] + v.new_tokens.shape[1]]:
         probs = torch.softmax(lg.float(), dim=-1)
