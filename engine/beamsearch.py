@@ -58,6 +58,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from engine.eos import eos_token_ids
+
 NEG_SCORE = -1.0e9  # transformers' "minus infinity" for beam scores
 PAD_ID = -1  # filler for unused positions of stored finished sequences
 
@@ -113,8 +115,6 @@ class BeamConfig:
         Unset (None) values take transformers' global defaults (1.0 and False), as
         ``generate`` does.
         """
-        from engine.loop import eos_token_ids  # engine.loop imports the methods, which import us
-
         length_penalty = getattr(gen_cfg, "length_penalty", None)
         early_stopping = getattr(gen_cfg, "early_stopping", None)
         return cls(

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from engine.eos import eos_ids
 from engine.errors import ConfigError
-from engine.loop import eos_ids
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import torch
 
 from engine.beamsample import beam_sample_step
 from engine.beamsearch import beam_step
-from engine.errors import ConfigError
 from engine.forest import ROOT, Forest, empty_forest
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.beam_forest import (
@@ -30,11 +29,12 @@ from engine.methods.beam_forest import (
     DEAD,
     DRAFT_BEAMS,
     GAMMA,
+    AtSpeedConfig,
     BeamStart,
+    BeamWidthConfig,
     NewBeam,
     Pos,
     beam_verdict,
-    check_sampling,
     children_of,
     draft_forest,
     forest_depth,
@@ -63,7 +63,7 @@ class Replay:
 class BeamSearch(BeamStart):
     """Beam search (gamma = 0) or AtSpeed strict top-K verification (gamma >= 1)."""
 
-    def __init__(self, beams: int, draft_beams: int = 0, gamma: int = 0):
+    def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0):
         self.start_width, self.n, self.gamma = beams, draft_beams, gamma
 
     def propose(self, ctx) -> Forest:
@@ -80,7 +80,8 @@ class BeamSearch(BeamStart):
         n = min(self.n, int((flat > DEAD).sum()))
         return torch.topk(flat, n).indices.tolist(), None
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth = forest_depth(forest)
         kids = children_of(forest)
         rp = Replay([(r, ROOT) for r in range(ctx.width)], [], [], {})
@@ -158,13 +159,14 @@ class BeamSearch(BeamStart):
 class BeamSampling(BeamStart):
     """DSBD's beam sampling with the target only: K i.i.d. draws from p_beam per step."""
 
-    def __init__(self, beams: int):
+    def __init__(self, *, beams: int):
         self.start_width = beams
 
     def propose(self, ctx) -> Forest:
         return empty_forest(ctx.width)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         roots = [(r, ROOT) for r in range(ctx.width)]
         lp = target_logprobs(p_root, p_nodes, roots)  # (K, V)
         self.state, info = beam_sample_step(self.state, lp, self.cfg, ctx.warp, ctx.chooser)
@@ -188,18 +190,6 @@ class BeamSampling(BeamStart):
 # ------------------------------------------------------------------ registry
 
 
-def build_strict(params: dict) -> BeamSearch:
-    if params["draft_beams"] < params["beams"]:
-        raise ConfigError(f"draft_beams must be >= beams ({params['draft_beams']} < "
-                          f"{params['beams']})")
-    return BeamSearch(params["beams"], params["draft_beams"], params["gamma"])
-
-
-def build_beam_sample(params: dict) -> BeamSampling:
-    check_sampling(params)
-    return BeamSampling(params["beams"])
-
-
 register(MethodSpec(
     name="beam",
     summary="Beam search with the target only (baseline): one target call per step.",
@@ -207,7 +197,8 @@ register(MethodSpec(
     exactness="identical to generate(num_beams=K, do_sample=False): same beams, scores "
               "within 1e-4, EOS / early_stopping / length_penalty of the generation config",
     params=(BEAMS,),
-    build=lambda p: BeamSearch(p["beams"]),
+    config=BeamWidthConfig,
+    build=lambda cfg: BeamSearch(beams=cfg.beams),
     reference="beam",
     uses_draft=False,
 ))
@@ -219,9 +210,11 @@ register(MethodSpec(
     family="baseline",
     exactness="samples the beam-sampling law step by step; reproducible from the seed",
     params=(BEAMS,),
-    build=build_beam_sample,
+    config=BeamWidthConfig,
+    build=lambda cfg: BeamSampling(beams=cfg.beams),
     reference="beam_sample",
     uses_draft=False,
+    sampling_only=True,
     defaults={"temperature": 1.0},
 ))
 
@@ -233,6 +226,7 @@ register(MethodSpec(
     exactness="identical to beam search / generate(num_beams=K, do_sample=False), EOS and "
               "finished hypotheses included (the target's beam search is replayed exactly)",
     params=(BEAMS, DRAFT_BEAMS, GAMMA),
-    build=build_strict,
+    config=AtSpeedConfig,
+    build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma),
     reference="beam",
 ))

@@ -236,6 +236,23 @@ DRAFT_BEAMS = ParamSpec("draft_beams", int, 8, "draft beams N per depth (N >= K)
 GAMMA = ParamSpec("gamma", int, 3, "draft depth (beam steps drafted per round)", min=1, max=16)
 
 
-def check_sampling(params: dict) -> None:
-    if params["temperature"] <= 0:
-        raise ConfigError("beam sampling needs temperature > 0")
+@dataclass(frozen=True, kw_only=True)
+class BeamWidthConfig:
+    """beam and beam_sample: the number of target beams K."""
+
+    beams: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtSpeedConfig:
+    """atspeed_strict and atspeed_relaxed: K target beams, N >= K draft beams, gamma draft
+    steps."""
+
+    beams: int
+    draft_beams: int
+    gamma: int
+
+    def __post_init__(self) -> None:
+        if self.draft_beams < self.beams:
+            raise ConfigError(f"draft_beams must be >= beams ({self.draft_beams} < "
+                              f"{self.beams})")

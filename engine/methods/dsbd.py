@@ -36,12 +36,12 @@ from engine.methods.beam_forest import (
     DEAD,
     DRAFT_BEAMS,
     GAMMA,
+    AtSpeedConfig,
     BeamStart,
     Level,
     NewBeam,
     Pos,
     beam_verdict,
-    check_sampling,
     draft_forest,
     forest_depth,
     node_target_probs,
@@ -88,7 +88,7 @@ class Layers:
 class SampledBeams(BeamStart):
     """One round of a sampling beam method: draft forest, layers, correction or bonus."""
 
-    def __init__(self, width: int, draft_beams: int, gamma: int):
+    def __init__(self, *, width: int, draft_beams: int, gamma: int):
         self.start_width, self.n, self.gamma = width, draft_beams, gamma
         self.keep = width
 
@@ -111,7 +111,8 @@ class SampledBeams(BeamStart):
         return select
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth, levels = forest_depth(forest), forest.extras.get("levels", [])
         st = Layers([(r, ROOT) for r in range(ctx.width)],
                     [s if s > DEAD else None for s in ctx.scores])
@@ -217,9 +218,10 @@ class SampledBeams(BeamStart):
 class Dsbd(SampledBeams):
     """DSBD: i.i.d. beam-sampling drafts, dynamic-width layer verification (DSBD §3.1-3.4)."""
 
-    def __init__(self, draft_beams: int, gamma: int, threshold: float, min_width: int,
+    def __init__(self, *, draft_beams: int, gamma: int, threshold: float, min_width: int,
                  one_cache: bool):
-        super().__init__(1 if one_cache else draft_beams, draft_beams, gamma)
+        super().__init__(width=1 if one_cache else draft_beams, draft_beams=draft_beams,
+                         gamma=gamma)
         self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
         self.keep = draft_beams
 
@@ -288,19 +290,30 @@ class Relaxed(SampledBeams):
 # ------------------------------------------------------------------ registry
 
 
-def build_dsbd(p: dict) -> Dsbd:
-    check_sampling(p)
-    if p["min_width"] > p["draft_beams"]:
-        raise ConfigError(f"min_width must be <= draft_beams ({p['min_width']} > "
-                          f"{p['draft_beams']})")
-    return Dsbd(p["draft_beams"], p["gamma"], p["threshold"], p["min_width"], p["one_cache"])
+@dataclass(frozen=True, kw_only=True)
+class DsbdConfig:
+    """dsbd: W_S draft beams per layer, gamma layers per round, the width threshold t and
+    W_min <= W_S (DSBD Eq. 6-7), and one-cache mode (DSBD §3.4)."""
+
+    draft_beams: int
+    gamma: int
+    threshold: float
+    min_width: int
+    one_cache: bool
+
+    def __post_init__(self) -> None:
+        if self.min_width > self.draft_beams:
+            raise ConfigError(f"min_width must be <= draft_beams ({self.min_width} > "
+                              f"{self.draft_beams})")
 
 
-def build_relaxed(p: dict) -> Relaxed:
-    check_sampling(p)
-    if p["draft_beams"] < p["beams"]:
-        raise ConfigError(f"draft_beams must be >= beams ({p['draft_beams']} < {p['beams']})")
-    return Relaxed(p["beams"], p["draft_beams"], p["gamma"])
+def build_dsbd(cfg: DsbdConfig) -> Dsbd:
+    return Dsbd(draft_beams=cfg.draft_beams, gamma=cfg.gamma, threshold=cfg.threshold,
+                min_width=cfg.min_width, one_cache=cfg.one_cache)
+
+
+def build_relaxed(cfg: AtSpeedConfig) -> Relaxed:
+    return Relaxed(width=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma)
 
 
 register(MethodSpec(
@@ -325,8 +338,10 @@ register(MethodSpec(
         ParamSpec("one_cache", bool, False, "keep one beam after each round (§3.4)",
                   advanced=True),
     ),
+    config=DsbdConfig,
     build=build_dsbd,
     reference="beam_sample",
+    sampling_only=True,
     defaults={"temperature": 1.0},
 ))
 
@@ -339,7 +354,9 @@ register(MethodSpec(
     exactness="approximate: not lossless (output law only close to beam sampling; the TV "
               "distance is measured in tests/model/test_beam_methods.py)",
     params=(BEAMS, DRAFT_BEAMS, GAMMA),
+    config=AtSpeedConfig,
     build=build_relaxed,
     reference="beam_sample",
+    sampling_only=True,
     defaults={"temperature": 1.0},
 ))

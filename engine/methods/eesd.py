@@ -18,16 +18,16 @@ hidden state that produced the newest draft token. Timing against ``generate()``
 from __future__ import annotations
 
 import weakref
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine.config import ParamSpec
-from engine.control import CaliTSController
+from engine.control import CONTROL_PARAMS, CaliTSController, ControlConfig
 from engine.drafters import EarlyExitDrafter, early_exit_drafter
 from engine.errors import ConfigError
 from engine.methods.base import MethodSpec, RoundVerdict, register
-from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
+from engine.methods.token import EXACT, TreeSpeculation, build_chain
 from engine.predictor import CaliFeatures, draft_confidence
 from engine.shared import SharedDrafter, SharedSide, SharedTrunk
 
@@ -51,15 +51,27 @@ def drafter_for(pair, which: str = "auto") -> EarlyExitDrafter:
     return built[which]
 
 
+@dataclass(frozen=True, kw_only=True)
+class EESDConfig(ControlConfig):
+    """eesd: chain length gamma (fixed / heuristic start), its controller, the early exit
+    and the Cali-TS predictor it uses, and whether the two models share their first layers'
+    KV cache."""
+
+    gamma: int
+    exit_drafter: str  # one of EXIT_CHOICES
+    predictor: str  # one of PREDICTOR_CHOICES
+    share_kv: bool
+
+
 class EESD(TreeSpeculation):
     """A controlled chain drafted by the early exit (see module docstring)."""
 
-    def __init__(self, params: dict):
-        chain = build_chain(params, rule="sd")
-        super().__init__(chain.cfg, chain.controller)
-        self.exit_drafter = params["exit_drafter"]
-        self.predictor_kind = params["predictor"]
-        self.share_kv = params["share_kv"]
+    def __init__(self, cfg: EESDConfig):
+        chain = build_chain(cfg, gamma=cfg.gamma, rule="sd")
+        super().__init__(chain.cfg, controller=chain.controller)
+        self.exit_drafter = cfg.exit_drafter
+        self.predictor_kind = cfg.predictor
+        self.share_kv = cfg.share_kv
         self.h_target: torch.Tensor | None = None  # (d,) target state behind the root
 
     def start(self, ctx) -> None:
@@ -94,11 +106,12 @@ class EESD(TreeSpeculation):
         conf = draft_confidence(logits)  # (2,) q's confidence in the newest token
         return CaliFeatures(step=depth, target=self.h_target, draft=hidden, confidence=conf)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
-        verdict = super().verify(ctx, forest, p_root, p_nodes)
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        verdict = super().verify(ctx, forest, scored)
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
-        p = ctx.scored  # the state whose output is the next round's root
-        self.h_target = p.node_hidden[0, path[-1]] if path else p.root_hidden[0]  # (d,)
+        # the target state whose output is the next round's root
+        self.h_target = (scored.node_hidden[0, path[-1]] if path
+                         else scored.root_hidden[0])  # (d,)
         tgt = ctx.target
         if isinstance(tgt, SharedSide):  # cache lengths before the rollback, for the trace
             verdict.extras["kv_cache"] = {**tgt.trunk.len,
@@ -140,6 +153,7 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=PARAMS,
+    config=EESDConfig,
     build=EESD,
     reference="greedy",
 ))

@@ -3,6 +3,8 @@ and the end-of-round bookkeeping (EOS, token budget) every token method uses."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.forest import Forest, empty_forest
@@ -53,20 +55,26 @@ class SingleStart:
         return None
 
 
+@dataclass(frozen=True)
+class AutoregressiveConfig:
+    """greedy and sample take no parameters beyond the common ones."""
+
+
 class Autoregressive(SingleStart):
     """Greedy or multinomial sampling: an empty forest every round."""
 
-    def __init__(self, greedy: bool):
+    def __init__(self, *, greedy: bool):
         self.greedy = greedy
 
     def propose(self, ctx) -> Forest:
         return empty_forest(1)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> RoundVerdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        logits = scored.root_logits[0]  # (V,)
         if self.greedy:
-            tok = int(p_root[0].argmax())
+            tok = int(logits.argmax())
         else:
-            tok = target_token(probs_from_logits(p_root[0], ctx.warp), ctx)
+            tok = target_token(probs_from_logits(logits, ctx.warp), ctx)
         return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])
 
 
@@ -76,7 +84,8 @@ register(MethodSpec(
     family="baseline",
     exactness="token-identical to generate(do_sample=False)",
     params=(),
-    build=lambda params: Autoregressive(greedy=True),
+    config=AutoregressiveConfig,
+    build=lambda cfg: Autoregressive(greedy=True),
     reference="greedy",
     uses_draft=False,
 ))
@@ -87,7 +96,8 @@ register(MethodSpec(
     family="baseline",
     exactness="samples the warped target distribution; reproducible from the seed",
     params=(),
-    build=lambda params: Autoregressive(greedy=False),
+    config=AutoregressiveConfig,
+    build=lambda cfg: Autoregressive(greedy=False),
     reference="sample",
     uses_draft=False,
     defaults={"temperature": 1.0},

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from engine.cached_model import check_supported
-from engine.loop import eos_ids
+from engine.eos import eos_ids
 from engine.models import ModelPair, _quiet_transformers, cache_root, load_model, resolve_device
 from engine.training.config import TrainDraftConfig
 from engine.training.data import Progress, build_data
