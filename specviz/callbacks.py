@@ -117,7 +117,7 @@ class LivePace:
     ``DUTY`` of the wall time (none sooner than ``MIN_GAP_S``), and the newest round's
     forest, the costlier view, is drawn at most every ``FOREST_EVERY_S``."""
 
-    DUTY = 0.03
+    DUTY = 0.02
     MIN_GAP_S = 0.35
     FOREST_EVERY_S = 1.5
 
