@@ -77,7 +77,7 @@ def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = Fa
     ids = encode_prompt(pair, prompt, raw)
     _check_length(pair, len(ids), full["max_new_tokens"])
     tok = tokenizer_of(pair)
-    decoder = Decoder(pair, ids, spec.build(full), RunConfig.from_params(full),
+    decoder = Decoder(pair, ids, spec.make(full), RunConfig.from_params(full),
                       decode=lambda i: tok.decode([i]))
     return decoder, full, ids
 

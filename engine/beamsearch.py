@@ -1,4 +1,5 @@
-"""Step-by-step beam search (and DSBD beam sampling) over log-probabilities.
+"""Step-by-step beam search over log-probabilities, and the beam state it shares with beam
+sampling (``engine.beamsample``).
 
 This module reimplements ``transformers``' beam search (``GenerationMixin._beam_search``,
 checked against transformers 5.23) as pure functions. The caller runs the model and passes
@@ -45,25 +46,22 @@ Every topk runs on a ``(1, N)`` tensor built with the same float32 operations as
 transformers, so ties break the same way. This holds only on the device where generate ran,
 because CPU and CUDA topk may order exactly equal values differently.
 
-Versions: these rules have been unchanged in transformers from the beam-search refactor
-(v4.50, PR #35802) to 5.23. The installed 5.23 was read. The 5.17 on the GPU machine was
-not seen. A public copy of the helpers with the same formulas suggests 5.17 is identical.
+Versions: checked against transformers 5.23. The rules date from the beam-search refactor
+(v4.50, PR #35802); for 5.17, the lowest version requirements.txt allows, only a public copy
+of the helpers was compared (same formulas).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
-from engine.sampling import Chooser, Warp, as_chooser, warp_logits
+from engine.eos import eos_token_ids
 
 NEG_SCORE = -1.0e9  # transformers' "minus infinity" for beam scores
 PAD_ID = -1  # filler for unused positions of stored finished sequences
-
-LogprobFn = Callable[[torch.Tensor], torch.Tensor]  # (K, L) running sequences -> (K, V)
 
 
 # --------------------------------------------------------------------------------------
@@ -117,13 +115,6 @@ class BeamConfig:
         Unset (None) values take transformers' global defaults (1.0 and False), as
         ``generate`` does.
         """
-        eos = getattr(gen_cfg, "eos_token_id", None)
-        if eos is None:
-            eos_ids: tuple[int, ...] = ()
-        elif isinstance(eos, int):
-            eos_ids = (eos,)
-        else:
-            eos_ids = tuple(int(t) for t in eos)
         length_penalty = getattr(gen_cfg, "length_penalty", None)
         early_stopping = getattr(gen_cfg, "early_stopping", None)
         return cls(
@@ -132,7 +123,7 @@ class BeamConfig:
             prompt_len=prompt_len,
             length_penalty=1.0 if length_penalty is None else float(length_penalty),
             early_stopping=False if early_stopping is None else early_stopping,
-            eos_token_ids=eos_ids,
+            eos_token_ids=eos_token_ids(gen_cfg),
         )
 
 
@@ -182,7 +173,7 @@ class StepInfo:
         pool_scores: (P,) float32 cumulative log-prob (no length penalty).
         pool_finished: (P,) bool, hit EOS or the length limit.
         pool_admitted: (P,) bool, entered the finished top-K list at this step.
-        pool_probs: (P,) float32 sampling probability of each draw (beam sampling only).
+        pool_probs: (P,) float64 sampling probability of each draw (beam sampling only).
     New running beams (row i of the next state):
         selected: (K,) long, index into the pool.
         parents: (K,) long, old row of the prefix. Use this to reorder the KV cache.
@@ -254,7 +245,7 @@ def beam_step(
         (next state, StepInfo).
     """
     k, p = cfg.num_beams, cfg.pool_size
-    lp = _check_step_inputs(state, logprobs, cfg)  # (K, V) float32
+    lp = check_step_inputs(state, logprobs, cfg)  # (K, V) float32
     vocab = lp.shape[1]
     new_len = state.cur_len + 1
     # 1. accumulated scores of all K*V continuations (row-major: index = beam * V + token)
@@ -264,19 +255,19 @@ def beam_step(
     pool_parents = pool_idx // vocab  # (1, P)
     pool_tokens = pool_idx % vocab  # (1, P)
     # 3. which candidates hit a stopping criterion (EOS or max length)
-    hit = _hits_stop(pool_tokens, new_len, cfg)  # (1, P) bool
+    hit = hits_stop(pool_tokens, new_len, cfg)  # (1, P) bool
     # 4. next running beams: best K among unfinished (finished pushed down by 1e9)
     run_scores = pool_scores + hit.to(torch.float32) * NEG_SCORE  # (1, P)
     selected = torch.topk(run_scores, k=k)[1]  # (1, K)
     parents = pool_parents.gather(1, selected)[0]  # (K,)
     tokens = pool_tokens.gather(1, selected)[0]  # (K,)
     new_scores = run_scores.gather(1, selected)[0]  # (K,)
-    new_sequences = _extend(state.sequences, parents, tokens)  # (K, L+1)
+    new_sequences = extend_rows(state.sequences, parents, tokens)  # (K, L+1)
     # 5. admit finished candidates from the first K ranks into the finished top-K
     cand_scores = _penalised_candidate_scores(state, pool_scores, hit, new_len, cfg)  # (1, P)
-    cand_seqs = _padded(_extend(state.sequences, pool_parents[0], pool_tokens[0]), cfg)
+    cand_seqs = pad_rows(extend_rows(state.sequences, pool_parents[0], pool_tokens[0]), cfg)
     admitted_mask = hit[0] & _top_k_rank_mask(p, k, hit.device)  # (P,)
-    fin, admitted = _merge_finished(state, cand_seqs, cand_scores, admitted_mask, new_len, cfg)
+    fin, admitted = merge_finished(state, cand_seqs, cand_scores, admitted_mask, new_len, cfg)
     # 6. early-stop heuristic and stopping decision
     improvable = _improvement_possible(state.improvable, new_scores, fin[1], fin[2], new_len, cfg)
     done = _beam_search_done(improvable, fin[2], hit, cfg)
@@ -308,167 +299,12 @@ def finalize(state: BeamState, cfg: BeamConfig) -> list[Hypothesis]:
     return out
 
 
-def run_beam_search(
-    next_logprobs: LogprobFn, prompt_ids: torch.Tensor, cfg: BeamConfig
-) -> tuple[list[Hypothesis], list[StepInfo]]:
-    """Drive beam_step to the end. ``next_logprobs`` maps the running (K, L) sequences to
-    (K, V) processed log-probs."""
-    state = init_beams(prompt_ids, cfg)
-    steps: list[StepInfo] = []
-    while not state.done:
-        state, info = beam_step(state, next_logprobs(state.sequences), cfg)
-        steps.append(info)
-    return finalize(state, cfg), steps
-
-
-@torch.no_grad()
-def naive_beam_search(
-    model: Any,
-    prompt_ids: torch.Tensor,
-    cfg: BeamConfig,
-    logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[list[Hypothesis], list[StepInfo]]:
-    """Test oracle: beam search where every step runs a full forward (no KV cache).
-
-    logits_processor(sequences (K, L), logprobs (K, V)) -> (K, V) is applied after
-    log_softmax, as transformers applies its processors.
-    """
-
-    def next_logprobs(seqs: torch.Tensor) -> torch.Tensor:
-        logits = model(input_ids=seqs, use_cache=False).logits[:, -1, :].float()  # (K, V)
-        lp = torch.log_softmax(logits, dim=-1)
-        return lp if logits_processor is None else logits_processor(seqs, lp)
-
-    return run_beam_search(next_logprobs, prompt_ids, cfg)
-
-
-# --------------------------------------------------------------------------------------
-# Beam sampling (DSBD, digest 001 §1.2)
-# --------------------------------------------------------------------------------------
-
-
-def joint_scores(state: BeamState, logprobs: torch.Tensor) -> torch.Tensor:
-    """Joint log-likelihood log p(prefix_k) + log p(v | prefix_k) of every continuation.
-
-    Returns:
-        (K, V) float32. Rows with score -1e9 (placeholders or dead rows) stay near -1e9.
-    """
-    lp = logprobs.float()
-    if lp.shape[0] == 1 and state.num_beams > 1:
-        lp = lp.expand(state.num_beams, -1)
-    return lp + state.scores[:, None]  # (K, V)
-
-
-def beam_sample_probs(state: BeamState, logprobs: torch.Tensor, warp: Warp) -> torch.Tensor:
-    """DSBD's p_beam = T(norm(joint)): softmax over all K*V joint scores after ``warp``.
-
-    Temperature, top-k and top-p act on the flattened (1, K*V) vector of joint
-    log-likelihoods. Normalising before T changes nothing, because top-k and top-p are
-    invariant to a constant shift. Rows with score -1e9 get probability 0 (exp underflows).
-
-    Returns:
-        (K, V) float32 probabilities summing to 1.
-    """
-    if warp.greedy:
-        raise ValueError("beam sampling needs temperature > 0; use beam_step for top-K")
-    joint = joint_scores(state, logprobs)  # (K, V)
-    flat = warp_logits(joint.reshape(1, -1), warp)  # (1, K*V)
-    return torch.softmax(flat, dim=-1).reshape(joint.shape)
-
-
-def beam_sample_step(
-    state: BeamState,
-    logprobs: torch.Tensor,
-    cfg: BeamConfig,
-    warp: Warp,
-    rng: torch.Generator | Chooser,
-    *,
-    replacement: bool = True,
-) -> tuple[BeamState, StepInfo]:
-    """One step of DSBD beam sampling (paper Eq. 1).
-
-    Definition implemented here:
-      1. joint(k, v) = scores[k] + logprobs[k, v]. Each running beam carries its
-         cumulative log-likelihood (the sum of the log-probs given by the caller). The
-         running beams are a multiset: a duplicated beam counts once per row.
-      2. p_beam = softmax(warp(joint flattened to K*V)), see beam_sample_probs.
-      3. Draw K candidates through ``Chooser.categorical``:
-         - replacement=True (the paper's theory, Theorem 3.1): K i.i.d. draws from p_beam,
-           so duplicates are possible.
-         - replacement=False (the DSBD code): successive sampling without replacement,
-           where each draw comes from p_beam renormalised over the entries not yet drawn.
-           If fewer than K entries have mass, the remaining draws come i.i.d. from
-           p_beam.
-         Draw j becomes running row j of the next state.
-      4. A draw that ends in EOS, or that reaches max_new_tokens, becomes a finished
-         hypothesis with score joint / generated_len ** length_penalty. Only the K best
-         are kept, and the same sequence may be kept twice. Its running row becomes dead
-         (score -1e9, probability 0 from then on).
-      5. done = every draw finished: all rows are dead, or the length limit is reached.
-
-    Reproducible: all randomness comes from ``rng``. A torch.Generator is wrapped in
-    engine.sampling.TorchChooser.
-    """
-    k = cfg.num_beams
-    _check_step_inputs(state, logprobs, cfg)
-    chooser = as_chooser(rng)
-    new_len = state.cur_len + 1
-    # 1. joint scores and sampling distribution over the K*V continuations
-    joint = joint_scores(state, logprobs).reshape(-1)  # (K*V,)
-    vocab = joint.shape[0] // k
-    probs = beam_sample_probs(state, logprobs, warp).reshape(-1)  # (K*V,)
-    # 2. K draws
-    draws = _draw(probs, k, chooser, replacement)  # (K,)
-    parents, tokens = draws // vocab, draws % vocab  # (K,), (K,)
-    cand_scores = joint[draws]  # (K,)
-    # 3. finished draws (EOS or length limit)
-    hit = _hits_stop(tokens[None], new_len, cfg)  # (1, K)
-    # 4. finished list: every finished draw is a candidate, keep the best K
-    denom = (new_len - cfg.prompt_len) ** cfg.length_penalty
-    pen = cand_scores[None] / denom + (~hit).to(torch.float32) * NEG_SCORE  # (1, K)
-    cand_seqs = _padded(_extend(state.sequences, parents, tokens), cfg)  # (K, max_len)
-    fin, admitted = _merge_finished(state, cand_seqs, pen, hit[0], new_len, cfg)
-    # 5. running rows: every draw in order; finished ones are dead
-    new_scores = torch.where(hit[0], torch.full_like(cand_scores, NEG_SCORE), cand_scores)
-    done = bool(hit.all())
-    next_state = BeamState(_extend(state.sequences, parents, tokens), new_scores, *fin,
-                           improvable=True, done=done)
-    info = StepInfo(
-        step=state.cur_len - cfg.prompt_len, cur_len=new_len,
-        pool_parents=parents, pool_tokens=tokens, pool_scores=cand_scores,
-        pool_finished=hit[0], pool_admitted=admitted,
-        selected=torch.arange(k, device=parents.device),
-        parents=parents, tokens=tokens, scores=new_scores, done=done,
-        pool_probs=probs[draws],
-    )
-    return next_state, info
-
-
-def run_beam_sampling(
-    next_logprobs: LogprobFn,
-    prompt_ids: torch.Tensor,
-    cfg: BeamConfig,
-    warp: Warp,
-    rng: torch.Generator | Chooser,
-    *,
-    replacement: bool = True,
-) -> tuple[list[Hypothesis], list[StepInfo]]:
-    """Drive beam_sample_step to the end. Returns the finished hypotheses, best first."""
-    state = init_beams(prompt_ids, cfg)
-    steps: list[StepInfo] = []
-    while not state.done:
-        lp = next_logprobs(state.sequences)
-        state, info = beam_sample_step(state, lp, cfg, warp, rng, replacement=replacement)
-        steps.append(info)
-    return finalize(state, cfg), steps
-
-
 # --------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------
 
 
-def _check_step_inputs(state: BeamState, logprobs: torch.Tensor, cfg: BeamConfig) -> torch.Tensor:
+def check_step_inputs(state: BeamState, logprobs: torch.Tensor, cfg: BeamConfig) -> torch.Tensor:
     """Validate and return (K, V) float32 log-probs."""
     if state.done:
         raise ValueError("beam search already finished (state.done)")
@@ -484,7 +320,7 @@ def _check_step_inputs(state: BeamState, logprobs: torch.Tensor, cfg: BeamConfig
     return lp
 
 
-def _hits_stop(tokens: torch.Tensor, new_len: int, cfg: BeamConfig) -> torch.Tensor:
+def hits_stop(tokens: torch.Tensor, new_len: int, cfg: BeamConfig) -> torch.Tensor:
     """Stopping criteria of each candidate: EOS token, or total length >= max_length.
 
     Args:
@@ -500,12 +336,13 @@ def _hits_stop(tokens: torch.Tensor, new_len: int, cfg: BeamConfig) -> torch.Ten
     return torch.isin(tokens, eos)
 
 
-def _extend(sequences: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def extend_rows(sequences: torch.Tensor, parents: torch.Tensor,
+                tokens: torch.Tensor) -> torch.Tensor:
     """(K, L) rows gathered by parents (N,), with tokens (N,) appended -> (N, L+1)."""
     return torch.cat([sequences[parents], tokens[:, None]], dim=1)
 
 
-def _padded(seqs: torch.Tensor, cfg: BeamConfig) -> torch.Tensor:
+def pad_rows(seqs: torch.Tensor, cfg: BeamConfig) -> torch.Tensor:
     """(N, L) -> (N, max_length) padded with PAD_ID."""
     out = torch.full((seqs.shape[0], cfg.max_length), PAD_ID, dtype=torch.long,
                      device=seqs.device)
@@ -541,7 +378,7 @@ def _penalised_candidate_scores(
     return scores + (~just_finished) * NEG_SCORE
 
 
-def _merge_finished(
+def merge_finished(
     state: BeamState,
     cand_seqs: torch.Tensor,
     cand_scores: torch.Tensor,
@@ -601,17 +438,3 @@ def _beam_search_done(
     all_full = bool(fin_mask.all()) and cfg.early_stopping is True
     no_continuation = bool(hit.all())
     return (not improvable) or all_full or no_continuation
-
-
-def _draw(probs: torch.Tensor, k: int, chooser: Chooser, replacement: bool) -> torch.Tensor:
-    """K indices from probs (N,), i.i.d. or by successive sampling without replacement."""
-    picks: list[int] = []
-    remaining = probs.double().clone()
-    for _ in range(k):
-        if replacement or float(remaining.sum()) <= 0.0:
-            picks.append(chooser.categorical(probs))
-            continue
-        idx = chooser.categorical(remaining / remaining.sum())
-        picks.append(idx)
-        remaining[idx] = 0.0
-    return torch.tensor(picks, dtype=torch.long, device=probs.device)

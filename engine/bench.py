@@ -5,22 +5,21 @@ generate() call (greedy; beam search of the same width for beam methods; samplin
 same temperature otherwise) one after the other in this process, after one warm-up of each.
 Reported: tokens/s, tau, acceptance and the speedup over the matching generate() call as
 min / median / max over prompts x repeats, and whether outputs were identical where the
-method claims it. Written as a markdown table and JSON.
+method claims it. ``python -m engine bench`` (engine/cli/bench.py) writes the markdown table
+and the JSON.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.eos import eos_ids
 from engine.errors import ConfigError
-from engine.loop import eos_ids
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,7 @@ class Case:
 
 
 def parse_methods(text: str) -> list[Case]:
+    """'greedy,sd:gamma=4' -> one Case per comma-separated method."""
     cases = []
     for item in [s.strip() for s in text.split(",") if s.strip()]:
         name, *kvs = item.split(":")
@@ -62,7 +62,8 @@ def reference_kind(spec, params: dict[str, Any]) -> tuple[str, int]:
 
 
 def run_reference(pair, ids: list[int], kind: tuple[str, int], params: dict[str, Any]):
-    """Time one generate() call; returns (wall seconds, generated ids, beams or None)."""
+    """Time one generate() call; returns (wall seconds, generated ids of every returned
+    sequence, best first)."""
     name, width = kind
     kw: dict[str, Any] = {"max_new_tokens": params["max_new_tokens"]}
     if name in ("sample", "beam_sample"):
@@ -96,7 +97,7 @@ def _strip_pad(ids: list[int], pad: int | None, eos: set[int]) -> list[int]:
     return out
 
 
-def measure(pair, prompt: str, case: Case, raw: bool, common: dict[str, str]) -> dict:
+def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str]) -> dict:
     """One interleaved pair of runs: the method, then its reference generate()."""
     import engine
     from engine.config import validate_params
@@ -135,7 +136,8 @@ def _mmm(values: list[float]) -> str:
     return f"{min(vals):.2f} / {statistics.median(vals):.2f} / {max(vals):.2f}"
 
 
-def summarize(rows: list[dict], cases: list[Case]) -> list[dict]:
+def case_summaries(rows: list[dict], cases: list[Case]) -> list[dict]:
+    """One row per case over its runs: medians, speedup min / median / max, identical runs."""
     out = []
     for case in cases:
         rs = [r for r in rows if r["case"] == case.label]
@@ -160,7 +162,8 @@ def _fmt(v) -> str:
     return "n/a" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
 
 
-def markdown(summary: list[dict], device: str, meta: dict) -> str:
+def markdown_table(summary: list[dict], device: str, meta: dict) -> str:
+    """The case summaries as a markdown table under one line of device and settings."""
     head = ("| method | reference | tok/s | ref tok/s | speedup min/med/max | tau | "
             "acceptance | target calls | identical |\n|---|---|---|---|---|---|---|---|---|\n")
     lines = [
@@ -173,62 +176,18 @@ def markdown(summary: list[dict], device: str, meta: dict) -> str:
     return f"Device: {device}; {info}\n\n" + head + "\n".join(lines) + "\n"
 
 
-def add_arguments(p) -> None:
-    from engine.__main__ import add_model_args
-
-    p.add_argument("--methods", required=True, help="e.g. greedy,sd:gamma=4,mcsd:k_config=4x2x2")
-    p.add_argument("--prompt-file", required=True)
-    p.add_argument("--max-new-tokens", default="64")
-    p.add_argument("--temperature", default="0")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="bench-out")
-    p.add_argument("--raw", action="store_true")
-    p.add_argument("--optimal", action="store_true", help="also time engine.optimal")
-    add_model_args(p)
-
-
-def run(args) -> int:
-    import engine
-    from engine.__main__ import read_prompts
-
-    cases = parse_methods(args.methods)
+def interleaved_runs(pair, prompts: list[str], cases: list[Case], *, raw: bool,
+                     common: dict[str, str], repeats: int, log=print) -> list[dict]:
+    """Every case and its reference, per prompt, per repeat, after one short warm-up of each
+    case (on the first prompt); one row per (repeat, prompt, case)."""
     for c in cases:
-        if c.method not in engine.METHODS:
-            raise ConfigError(f"unknown method '{c.method}'")
-    if args.repeats < 1:
-        raise ConfigError("--repeats must be >= 1")
-    prompts = read_prompts(args)
-    pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
-                            dtype=args.dtype, early_exit_layers=args.early_exit_layers)
-    common = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    for c in cases:  # warm-up of every method and reference
-        measure(pair, prompts[0], c, args.raw, {**common, "max_new_tokens": "8"})
+        measure(pair, prompts[0], c, raw=raw, common={**common, "max_new_tokens": "8"})
     rows = []
-    for rep in range(args.repeats):
+    for rep in range(repeats):
         for i, prompt in enumerate(prompts):
             for c in cases:
-                row = measure(pair, prompt, c, args.raw, common)
+                row = measure(pair, prompt, c, raw=raw, common=common)
                 rows.append({**row, "prompt": i, "repeat": rep})
-                print(f"[{rep}/{i}] {c.label}: {row['tokens_per_s']:.1f} tok/s, "
-                      f"speedup {row['speedup'] or 0:.2f}, identical {row['identical']}",
-                      flush=True)
-    meta = {"target": pair.target_name, "draft": pair.draft_name, "prompts": len(prompts),
-            "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
-            "temperature": args.temperature}
-    summary = summarize(rows, cases)
-    extra = {}
-    if args.optimal:
-        from engine.optimal import bench_optimal
-
-        extra["optimal_ms"] = bench_optimal()
-    md = markdown(summary, pair.device_name, meta)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.md").write_text(md)
-    (out / "bench.json").write_text(json.dumps(
-        {"device": pair.device_name, "meta": meta, "summary": summary, "runs": rows,
-         "cases": [asdict(c) for c in cases], **extra}, indent=1))
-    print(md)
-    if extra:
-        print("optimal (ms per call):", json.dumps(extra["optimal_ms"]))
-    return 0
+                log(f"[{rep}/{i}] {c.label}: {row['tokens_per_s']:.1f} tok/s, "
+                    f"speedup {row['speedup'] or 0:.2f}, identical {row['identical']}")
+    return rows

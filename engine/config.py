@@ -1,13 +1,16 @@
 """Typed configuration: run settings, parameter schemas and their validation.
 
 Every method declares its parameters as :class:`ParamSpec` rows; the CLI builds flags and
-the UI builds widgets from the same rows, so a new method needs no CLI or UI change.
+the UI builds widgets from the same rows, so a new method needs no CLI or UI change. A
+method's typed config is a frozen dataclass with one field per row (names and types only:
+defaults, help and ranges stay in the rows), built by :func:`config_from_params`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar, get_type_hints
 
 from engine.errors import ConfigError
 from engine.sampling import Warp
@@ -94,7 +97,7 @@ class RunConfig:
 
 
 def parse_k_config(text: str | tuple[int, ...]) -> tuple[int, ...]:
-    """'4x2x2' or '4,2,2' -> (4, 2, 2) (MCSD §3.1)."""
+    """'4x2x2' or '4,2,2' -> (4, 2, 2): MCSD's k-config, children per depth (MCSD §4.3-4.4)."""
     if isinstance(text, tuple):
         ks = text
     else:
@@ -129,3 +132,28 @@ def validate_params(specs: tuple[ParamSpec, ...], given: dict[str, Any],
         if v is not None:
             out[k] = known[k].parse(v)
     return out
+
+
+C = TypeVar("C")
+
+
+def config_from_params(cls: type[C], specs: tuple[ParamSpec, ...],
+                       params: Mapping[str, Any]) -> C:
+    """The typed config ``cls`` from parameter values: one field per row of ``specs``, each
+    value through ParamSpec.parse (missing or None: the row's default); names without a row
+    (the common parameters) are ignored."""
+    values = {}
+    for s in specs:
+        v = params.get(s.name)
+        values[s.name] = s.parse(s.default if v is None else v)
+    return cls(**values)
+
+
+def check_config_fields(cls: type, specs: tuple[ParamSpec, ...]) -> None:
+    """Raise TypeError unless the dataclass ``cls`` has exactly one field per row of
+    ``specs``, of the row's type (so a config and its rows cannot drift)."""
+    hints = get_type_hints(cls)
+    got = {f.name: hints[f.name] for f in fields(cls)}
+    want = {s.name: s.type for s in specs}
+    if got != want or len(specs) != len(want):
+        raise TypeError(f"{cls.__name__} fields {got} do not match its ParamSpec rows {want}")

@@ -3,21 +3,29 @@
 The round loop drafts one token at a time and, after each drafted token, asks
 :meth:`Controller.should_continue` (EESD Alg. 1 steps 6-11: draft first, then sample theta, then
 chi ~ Bernoulli(theta), stop on chi = 0). After verification it calls
-:meth:`Controller.observe` (Alg. 1 step 18). A hard cap bounds every round (note 004 §2.1).
+:meth:`Controller.observe` (Alg. 1 step 18). The paper bounds a round only by the token budget
+(Alg. 1 step 5); here a hard cap K_max bounds every round too (docs/derivations.md, EESD).
 
 The posterior is per request (Alg. 1 step 1): build one controller per generation.
+``features`` are opaque here: they go unchanged to a Cali-TS predictor (an
+:class:`engine.predictor.CaliFeatures` for the trained one, None for a constant theta_M).
 Every random draw goes through a :class:`~engine.sampling.Chooser` (or a ``torch.Generator``
 wrapped into one), never the global RNG. ``state()`` is the JSON snapshot the trace stores.
 The math (variates, densities, posterior updates) is in :mod:`engine.posterior`.
+
+Parameters are declared once, as the CONTROL_PARAMS rows (one spelling, lower case: sigma_m
+is the paper's sigma_M); :class:`ControlConfig` holds their values and
+:func:`make_controller` builds the kind it names.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 
+from engine.config import ParamSpec, check_config_fields, config_from_params, validate_params
 from engine.errors import ConfigError
 from engine.posterior import (
     BETA_RULES,
@@ -30,15 +38,63 @@ from engine.posterior import (
 )
 from engine.sampling import Chooser, as_chooser
 
-Predictor = Callable[[torch.Tensor | None], float]
+Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing
+Predictor = Callable[[Features], float]  # features -> theta_M in [0, 1] (EESD Eq. 5)
+CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts")
 
 
 # ------------------------------------------------------------------------------------ configs
 
+CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kind; advanced: cap, priors, rules
+    ParamSpec("controller", str, "fixed", "draft-length controller", choices=CONTROLLER_KINDS),
+    ParamSpec("cap", int, 16, "hard cap K_max on the draft length (adaptive controllers)",
+              min=1, max=64, advanced=True),
+    ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0 (EESD Eq. 2)", min=0.0,
+              min_exclusive=True, advanced=True),
+    ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0 (EESD Eq. 2)", min=0.0,
+              min_exclusive=True, advanced=True),
+    ParamSpec("update", str, "paper", "Beta-TS update rule (EESD Eq. 3-4 or textbook counts)",
+              choices=BETA_RULES, advanced=True),
+    ParamSpec("sigma_m", float, 0.4, "Cali-TS sigma_M: prior std around the predictor's "
+              "theta_M (EESD Eq. 6-7)", min=0.0, min_exclusive=True, advanced=True),
+    ParamSpec("sigma_s", float, 0.25, "Cali-TS sigma_S: std of the sample mean (Eq. 6-7)",
+              min=0.0, min_exclusive=True, advanced=True),
+    ParamSpec("theta_hat0", float, 0.5, "Cali-TS initial sample mean theta_hat_0 (Eq. 8)",
+              min=0.0, max=1.0, advanced=True),
+    ParamSpec("theta_hat_rule", str, "accepted", "Cali-TS theta_hat numerator: accepted "
+              "drafts (the fix in docs/derivations.md, EESD) or |Q_v| (Eq. 8 as printed)",
+              choices=THETA_HAT_RULES, advanced=True),
+    ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
+              "is used", min=0.0, max=1.0, advanced=True),
+)
 
-def _param(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    """A config field whose help text and choices feed CONTROLLER_PARAMS."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+
+@dataclass(frozen=True, kw_only=True)
+class ControlConfig:
+    """A token method's draft-length controller: one field per CONTROL_PARAMS row (defaults,
+    help and ranges are the rows'; build it with :func:`control_config`). The configs of sd,
+    mcsd and eesd extend it, so a method's config is its controller's config too."""
+
+    controller: str  # one of CONTROLLER_KINDS
+    cap: int  # hard cap K_max on a round's draft length (heuristic, beta_ts, cali_ts)
+    alpha0: float  # Beta-TS prior alpha_0, beta_0 (EESD Eq. 2)
+    beta0: float
+    update: str  # Beta-TS update rule, one of BETA_RULES
+    sigma_m: float  # Cali-TS sigma_M, sigma_S (EESD Eq. 6-7)
+    sigma_s: float
+    theta_hat0: float  # Cali-TS theta_hat_0 (EESD Eq. 8) and its rule, one of THETA_HAT_RULES
+    theta_hat_rule: str
+    theta_m: float  # Cali-TS constant theta_M when no trained predictor is given (Eq. 5)
+
+
+check_config_fields(ControlConfig, CONTROL_PARAMS)
+
+
+def control_config(**values: Any) -> ControlConfig:
+    """A ControlConfig from keyword values; the rest take the CONTROL_PARAMS defaults.
+    Unknown names and out-of-range values raise ConfigError."""
+    return config_from_params(ControlConfig, CONTROL_PARAMS,
+                              validate_params(CONTROL_PARAMS, values, "controller"))
 
 
 def _check(ok: bool, message: str) -> None:
@@ -48,61 +104,13 @@ def _check(ok: bool, message: str) -> None:
 
 
 @dataclass(frozen=True)
-class FixedConfig:
-    gamma: int = _param(5, "draft tokens per round")
-
-    def __post_init__(self) -> None:
-        _check(self.gamma >= 1, f"gamma must be >= 1, got {self.gamma}")
-
-
-@dataclass(frozen=True)
-class HeuristicConfig:
-    start: int = _param(5, "initial draft length (+2 after a fully accepted round, else -1)")
-    cap: int = _param(16, "hard cap on the draft length")
-
-    def __post_init__(self) -> None:
-        _check(1 <= self.start <= self.cap, f"need 1 <= start <= cap, got {self.start}, {self.cap}")
-
-
-@dataclass(frozen=True)
-class BetaTSConfig:
-    alpha0: float = _param(1.0, "Beta prior alpha_0 (EESD Eq. 2)")
-    beta0: float = _param(1.0, "Beta prior beta_0 (EESD Eq. 2)")
-    update: str = _param("paper", "update rule: Eq. 3-4 as printed or textbook counts", BETA_RULES)
-    cap: int = _param(16, "hard cap K_max on the draft length")
-
-    def __post_init__(self) -> None:
-        _check(self.alpha0 > 0 and self.beta0 > 0, "alpha0 and beta0 must be positive")
-        _check(self.update in BETA_RULES, f"update must be one of {BETA_RULES}, got {self.update}")
-        _check(self.cap >= 1, f"cap must be >= 1, got {self.cap}")
-
-
-@dataclass(frozen=True)
-class CaliTSConfig:
-    sigma_M: float = _param(0.4, "prior std of the predictor theta_M (EESD Eq. 6-7)")
-    sigma_S: float = _param(0.25, "sampling std sigma_chi / sqrt(k) (EESD Eq. 6-7)")
-    theta_hat0: float = _param(0.5, "initial sample mean theta_hat_0 (EESD Eq. 8)")
-    theta_hat_rule: str = _param("accepted", "theta_hat numerator: a or |Q_v|", THETA_HAT_RULES)
-    cap: int = _param(16, "hard cap K_max on the draft length")
-
-    def __post_init__(self) -> None:
-        _check(self.sigma_M > 0 and self.sigma_S > 0, "sigma_M and sigma_S must be positive")
-        _check(0 <= self.theta_hat0 <= 1, f"theta_hat0 must be in [0, 1], got {self.theta_hat0}")
-        _check(self.theta_hat_rule in THETA_HAT_RULES, f"theta_hat_rule not in {THETA_HAT_RULES}")
-        _check(self.cap >= 1, f"cap must be >= 1, got {self.cap}")
-
-
-@dataclass(frozen=True)
 class ConstantPredictor:
     """Trivial Cali-TS predictor: theta_M is a constant, whatever the features."""
 
-    theta_M: float = 0.5
+    theta_m: float
 
-    def __post_init__(self) -> None:
-        _check(0 <= self.theta_M <= 1, f"theta_M must be in [0, 1], got {self.theta_M}")
-
-    def __call__(self, features: torch.Tensor | None = None) -> float:
-        return self.theta_M
+    def __call__(self, features: Features = None) -> float:
+        return self.theta_m
 
 
 # --------------------------------------------------------------------------------- controllers
@@ -114,7 +122,7 @@ class Controller(Protocol):
     def begin_round(self) -> None: ...
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         """Called after the `drafted`-th token of the round (>= 1); False stops drafting.
         Always False once drafted >= the round's cap. Records theta and the decision."""
@@ -133,10 +141,15 @@ class _RoundRecorder:
     """Shared round bookkeeping: posterior before/after, per-step records, cap and outcome."""
 
     name = "base"
-    config: Any
+    reads: tuple[str, ...] = ()  # the ControlConfig fields this kind uses (its state's config)
+    config: ControlConfig
 
     def __init__(self) -> None:
         self.begin_round()
+
+    def settings(self) -> dict[str, Any]:
+        """The parameters this controller was built with (JSON values)."""
+        return {name: getattr(self.config, name) for name in self.reads}
 
     def _params(self) -> dict[str, Any]:
         """Current posterior / length parameters (JSON values)."""
@@ -181,7 +194,7 @@ class _RoundRecorder:
     def state(self) -> dict[str, Any]:
         return {
             "kind": self.name,
-            "config": asdict(self.config),
+            "config": self.settings(),
             "cap": self._cap,
             "before": dict(self._before),
             "steps": [dict(s) for s in self._steps],
@@ -196,7 +209,7 @@ class _LengthController(_RoundRecorder):
     """A controller whose round length is decided before the round (no sampling)."""
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         if self._at_limit(drafted, "length"):
             return False
@@ -208,29 +221,38 @@ class FixedController(_LengthController):
 
     name = "fixed"
 
-    def __init__(self, gamma: int = FixedConfig.gamma) -> None:
-        self.config = FixedConfig(gamma)
+    def __init__(self, *, gamma: int) -> None:
+        _check(gamma >= 1, f"gamma must be >= 1, got {gamma}")
+        self.gamma = gamma
         super().__init__()
 
+    def settings(self) -> dict[str, Any]:
+        return {"gamma": self.gamma}
+
     def _params(self) -> dict[str, Any]:
-        return {"length": self.config.gamma}
+        return {"length": self.gamma}
 
     def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
         return {}
 
     def max_len(self) -> int:
-        return self.config.gamma
+        return self.gamma
 
 
 class HeuristicController(_LengthController):
     """transformers' assisted-decoding heuristic: +2 after an all-accepted round, else -1."""
 
     name = "heuristic"
+    reads = ("cap",)
 
-    def __init__(self, start: int = HeuristicConfig.start, cap: int = HeuristicConfig.cap):
-        self.config = HeuristicConfig(start, cap)
-        self.length = start
+    def __init__(self, config: ControlConfig, *, start: int) -> None:
+        """start: the first round's length (+2 after a fully accepted round, else -1)."""
+        _check(1 <= start <= config.cap, f"need 1 <= start <= cap, got {start}, {config.cap}")
+        self.config, self.start, self.length = config, start, start
         super().__init__()
+
+    def settings(self) -> dict[str, Any]:
+        return {"start": self.start, **super().settings()}
 
     def _params(self) -> dict[str, Any]:
         return {"length": self.length}
@@ -250,16 +272,11 @@ class BetaTSController(_RoundRecorder):
     chi ~ Bernoulli(theta); the posterior is updated by Eq. 3-4 (`beta_update`)."""
 
     name = "beta_ts"
+    reads = ("alpha0", "beta0", "update", "cap")
 
-    def __init__(
-        self,
-        alpha0: float = BetaTSConfig.alpha0,
-        beta0: float = BetaTSConfig.beta0,
-        update: str = BetaTSConfig.update,
-        cap: int = BetaTSConfig.cap,
-    ) -> None:
-        self.config = BetaTSConfig(alpha0, beta0, update, cap)
-        self.alpha, self.beta = float(alpha0), float(beta0)
+    def __init__(self, config: ControlConfig) -> None:
+        self.config = config
+        self.alpha, self.beta = float(config.alpha0), float(config.beta0)
         super().__init__()
 
     def _params(self) -> dict[str, Any]:
@@ -282,7 +299,7 @@ class BetaTSController(_RoundRecorder):
         return self.config.cap
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         if self._at_limit(drafted, "cap"):
             return False
@@ -294,28 +311,22 @@ class BetaTSController(_RoundRecorder):
 
 class CaliTSController(_RoundRecorder):
     """Cali-TS (EESD Sec. 3.3, Alg. 3): theta ~ N(mu, sigma^2) per draft step (Eq. 6-7), blending
-    the predictor's theta_M with the sample mean theta_hat (Eq. 8, with the note 004 §2.4 d fix
-    by default); theta is clipped to [0, 1] before chi ~ Bernoulli(theta)."""
+    the predictor's theta_M with the sample mean theta_hat (Eq. 8; by default with the fix of
+    docs/derivations.md, EESD); theta is clipped to [0, 1] before chi ~ Bernoulli(theta)."""
 
     name = "cali_ts"
+    reads = ("sigma_m", "sigma_s", "theta_hat0", "theta_hat_rule", "cap")
 
-    def __init__(
-        self,
-        predictor: Predictor | None = None,
-        sigma_M: float = CaliTSConfig.sigma_M,
-        sigma_S: float = CaliTSConfig.sigma_S,
-        cap: int = CaliTSConfig.cap,
-        theta_hat0: float = CaliTSConfig.theta_hat0,
-        theta_hat_rule: str = CaliTSConfig.theta_hat_rule,
-    ) -> None:
-        self.config = CaliTSConfig(sigma_M, sigma_S, theta_hat0, theta_hat_rule, cap)
-        self.predictor = predictor if predictor is not None else ConstantPredictor()
-        self.n, self.t, self.theta_hat = 0, 0, float(theta_hat0)
+    def __init__(self, config: ControlConfig, predictor: Predictor | None = None) -> None:
+        """predictor: features -> theta_M (EESD Eq. 5); None: the constant config.theta_m."""
+        self.config = config
+        self.predictor = predictor if predictor is not None else ConstantPredictor(config.theta_m)
+        self.n, self.t, self.theta_hat = 0, 0, float(config.theta_hat0)
         super().__init__()
 
     def _params(self) -> dict[str, Any]:
         c = self.config  # mu needs each step's theta_M (see steps); sigma and w_model do not
-        _, sigma, w_model = cali_posterior(0.0, self.theta_hat, self.n, c.sigma_M, c.sigma_S)
+        _, sigma, w_model = cali_posterior(0.0, self.theta_hat, self.n, c.sigma_m, c.sigma_s)
         return {
             "n": self.n,
             "t": self.t,
@@ -334,7 +345,7 @@ class CaliTSController(_RoundRecorder):
         return self.config.cap
 
     def should_continue(
-        self, drafted: int, rng: torch.Generator | Chooser, features: torch.Tensor | None = None
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
         if self._at_limit(drafted, "cap"):
             return False
@@ -343,7 +354,7 @@ class CaliTSController(_RoundRecorder):
         if not 0.0 <= theta_m <= 1.0:
             raise ValueError(f"predictor must return theta_M in [0, 1], got {theta_m}")
         c = self.config
-        mu, sigma, w_model = cali_posterior(theta_m, self.theta_hat, self.n, c.sigma_M, c.sigma_S)
+        mu, sigma, w_model = cali_posterior(theta_m, self.theta_hat, self.n, c.sigma_m, c.sigma_s)
         raw = mu + sigma * sample_normal(chooser)  # Eq. 6-7
         theta = min(1.0, max(0.0, raw))
         chi, u = chooser.accept(theta)
@@ -364,54 +375,19 @@ class CaliTSController(_RoundRecorder):
 
 # ------------------------------------------------------------------------------------ factory
 
-_KINDS: dict[str, tuple[type, type]] = {
-    "fixed": (FixedController, FixedConfig),
-    "heuristic": (HeuristicController, HeuristicConfig),
-    "beta_ts": (BetaTSController, BetaTSConfig),
-    "cali_ts": (CaliTSController, CaliTSConfig),
-}
 
+def make_controller(config: ControlConfig, *, gamma: int) -> Controller:
+    """The controller ``config.controller`` names, built from ``config`` unchanged.
 
-def _describe(config_cls: type) -> dict[str, dict[str, Any]]:
-    """Parameter table of a config dataclass: type, default, help, choices."""
-    return {
-        f.name: {
-            "type": f.type,
-            "default": f.default,
-            "help": f.metadata["help"],
-            "choices": list(f.metadata["choices"]),
-        }
-        for f in fields(config_cls)
-    }
-
-
-_THETA_M_PARAM = {
-    "type": "float",
-    "default": 0.5,
-    "choices": [],
-    "help": "constant theta_M used when no trained predictor is given",
-}
-
-# kind -> parameter -> {"type", "default", "help", "choices"} (for the CLI and the UI)
-CONTROLLER_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
-    kind: _describe(cfg) for kind, (_, cfg) in _KINDS.items()
-}
-CONTROLLER_PARAMS["cali_ts"]["theta_M"] = _THETA_M_PARAM
-
-
-def make_controller(kind: str, **params: Any) -> Controller:
-    """Build a controller by kind ("fixed", "heuristic", "beta_ts", "cali_ts").
-
-    cali_ts also takes `predictor` (features -> theta_M) or `theta_M` (a constant predictor).
+    gamma: the fixed controller's length and the heuristic's first length (capped at cap).
     """
-    if kind not in _KINDS:
-        raise ConfigError(f"unknown controller '{kind}' (choose from {', '.join(_KINDS)})")
-    cls = _KINDS[kind][0]
+    kind = config.controller
+    if kind == "fixed":
+        return FixedController(gamma=gamma)
+    if kind == "heuristic":
+        return HeuristicController(config, start=min(gamma, config.cap))
+    if kind == "beta_ts":
+        return BetaTSController(config)
     if kind == "cali_ts":
-        theta_m = params.pop("theta_M", _THETA_M_PARAM["default"])
-        params.setdefault("predictor", ConstantPredictor(float(theta_m)))
-    known = set(CONTROLLER_PARAMS[kind]) | ({"predictor"} if kind == "cali_ts" else set())
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ConfigError(f"unknown parameter(s) {unknown} for controller '{kind}'")
-    return cls(**params)
+        return CaliTSController(config)
+    raise ConfigError(f"unknown controller '{kind}' (choose from {', '.join(CONTROLLER_KINDS)})")

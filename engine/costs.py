@@ -5,10 +5,11 @@ width W (the engine's own greedy round for W = 1, its beam-search round for W = 
 
 - ``c_draft`` = propose seconds per draft call / t_step (a draft step);
 - ``c_verify`` = score seconds per round / t_step (one target forward over the forest);
-- chains (one drafted path per round; Leviathan et al. 2023, Thm 3.8 with measured costs):
-  E(alpha) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at acceptance alpha and g
-  drafts per round, predicted speedup = E / (g c_draft + c_verify), and break-even is the
-  alpha where that equals 1;
+- chains (one drafted path per round; Leviathan et al. 2023, Eq. 1 and Thm 3.8 with measured
+  costs): E(alpha) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at per-token acceptance
+  alpha (accepted over tested drafts, :func:`chain_acceptance`) and g drafts per round,
+  predicted speedup = E / (g c_draft + c_verify), and break-even is the alpha where that
+  equals 1 (derivation in docs/derivations.md, Cost model);
 - trees and beams: predicted speedup = tokens per round / (draft calls per round x c_draft +
   c_verify);
 - measured speedup against plain decoding = committed tokens x t_step / engine seconds, and
@@ -86,6 +87,15 @@ def break_even_acceptance(gamma: float, c_draft: float, c_verify: float) -> floa
     return hi
 
 
+def chain_acceptance(rounds: list[RoundTrace]) -> float:
+    """Per-token acceptance alpha of chains, as Leviathan et al. define it: accepted drafts
+    over tested drafts (a chain stops testing at its first rejection, so the drafts after
+    it never count; accepted / drafted would understate alpha)."""
+    accepted = sum(r.accepted for r in rounds)
+    rejected = sum(1 for r in rounds if r.accepted < r.drafted)
+    return accepted / (accepted + rejected) if accepted + rejected else 0.0
+
+
 def _is_chain(rounds: list[RoundTrace]) -> bool:
     """Every round drafted one path (at most one drafted node per depth, one tree)."""
     for r in rounds:
@@ -130,7 +140,7 @@ def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace
     cost = calls_per_round * c_draft + c_verify
     drafted = sum(r.drafted for r in later)
     if _is_chain(later) and drafted:
-        alpha = sum(r.accepted for r in later) / drafted
+        alpha = chain_acceptance(later)
         gamma = drafted / n
         chain_cost = gamma * c_draft + c_verify
         be = break_even_acceptance(gamma, c_draft, c_verify)

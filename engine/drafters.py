@@ -1,18 +1,18 @@
 """Drafters: something that scores a forest of nodes with its own KV cache.
 
-A drafter hands the round loop a fresh :class:`~engine.runner.CachedModel` per run; the
+A drafter hands the round loop a fresh :class:`~engine.cached_model.CachedModel` per run; the
 loop feeds it the tail and forest levels and commits it like the target.
 
 - :class:`ModelDrafter`: a separate small model sharing the target's vocabulary.
 - :class:`EarlyExitDrafter`: the target's own first N layers + its final norm and LM head
-  (EESD §1.1), optionally followed by one trained decoder layer (Transformer^e, initialised
+  (EESD §3.1, Eq. 1), optionally followed by one trained decoder layer (Transformer^e, initialised
   from the target's last layer) and restricted to a token shortlist; the shared modules are
   the target's, not copies. ``early_exit_drafter`` picks the shipped trained one
-  (assets/drafter/) when it was made for the target.
+  (assets/drafter/, :mod:`engine.weights`) when it was made for the target.
 
 KV cache: the drafter is a stock model with its own ``DynamicCache``, usable by every method
 (chains, trees, beams). ``eesd`` shares the first N layers' cache with the target instead
-(:mod:`engine.shared`, EESD §1.2): a drafted token goes through layers 1..N once.
+(:mod:`engine.shared`, EESD §3.1): a drafted token goes through layers 1..N once.
 """
 
 from __future__ import annotations
@@ -25,9 +25,18 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from engine.cached_model import CachedModel
 from engine.errors import ConfigError
-from engine.paths import ASSETS
-from engine.runner import CachedModel
+from engine.weights import (
+    DRAFTER_DIR,
+    PREDICTOR_FILE,
+    WEIGHTS_FILE,
+    file_digest,
+    load_tensors,
+    same_target,
+    save_tensors,
+    target_fingerprint,
+)
 
 
 class Drafter(Protocol):
@@ -56,6 +65,32 @@ def _decoder(model: nn.Module) -> nn.Module:
     return inner
 
 
+def _stock_model(target: nn.Module, layers: list[nn.Module], kinds: list[int],
+                 norm: nn.Module, head: nn.Module) -> nn.Module:
+    """A stock model of the target's class over the given decoder layers, norm and head, with
+    the target's embedding and rotary tables; layer i takes the config entry (e.g. its
+    attention type) of target layer kinds[i]. Its modules are shared, never copied."""
+    inner = _decoder(target)
+    cfg = copy.deepcopy(target.config)
+    cfg.num_hidden_layers = len(layers)
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = [cfg.layer_types[k] for k in kinds]
+    with torch.device("meta"):
+        model = type(target)(cfg)
+    model.model.embed_tokens = inner.embed_tokens
+    model.model.layers = nn.ModuleList(layers)
+    model.model.norm = norm
+    if hasattr(inner, "rotary_emb"):
+        model.model.rotary_emb = inner.rotary_emb
+    model.lm_head = head
+    model.generation_config = target.generation_config
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    left += [n for n, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise ConfigError(f"early-exit drafter could not share modules: {left[:3]}")
+    return model.eval()
+
+
 def build_early_exit_model(target: nn.Module, n_layers: int,
                            extra_layer: nn.Module | None = None, norm: nn.Module | None = None,
                            head: nn.Module | None = None) -> nn.Module:
@@ -66,27 +101,18 @@ def build_early_exit_model(target: nn.Module, n_layers: int,
     total = len(inner.layers)
     if not 1 <= n_layers < total:
         raise ConfigError(f"early-exit layers must be in [1, {total - 1}], got {n_layers}")
-    cfg = copy.deepcopy(target.config)
-    n_total = n_layers + (extra_layer is not None)
-    cfg.num_hidden_layers = n_total
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = list(cfg.layer_types[:n_layers]) + (
-            [cfg.layer_types[-1]] if extra_layer is not None else [])
-    with torch.device("meta"):
-        draft = type(target)(cfg)
-    layers = list(inner.layers[:n_layers]) + ([extra_layer] if extra_layer is not None else [])
-    draft.model.embed_tokens = inner.embed_tokens
-    draft.model.layers = nn.ModuleList(layers)
-    draft.model.norm = norm if norm is not None else inner.norm
-    if hasattr(inner, "rotary_emb"):
-        draft.model.rotary_emb = inner.rotary_emb
-    draft.lm_head = head if head is not None else target.get_output_embeddings()
-    draft.generation_config = target.generation_config
-    left = [n for n, p in draft.named_parameters() if p.is_meta]
-    left += [n for n, b in draft.named_buffers() if b.is_meta]
-    if left:
-        raise ConfigError(f"early-exit drafter could not share modules: {left[:3]}")
-    return draft.eval()
+    extra = [extra_layer] if extra_layer is not None else []
+    return _stock_model(target, list(inner.layers[:n_layers]) + extra,
+                        list(range(n_layers)) + [total - 1] * len(extra),
+                        norm if norm is not None else inner.norm,
+                        head if head is not None else target.get_output_embeddings())
+
+
+def build_exit_tail(target: nn.Module, extra_layer: nn.Module, norm: nn.Module) -> nn.Module:
+    """Transformer^e + norm + the target's head alone, fed H^N as ``inputs_embeds``: the part
+    of the early exit that training runs over cached first-N states (EESD §3.1)."""
+    total = len(_decoder(target).layers)
+    return _stock_model(target, [extra_layer], [total - 1], norm, target.get_output_embeddings())
 
 
 class EarlyExitDrafter:
@@ -127,7 +153,7 @@ class EarlyExitDrafter:
         if not hasattr(self, "_predictor"):
             self._predictor = None
             if self.source:
-                from engine.predictor import PREDICTOR_FILE, file_digest, load_predictor
+                from engine.predictor import load_predictor  # one way: predictor never imports us
 
                 path = Path(self.source).parent / PREDICTOR_FILE
                 try:
@@ -139,10 +165,8 @@ class EarlyExitDrafter:
         return self._predictor
 
 
-# --------------------------------------------------------------- trained early exit (EESD §1)
+# -------------------------------------------------------------- trained early exit (EESD §3)
 
-DRAFTER_DIR = ASSETS / "drafter"
-WEIGHTS_FILE = "extra_layer.safetensors"
 UNTRAINED_SPECS = ("early-exit-untrained", "early_exit_untrained")
 TRAINED_SPECS = ("early-exit-trained", "early_exit_trained")
 EARLY_EXIT_SPECS = ("early-exit", "early_exit", "self") + UNTRAINED_SPECS + TRAINED_SPECS
@@ -170,7 +194,7 @@ class ShortlistHead(nn.Module):
 
 def init_extra_layer(target: nn.Module, n_layers: int) -> nn.Module:
     """A trainable copy of the target's LAST decoder layer, placed at index n_layers of the
-    drafter (EESD §1.1: Transformer^e is initialised from the LLM's last layer)."""
+    drafter (EESD §3.1: Transformer^e is initialised from the LLM's last layer)."""
     layer = copy.deepcopy(_decoder(target).layers[-1])
     set_layer_index(layer, n_layers)
     for p in layer.parameters():
@@ -186,44 +210,17 @@ def set_layer_index(layer: nn.Module, index: int) -> None:
     attn.layer_idx = index
 
 
-def target_fingerprint(target: nn.Module) -> dict[str, object]:
-    """Shape facts + a checksum of the embedding, to match trained weights to their target."""
-    cfg = target.config
-    emb = target.get_input_embeddings().weight.detach()
-    return {
-        "model_type": cfg.model_type,
-        "num_hidden_layers": int(cfg.num_hidden_layers),
-        "hidden_size": int(cfg.hidden_size),
-        "vocab_size": int(emb.shape[0]),
-        "embed_abs_sum_256": float(emb[:256].double().abs().sum()),
-    }
-
-
-def same_target(a: dict, b: dict, rtol: float = 1e-3) -> bool:
-    """Fingerprints agree (shapes exactly, checksum within rtol)."""
-    keys = ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
-    if any(a.get(k) != b.get(k) for k in keys):
-        return False
-    x, y = float(a["embed_abs_sum_256"]), float(b["embed_abs_sum_256"])
-    return abs(x - y) <= rtol * max(abs(x), abs(y), 1e-12)
-
-
 def save_trained(path: Path, target: nn.Module, n_layers: int, layer: nn.Module,
                  norm: nn.Module | None = None, shortlist: torch.Tensor | None = None) -> Path:
     """Write the trained parts (fp16 safetensors): layer.*, norm.weight, shortlist."""
-    from safetensors.torch import save_file
-
-    tensors = {f"layer.{k}": v.detach().to(torch.float16).contiguous()
+    tensors = {f"layer.{k}": v.detach().to(torch.float16)
                for k, v in layer.state_dict().items()}
     if norm is not None:
-        tensors["norm.weight"] = norm.weight.detach().to(torch.float16).contiguous()
+        tensors["norm.weight"] = norm.weight.detach().to(torch.float16)
     if shortlist is not None:
-        tensors["shortlist"] = shortlist.to(torch.int32).contiguous()
+        tensors["shortlist"] = shortlist.to(torch.int32)
     meta = {"n_layers": str(n_layers), "fingerprint": json.dumps(target_fingerprint(target))}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=meta)
-    return path
+    return save_tensors(path, tensors, meta)
 
 
 def load_trained(target: nn.Module, path: Path | None = None, check: bool = True,
@@ -235,14 +232,10 @@ def load_trained(target: nn.Module, path: Path | None = None, check: bool = True
         check: refuse weights whose target fingerprint differs from this target's.
         shortlist: use the shipped token shortlist head when there is one.
     """
-    from safetensors import safe_open
-
     path = Path(path) if path else DRAFTER_DIR / WEIGHTS_FILE
     if not path.is_file():
         return None
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors, meta = load_tensors(path)
     if check and not same_target(json.loads(meta.get("fingerprint", "{}")),
                                  target_fingerprint(target)):
         return None

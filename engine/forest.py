@@ -1,4 +1,4 @@
-"""Pure forest bookkeeping: parent arrays -> ancestor masks, depths, paths.
+"""Pure forest bookkeeping: parent arrays -> ancestors, depths, paths, attention inputs.
 
 A round's forest for one beam row is a list of nodes with parent pointers. Parent -1 is the
 row's root (the newest committed token, not yet in any cache); parent PAD marks padding used
@@ -19,17 +19,15 @@ PAD = -2
 class Forest:
     """Drafted nodes of one round, one tree per live beam row.
 
-    tokens, parents: (W, m) long; parents index nodes of the same row (ROOT / PAD allowed).
+    tokens, parents: (W, m) long; parents index nodes of the same row (ROOT / PAD allowed);
+    children of one parent appear in draw order (the order the verify rules test them).
     q_tok: (W, m) draft probability of each node's token at its parent.
-    q_dist: (W, 1 + m, V) draft distribution at the root (index 0) and at node i (index 1 + i),
-        kept only when a verifier needs it (None for empty forests).
-    order: per row, per parent, children in draw order (the order rules test them).
+    extras: what the proposing method's verify needs (e.g. the draft law q at every node).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     q_tok: torch.Tensor
-    q_dist: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
 
     @property
@@ -46,22 +44,78 @@ def empty_forest(width: int, device: torch.device | str = "cpu") -> Forest:
     return Forest(tokens=z, parents=z.clone(), q_tok=torch.zeros((width, 0)))
 
 
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """Ancestor closure of every node, itself included (a PAD node: only itself).
+
+    Repeated squaring of the parent relation: log2(depth) boolean matmuls, any node order.
+
+    Args:
+        parents: (W, f) long.
+    Returns:
+        (W, f, f) bool; [w, i, j] is True when node j is node i or one of its ancestors.
+    """
+    W, f = parents.shape
+    reach = torch.eye(f, device=parents.device).expand(W, f, f).clone()  # (W, f, f)
+    rows, cols = (parents >= 0).nonzero(as_tuple=True)
+    reach[rows, cols, parents[rows, cols]] = 1.0
+    while f:
+        nxt = ((reach @ reach) > 0).float()  # (W, f, f) paths of twice the length
+        if torch.equal(nxt, reach):
+            break
+        reach = nxt
+    return reach > 0
+
+
 def depths(parents: torch.Tensor) -> torch.Tensor:
     """Depth of every node (1 = child of the root; PAD nodes get 0).
 
     Args:
-        parents: (W, m) long, parents precede children.
+        parents: (W, m) long.
     Returns:
         (W, m) long.
     """
-    W, m = parents.shape
-    d = torch.zeros((W, m), dtype=torch.long)
-    par = parents.cpu()
-    for j in range(m):
-        pj = par[:, j]
-        own = torch.where(pj >= 0, d.gather(1, pj.clamp_min(0)[:, None])[:, 0] + 1, 1)
-        d[:, j] = torch.where(pj == PAD, 0, own)
-    return d.to(parents.device)
+    return torch.where(parents == PAD, 0, ancestors(parents).sum(-1))  # (W, m)
+
+
+def attention_inputs(
+    *, cached: int, tail: int, new_tail: int, parents: torch.Tensor, new_nodes: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive 4D mask and position ids of one forward over tail tokens and forest nodes.
+
+    Key columns of every row: the ``cached`` prefix | the ``tail`` committed tokens not cached
+    before this round | the round's forest nodes (``parents``). Query rows: the last
+    ``new_tail`` tail tokens, then the last ``new_nodes`` forest nodes (the ones fed now).
+    A tail token sees the prefix and the tail up to itself; a node sees the prefix, the whole
+    tail and its forest ancestors (itself included); a PAD node sees the prefix and itself.
+    Positions are those of sequential decoding: cached + its index for a tail token,
+    cached + tail - 1 + depth for a node, cached for a PAD node.
+
+    Args:
+        parents: (W, f) long, every forest node of the round so far, the new ones last.
+    Returns:
+        mask: (W, 1, q, kv) of ``dtype``, 0 where visible and the dtype's minimum elsewhere,
+            with q = new_tail + new_nodes and kv = cached + tail + f.
+        position_ids: (W, q) long.
+    """
+    W, f = parents.shape
+    dev = parents.device
+    anc = ancestors(parents)  # (W, f, f)
+    new_par = parents[:, f - new_nodes:]  # (W, m)
+    tail_rows = torch.ones((new_tail, tail), dtype=torch.bool, device=dev).tril(
+        tail - new_tail)  # (t_new, tail) causal inside the tail
+    tail_vis = torch.cat([tail_rows, torch.zeros((new_tail, f), dtype=torch.bool, device=dev)],
+                         dim=1).expand(W, new_tail, tail + f)  # (W, t_new, tail + f)
+    node_vis = torch.cat([(new_par != PAD)[:, :, None].expand(W, new_nodes, tail),
+                          anc[:, f - new_nodes:]], dim=2)  # (W, m, tail + f)
+    vis = torch.cat([torch.ones((W, new_tail + new_nodes, cached), dtype=torch.bool, device=dev),
+                     torch.cat([tail_vis, node_vis], dim=1)], dim=2)  # (W, q, kv)
+    mask = torch.zeros(vis.shape, dtype=dtype, device=dev)
+    mask = mask.masked_fill(~vis, torch.finfo(dtype).min)[:, None]  # (W, 1, q, kv)
+    tail_pos = torch.arange(tail - new_tail, tail, device=dev).expand(W, new_tail)  # (W, t_new)
+    depth = anc[:, f - new_nodes:].sum(-1)  # (W, m) 1 = child of the root
+    node_pos = torch.where(new_par == PAD, 0, tail - 1 + depth)  # (W, m)
+    return mask, cached + torch.cat([tail_pos, node_pos], dim=1)  # (W, q)
 
 
 def children(parents: torch.Tensor, row: int, node: int) -> list[int]:

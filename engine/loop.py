@@ -11,10 +11,11 @@ from typing import Any, Iterator
 
 import torch
 
+from engine.cached_model import CachedModel, Scored
 from engine.config import RunConfig
-from engine.methods.base import Method, Verdict
+from engine.eos import eos_ids
+from engine.methods.base import Method, RoundVerdict
 from engine.models import ModelPair
-from engine.runner import CachedModel
 from engine.sampling import TorchChooser, make_generator
 from engine.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 
@@ -66,20 +67,10 @@ class RunContext:
         rows = [self.prompt_ids + s for s in self.seqs]
         return torch.tensor(rows, dtype=torch.long)
 
-    def draft_feed(self, tokens=None, parents=None) -> torch.Tensor:
+    def draft_feed(self, tokens=None, parents=None) -> Scored:
+        """One draft forward (counted): the tail and/or (W, m) new nodes, see CachedModel."""
         self.draft_calls += 1
         return self.draft.feed(tokens, parents)
-
-
-def eos_token_ids(gen_cfg) -> tuple[int, ...]:
-    """EOS ids of a GenerationConfig in the order given (as generate() reads them)."""
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    return (eos,) if isinstance(eos, int) else tuple(eos or ())
-
-
-def eos_ids(model: torch.nn.Module) -> frozenset[int]:
-    """EOS ids of the model's generation config, as a set."""
-    return frozenset(eos_token_ids(model.generation_config))
 
 
 def _sync(device: torch.device) -> None:
@@ -119,11 +110,10 @@ class Decoder:
         forest = self.method.propose(ctx)  # 1. propose
         _sync(dev)
         t1 = time.perf_counter()
-        p_nodes = ctx.target.feed(forest.tokens, forest.parents)  # 2. score
-        p_root = ctx.target.root_logits
+        scored = ctx.target.feed(forest.tokens, forest.parents)  # 2. score
         _sync(dev)
         t2 = time.perf_counter()
-        verdict = self.method.verify(ctx, forest, p_root, p_nodes)  # 3. verify
+        verdict = self.method.verify(ctx, forest, scored)  # 3. verify
         _sync(dev)
         t3 = time.perf_counter()
         committed = self._commit(verdict)  # 4. commit
@@ -140,10 +130,10 @@ class Decoder:
             committed=committed, drafted=verdict.drafted, accepted=verdict.accepted,
             target_calls=1, draft_calls=ctx.draft_calls - draft_calls0, timings=t,
             controller=controller, extras=verdict.extras,
-            p_top=_top_slices(p_root, p_nodes, verdict),
+            p_top=_top_slices(scored, verdict),
         )
 
-    def _commit(self, v: Verdict) -> tuple[CommittedToken, ...]:
+    def _commit(self, v: RoundVerdict) -> tuple[CommittedToken, ...]:
         """Step 4: caches compacted/reordered, sequences and origins extended."""
         ctx = self.ctx
         ctx.target.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
@@ -166,10 +156,11 @@ class Decoder:
         )
 
 
-def _top_slices(p_root, p_nodes, v: Verdict) -> tuple[TopK, ...]:
+def _top_slices(scored: Scored, v: RoundVerdict) -> tuple[TopK, ...]:
     """Target top-k at each committed position of beam 0's parent row."""
     row = int(v.rows[0])
-    logits = [p_root[row]] + [p_nodes[row, n] for n in v.path_nodes[0].tolist()]
+    path = v.path_nodes[0].tolist()
+    logits = [scored.root_logits[row]] + [scored.node_logits[row, n] for n in path]  # (V,) each
     out = []
     for lg in logits[: v.path_tokens.shape[1] + v.new_tokens.shape[1]]:
         probs = torch.softmax(lg.float(), dim=-1)

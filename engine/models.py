@@ -9,13 +9,14 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from engine.cached_model import check_supported
 from engine.errors import ConfigError, ModelLoadError
-from engine.runner import check_supported
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
@@ -165,28 +166,84 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+# ------------------------------------------------------------------------- model specs
+
+SPEC_KINDS = ("embedded", "tiny", "early-exit", "local", "hub")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model spec string, read once (parse_model_spec) for the CLI, load_pair and the UI."""
+
+    kind: str  # one of SPEC_KINDS
+    text: str  # the spec as written (the display name of tiny, local and hub models)
+    tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
+    early_exit: str = ""  # early-exit: its name in engine.drafters.EARLY_EXIT_SPECS
+    layers: int | None = None  # early-exit:N -> N first layers of the target
+
+
+def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
+    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias), exactly
+    'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
+    local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
+    layers), 'early-exit:N' (its first N), and the names of engine.drafters.EARLY_EXIT_SPECS,
+    each with an optional ':N'. Anything else that starts with 'tiny' is a path or hub id."""
+    from engine.drafters import EARLY_EXIT_SPECS
+
+    text = (text or "").strip()
+    if not text:
+        if draft:
+            return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
+        raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
+    head, colon, rest = text.partition(":")
+    if head.lower() in EARLY_EXIT_SPECS:
+        if not draft:
+            raise ConfigError(f"'{text}' is a drafter made from the target, not a target")
+        layers = None
+        if colon:
+            if not rest.strip().isdigit() or int(rest) < 1:
+                raise ConfigError(f"early-exit layers must be a positive integer, got '{rest}'")
+            layers = int(rest)
+        return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
+    if text.lower() in EMBEDDED_ALIASES:
+        return ModelSpec("embedded", text)
+    if text == "tiny" or (head == "tiny" and colon):
+        try:
+            kw = json.loads(rest) if colon else {}
+        except ValueError as e:
+            raise ConfigError(f"bad tiny model spec {text!r}: {e}") from e
+        if not isinstance(kw, dict):
+            raise ConfigError(f"bad tiny model spec {text!r}: use tiny:{{json object}}")
+        return ModelSpec("tiny", text, tiny=kw)
+    if Path(text).expanduser().exists():
+        return ModelSpec("local", text)
+    return ModelSpec("hub", text)
+
+
 def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
-    """(model, tokenizer, display name) for a spec: embedded alias, dir, hub id, 'tiny:<json>',
-    a transformers config, or an already built model."""
+    """(model, tokenizer, display name) for a spec (a string or ModelSpec of a target, see
+    parse_model_spec), a transformers config, or an already built model."""
     if isinstance(spec, torch.nn.Module):
         return spec.eval(), None, type(spec).__name__
-    if not isinstance(spec, str):  # a PretrainedConfig
+    parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
+    if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
         return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
-    if spec.startswith("tiny"):
+    if parsed.kind == "early-exit":
+        raise ConfigError(f"'{parsed.text}' is a drafter made from the target, not a model")
+    if parsed.kind == "tiny":
         try:
-            kw = json.loads(spec.split(":", 1)[1]) if ":" in spec else {}
-            cfg = tiny_config(**kw)
+            cfg = tiny_config(**parsed.tiny)
         except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"bad tiny model spec {spec!r}: {e}") from e
-        return model_from_config(cfg, seed=kw.get("seed", 0), dtype=dtype).to(device), None, spec
-    if spec.lower() in EMBEDDED_ALIASES:
-        spec_dir = str(embedded_model_dir())
-        model, tok = _load_dir_or_hub(spec_dir, dtype, None)
+            raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
+        model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
+        return model.to(device), None, parsed.text
+    if parsed.kind == "embedded":
+        model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
         return model.to(device), tok, EMBEDDED_NAME
-    model, tok = _load_dir_or_hub(spec, dtype, device_map)
+    model, tok = _load_dir_or_hub(parsed.text, dtype, device_map)
     if device_map is None:
         model = model.to(device)
-    return model, tok, spec
+    return model, tok, parsed.text
 
 
 @dataclass
@@ -225,22 +282,30 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     """Load a target and its drafter.
 
     Args:
-        target: embedded alias, hub id, local dir, 'tiny:{json}', a config or a model.
-        draft: same kinds, or None / 'early-exit' for the target's own first layers.
+        target: a spec (see parse_model_spec: embedded, tiny, tiny:{json}, local dir, hub id),
+            a transformers config or a model.
+        draft: the same kinds, or None / 'early-exit' / 'early-exit:N' for the target's own
+            first layers.
         device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
         device_map: e.g. 'auto' for a target larger than one GPU.
-        early_exit_layers: layers of the early-exit drafter (default: about a quarter).
+        early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
+            N of 'early-exit:N' when the draft spec gives it.
     """
-    from engine.drafters import EARLY_EXIT_SPECS, ModelDrafter, early_exit_drafter
+    from engine.drafters import ModelDrafter, early_exit_drafter
 
+    if draft is None or isinstance(draft, str):
+        draft = parse_model_spec(draft, draft=True)
+    if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
+        early_exit_layers = _early_exit_layers(draft, early_exit_layers)
     _quiet_transformers()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     tmodel, tok, tname = load_model(target, dev, dt, device_map)
     check_supported(tmodel)
-    if draft is None or draft in EARLY_EXIT_SPECS:  # trained early exit when shipped for it
-        drafter = early_exit_drafter(tmodel, draft, early_exit_layers)
+    if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
+        # the shipped trained early exit when it was made for this target
+        drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers)
         dname = drafter.name
     else:
         dmodel, dtok, dname = load_model(draft, dev, dt)
@@ -250,3 +315,13 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         tok = tok or dtok
     device_used = next(tmodel.parameters()).device
     return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
+
+
+def _early_exit_layers(draft: ModelSpec, early_exit_layers: int | None) -> int | None:
+    """N of an early-exit draft: from 'early-exit:N' or early_exit_layers (both: equal)."""
+    if draft.layers is None:
+        return early_exit_layers
+    if early_exit_layers not in (None, draft.layers):
+        raise ConfigError(f"draft '{draft.text}' and early_exit_layers={early_exit_layers} "
+                          "disagree")
+    return draft.layers

@@ -1,4 +1,4 @@
-"""Optimal multi-draft acceptance alpha* and closed-form verifier acceptances (note 002).
+"""Optimal multi-draft acceptance alpha* and closed-form verifier acceptances.
 
 Hu et al., "Towards Optimal Multi-Draft Speculative Decoding" (ICLR 2025). For a draft law
 p_draft on n-tuples built from q, the best acceptance any lossless verifier can reach is
@@ -7,36 +7,34 @@ p_draft on n-tuples built from q, the best acceptance any lossless verifier can 
 
 and the minimiser H* is a certificate: 1 - alpha* = Q(H*) - P(H*) is rejection mass no
 verifier can avoid. Hu et al. Thm. 6 / §4.2.1: some optimal H is a prefix of the tokens sorted
-by q/p decreasing (p = target, q = draft). Q per draft scheme (note 002 §1.3, §2.3-2.4):
+by q/p decreasing (p = target, q = draft). Q per draft scheme (Hu et al. §2.3, §4.2.2):
 
 - "with_replacement": Q(H) = q(H)^n.
 - "without_replacement": sequential draws from q renormalised over the tokens not yet drawn.
-  The paper's generating-function Q is NOT this law (note 002 §2.4, §7 erratum 7); we use the
-  exact Q: closed form for n = 2, exact enumeration for tiny supports, and otherwise the
-  exponential-clock integral (note 002 §2.4 (b)) on a trapezoid grid in log t (error < 1e-8).
-  The prefix scan is proven for q-convex Q only; for this Q it is empirical (note 002 §2.4)
-  and the tests check it against the LP.
+  The paper's generating-function Q is NOT this law (docs/derivations.md, Optimal
+  multi-draft); we use the exact Q: closed form for n = 2, exact enumeration for tiny
+  supports, and otherwise the exponential-clock integral (same section) on a trapezoid grid
+  in log t (error < 1e-8). The prefix scan is proven for q-convex Q only; for this Q it is
+  empirical, and the tests check it against the brute-force LP (tests/oracles.py).
 - "greedy": Top_{n-1}(q) plus one draw from q^{¬T} (Hu et al. §5.1, Thm. 7).
 
-`lp_alpha_star` solves the multi-draft transport LP (Hu et al. Eq. 7/9) by brute force, for
-the tests. Inputs are (V,) distributions (float32 or float64); all arithmetic is float64 and
-both inputs are renormalised.
+Inputs are (V,) distributions (float32 or float64); all arithmetic is float64 and both
+inputs are renormalised.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from engine.verify.token import greedy_top, kseq_beta, kseq_rho, without
+
 SCHEMES = ("with_replacement", "without_replacement", "greedy")
 ENUM_LIMIT = 1_000  # ordered draws up to which "without_replacement" Q is enumerated exactly
 CERT_TOL = 1e-12  # f within this of its minimum counts as minimal (the shortest H* wins)
-LP_LIMIT = 20_000  # draft tuples the brute-force LP accepts
 CLOCK_STEP = 0.35  # trapezoid step in u = log t; error ~exp(-2*pi*d/h), measured < 1e-9
 CLOCK_BLOCK = 1 << 17  # elements of a (grid, token block) temporary, ~1 MB: stays in cache
 EXP_FLOOR = 690.0  # e^{-690} ~ 1e-300: smaller terms become 0, never slow subnormals
@@ -91,23 +89,9 @@ def _inputs(p, q, n: int, scheme: str | None = None) -> tuple[torch.Tensor, torc
 
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> float:
-    """Total variation 1/2 sum |p - q|; single-draft alpha* = 1 - TV (note 002 §1.2)."""
+    """Total variation 1/2 sum |p - q|; single-draft alpha* = 1 - TV (Hu et al. §2.2)."""
     p, q = _inputs(p, q, 1)
     return 0.5 * float((p - q).abs().sum())
-
-
-def greedy_top(q: torch.Tensor, n: int) -> torch.Tensor:
-    """T = Top_{n-1}(q) within supp q, ties to the lower id (engine.verify.token convention)."""
-    k = min(n - 1, int((q > 0).sum()))
-    return torch.sort(q, descending=True, stable=True).indices[:k]  # (k,)
-
-
-def _greedy_rest(q: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """q' = q^{¬T}, normaliser summed over the rest (note 002 §2.4 numerics); 0 if empty."""
-    rest = q.clone()
-    rest[top] = 0.0
-    mass = float(rest.sum())
-    return rest / mass if mass > 0.0 else rest  # (V,)
 
 
 # ------------------------------------------------------------------- prefix Q, per scheme
@@ -127,7 +111,8 @@ def _q_with(qs: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _q_without_two(qs: torch.Tensor) -> torch.Tensor:
-    """Exact n = 2 sequential Q (note 002 §2.4 (a)): sum_{a in H} q_a q(H - a) / (1 - q_a).
+    """Exact n = 2 sequential Q: sum_{a in H} q_a q(H - a) / (1 - q_a) (docs/derivations.md,
+    Optimal multi-draft).
 
     1 - q_a is summed over the other tokens for the largest q (only it can cancel), and the
     largest token's own term is kept apart so q(H - a) never cancels either.
@@ -192,7 +177,8 @@ def _clock_tail(r: torch.Tensor, t_0: float, h: float, terms: int = 8) -> torch.
 
 
 def _q_without_clock(qs: torch.Tensor, n: int) -> torch.Tensor:
-    """Sequential Q(H_i), n >= 3, by the exponential-clock integral (note 002 §2.4 (b)).
+    """Sequential Q(H_i), n >= 3, by the exponential-clock integral (docs/derivations.md,
+    Optimal multi-draft).
 
     1 - Q(H) = r int_0^inf e^{-rt} Prob[N_H(t) < n] dt, r = q(outside H), N_H(t) = arrivals
     by time t of independent Exp(q_i) clocks in H. With the n-1 largest-q tokens ("heavy")
@@ -310,7 +296,7 @@ def _greedy_curve(p: torch.Tensor, q: torch.Tensor, n: int) -> PrefixCurve:
     Order T first, then the rest by q'/p decreasing; the minimiser T + {q' > p} is a prefix.
     """
     top = greedy_top(q, n)
-    q_rest = _greedy_rest(q, top)  # (V,)
+    q_rest = without(q, top.tolist())  # (V,)
     rest = ratio_order(p, q_rest)
     rest = rest[~torch.isin(rest, top)]
     order = torch.cat([top, rest])  # (m,)
@@ -326,7 +312,7 @@ def _greedy_curve(p: torch.Tensor, q: torch.Tensor, n: int) -> PrefixCurve:
 def prefix_curve(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> PrefixCurve:
     """P(H_i), Q(H_i) on the prefixes the alpha* scan visits (Hu et al. §4.2.1).
 
-    The "dual certificate curve" of note 002 §6.1: f = P - Q, and 1 - alpha* = -min f.
+    The dual certificate curve: f = P - Q along the prefixes, and 1 - alpha* = -min f.
 
     Args:
         p, q: (V,) target / draft distributions.
@@ -371,98 +357,11 @@ def alpha_star(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> Optimal
     return scan_certificate(prefix_curve(p, q, n, scheme), scheme, n)
 
 
-def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
-    """Q(H) = Prob[every draft lies in H] for one token set H (note 002 §0).
-
-    Args:
-        q: (V,) draft distribution.
-        H: iterable of token ids.
-    """
-    _, q = _inputs(q, q, n, scheme)
-    ids = torch.as_tensor(sorted({int(x) for x in H}), dtype=torch.long)  # (|H|,)
-    if scheme == "greedy":
-        top = greedy_top(q, n)
-        q_rest = _greedy_rest(q, top)  # (V,); all zero when supp q lies inside T
-        if not bool(torch.isin(top, ids).all()):
-            return 0.0
-        return float(q_rest[ids].sum()) if float(q_rest.sum()) > 0.0 else 1.0
-    if scheme == "with_replacement":
-        return min(1.0, float(q[ids].sum())) ** n
-    order = torch.cat([ids, torch.nonzero(~torch.isin(torch.arange(q.numel()), ids)).flatten()])
-    return float(_q_without(q[order], n)[ids.numel()])
-
-
-# ------------------------------------------------------------------------ brute-force LP
-
-
-def draft_tuple_probs(q: torch.Tensor, n: int, scheme: str) -> dict[tuple[int, ...], float]:
-    """p_draft over ordered draft tuples (note 002 §1.3), for tiny vocabularies only.
-
-    Without replacement and greedy draft at most |supp q| tokens, so tuples can be shorter.
-    """
-    _, q = _inputs(q, q, n, scheme)
-    qv = q.tolist()
-    supp = [i for i, x in enumerate(qv) if x > 0]
-    if len(supp) ** n > LP_LIMIT and scheme != "greedy":
-        raise ValueError(f"|supp q|^n = {len(supp) ** n} tuples: for tiny vocabularies only")
-    if scheme == "with_replacement":
-        return {t: math.prod(qv[i] for i in t) for t in itertools.product(supp, repeat=n)}
-    if scheme == "greedy":
-        top = tuple(greedy_top(q, n).tolist())
-        rest = _greedy_rest(q, torch.tensor(top, dtype=torch.long)).tolist()
-        tuples = {top + (x,): r for x, r in enumerate(rest) if r > 0}
-        return tuples or {top: 1.0}
-    out: dict[tuple[int, ...], float] = {}
-    for t in itertools.permutations(supp, min(n, len(supp))):
-        prob = 1.0
-        for k, x in enumerate(t):
-            prob *= qv[x] / math.fsum(qv[j] for j in supp if j not in t[:k])
-        out[t] = prob
-    return out
-
-
-def lp_alpha_star(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str) -> float:
-    """alpha* by brute force: lp_value over every draft tuple of the scheme (tiny V, n only)."""
-    p, q = _inputs(p, q, n, scheme)
-    return lp_value(p, draft_tuple_probs(q, n, scheme))
-
-
-def lp_value(p: torch.Tensor, tuples: dict[tuple[int, ...], float]) -> float:
-    """Optimum of the relaxed transport LP (Hu et al. Eq. 9 = Eq. 7 by Lemma 1), by HiGHS.
-
-    max sum S[i, t] s.t. sum_t S[i, t] <= p(i), sum_i S[i, t] <= p_draft(t), S >= 0, and
-    S[i, t] = 0 unless token i is in tuple t.
-
-    Args:
-        p: (V,) target distribution.
-        tuples: p_draft as {draft tuple: probability}.
-    """
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix
-
-    p = _dist(p, "p")
-    if len(tuples) > LP_LIMIT:
-        raise ValueError(f"{len(tuples)} draft tuples: the LP is for tiny V and n only")
-    items = list(tuples.items())
-    edges = [(i, k) for k, (t, _) in enumerate(items) for i in sorted(set(t))]
-    rows = [r for i, k in edges for r in (i, p.numel() + k)]
-    cols = [e for e in range(len(edges)) for _ in range(2)]
-    shape = (p.numel() + len(items), len(edges))
-    a_ub = coo_matrix(([1.0] * len(rows), (rows, cols)), shape=shape).tocsr()
-    b_ub = p.tolist() + [prob for _, prob in items]
-    tol = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
-    res = linprog([-1.0] * len(edges), A_ub=a_ub, b_ub=b_ub, bounds=(0, None),
-                  method="highs", options=tol)
-    if res.status != 0:
-        raise RuntimeError(f"LP failed: {res.message}")
-    return float(-res.fun)
-
-
 # ---------------------------------------------------------- verifier acceptance rates
 
 
 def rrs_wr_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """Expected acceptance of RRS with i.i.d. drafts (note 002 §3.1).
+    """Expected acceptance of RRS with i.i.d. drafts (Hu et al. App. A.1; MCSD App. C).
 
     alpha = sum_k a_k prod_{j<k} (1 - a_j), a_k = sum_i min(p_k(i), q(i)),
     p_1 = p, p_{k+1} = Res^{p_k - q}.
@@ -479,56 +378,14 @@ def rrs_wr_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
     return min(1.0, alpha)
 
 
-def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int, iters: int = 64) -> float:
-    """K-SEQ rho solving 1 - (1 - beta(rho))^n = rho beta(rho) on [1, n] (note 002 §3.3)."""
-    p, q = _inputs(p, q, n)
-    lo, hi = 1.0, float(n)
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        covered = float(torch.minimum(p, mid * q).sum())  # rho beta(rho)
-        gap = covered - 1.0 + (1.0 - covered / mid) ** n  # nondecreasing in rho
-        lo, hi = (mid, hi) if gap < 0.0 else (lo, mid)
-    return hi
-
-
 def kseq_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """Expected K-SEQ acceptance 1 - (1 - beta(rho))^n, beta = sum min(p/rho, q) (§3.3)."""
+    """Expected K-SEQ acceptance 1 - (1 - beta(rho))^n (Hu et al. App. A.2)."""
     p, q = _inputs(p, q, n)
-    rho = kseq_rho(p, q, n)
-    beta = float(torch.minimum(p / rho, q).sum())
-    return 1.0 - (1.0 - beta) ** n
+    return 1.0 - (1.0 - kseq_beta(p, q, kseq_rho(p, q, n))) ** n
 
 
 def greedy_drafts_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
     """Greedy drafts' verifier acceptance P(T) + sum_i min(p(i), q'(i)) (Hu et al. Thm. 7)."""
     p, q = _inputs(p, q, n)
     top = greedy_top(q, n)
-    return min(1.0, float(p[top].sum() + torch.minimum(p, _greedy_rest(q, top)).sum()))
-
-
-# ------------------------------------------------------------------------- benchmark
-
-
-def bench_optimal(V: int = 49152, ns=(2, 3, 4), repeats: int = 20,
-                  seed: int = 0) -> dict[str, float]:
-    """Median ms per alpha_star call, per scheme and n, on one random (p, q) pair.
-
-    p and q are heavy-tailed and correlated: q = softmax(3 z1), p = softmax(3 (0.8 z1 +
-    0.6 z2)), z ~ N(0, 1) from a seeded generator (lognormal, a Dirichlet-like spread).
-    Returns {"<scheme>/n=<n>": ms}.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    z1, z2 = torch.randn(2, V, generator=gen, dtype=F64)  # (V,) each
-    q = torch.softmax(3.0 * z1, 0)
-    p = torch.softmax(3.0 * (0.8 * z1 + 0.6 * z2), 0)
-    out = {}
-    for scheme in SCHEMES:
-        for n in ns:
-            alpha_star(p, q, n, scheme)  # warm-up
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                alpha_star(p, q, n, scheme)
-                times.append(1e3 * (time.perf_counter() - start))
-            out[f"{scheme}/n={n}"] = statistics.median(times)
-    return out
+    return min(1.0, float(p[top].sum() + torch.minimum(p, without(q, top.tolist())).sum()))

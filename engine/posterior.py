@@ -1,8 +1,8 @@
 """Thompson-sampling math of the draft-length controllers (EESD, Liu et al. 2024): random
 variates drawn through a Chooser (Box-Muller normals, Marsaglia-Tsang gammas, Beta as a gamma
 ratio), the Beta and Gaussian densities the UI draws, and the pure posterior updates (Beta-TS
-Eq. 3-4, Cali-TS Eq. 6-8 with the note 004 fixes). No state; the controllers are in
-:mod:`engine.control`.
+Eq. 3-4, Cali-TS Eq. 6-8; the readings and fixes are in docs/derivations.md, EESD). No
+state; the controllers are in :mod:`engine.control`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 from engine.errors import ConfigError
 from engine.sampling import Chooser, as_chooser
 
-BETA_RULES = ("paper", "clean")  # note 004 §2.3: Eq. 3-4 as printed vs textbook counts
-THETA_HAT_RULES = ("accepted", "paper")  # note 004 §2.4 (d): the fix vs Eq. 8 as printed
+BETA_RULES = ("paper", "clean")  # EESD App. A Eq. 3-4 as printed vs textbook counts
+THETA_HAT_RULES = ("accepted", "paper")  # EESD App. B: the Eq. 8 fix vs Eq. 8 as printed
 
 
 # ---------------------------------------------------------------- random variates and densities
@@ -97,7 +97,8 @@ def beta_update(
 ) -> tuple[float, float]:
     """Beta-TS posterior update after one verification (EESD Alg. 2 steps 17-21, Eq. 3-4).
 
-    With a = accepted, k = drafted and |Q_v| = a + 1 (accepted drafts + the target's token):
+    With a = accepted, k = drafted and |Q_v| = a + 1 (accepted drafts + the target's token; the
+    reading of docs/derivations.md, EESD):
     - "paper": r = |Q_v| - 1, n = min(|Q_v| + 1, k); alpha += r, beta += n - r.
     - "clean": alpha += a, beta += 1 if a < k else 0 (trials up to the first rejection).
     """
@@ -132,7 +133,8 @@ def theta_hat_update(theta_hat: float, t: int, accepted: int, rule: str) -> tupl
     """Cali-TS running mean after one verification (EESD Alg. 3 steps 20-22, Eq. 8/10).
 
     t advances by |Q_v| = a + 1 and theta_hat <- (theta_hat * (t_prev + 1) + gain) / (t + 1),
-    gain = |Q_v| for "paper" (degenerates to 1, note 004 §2.4 d) or a for "accepted" (the fix).
+    gain = |Q_v| for "paper" (theta_hat then tends to 1 whatever the acceptance) or a for
+    "accepted" (the fix; both in docs/derivations.md, EESD).
     Returns (theta_hat, t).
     """
     if rule not in THETA_HAT_RULES:

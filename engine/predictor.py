@@ -1,4 +1,4 @@
-"""Cali-TS model prediction theta_M (EESD Eq. 5, note 004 §2.4 a).
+"""Cali-TS model prediction theta_M (EESD §3.3, Eq. 5; Algorithm 3).
 
     theta_M = sigmoid( w_p . [ W^{min(i, 10)} h_T ; h_D (; c_q) ] + b )
 
@@ -8,7 +8,9 @@
   predictor such zeroed rounds too.
 - h_D (d,): the drafter's final (normed) hidden state whose output is draft token i (i = 1 is
   the root's), so theta_M estimates P(draft token i is accepted | tokens 1..i-1 were), the
-  chance chi = 1 stands for. The note's 0-based W^{min(i+1, 10)} is this 1-based W^{min(i, 10)}.
+  chance chi = 1 stands for. Algorithm 3 counts draft steps from 0 while naming the
+  matrices W^1..W^10; this 1-based W^{min(i, 10)} is its W^{min(i+1, 10)} (docs/derivations.md,
+  EESD).
 - W^1..W^10 (d x d, initialised to the identity), w_p (2d) and b are the trained parameters;
   the paper's 2-logit W_p trained with cross-entropy is the same model as one logit with BCE
   (sigmoid(z_1 - z_0)). Features are standardised with training-set statistics first.
@@ -18,12 +20,11 @@
   draft's own confidence is a strong, nearly free signal. A predictor file says which it uses.
 
 The predictor belongs to one drafter: its file records the drafter weights' digest and the
-target's fingerprint, and :func:`load_predictor` refuses a mismatch.
+target's fingerprint (:mod:`engine.weights`), and :func:`load_predictor` refuses a mismatch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,9 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError
+from engine.weights import load_tensors, same_target, save_tensors
 
 MAX_STEP = 10  # W^1..W^10 (EESD: i = min(i, 10))
-PREDICTOR_FILE = "predictor.safetensors"
 
 
 @dataclass(frozen=True)
@@ -104,29 +105,11 @@ class CaliPredictor(nn.Module):
         return float(torch.sigmoid(self(step, h_t, h_d, conf))[0])
 
 
-def file_digest(path: Path) -> str:
-    """sha1 of a file (which drafter weights a predictor was trained for)."""
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
-
-
 def save_predictor(path: Path, model: CaliPredictor, meta: dict) -> Path:
     """Write the predictor (fp16 W, fp32 rest) with its metadata (JSON in the header)."""
-    from safetensors.torch import save_file
-
-    state = {k: (v.to(torch.float16) if k == "W" else v.float()).contiguous()
+    state = {k: (v.to(torch.float16) if k == "W" else v.float())
              for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(state, str(tmp), metadata={"meta": json.dumps(meta, sort_keys=True)})
-    tmp.replace(path)
-    return path
-
-
-def read_meta(path: Path) -> dict:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads((f.metadata() or {}).get("meta", "{}"))
+    return save_tensors(path, state, {"meta": json.dumps(meta, sort_keys=True)})
 
 
 def load_predictor(path: Path, fingerprint: dict, drafter_digest: str,
@@ -135,19 +118,15 @@ def load_predictor(path: Path, fingerprint: dict, drafter_digest: str,
 
     Raises ConfigError (one line) when the file is missing or made for something else.
     """
-    from safetensors.torch import load_file
-
-    from engine.drafters import same_target
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no trained Cali-TS predictor at {path}")
-    meta = read_meta(path)
+    state, header = load_tensors(path)
+    meta = json.loads(header.get("meta", "{}"))
     if not same_target(meta.get("target", {}), fingerprint):
         raise ConfigError(f"the Cali-TS predictor in {path} was trained for another target")
     if meta.get("drafter_sha1") != drafter_digest:
         raise ConfigError(f"the Cali-TS predictor in {path} was trained for another drafter")
-    state = load_file(str(path))
     steps, d, _ = state["W"].shape
     model = CaliPredictor(d, steps, int(state["w_p.weight"].shape[1]) - 2 * d)
     model.load_state_dict({k: v.float() for k, v in state.items()})

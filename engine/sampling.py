@@ -9,7 +9,7 @@ branch of a rule with its exact probability, so exactness proofs run the product
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
@@ -123,3 +123,30 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, float]:
     if mass <= EPS:
         return p.clone(), mass
     return r / mass, mass
+
+
+def draw_without_replacement(weights: torch.Tensor, n: int, chooser: Chooser, *,
+                             taken: Sequence[int] = (), min_mass: float = 0.0) -> list[int]:
+    """Up to n distinct indices, drawn one at a time from `weights` renormalised over the
+    indices not drawn yet (successive sampling, MCSD Eq. 1); `taken` are excluded from the
+    start. Stops early once the remaining mass is <= min_mass.
+
+    The normaliser is the sum of the remaining weights, never 1 - (mass drawn): that
+    subtraction cancels for peaked weights.
+
+    Args:
+        weights: (N,) non-negative weights (a distribution or unnormalised).
+    Returns:
+        the drawn indices, in draw order.
+    """
+    free = weights.detach().double().clone()  # (N,) zero where drawn or taken
+    if len(taken):
+        free[list(taken)] = 0.0
+    picks: list[int] = []
+    for _ in range(n):
+        mass = free.sum()
+        if float(mass) <= min_mass:
+            break
+        picks.append(chooser.categorical(free / mass))
+        free[picks[-1]] = 0.0
+    return picks

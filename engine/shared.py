@@ -1,12 +1,13 @@
-"""First-N-layer KV-cache sharing between the early-exit drafter and its target (EESD §1.2,
-note 004 §1.2 [IMPL-REC]) for one sequence drafted as a chain.
+"""First-N-layer KV-cache sharing between the early-exit drafter and its target for one
+sequence drafted as a chain. EESD §3.1 states only that the two models share the first N
+layers' KV cache; the layout below is this engine's.
 
 Three caches over absolute positions 0, 1, ...:
 
 - C_shared: the target's layers 1..N (slots 0..N-1 of the target's cache). Whoever first needs
   a position runs it through these layers once and keeps its H^N; the other side reuses both.
 - C_deep: the target's layers N+1..L (slots N..L-1), target only, fed from the kept H^N.
-- C_ee: the drafter's trained Transformer^e (its own cache), drafter only.
+- C_ee: the drafter's trained Transformer^e (EESD Eq. 1; its own cache), drafter only.
 
 So a drafted token is never run through layers 1..N twice: the drafter computes them while
 drafting and the target's verify pass starts at layer N+1 from the stored H^N; only the last
@@ -24,8 +25,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from engine.cached_model import Scored
 from engine.errors import ConfigError
-from engine.forest import ROOT
+from engine.forest import ROOT, attention_inputs
 
 
 class SharedTrunk:
@@ -66,11 +68,9 @@ class SharedTrunk:
         """Run stock decoder layers on h (1, n, d) at positions start.. with a causal mask over
         the cached prefix; returns (1, n, d)."""
         n = h.shape[1]
-        pos = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
-        keys = torch.arange(start + n, device=self.device)  # (start + n,)
-        visible = keys[None, :] <= pos[0][:, None]  # (n, start + n) causal
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[None, None]
+        no_forest = torch.zeros((1, 0), dtype=torch.long, device=self.device)
+        mask, pos = attention_inputs(cached=start, tail=n, new_tail=n, parents=no_forest,
+                                     new_nodes=0, dtype=self.dtype)  # (1, 1, n, start + n)
         emb = self.rotary(h, position_ids=pos)
         for layer in layers:
             h = layer(h, attention_mask=mask, position_embeddings=emb, position_ids=pos,
@@ -146,7 +146,7 @@ def _cut(layer, keep: int) -> None:
 
 class SharedSide:
     """One side (target or draft) of a :class:`SharedTrunk`, with the round interface of
-    :class:`~engine.runner.CachedModel` (feed / root_logits / commit) for a width-1 chain."""
+    :class:`~engine.cached_model.CachedModel` (start / feed / commit) for a width-1 chain."""
 
     width = 1
 
@@ -158,9 +158,6 @@ class SharedSide:
     def _reset_round(self) -> None:
         self.forest_fed = 0
         self.round = self.trunk.round
-        self.root_logits: torch.Tensor | None = None  # (1, V)
-        self.root_hidden: torch.Tensor | None = None  # (1, d)
-        self.node_hidden: torch.Tensor | None = None  # (1, m, d)
 
     def start(self, ids: torch.Tensor) -> None:
         """The target side starts the sequence; the draft side joins it."""
@@ -170,8 +167,9 @@ class SharedSide:
             raise ConfigError("KV sharing: the drafter joined another sequence")
         self._reset_round()
 
-    def feed(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None):
-        """Score the unscored committed tokens and new chain nodes (1, m); (1, m, V) logits."""
+    def feed(self, tokens: torch.Tensor | None = None,
+             parents: torch.Tensor | None = None) -> Scored:
+        """Score the unscored committed tokens and new chain nodes (1, m) (see CachedModel)."""
         m = 0 if tokens is None else int(tokens.shape[1])
         if m:
             want = torch.arange(self.forest_fed - 1, self.forest_fed + m - 1)  # chain parents
@@ -181,13 +179,13 @@ class SharedSide:
         committed = self.trunk.committed
         end = committed + self.forest_fed + m
         start = self.trunk.len["deep" if self.side == "target" else "ee"]
-        hidden, logits = self.trunk.run(self.side, end)  # positions [start, end)
+        hidden, logits = self.trunk.run(self.side, end)  # (1, n, d), (1, n, V) at [start, end)
+        root = (None, None)
         if start <= committed - 1 < end:  # the newest committed token was scored
-            self.root_logits = logits[:, committed - 1 - start]
-            self.root_hidden = hidden[:, committed - 1 - start]
-        self.node_hidden = hidden[:, hidden.shape[1] - m:]
+            root = (logits[:, committed - 1 - start], hidden[:, committed - 1 - start])
         self.forest_fed += m
-        return logits[:, logits.shape[1] - m:]
+        n = hidden.shape[1]
+        return Scored(logits[:, n - m:], hidden[:, n - m:], *root)  # nodes: (1, m, V), (1, m, d)
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
                new_tokens: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ from engine.errors import SpecvizError
 from engine.trace import RunTrace
 from specviz import pairs, text_view
 from specviz.params import ParamPool
-from specviz.render import render
+from specviz.render import render, render_live
 from specviz.state import SessionState, coerce
 
 log = logging.getLogger("specviz")
@@ -111,6 +111,34 @@ def _out(state: SessionState) -> tuple[Any, ...]:
 # ----------------------------------------------------------------------------- run
 
 
+class LivePace:
+    """When a streaming run renders: the model thread shares the interpreter with the
+    renders (Python's GIL), so renders are spaced by their own cost to take at most
+    ``DUTY`` of the wall time (none sooner than ``MIN_GAP_S``), and the newest round's
+    forest, the costlier view, is drawn at most every ``FOREST_EVERY_S``."""
+
+    DUTY = 0.02
+    MIN_GAP_S = 0.35
+    FOREST_EVERY_S = 1.5
+
+    def __init__(self) -> None:
+        self.next_at = 0.0  # the first round renders at once
+        self.forest_at = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_at
+
+    def forest_due(self) -> bool:
+        now = time.monotonic()
+        if now < self.forest_at:
+            return False
+        self.forest_at = now + self.FOREST_EVERY_S
+        return True
+
+    def spent(self, seconds: float) -> None:
+        self.next_at = time.monotonic() + max(self.MIN_GAP_S, seconds / self.DUTY)
+
+
 def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
     """The Run handler for a parameter pool (keyword widget values -> method parameters).
 
@@ -127,6 +155,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         pairs.check_run_limits(prompt, params)
         rounds: list = []
         state = SessionState(source="run", live=True)
+        pace = LivePace()
         try:
             for update in pairs.decode_stream(target, draft, prompt, method, params):
                 rounds += update.rounds
@@ -138,8 +167,11 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
                 state = SessionState(trace=replace(head, rounds=tuple(rounds)),
                                      round=len(rounds) - 1, source="run",
                                      live=not update.final)
-                if not update.final:
-                    yield _out(state)
+                if not update.final and pace.due():
+                    t0 = time.perf_counter()
+                    out = render_live(state, forest=pace.forest_due())
+                    pace.spent(time.perf_counter() - t0)
+                    yield (*out, state)
         except Exception as e:
             if state.trace is not None:  # keep the rounds so far, navigable
                 kept = replace(state.trace, rounds=tuple(rounds),

@@ -174,7 +174,7 @@ def _validate(prompt: str, methods: list[str], max_new: float) -> None:
 def _check_jobs(jobs: list[Job]) -> None:
     """Every job built by the engine (cross-parameter checks) before any model work."""
     for job in jobs:
-        METHODS[job.method].build(dict(job.params))
+        METHODS[job.method].make(dict(job.params))
 
 
 @guarded

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import engine
 from engine import threads
 from engine.errors import ConfigError, ModelLoadError
+from engine.models import parse_model_spec
 from specviz.state import ASSETS
 
 MAX_PROMPT_CHARS = 2000
@@ -92,9 +93,12 @@ def _cuda_available() -> bool:
 
 
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
-    """Normalised (target, draft) strings; GPU-only presets refused on a CPU machine."""
+    """Normalised (target, draft) strings, read by the engine's spec parser (a bad spec fails
+    here, before any model work); GPU-only presets refused on a CPU machine."""
     target = (target or "").strip() or engine.EMBEDDED
     draft = (draft or "").strip()
+    parse_model_spec(target)
+    parse_model_spec(draft, draft=True)
     for p in presets():
         if p.needs_gpu and p.target == target and not _cuda_available():
             raise ModelLoadError(
@@ -102,19 +106,6 @@ def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
                 "this machine has no GPU (use the embedded model, or run the Space on a GPU)"
             )
     return target, draft
-
-
-def parse_draft(draft: str) -> tuple[str | None, int | None]:
-    """'' or 'early-exit' -> the target's own first layers; 'early-exit:N' -> its first N
-    layers; anything else is a model spec for load_pair."""
-    if not draft or draft in ("early-exit", "early_exit", "self"):
-        return None, None
-    head, _, n = draft.partition(":")
-    if head in ("early-exit", "early_exit") and n:
-        if not n.strip().isdigit() or int(n) < 1:
-            raise ConfigError(f"early-exit layers must be a positive integer, got '{n}'")
-        return None, int(n)
-    return draft, None
 
 
 def get_pair(target: str, draft: str = "") -> engine.ModelPair:
@@ -127,8 +118,7 @@ def _get_pair(target: str, draft: str) -> engine.ModelPair:
     if key in _PAIRS:
         _PAIRS.move_to_end(key)
         return _PAIRS[key]
-    path, layers = parse_draft(draft)
-    pair = engine.load_pair(target=target, draft=path, device="auto", early_exit_layers=layers)
+    pair = engine.load_pair(target=target, draft=draft, device="auto")
     _PAIRS[key] = pair
     while len(_PAIRS) > CACHE_SIZE:
         _PAIRS.popitem(last=False)

@@ -20,6 +20,7 @@ from specviz.state import SessionState
 OUTPUTS = ("forest", "progress", "posterior", "text", "round_md", "run_md", "tests",
            "beams", "extras", "slider")
 PLOTS = ("forest", "progress", "posterior")
+LIVE = ("text", "round_md", "run_md", "slider")  # cheap views a streaming run updates
 
 
 def _figure_parts(fig) -> tuple[str, dict[str, Any]]:
@@ -75,4 +76,21 @@ def render(state: SessionState) -> tuple[Any, ...]:
     for k in PLOTS:  # serialised here, so a handler's measured time includes it
         if not isinstance(out[k], PlotData):
             out[k] = PlotData(type="plotly", plot=out[k].to_json())
+    return tuple(out[k] for k in OUTPUTS)
+
+
+def render_live(state: SessionState, forest: bool) -> tuple[Any, ...]:
+    """The cheap views of a streaming run (text, summaries, slider; the newest round's forest
+    when ``forest``); every other output is left as it is (``gr.skip()``) until the run ends.
+    Live renders share the process with the model thread, so they are kept small."""
+    trace, i, n = state.trace, state.round, state.n_rounds
+    out: dict[str, Any] = {k: gr.skip() for k in OUTPUTS}
+    out["text"] = text_view.segments(trace)
+    out["round_md"] = round_panel.round_markdown(trace, i)
+    out["run_md"] = round_panel.run_markdown(trace, state.live, state.source)
+    out["slider"] = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=i, step=1,
+                              interactive=False, label=f"Round ({n} recorded)")
+    if forest:
+        out["forest"] = PlotData(type="plotly",
+                                 plot=forest_view.forest_figure(trace, i).to_json())
     return tuple(out[k] for k in OUTPUTS)

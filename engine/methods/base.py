@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
 
-from engine.config import COMMON_PARAMS, ParamSpec
+from engine.cached_model import Scored
+from engine.config import COMMON_PARAMS, ParamSpec, check_config_fields, config_from_params
+from engine.errors import ConfigError
 from engine.forest import Forest
 from engine.trace import BeamTrace, NodeTrace, TestRecord
 
 
 @dataclass
-class Verdict:
-    """Outcome of verify: which paths survive, what is appended, and why.
+class RoundVerdict:
+    """A round's verdict (what ``Method.verify`` returns): which paths survive, what is
+    appended, and why.
 
     rows: (W',) parent row of each new beam; path_nodes / path_tokens: (W', k) kept forest
     nodes per new beam (root side first); new_tokens: (W', a) tokens appended after the path.
@@ -37,31 +41,54 @@ class Verdict:
 
 
 class Method(Protocol):
-    """Hooks the round loop calls (steps 1 and 3; the loop scores, commits and observes)."""
+    """Hooks the round loop calls: start once, then per round 1. propose, 3. verify and
+    5. observe (the loop itself does 2. score and 4. commit)."""
 
     def start(self, ctx) -> None: ...
 
     def propose(self, ctx) -> Forest: ...
 
-    def verify(self, ctx, forest: Forest, p_root: torch.Tensor,
-               p_nodes: torch.Tensor) -> Verdict: ...
+    def verify(self, ctx, forest: Forest, scored: Scored) -> RoundVerdict:
+        """scored: the target's step-2 result on the forest (root and node logits, hidden
+        states)."""
 
-    def observe(self, ctx, verdict: Verdict) -> dict | None: ...
+    def observe(self, ctx, verdict: RoundVerdict) -> dict | None: ...
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: its parameters (beyond COMMON_PARAMS) and how it is built."""
+    """A registered method: its parameters (beyond COMMON_PARAMS), its typed config and how
+    the method is built from that config.
+
+    config: a frozen dataclass with one field per row of ``params``, of the row's type
+    (checked here, so the two cannot drift); ``build`` takes it and returns the method,
+    raising ConfigError on a bad combination of values.
+    """
 
     name: str
     summary: str
     family: str  # "baseline" | "token" | "beam"
     exactness: str  # what the tests prove about its output
     params: tuple[ParamSpec, ...]
-    build: Callable[[dict[str, Any]], Method]
+    config: type
+    build: Callable[[Any], Method]
     reference: str  # matching generate() call: "greedy" | "sample" | "beam" | "beam_sample"
     uses_draft: bool = True
+    sampling_only: bool = False  # draws from the warped beam law: needs temperature > 0
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of COMMON_PARAMS
+
+    def __post_init__(self) -> None:
+        check_config_fields(self.config, self.params)
+
+    def configure(self, params: Mapping[str, Any]) -> Any:
+        """The typed config from parameter values (see ``config_from_params``)."""
+        return config_from_params(self.config, self.params, params)
+
+    def make(self, params: Mapping[str, Any]) -> Method:
+        """The method for the values of ``all_params``, as validate_params returns them."""
+        if self.sampling_only and params["temperature"] <= 0:
+            raise ConfigError(f"{self.name}: beam sampling needs temperature > 0")
+        return self.build(self.configure(params))
 
     @property
     def all_params(self) -> tuple[ParamSpec, ...]:

@@ -1,255 +1,50 @@
-"""Beam-level methods, part 1: beam search and beam sampling baselines, AtSpeed strict top-K.
-
-Every beam method keeps W rows (beams) with running scores (cumulative target log-probs) in
-``ctx.scores``; a round's forest holds one draft tree per row, and a verdict's ``rows`` says which
-old row each new beam descends from (the loop reorders/duplicates both caches with it).
+"""Beam search and beam sampling with the target only, and AtSpeed strict top-K verification.
 
 - ``beam``: transformers' beam search replayed step by step (``engine.beamsearch.beam_step``),
   one target call per token: the same beams and scores as ``generate(num_beams=K)``.
-- ``beam_sample``: DSBD's beam sampling (DSBD Eq. 1, ``beam_sample_step``), reproducible from the
-  seed.
-- ``atspeed_strict``: AtSpeed Alg. 1 (note 000 Sec. 1.2). The draft runs a width-N beam search for
-  gamma steps from the K beams; one target forward scores the forest; the target's beam search is
-  then replayed with ``beam_step`` on exact target log-probs, as far as its K running beams stay
-  drafted nodes. Output = deterministic beam search, EOS and finished hypotheses included.
+- ``beam_sample``: DSBD's beam sampling (DSBD Eq. 1, ``engine.beamsample.beam_sample_step``),
+  reproducible from the seed.
+- ``atspeed_strict``: AtSpeed Alg. 1 (AtSpeed §2). The draft runs a width-N beam search for
+  gamma steps from the K beams; one target forward scores the forest; the target's beam search
+  is then replayed with ``beam_step`` on exact target log-probs, as far as its K running beams
+  stay drafted nodes (the top-K is taken over children of the target's own beams only, as the
+  released code does: docs/derivations.md, AtSpeed). Output = deterministic beam search, EOS
+  and finished hypotheses included.
 
-The draft-forest builder and the verdict helpers here are shared with ``engine.methods.dsbd``.
+The draft forest, verdict and trace helpers live in ``engine.methods.beam_forest``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from engine.beamsearch import (
-    NEG_SCORE,
-    BeamConfig,
-    beam_sample_step,
-    beam_step,
-    finalize,
-    init_beams,
+from engine.beamsample import beam_sample_step
+from engine.beamsearch import beam_step
+from engine.forest import ROOT, Forest, empty_forest
+from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.beam_forest import (
+    BEAMS,
+    DEAD,
+    DRAFT_BEAMS,
+    GAMMA,
+    AtSpeedConfig,
+    BeamStart,
+    BeamWidthConfig,
+    NewBeam,
+    Pos,
+    beam_verdict,
+    children_of,
+    draft_forest,
+    forest_depth,
+    node_target_probs,
+    node_traces,
+    record_finished,
+    stop_reason,
+    target_logprobs,
 )
-from engine.errors import ConfigError
-from engine.forest import PAD, ROOT, Forest, empty_forest, path_to
-from engine.methods.base import MethodSpec, Verdict, register
-from engine.trace import (
-    ACCEPTED,
-    BONUS,
-    NOT_REACHED,
-    REJECTED,
-    TARGET,
-    BeamTrace,
-    NodeTrace,
-    TestRecord,
-)
-
-Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)
-DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows
-Select = Callable[[torch.Tensor], tuple[list[int], torch.Tensor | None]]
-
-
-# ------------------------------------------------------------------ draft forest (propose)
-
-
-@dataclass
-class Level:
-    """One draft depth, nodes in draft order (index j = draft index of the layer)."""
-
-    parents: list[int]  # index into the previous level (level 0 = the W roots)
-    tokens: list[int]
-    pos: list[Pos]  # where each node lives in the forest
-    q_beam: torch.Tensor | None  # (B_prev, V) law the nodes were drawn from (sampled drafts)
-
-
-def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> Forest:
-    """The draft's beam search / beam sampling over ``depth`` steps from the W live rows.
-
-    One draft forward per depth scores all trees (a node's parent is a node of its own row;
-    rows are padded with PAD nodes to a common width per depth).
-
-    Args:
-        root_scores: (W,) prior log-weight of each root (the target's running scores).
-        select: (B, V) joint draft log-scores -> (flat indices of the drafted nodes in draft
-            order, (B, V) law they were drawn from or None).
-    """
-    W = ctx.width
-    toks: list[list[int]] = [[] for _ in range(W)]
-    pars: list[list[int]] = [[] for _ in range(W)]
-    qtok: list[list[float]] = [[] for _ in range(W)]
-    ctx.draft_feed()
-    logits = ctx.draft.root_logits  # (W, V)
-    pos: list[Pos] = [(r, ROOT) for r in range(W)]
-    scores = torch.tensor(root_scores, dtype=torch.float32)  # (B,)
-    levels: list[Level] = []
-    for d in range(depth):
-        lq = torch.log_softmax(logits.float().cpu(), dim=-1)  # (B, V)
-        joint = scores[:, None] + lq  # (B, V) cumulative draft log-scores
-        picks, q_beam = select(joint)
-        if not picks:
-            break
-        start = len(toks[0])
-        level = _add_level(picks, joint.shape[1], pos, lq, q_beam, toks, pars, qtok)
-        levels.append(level)
-        scores, pos = joint.reshape(-1)[picks], level.pos
-        if d + 1 < depth:  # the deepest level needs no draft forward
-            out = ctx.draft_feed(torch.tensor([t[start:] for t in toks]),
-                                 torch.tensor([p[start:] for p in pars]))  # (W, m, V)
-            logits = torch.stack([out[r, n - start] for r, n in pos])  # (B, V)
-    forest = Forest(tokens=torch.tensor(toks, dtype=torch.long).reshape(W, -1),
-                    parents=torch.tensor(pars, dtype=torch.long).reshape(W, -1),
-                    q_tok=torch.tensor(qtok, dtype=torch.float32).reshape(W, -1))
-    forest.extras["levels"] = levels
-    return forest
-
-
-def _add_level(picks, vocab, pos, lq, q_beam, toks, pars, qtok) -> Level:
-    """Append the picked (parent, token) nodes to their rows, then pad the rows evenly."""
-    level = Level([i // vocab for i in picks], [i % vocab for i in picks], [], q_beam)
-    for b, v in zip(level.parents, level.tokens):
-        row, node = pos[b]
-        level.pos.append((row, len(toks[row])))
-        toks[row].append(v)
-        pars[row].append(node)
-        qtok[row].append(float(lq[b, v].exp()))
-    width = max(len(t) for t in toks)
-    for t, p, q in zip(toks, pars, qtok):
-        pad = width - len(t)
-        t.extend([0] * pad)
-        p.extend([PAD] * pad)
-        q.extend([0.0] * pad)
-    return level
-
-
-def forest_depth(forest: Forest) -> int:
-    return len(forest.extras.get("levels", ()))
-
-
-# ------------------------------------------------------------------ verify helpers
-
-
-def target_logprobs(p_root: torch.Tensor, p_nodes: torch.Tensor, pos: list[Pos]) -> torch.Tensor:
-    """(n, V) float32 log_softmax of the target logits after each position (rows, nodes)."""
-    rows = [p_root[r] if n == ROOT else p_nodes[r, n] for r, n in pos]
-    return torch.log_softmax(torch.stack(rows).float().cpu(), dim=-1)
-
-
-def node_target_probs(p_root: torch.Tensor, p_nodes: torch.Tensor, forest: Forest) -> torch.Tensor:
-    """(W, M) target probability p(token | parent) of every forest node (PAD nodes: junk)."""
-    W, M = forest.tokens.shape
-    if M == 0:
-        return torch.zeros((W, 0))
-    idx = (forest.parents.cpu() + 1).clamp_min(0)  # (W, M) ROOT -> 0, node n -> n + 1
-    rows = torch.arange(W)[:, None].expand(W, M)
-    logits = torch.cat([p_root[:, None], p_nodes], dim=1).float().cpu()  # (W, 1 + M, V)
-    lp = torch.log_softmax(logits, dim=-1)  # (W, 1 + M, V)
-    return lp[rows, idx, forest.tokens.cpu()].exp()  # (W, M)
-
-
-def children_of(forest: Forest) -> dict[Pos, dict[int, int]]:
-    """{(row, parent node): {token: first drafted child}} over the real (non-PAD) nodes."""
-    kids: dict[Pos, dict[int, int]] = {}
-    for r, (toks, pars) in enumerate(zip(forest.tokens.tolist(), forest.parents.tolist())):
-        for n, (t, p) in enumerate(zip(toks, pars)):
-            if p != PAD:
-                kids.setdefault((r, p), {}).setdefault(t, n)
-    return kids
-
-
-@dataclass(frozen=True)
-class NewBeam:
-    """One beam of the round's output: a token appended after a target position."""
-
-    parent: Pos
-    token: int
-    origin: str  # ORIGIN_* of the appended token
-    score: float  # cumulative target log-prob after the token (NEG_SCORE once finished)
-
-
-def path_of(ctx, forest: Forest, pos: Pos) -> tuple[list[int], list[int]]:
-    """(forest nodes, generated token ids) from the row's first generated token to ``pos``."""
-    row, node = pos
-    nodes = path_to(forest.parents, row, node) if node != ROOT else []
-    return nodes, ctx.seqs[row] + [int(forest.tokens[row, n]) for n in nodes]
-
-
-def record_finished(ctx, forest: Forest, pos: Pos, token: int, origin: str) -> tuple[int, ...]:
-    """Store the origins of a finished hypothesis (for the text view); returns its token ids."""
-    nodes, ids = path_of(ctx, forest, pos)
-    key = tuple(ids + [token])
-    org = [(ACCEPTED, ctx.round_index)] * len(nodes) + [(origin, ctx.round_index)]
-    ctx.finished_origins[key] = list(ctx.origins[pos[0]]) + org
-    return key
-
-
-def beam_verdict(ctx, forest: Forest, beams: list[NewBeam], **kw) -> Verdict:
-    """Verdict committing ``beams``: rows = root row, path = the accepted drafted nodes."""
-    paths = [path_of(ctx, forest, b.parent)[0] for b in beams]
-    k = len(paths[0])
-    if any(len(p) != k for p in paths):
-        raise RuntimeError("beam verdict: new beams must all advance the same number of steps")
-    path_tokens = [[int(forest.tokens[b.parent[0], n]) for n in p] for b, p in zip(beams, paths)]
-    return Verdict(
-        rows=torch.tensor([b.parent[0] for b in beams], dtype=torch.long),
-        path_nodes=torch.tensor(paths, dtype=torch.long).reshape(len(beams), k),
-        path_tokens=torch.tensor(path_tokens, dtype=torch.long).reshape(len(beams), k),
-        new_tokens=torch.tensor([[b.token] for b in beams], dtype=torch.long),
-        origins=[[ACCEPTED] * k + [b.origin] for b in beams],
-        scores=[float(b.score) for b in beams],
-        **kw,
-    )
-
-
-def node_traces(ctx, forest: Forest, p_tok: torch.Tensor, status: dict[Pos, str],
-                beams: list[NewBeam], depth: int) -> tuple[NodeTrace, ...]:
-    """Every real forest node with its status, plus one pseudo node per undrafted output token."""
-    out = []
-    for r in range(forest.width):
-        d: dict[int, int] = {}
-        for n, (t, p) in enumerate(zip(forest.tokens[r].tolist(), forest.parents[r].tolist())):
-            if p == PAD:
-                continue
-            d[n] = 1 if p == ROOT else d[p] + 1
-            out.append(NodeTrace(n, p, r, d[n], t, ctx.decode(t), float(forest.q_tok[r, n]),
-                                 float(p_tok[r, n]), status.get((r, n), NOT_REACHED)))
-    extra = forest.size
-    for b in beams:
-        if b.origin == ACCEPTED:
-            continue
-        row, node = b.parent
-        out.append(NodeTrace(extra, node, row, depth, b.token, ctx.decode(b.token), None, None,
-                             b.origin))
-        extra += 1
-    return tuple(out)
-
-
-def stop_reason(ctx, depth: int) -> str:
-    return "max_new_tokens" if depth >= ctx.remaining else "eos"
-
-
-# ------------------------------------------------------------------ shared start
-
-
-class BeamStart:
-    """W rows of the prompt with scores [0, -1e9, ...] (generate's beam initialisation)."""
-
-    start_width = 1
-
-    def start(self, ctx) -> None:
-        w = self.start_width
-        ctx.seqs, ctx.origins = [[] for _ in range(w)], [[] for _ in range(w)]
-        ctx.scores = [0.0] + [NEG_SCORE] * (w - 1)
-        self.cfg = BeamConfig.from_generation_config(
-            ctx.pair.target.generation_config, w, ctx.cfg.max_new_tokens, len(ctx.prompt_ids))
-        self.state = init_beams(torch.tensor([ctx.prompt_ids]), self.cfg)
-
-    def observe(self, ctx, verdict: Verdict) -> dict | None:
-        return None
-
-    def final(self) -> tuple[BeamTrace, ...]:
-        return tuple(BeamTrace(h.tokens, h.score, True) for h in finalize(self.state, self.cfg))
-
+from engine.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, TestRecord
 
 # ------------------------------------------------------------------ beam search / strict
 
@@ -268,7 +63,7 @@ class Replay:
 class BeamSearch(BeamStart):
     """Beam search (gamma = 0) or AtSpeed strict top-K verification (gamma >= 1)."""
 
-    def __init__(self, beams: int, draft_beams: int = 0, gamma: int = 0):
+    def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0):
         self.start_width, self.n, self.gamma = beams, draft_beams, gamma
 
     def propose(self, ctx) -> Forest:
@@ -285,7 +80,8 @@ class BeamSearch(BeamStart):
         n = min(self.n, int((flat > DEAD).sum()))
         return torch.topk(flat, n).indices.tolist(), None
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth = forest_depth(forest)
         kids = children_of(forest)
         rp = Replay([(r, ROOT) for r in range(ctx.width)], [], [], {})
@@ -332,7 +128,8 @@ class BeamSearch(BeamStart):
         })
         return hits
 
-    def _verdict(self, ctx, forest, p_root, p_nodes, rp: Replay, beams, depth, last) -> Verdict:
+    def _verdict(self, ctx, forest, p_root, p_nodes, rp: Replay, beams, depth,
+                 last) -> RoundVerdict:
         status = {(r, n): REJECTED for r in range(forest.width) for n in range(forest.size)}
         levels = forest.extras.get("levels", [])
         for level in levels[last:]:  # depths below the last replayed step
@@ -362,13 +159,14 @@ class BeamSearch(BeamStart):
 class BeamSampling(BeamStart):
     """DSBD's beam sampling with the target only: K i.i.d. draws from p_beam per step."""
 
-    def __init__(self, beams: int):
+    def __init__(self, *, beams: int):
         self.start_width = beams
 
     def propose(self, ctx) -> Forest:
         return empty_forest(ctx.width)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         roots = [(r, ROOT) for r in range(ctx.width)]
         lp = target_logprobs(p_root, p_nodes, roots)  # (K, V)
         self.state, info = beam_sample_step(self.state, lp, self.cfg, ctx.warp, ctx.chooser)
@@ -390,29 +188,6 @@ class BeamSampling(BeamStart):
 
 
 # ------------------------------------------------------------------ registry
-from engine.config import ParamSpec  # noqa: E402
-
-BEAMS = ParamSpec("beams", int, 4, "target beams K", min=1, max=64)
-DRAFT_BEAMS = ParamSpec("draft_beams", int, 8, "draft beams N per depth (N >= K)", min=1,
-                        max=256)
-GAMMA = ParamSpec("gamma", int, 3, "draft depth (beam steps drafted per round)", min=1, max=16)
-
-
-def check_sampling(params: dict) -> None:
-    if params["temperature"] <= 0:
-        raise ConfigError("beam sampling needs temperature > 0")
-
-
-def build_strict(params: dict) -> BeamSearch:
-    if params["draft_beams"] < params["beams"]:
-        raise ConfigError(f"draft_beams must be >= beams ({params['draft_beams']} < "
-                          f"{params['beams']})")
-    return BeamSearch(params["beams"], params["draft_beams"], params["gamma"])
-
-
-def build_beam_sample(params: dict) -> BeamSampling:
-    check_sampling(params)
-    return BeamSampling(params["beams"])
 
 
 register(MethodSpec(
@@ -422,7 +197,8 @@ register(MethodSpec(
     exactness="identical to generate(num_beams=K, do_sample=False): same beams, scores "
               "within 1e-4, EOS / early_stopping / length_penalty of the generation config",
     params=(BEAMS,),
-    build=lambda p: BeamSearch(p["beams"]),
+    config=BeamWidthConfig,
+    build=lambda cfg: BeamSearch(beams=cfg.beams),
     reference="beam",
     uses_draft=False,
 ))
@@ -434,9 +210,11 @@ register(MethodSpec(
     family="baseline",
     exactness="samples the beam-sampling law step by step; reproducible from the seed",
     params=(BEAMS,),
-    build=build_beam_sample,
+    config=BeamWidthConfig,
+    build=lambda cfg: BeamSampling(beams=cfg.beams),
     reference="beam_sample",
     uses_draft=False,
+    sampling_only=True,
     defaults={"temperature": 1.0},
 ))
 
@@ -448,6 +226,7 @@ register(MethodSpec(
     exactness="identical to beam search / generate(num_beams=K, do_sample=False), EOS and "
               "finished hypotheses included (the target's beam search is replayed exactly)",
     params=(BEAMS, DRAFT_BEAMS, GAMMA),
-    build=build_strict,
+    config=AtSpeedConfig,
+    build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma),
     reference="beam",
 ))

@@ -1,18 +1,18 @@
-"""Beam-level methods, part 2: DSBD and AtSpeed relaxed sampling verification.
+"""DSBD and AtSpeed relaxed sampling verification: beam methods that draft by beam sampling.
 
-Both draft by beam *sampling* from the current beams (``engine.methods.beam.draft_forest``), score
-the whole forest with one target forward, then verify layer by layer with the pure rules of
-``engine.verify.beam``. The target law at layer l is the beam-sampling distribution over the
-target's own beams of layer l-1 (DSBD Eq. 1, the same formula as ``beam_sample_step``):
+Both draft by beam *sampling* from the current beams (``engine.methods.beam_forest.draft_forest``),
+score the whole forest with one target forward, then verify layer by layer with the pure rules of
+``engine.verify.beam``. The target law at layer l is the beam law over the target's own beams of
+layer l-1 (DSBD Eq. 1, ``engine.beamsample.beam_law``, as in ``beam_sample_step``):
 p_beam = softmax(warp(score(parent) + log p(token | parent))), zero on other parents.
 
-- ``dsbd`` (Qin et al., AAAI'25; note 001 Sec. 2-5): W_S i.i.d. drafts per layer, width
+- ``dsbd`` (Qin et al., AAAI'25; DSBD §3.1-3.4): W_S i.i.d. drafts per layer, width
   W_L^(l) from ``choose_width`` (Eq. 5-7; a function of p_beam and q_beam only, fixed before the
   layer's tests), ``verify_layer`` (Alg. 1), correction or bonus layer of W_S beams (the released
-  code's width), or ONE beam in one-cache mode (Sec. 3.4; the code keeps the residual sample).
+  code's width), or ONE beam in one-cache mode (§3.4; the code keeps the residual sample).
   With a constant width (min_width = draft_beams) every round reproduces beam sampling of width
   W_S exactly (Theorem 3.1, checked end to end in tests/model/test_beam_methods.py).
-- ``atspeed_relaxed`` (Lin et al., ICLR'25; note 000 Sec. 1.3): N distinct drafts per step,
+- ``atspeed_relaxed`` (Lin et al., ICLR'25; AtSpeed §3.2, Alg. 2): N distinct drafts per step,
   ``relaxed_verify_step`` / ``relaxed_bonus_step``. Approximate by design: not lossless.
 
 A beam that emits EOS (or reaches max_new_tokens) becomes a finished hypothesis scored
@@ -25,21 +25,23 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.beamsample import beam_law
 from engine.beamsearch import NEG_SCORE
+from engine.config import ParamSpec
 from engine.errors import ConfigError
 from engine.forest import ROOT, Forest, empty_forest
-from engine.methods.base import MethodSpec, Verdict, register
-from engine.methods.beam import (
+from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.beam_forest import (
     BEAMS,
     DEAD,
     DRAFT_BEAMS,
     GAMMA,
+    AtSpeedConfig,
     BeamStart,
     Level,
     NewBeam,
     Pos,
     beam_verdict,
-    check_sampling,
     draft_forest,
     forest_depth,
     node_target_probs,
@@ -48,10 +50,10 @@ from engine.methods.beam import (
     stop_reason,
     target_logprobs,
 )
-from engine.sampling import EPS, warp_logits
+from engine.sampling import EPS, draw_without_replacement
 from engine.trace import ACCEPTED, SKIPPED, BeamTrace, TestRecord
-from engine.verify.beam import Verdict as BeamVerdict
 from engine.verify.beam import (
+    LayerVerdict,
     acceptance_alphas,
     bonus_layer,
     choose_width,
@@ -61,18 +63,14 @@ from engine.verify.beam import (
 )
 
 
-def beam_law(lp: torch.Tensor, scores: list[float | None], warp) -> torch.Tensor:
-    """DSBD Eq. 1: softmax(warp(score + log p)) over (parent, token); 0 on parents marked None.
+def joint_scores(lp: torch.Tensor, scores: list[float | None]) -> torch.Tensor:
+    """(B, V) float32 score(parent) + log p(token | parent); -inf on parents marked None.
 
     Args:
         lp: (B, V) log-probs after each parent. scores: (B,) cumulative log-probs or None.
-    Returns:
-        (B, V) float64, summing to 1.
     """
     s = torch.tensor([float("-inf") if x is None else x for x in scores], dtype=torch.float32)
-    joint = lp.float() + s[:, None]  # (B, V)
-    flat = warp_logits(joint.reshape(1, -1), warp)  # (1, B*V)
-    return torch.softmax(flat.double(), dim=-1).reshape(joint.shape)
+    return lp.float() + s[:, None]  # (B, V)
 
 
 @dataclass
@@ -90,7 +88,7 @@ class Layers:
 class SampledBeams(BeamStart):
     """One round of a sampling beam method: draft forest, layers, correction or bonus."""
 
-    def __init__(self, width: int, draft_beams: int, gamma: int):
+    def __init__(self, *, width: int, draft_beams: int, gamma: int):
         self.start_width, self.n, self.gamma = width, draft_beams, gamma
         self.keep = width
 
@@ -106,20 +104,21 @@ class SampledBeams(BeamStart):
         return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx))
 
     def _select(self, ctx):
-        """(B, V) joint draft scores -> draws from q_beam = softmax(warp(joint)), and q_beam."""
+        """(B, V) joint draft scores -> draws from q_beam = beam_law(joint), and q_beam."""
         def select(joint: torch.Tensor):
-            q = torch.softmax(warp_logits(joint.reshape(1, -1), ctx.warp).double(), -1)[0]
-            return self.draw(q, ctx.chooser), q.reshape(joint.shape)
+            q = beam_law(joint, ctx.warp)  # (B, V)
+            return self.draw(q.reshape(-1), ctx.chooser), q
         return select
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth, levels = forest_depth(forest), forest.extras.get("levels", [])
         st = Layers([(r, ROOT) for r in range(ctx.width)],
                     [s if s > DEAD else None for s in ctx.scores])
         for j in range(1, depth + 2):
             lp = target_logprobs(p_root, p_nodes, st.pos)  # (B, V)
-            p = beam_law(lp, st.scores, ctx.warp)  # (B, V)
+            p = beam_law(joint_scores(lp, st.scores), ctx.warp)  # (B, V)
             if j > depth:
                 v = self.bonus(p, ctx.chooser)
                 st.layers.append({"depth": j, "outcome": v.outcome, "width": len(v.beams)})
@@ -137,7 +136,7 @@ class SampledBeams(BeamStart):
                for (b, t), o in beams]
         return self._verdict(ctx, forest, p_root, p_nodes, st, j, depth, out)
 
-    def _record(self, st: Layers, level: Level, v: BeamVerdict, j: int) -> None:
+    def _record(self, st: Layers, level: Level, v: LayerVerdict, j: int) -> None:
         """Test records and node statuses of layer j."""
         kept = set(v.sources)
         for t in v.tests:
@@ -149,7 +148,7 @@ class SampledBeams(BeamStart):
             st.status[(row, node)] = status
             st.tests.append(rec)
 
-    def _advance(self, ctx, forest, st: Layers, level: Level, v: BeamVerdict, lp, j) -> bool:
+    def _advance(self, ctx, forest, st: Layers, level: Level, v: LayerVerdict, lp, j) -> bool:
         """The accepted drafts become the target's beams; False when all of them finished."""
         scores: list[float | None] = [None] * len(level.tokens)
         for s in v.sources:
@@ -162,7 +161,7 @@ class SampledBeams(BeamStart):
             st.pos, st.scores = level.pos, scores
         return alive
 
-    def _all_done(self, level: Level, v: BeamVerdict, st: Layers) -> list[NewBeam]:
+    def _all_done(self, level: Level, v: LayerVerdict, st: Layers) -> list[NewBeam]:
         """Output when every accepted draft of a layer finished: those drafts, all dead."""
         return [NewBeam(st.pos[level.parents[s]], level.tokens[s], ACCEPTED, NEG_SCORE)
                 for s in v.sources]
@@ -184,7 +183,7 @@ class SampledBeams(BeamStart):
         return NEG_SCORE
 
     def _verdict(self, ctx, forest, p_root, p_nodes, st: Layers, j, depth,
-                 beams: list[NewBeam]) -> Verdict:
+                 beams: list[NewBeam]) -> RoundVerdict:
         done = all(b.score <= DEAD for b in beams)
         p_tok = node_target_probs(p_root, p_nodes, forest)
         return beam_verdict(
@@ -203,13 +202,13 @@ class SampledBeams(BeamStart):
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
         raise NotImplementedError
 
-    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> BeamVerdict:
+    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> LayerVerdict:
         raise NotImplementedError
 
-    def bonus(self, p: torch.Tensor, chooser) -> BeamVerdict:
+    def bonus(self, p: torch.Tensor, chooser) -> LayerVerdict:
         raise NotImplementedError
 
-    def outputs(self, v: BeamVerdict) -> list[tuple[tuple[int, int], str]]:
+    def outputs(self, v: LayerVerdict) -> list[tuple[tuple[int, int], str]]:
         return list(zip(v.beams, v.origins))
 
     def describe(self) -> dict:
@@ -217,18 +216,19 @@ class SampledBeams(BeamStart):
 
 
 class Dsbd(SampledBeams):
-    """DSBD: i.i.d. beam-sampling drafts, dynamic-width layer verification (note 001 Sec. 2-5)."""
+    """DSBD: i.i.d. beam-sampling drafts, dynamic-width layer verification (DSBD §3.1-3.4)."""
 
-    def __init__(self, draft_beams: int, gamma: int, threshold: float, min_width: int,
+    def __init__(self, *, draft_beams: int, gamma: int, threshold: float, min_width: int,
                  one_cache: bool):
-        super().__init__(1 if one_cache else draft_beams, draft_beams, gamma)
+        super().__init__(width=1 if one_cache else draft_beams, draft_beams=draft_beams,
+                         gamma=gamma)
         self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
         self.keep = draft_beams
 
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
         return [chooser.categorical(q) for _ in range(self.n)]  # i.i.d.: Theorem 3.1 needs it
 
-    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> BeamVerdict:
+    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> LayerVerdict:
         valid = [s is not None for s in st.scores]
         m = len(level.tokens)
         # Eq. 5-7 depend on (p_beam, q_beam) only: the width is fixed before the layer's tests
@@ -245,10 +245,10 @@ class Dsbd(SampledBeams):
                               "expected": dec.expected, "beta_min": dec.beta_min}})
         return v
 
-    def bonus(self, p: torch.Tensor, chooser) -> BeamVerdict:
+    def bonus(self, p: torch.Tensor, chooser) -> LayerVerdict:
         return bonus_layer(p, 1 if self.one_cache else self.n, chooser)
 
-    def outputs(self, v: BeamVerdict):
+    def outputs(self, v: LayerVerdict):
         pairs = list(zip(v.beams, v.origins))
         if self.one_cache and v.outcome == "corrected":
             return [pairs[v.accepted]]  # the residual sample (the released code's choice)
@@ -258,7 +258,7 @@ class Dsbd(SampledBeams):
         return {"mode": "one_cache" if self.one_cache else "full", "draft_beams": self.n,
                 "threshold": self.t, "min_width": self.w_min}
 
-    def _verdict(self, ctx, forest, p_root, p_nodes, st, j, depth, beams) -> Verdict:
+    def _verdict(self, ctx, forest, p_root, p_nodes, st, j, depth, beams) -> RoundVerdict:
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
         v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
                              if "decision" in L]
@@ -269,15 +269,10 @@ class Relaxed(SampledBeams):
     """AtSpeed relaxed sampling verification (Alg. 2 as its released code resolves it)."""
 
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
-        free, picks = q.clone(), []  # N distinct drafts, as the released code samples them
-        for _ in range(self.n):
-            if float(free.sum()) <= EPS:
-                break
-            picks.append(chooser.categorical(free / free.sum()))
-            free[picks[-1]] = 0.0
-        return picks
+        # N distinct drafts, as the released code samples them
+        return draw_without_replacement(q, self.n, chooser, min_mass=EPS)
 
-    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> BeamVerdict:
+    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> LayerVerdict:
         v = relaxed_verify_step(p, level.q_beam, list(zip(level.parents, level.tokens)),
                                 self.start_width, ctx.chooser)
         st.layers.append({"depth": j, "width": v.width, "accepted_count": v.accepted,
@@ -285,7 +280,7 @@ class Relaxed(SampledBeams):
                           "residual_mass": v.residual_mass, "fallback": v.fallback})
         return v
 
-    def bonus(self, p: torch.Tensor, chooser) -> BeamVerdict:
+    def bonus(self, p: torch.Tensor, chooser) -> LayerVerdict:
         return relaxed_bonus_step(p, self.start_width, chooser)
 
     def describe(self) -> dict:
@@ -293,22 +288,32 @@ class Relaxed(SampledBeams):
 
 
 # ------------------------------------------------------------------ registry
-from engine.config import ParamSpec  # noqa: E402
 
 
-def build_dsbd(p: dict) -> Dsbd:
-    check_sampling(p)
-    if p["min_width"] > p["draft_beams"]:
-        raise ConfigError(f"min_width must be <= draft_beams ({p['min_width']} > "
-                          f"{p['draft_beams']})")
-    return Dsbd(p["draft_beams"], p["gamma"], p["threshold"], p["min_width"], p["one_cache"])
+@dataclass(frozen=True, kw_only=True)
+class DsbdConfig:
+    """dsbd: W_S draft beams per layer, gamma layers per round, the width threshold t and
+    W_min <= W_S (DSBD Eq. 6-7), and one-cache mode (DSBD §3.4)."""
+
+    draft_beams: int
+    gamma: int
+    threshold: float
+    min_width: int
+    one_cache: bool
+
+    def __post_init__(self) -> None:
+        if self.min_width > self.draft_beams:
+            raise ConfigError(f"min_width must be <= draft_beams ({self.min_width} > "
+                              f"{self.draft_beams})")
 
 
-def build_relaxed(p: dict) -> Relaxed:
-    check_sampling(p)
-    if p["draft_beams"] < p["beams"]:
-        raise ConfigError(f"draft_beams must be >= beams ({p['draft_beams']} < {p['beams']})")
-    return Relaxed(p["beams"], p["draft_beams"], p["gamma"])
+def build_dsbd(cfg: DsbdConfig) -> Dsbd:
+    return Dsbd(draft_beams=cfg.draft_beams, gamma=cfg.gamma, threshold=cfg.threshold,
+                min_width=cfg.min_width, one_cache=cfg.one_cache)
+
+
+def build_relaxed(cfg: AtSpeedConfig) -> Relaxed:
+    return Relaxed(width=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma)
 
 
 register(MethodSpec(
@@ -330,11 +335,13 @@ register(MethodSpec(
                   "probability >= t (Eq. 7)", min=0.0, max=1.0, advanced=True),
         ParamSpec("min_width", int, 1, "minimum layer width W_min (Eq. 6)", min=1, max=64,
                   advanced=True),
-        ParamSpec("one_cache", bool, False, "keep one beam after each round (Sec. 3.4)",
+        ParamSpec("one_cache", bool, False, "keep one beam after each round (§3.4)",
                   advanced=True),
     ),
+    config=DsbdConfig,
     build=build_dsbd,
     reference="beam_sample",
+    sampling_only=True,
     defaults={"temperature": 1.0},
 ))
 
@@ -347,7 +354,9 @@ register(MethodSpec(
     exactness="approximate: not lossless (output law only close to beam sampling; the TV "
               "distance is measured in tests/model/test_beam_methods.py)",
     params=(BEAMS, DRAFT_BEAMS, GAMMA),
+    config=AtSpeedConfig,
     build=build_relaxed,
     reference="beam_sample",
+    sampling_only=True,
     defaults={"temperature": 1.0},
 ))

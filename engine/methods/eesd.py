@@ -1,33 +1,33 @@
 """EESD (Liu et al. 2024): early-exit drafting with Thompson-sampling draft-length control.
 
-Propose: the early-exit drafter (the target's first N layers + one trained layer, note 004 §1;
-the shipped trained one when it was made for the target) drafts a chain token by token; after
-each token the controller (Beta-TS by default, §2.3; Alg. 1 steps 6-11) samples theta and
-chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling, greedy match at
-temperature 0 (§3) -- the chain of :mod:`engine.methods.token`, not a copy. Observe: the
-posterior update; every round's trace holds ``controller.state()``.
+Propose: the early-exit drafter (the target's first N layers + one trained layer, EESD §3.1,
+Eq. 1; the shipped trained one when it was made for the target) drafts a chain token by token;
+after each token the controller (Beta-TS by default, §3.3, Eq. 2-4; Alg. 1 steps 6-11) samples
+theta and chi ~ Bernoulli(theta) and stops on chi = 0. Verify: chain speculative sampling,
+greedy match at temperature 0 (Alg. 1 step 15) -- the chain of :mod:`engine.methods.token`,
+not a copy. Observe: the posterior update; every round's trace holds ``controller.state()``.
 
 Cali-TS (``controller=cali_ts``) takes theta_M from the predictor trained for the drafter
 (engine.predictor; ``predictor=auto`` uses it when one ships beside the drafter's weights,
-else the constant ``theta_m``). Its features: the target's final hidden state that produced
-the round's root (kept from the last verify; none in round 0) and the drafter's final hidden
-state that produced the newest draft token. Timing against ``generate()`` is the job of
+else the constant ``theta_m``). Its features (Eq. 5): the target's final hidden state that
+produced the round's root (kept from the last verify; none in round 0) and the drafter's final
+hidden state that produced the newest draft token. Timing against ``generate()`` is the job of
 ``bench`` and the Compare tab, never of a run.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine.config import ParamSpec
-from engine.control import CaliTSController
+from engine.control import CONTROL_PARAMS, CaliTSController, ControlConfig
 from engine.drafters import EarlyExitDrafter, early_exit_drafter
 from engine.errors import ConfigError
-from engine.methods.base import MethodSpec, Verdict, register
-from engine.methods.token import CONTROL_PARAMS, EXACT, TreeSpeculation, build_chain
+from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.token import EXACT, TreeSpeculation, build_chain
 from engine.predictor import CaliFeatures, draft_confidence
 from engine.shared import SharedDrafter, SharedSide, SharedTrunk
 
@@ -51,15 +51,27 @@ def drafter_for(pair, which: str = "auto") -> EarlyExitDrafter:
     return built[which]
 
 
+@dataclass(frozen=True, kw_only=True)
+class EESDConfig(ControlConfig):
+    """eesd: chain length gamma (fixed / heuristic start), its controller, the early exit
+    and the Cali-TS predictor it uses, and whether the two models share their first layers'
+    KV cache."""
+
+    gamma: int
+    exit_drafter: str  # one of EXIT_CHOICES
+    predictor: str  # one of PREDICTOR_CHOICES
+    share_kv: bool
+
+
 class EESD(TreeSpeculation):
     """A controlled chain drafted by the early exit (see module docstring)."""
 
-    def __init__(self, params: dict):
-        chain = build_chain(params, rule="sd")
-        super().__init__(chain.cfg, chain.controller)
-        self.exit_drafter = params["exit_drafter"]
-        self.predictor_kind = params["predictor"]
-        self.share_kv = params["share_kv"]
+    def __init__(self, cfg: EESDConfig):
+        chain = build_chain(cfg, gamma=cfg.gamma, rule="sd")
+        super().__init__(chain.cfg, controller=chain.controller)
+        self.exit_drafter = cfg.exit_drafter
+        self.predictor_kind = cfg.predictor
+        self.share_kv = cfg.share_kv
         self.h_target: torch.Tensor | None = None  # (d,) target state behind the root
 
     def start(self, ctx) -> None:
@@ -87,20 +99,21 @@ class EESD(TreeSpeculation):
             self.controller.predictor = model.predict
         self._predictor_name = "trained" if model is not None else "constant"
 
-    def _features(self, depth: int, ctx) -> CaliFeatures | None:
+    def _features(self, depth: int, logits: torch.Tensor,
+                  hidden: torch.Tensor) -> CaliFeatures | None:
         if self._predictor_name != "trained":  # a constant theta_M needs no features
             return None
-        d = ctx.draft
-        h_d = d.root_hidden[0] if depth == 1 else d.node_hidden[0, -1]  # (d,) made token i
-        conf = draft_confidence(self._newest_logits)  # (2,) q's confidence in token i
-        return CaliFeatures(step=depth, target=self.h_target, draft=h_d, confidence=conf)
+        conf = draft_confidence(logits)  # (2,) q's confidence in the newest token
+        return CaliFeatures(step=depth, target=self.h_target, draft=hidden, confidence=conf)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
-        verdict = super().verify(ctx, forest, p_root, p_nodes)
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        verdict = super().verify(ctx, forest, scored)
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
-        tgt = ctx.target  # the state whose output is the next round's root
-        self.h_target = tgt.node_hidden[0, path[-1]] if path else tgt.root_hidden[0]  # (d,)
-        if isinstance(tgt, SharedSide):  # cache lengths before the rollback (note 004 §5.2)
+        # the target state whose output is the next round's root
+        self.h_target = (scored.node_hidden[0, path[-1]] if path
+                         else scored.root_hidden[0])  # (d,)
+        tgt = ctx.target
+        if isinstance(tgt, SharedSide):  # cache lengths before the rollback, for the trace
             verdict.extras["kv_cache"] = {**tgt.trunk.len,
                                           "kept": tgt.trunk.committed + verdict.accepted}
         if ctx.round_index == 0:
@@ -109,7 +122,7 @@ class EESD(TreeSpeculation):
                 verdict.extras["predictor"] = self._predictor_name
         return verdict
 
-    def observe(self, ctx, verdict: Verdict) -> dict:
+    def observe(self, ctx, verdict: RoundVerdict) -> dict:
         """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior."""
         if verdict.drafted == 0:
             self.controller.begin_round()
@@ -140,6 +153,7 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=PARAMS,
+    config=EESDConfig,
     build=EESD,
     reference="greedy",
 ))

@@ -3,10 +3,12 @@ and the end-of-round bookkeeping (EOS, token budget) every token method uses."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.forest import Forest, empty_forest
-from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.sampling import probs_from_logits
 from engine.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 
@@ -14,8 +16,8 @@ from engine.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int | None,
                   origins: list[str], nodes: tuple[NodeTrace, ...] = (),
                   tests: tuple[TestRecord, ...] = (), drafted: int = 0, accepted: int = 0,
-                  extras: dict | None = None) -> Verdict:
-    """Verdict for one row: path + final token, cut at the first EOS and at the budget."""
+                  extras: dict | None = None) -> RoundVerdict:
+    """RoundVerdict for one row: path + final token, cut at the first EOS and at the budget."""
     tokens = path_tokens + ([final] if final is not None else [])
     keep, reason = len(tokens), ""
     eos_at = next((i for i, tok in enumerate(tokens) if tok in ctx.eos), None)
@@ -27,7 +29,7 @@ def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int
         reason = "max_new_tokens"
     k = min(keep, len(path_tokens))
     new = tokens[k:keep]
-    return Verdict(
+    return RoundVerdict(
         rows=torch.zeros(1, dtype=torch.long),
         path_nodes=torch.tensor([path_nodes[:k]], dtype=torch.long).reshape(1, k),
         path_tokens=torch.tensor([path_tokens[:k]], dtype=torch.long).reshape(1, k),
@@ -49,24 +51,30 @@ class SingleStart:
     def start(self, ctx) -> None:
         ctx.seqs, ctx.origins, ctx.scores = [[]], [[]], [0.0]
 
-    def observe(self, ctx, verdict: Verdict) -> dict | None:
+    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
         return None
+
+
+@dataclass(frozen=True)
+class AutoregressiveConfig:
+    """greedy and sample take no parameters beyond the common ones."""
 
 
 class Autoregressive(SingleStart):
     """Greedy or multinomial sampling: an empty forest every round."""
 
-    def __init__(self, greedy: bool):
+    def __init__(self, *, greedy: bool):
         self.greedy = greedy
 
     def propose(self, ctx) -> Forest:
         return empty_forest(1)
 
-    def verify(self, ctx, forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest, scored) -> RoundVerdict:
+        logits = scored.root_logits[0]  # (V,)
         if self.greedy:
-            tok = int(p_root[0].argmax())
+            tok = int(logits.argmax())
         else:
-            tok = target_token(probs_from_logits(p_root[0], ctx.warp), ctx)
+            tok = target_token(probs_from_logits(logits, ctx.warp), ctx)
         return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])
 
 
@@ -76,7 +84,8 @@ register(MethodSpec(
     family="baseline",
     exactness="token-identical to generate(do_sample=False)",
     params=(),
-    build=lambda params: Autoregressive(greedy=True),
+    config=AutoregressiveConfig,
+    build=lambda cfg: Autoregressive(greedy=True),
     reference="greedy",
     uses_draft=False,
 ))
@@ -87,7 +96,8 @@ register(MethodSpec(
     family="baseline",
     exactness="samples the warped target distribution; reproducible from the seed",
     params=(),
-    build=lambda params: Autoregressive(greedy=False),
+    config=AutoregressiveConfig,
+    build=lambda cfg: Autoregressive(greedy=False),
     reference="sample",
     uses_draft=False,
     defaults={"temperature": 1.0},

@@ -10,14 +10,21 @@ earns a bonus token drawn from p.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
 
+from engine.cached_model import Scored
 from engine.config import ParamSpec, parse_k_config
-from engine.control import THETA_HAT_RULES, Controller, FixedController, make_controller
+from engine.control import (
+    CONTROL_PARAMS,
+    ControlConfig,
+    Controller,
+    FixedController,
+    make_controller,
+)
 from engine.forest import ROOT, Forest, depths, empty_forest
-from engine.methods.base import MethodSpec, Verdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.sampling import probs_from_logits
 from engine.trace import (
@@ -43,6 +50,7 @@ class TreeConfig:
 
     k_config: tuple[int, ...]  # children per node at each depth (chain: (1,) * gamma)
     rule: str  # key of engine.verify.token.RULES
+    _: KW_ONLY
     chain_control: bool = False  # a controller decides the chain length token by token
     depth_control: bool = False  # a controller may stop a tree before its last level
     record_optimal: bool = False  # Hu et al. alpha* and exact acceptance per position
@@ -53,7 +61,8 @@ class TreeConfig:
 
 
 def draft_dist(logits: torch.Tensor, k: int, scheme: str, ctx) -> tuple[torch.Tensor, list[int]]:
-    """Draft law q at a node and its k children (MCSD §2.5 at temperature 0).
+    """Draft law q at a node and its k children (MCSD §3.1-3.2; at temperature 0, §4.1
+    argmax sampling, the top-k law of the MCSD authors' code).
 
     Args:
         logits: (V,) draft logits at the node.
@@ -76,9 +85,9 @@ def draft_dist(logits: torch.Tensor, k: int, scheme: str, ctx) -> tuple[torch.Te
 class TreeSpeculation(SingleStart):
     """Draft a tree (or controlled chain) with the drafter, verify it with one rule."""
 
-    def __init__(self, cfg: TreeConfig, controller: Controller | None = None):
+    def __init__(self, cfg: TreeConfig, *, controller: Controller | None = None):
         self.cfg = cfg
-        self.controller = controller or FixedController(len(cfg.k_config))
+        self.controller = controller or FixedController(gamma=len(cfg.k_config))
 
     # ------------------------------------------------------------- propose
     def propose(self, ctx) -> Forest:
@@ -87,18 +96,17 @@ class TreeSpeculation(SingleStart):
         if budget < 1 or levels == []:
             return empty_forest(1)
         self.controller.begin_round()
-        ctx.draft_feed()
+        root = ctx.draft_feed()
         q_at: dict[int, torch.Tensor] = {}
         tokens: list[int] = []
         parents: list[int] = []
         q_tok: list[float] = []
-        frontier = [(ROOT, ctx.draft.root_logits[0])]
+        frontier = [(ROOT, root.root_logits[0], root.root_hidden[0])]  # (V,), (d,)
         depth = 0
         while frontier:
             k = self._branching(depth, levels)
             new = []
-            for node, logits in frontier:
-                self._newest_logits = logits  # (V,) made the newest draft token(s)
+            for node, logits, _ in frontier:
                 q, cands = draft_dist(logits, k, self.cfg.scheme, ctx)
                 q_at[node] = q
                 for c in cands:
@@ -107,32 +115,36 @@ class TreeSpeculation(SingleStart):
                     q_tok.append(float(q[c]))
                     new.append(len(tokens) - 1)
             depth += 1
-            if not self._go_deeper(depth, levels, budget, ctx):
+            if not self._go_deeper(depth, levels, budget, ctx, frontier[-1]):
                 break
-            logits = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
-                                    torch.tensor([[parents[i] for i in new]]))[0]
-            frontier = [(n, logits[j]) for j, n in enumerate(new)]
+            fed = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
+                                 torch.tensor([[parents[i] for i in new]]))
+            frontier = [(n, fed.node_logits[0, j], fed.node_hidden[0, j])  # (V,), (d,)
+                        for j, n in enumerate(new)]
         return Forest(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
                       q_tok=torch.tensor([q_tok]), extras={"q_at": q_at, "depth": depth})
 
     def _branching(self, depth: int, levels: list[int] | None) -> int:
         return 1 if levels is None else levels[depth]
 
-    def _go_deeper(self, depth: int, levels, budget: int, ctx) -> bool:
+    def _go_deeper(self, depth: int, levels, budget: int, ctx, newest) -> bool:
+        """Draft another level? `newest`: (node, logits, hidden) that made the newest token."""
         if levels is not None:
             if depth >= len(levels) or not self.cfg.depth_control:
                 return depth < len(levels)
-            return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
-        if depth >= budget:
+        elif depth >= budget:
             return False
-        return self.controller.should_continue(depth, ctx.chooser, self._features(depth, ctx))
+        features = self._features(depth, newest[1], newest[2])
+        return self.controller.should_continue(depth, ctx.chooser, features)
 
-    def _features(self, depth: int, ctx):
-        """What a Cali-TS predictor sees after `depth` drafted tokens (None: nothing)."""
+    def _features(self, depth: int, logits: torch.Tensor, hidden: torch.Tensor):
+        """What a Cali-TS predictor sees after `depth` drafted tokens, the newest one drawn from
+        the draft logits (V,) at the draft state hidden (d,) (None: nothing)."""
         return None
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest: Forest, p_root, p_nodes) -> Verdict:
+    def verify(self, ctx, forest: Forest, scored: Scored) -> RoundVerdict:
+        p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         if forest.size == 0:
             p = probs_from_logits(p_root[0], ctx.warp)
             tok = target_token(p, ctx)
@@ -178,7 +190,7 @@ class TreeSpeculation(SingleStart):
                             final_status)
 
     def _finish(self, ctx, forest, tokens, parents, status, p_tok, tests, path, final,
-                final_status) -> Verdict:
+                final_status) -> RoundVerdict:
         q_tok = forest.q_tok[0].tolist()
         depth = depths(forest.parents)[0].tolist()
         nodes = [NodeTrace(i, parents[i], 0, depth[i], tokens[i], ctx.decode(tokens[i]),
@@ -196,7 +208,7 @@ class TreeSpeculation(SingleStart):
                                                   if self.cfg.record_optimal else {})},
         )
 
-    def observe(self, ctx, verdict: Verdict) -> dict | None:
+    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
         if verdict.drafted == 0:
             return None
         self.controller.observe(verdict.drafted, verdict.accepted)
@@ -218,50 +230,9 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx, status: str, p) -> N
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")
 
-CONTROL_PARAMS = (  # everyday: the controller; advanced: its cap, priors and update rules
-    ParamSpec("controller", str, "fixed", "draft-length controller",
-              choices=("fixed", "heuristic", "beta_ts", "cali_ts")),
-    ParamSpec("cap", int, 16, "hard cap on the draft length (adaptive controllers)", min=1,
-              max=64, advanced=True),
-    ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0", min=0.0, min_exclusive=True,
-              advanced=True),
-    ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0", min=0.0, min_exclusive=True,
-              advanced=True),
-    ParamSpec("update", str, "paper", "Beta-TS update rule (EESD Eq. 3-4 or textbook counts)",
-              choices=("paper", "clean"), advanced=True),
-    ParamSpec("sigma_m", float, 0.4, "Cali-TS sigma_M: prior std around the predictor's "
-              "theta_M (EESD Eq. 6-7)", min=0.0, min_exclusive=True, advanced=True),
-    ParamSpec("sigma_s", float, 0.25, "Cali-TS sigma_S: std of the sample mean (Eq. 6-7)",
-              min=0.0, min_exclusive=True, advanced=True),
-    ParamSpec("theta_hat0", float, 0.5, "Cali-TS initial sample mean theta_hat_0 (Eq. 8)",
-              min=0.0, max=1.0, advanced=True),
-    ParamSpec("theta_hat_rule", str, "accepted", "Cali-TS theta_hat numerator: accepted "
-              "drafts (note 004 fix) or |Q_v| (Eq. 8 as printed)", choices=THETA_HAT_RULES,
-              advanced=True),
-    ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
-              "is used", min=0.0, max=1.0, advanced=True),
-)
-
-
 TREE_CONTROL_PARAMS = tuple(  # the k-config's depth is the cap of a tree's controller
     replace(p, help="tree depth controller: fixed = every level of the k-config")
     if p.name == "controller" else p for p in CONTROL_PARAMS)
-
-
-def build_controller(params: dict) -> Controller:
-    kind = params["controller"]
-    if kind == "fixed":
-        return make_controller("fixed", gamma=params["gamma"])
-    if kind == "heuristic":
-        return make_controller("heuristic", start=min(params["gamma"], params["cap"]),
-                               cap=params["cap"])
-    if kind == "beta_ts":
-        return make_controller("beta_ts", alpha0=params["alpha0"], beta0=params["beta0"],
-                               update=params["update"], cap=params["cap"])
-    return make_controller("cali_ts", cap=params["cap"], sigma_M=params["sigma_m"],
-                           sigma_S=params["sigma_s"], theta_hat0=params["theta_hat0"],
-                           theta_hat_rule=params["theta_hat_rule"], theta_M=params["theta_m"])
-
 
 OPTIMAL_PARAM = ParamSpec(
     "optimal", bool, False,
@@ -269,26 +240,52 @@ OPTIMAL_PARAM = ParamSpec(
     "every verified position (slower)", advanced=True)
 
 
-def build_chain(params: dict, rule: str = "sd") -> TreeSpeculation:
-    ctl = build_controller(params)
-    fixed = params["controller"] == "fixed"
-    cfg = TreeConfig((1,) * params["gamma"], rule, chain_control=not fixed,
-                     record_optimal=params.get("optimal", False))
-    return TreeSpeculation(cfg, ctl)
+@dataclass(frozen=True, kw_only=True)
+class SdConfig(ControlConfig):
+    """sd: chain length gamma (the heuristic's first length) and its controller."""
+
+    gamma: int
+    optimal: bool
 
 
-def build_tree(params: dict, rule: str) -> TreeSpeculation:
+@dataclass(frozen=True, kw_only=True)
+class MCSDConfig(ControlConfig):
+    """mcsd: the k-config tree, its verification rule and an optional depth controller."""
+
+    k_config: str
+    verifier: str
+    optimal: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class GreedyDraftsConfig:
+    """greedy_drafts: the k-config tree (verified by Hu et al.'s rule)."""
+
+    k_config: str
+    optimal: bool
+
+
+def build_chain(control: ControlConfig, *, gamma: int, optimal: bool = False,
+                rule: str = "sd") -> TreeSpeculation:
+    """A chain of gamma drafts, or of the length an adaptive controller decides token by
+    token."""
+    fixed = control.controller == "fixed"
+    cfg = TreeConfig((1,) * gamma, rule, chain_control=not fixed, record_optimal=optimal)
+    return TreeSpeculation(cfg, controller=make_controller(control, gamma=gamma))
+
+
+def build_tree(*, k_config: str, rule: str, optimal: bool,
+               control: ControlConfig | None = None) -> TreeSpeculation:
     """A k-config tree; a controller other than 'fixed' may stop it before its last level
-    (drafted = the tree's depth, accepted = the accepted path's length)."""
-    k_config = parse_k_config(params["k_config"])
-    kind = params.get("controller", "fixed")
-    cfg = TreeConfig(k_config, rule, depth_control=kind != "fixed",
-                     record_optimal=params.get("optimal", False))
-    if kind == "fixed":
+    (its cap clipped to the tree's depth; drafted = the tree's depth, accepted = the accepted
+    path's length)."""
+    ks = parse_k_config(k_config)
+    adaptive = control is not None and control.controller != "fixed"
+    cfg = TreeConfig(ks, rule, depth_control=adaptive, record_optimal=optimal)
+    if not adaptive:
         return TreeSpeculation(cfg)
-    ctl = build_controller({**params, "gamma": len(k_config),
-                            "cap": min(params["cap"], len(k_config))})
-    return TreeSpeculation(cfg, ctl)
+    capped = replace(control, cap=min(control.cap, len(ks)))
+    return TreeSpeculation(cfg, controller=make_controller(capped, gamma=len(ks)))
 
 
 register(MethodSpec(
@@ -299,7 +296,8 @@ register(MethodSpec(
     exactness=EXACT,
     params=(ParamSpec("gamma", int, 4, "draft tokens per round", min=1, max=64),)
     + CONTROL_PARAMS + (OPTIMAL_PARAM,),
-    build=build_chain,
+    config=SdConfig,
+    build=lambda c: build_chain(c, gamma=c.gamma, optimal=c.optimal),
     reference="greedy",
 ))
 
@@ -316,7 +314,9 @@ register(MethodSpec(
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
         OPTIMAL_PARAM,
     ) + TREE_CONTROL_PARAMS,
-    build=lambda p: build_tree(p, p["verifier"]),
+    config=MCSDConfig,
+    build=lambda c: build_tree(k_config=c.k_config, rule=c.verifier, optimal=c.optimal,
+                               control=c),
     reference="greedy",
 ))
 
@@ -328,6 +328,7 @@ register(MethodSpec(
     exactness=EXACT,
     params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),
             OPTIMAL_PARAM),
-    build=lambda p: build_tree(p, "greedy_drafts"),
+    config=GreedyDraftsConfig,
+    build=lambda c: build_tree(k_config=c.k_config, rule="greedy_drafts", optimal=c.optimal),
     reference="greedy",
 ))

@@ -1,27 +1,29 @@
-"""Beam-level verification rules: DSBD layer verification + width DP, AtSpeed strict and relaxed.
+"""Beam-level verification rules: DSBD layer verification and width DP, AtSpeed relaxed.
 
 Pure functions, no model. A candidate is a ``(parent, token)`` pair: ``parent`` indexes the rows
 of the step's ``(B, V)`` distributions (the draft's parent beams), ``token`` the vocabulary.
-p = target, q = draft. Every random draw goes through ``as_chooser(rng)``; inputs are never
-mutated (all arithmetic runs on float64 copies).
+p = target, q = draft; both are beam laws (DSBD Eq. 1, ``engine.beamsample.beam_law``). Every
+random draw goes through ``as_chooser(rng)``; inputs are never mutated (all arithmetic runs on
+float64 copies).
 
 - DSBD: "Dynamic-Width Speculative Beam Decoding for LLM Inference" (Qin et al., AAAI'25):
-  ``beam_distribution`` (Eq. 1), ``acceptance_alphas`` (Eq. 4), ``width_distribution``
-  (Eq. 2-3), ``choose_width`` (Eq. 5-7), ``verify_layer`` (Sec. 3.1, Alg. 1), ``bonus_layer``.
+  ``acceptance_alphas`` (Eq. 4), ``width_distribution`` (Eq. 2-3), ``choose_width``
+  (Eq. 5-7), ``verify_layer`` (§3.1, Alg. 1), ``bonus_layer``.
 - AtSpeed: "Efficient Inference for LLM-based Generative Recommendation" (Lin et al., ICLR'25):
-  ``topk_pairs`` + ``strict_topk_check`` (Alg. 1), ``relaxed_verify_step`` and
-  ``relaxed_bonus_step`` (Sec. 3.2, Alg. 2 as its released code resolves it).
+  ``relaxed_verify_step`` and ``relaxed_bonus_step`` (§3.2, Alg. 2 as its released code
+  resolves it). AtSpeed's strict top-K verification (Alg. 1) needs no rule here: the
+  ``atspeed_strict`` method replays the target's beam search (``engine.beamsearch``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from engine import trace
-from engine.sampling import EPS, Chooser, Warp, as_chooser, residual, warp_logits
+from engine.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
 
 Pair = tuple[int, int]  # (parent row, token id)
 Rng = torch.Generator | Chooser
@@ -62,8 +64,9 @@ class BeamTest:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """Output of one beam step: the tests and the new beams with where each came from."""
+class LayerVerdict:
+    """Outcome of verifying one draft layer (DSBD) or step (AtSpeed relaxed): the tests and
+    the output beams, with where each came from."""
 
     tests: tuple[BeamTest, ...]
     width: int  # DSBD W_L^(l) / AtSpeed K: accepts needed for the step to pass
@@ -78,31 +81,6 @@ class Verdict:
     @property
     def step_accepted(self) -> bool:
         return self.outcome == OUTCOME_ACCEPTED
-
-
-LayerVerdict = Verdict
-RelaxedStep = Verdict
-
-
-def beam_distribution(
-    log_weights: torch.Tensor, next_probs: torch.Tensor, warp: Warp | None = None
-) -> torch.Tensor:
-    """DSBD Eq. 1: joint w(beam) * p(token | beam), normalised over all (beam, token) pairs.
-
-    Args:
-        log_weights: (B,) log beam weights; -inf marks a parent outside the beam set.
-        next_probs: (B, V) next-token distributions at each parent (already row-warped).
-        warp: optional top-k / top-p applied to the flattened joint (the T o of Eq. 1).
-    Returns:
-        (B, V) float64 distribution over (parent, token) pairs, summing to 1.
-    """
-    joint = log_weights.double()[:, None] + next_probs.double().log()  # (B, V) log joint
-    flat = joint.reshape(-1)  # (B*V,)
-    if not torch.isfinite(flat).any():
-        raise ValueError("beam_distribution: no (parent, token) pair has positive mass")
-    if warp is not None:
-        flat = warp_logits(flat, Warp(top_k=warp.top_k, top_p=warp.top_p)).double()
-    return torch.softmax(flat, dim=-1).reshape(joint.shape)
 
 
 # ---------------------------------------------------------------- DSBD width (Eq. 2-7)
@@ -208,17 +186,18 @@ def choose_width(
 def verify_layer(
     p_beam: torch.Tensor, q_beam: torch.Tensor, candidates: Sequence[Pair], width: int, rng: Rng,
     *, parent_valid: Sequence[bool] | None = None, fill_to: int | None = None,
-) -> Verdict:
-    """DSBD Sec. 3.1 / Alg. 1 lines 12-31: verify one draft layer, correct it if it fails.
+) -> LayerVerdict:
+    """DSBD §3.1 / Alg. 1 lines 12-31: verify one draft layer, correct it if it fails.
 
     Drafts are tested in draft order with r < p'(x)/q_beam(x) (the paper's Alg. 1 line 17 prints
     the ratio inverted: a typo). p' resets to p_beam after an accept and becomes
     norm(max(p' - q_v, 0)) after a reject. A draft whose parent the target rejected is
-    auto-rejected with the same residual update (note 001 Sec. 2.6b variant (i); q_v = q_beam
-    zeroed on those parents, NOT renormalised). Once ``width`` drafts are accepted the rest are
-    skipped and the layer passes. Otherwise the correction layer is: the accepted drafts, ONE
-    sample from the final p', then fresh samples from p_beam up to ``fill_to``. Theorem 3.1:
-    the output beams are i.i.d. p_beam given the parents, whichever way the layer ends.
+    auto-rejected with the same residual update, as the released code does (q_v = q_beam
+    zeroed on those parents, NOT renormalised; exact, see docs/derivations.md, DSBD). Once
+    ``width`` drafts are accepted the rest are skipped and the layer passes. Otherwise the
+    correction layer is: the accepted drafts, ONE sample from the final p', then fresh samples
+    from p_beam up to ``fill_to``. Theorem 3.1: the output beams are i.i.d. p_beam given the
+    parents, whichever way the layer ends.
 
     One-cache (memory-saving) mode does not change this math: it is a cache-layout option for
     the loop, which keeps one output beam (the code keeps the residual sample,
@@ -245,12 +224,12 @@ def verify_layer(
     tests, accepted, p_res = _test_layer(p, q, q_v, valid, candidates, vocab, width, chooser)
     if len(accepted) == width:
         beams = tuple(candidates[j] for j in accepted)
-        return Verdict(tuple(tests), width, width, OUTCOME_ACCEPTED, beams,
-                       (trace.ACCEPTED,) * width, tuple(accepted))
+        return LayerVerdict(tuple(tests), width, width, OUTCOME_ACCEPTED, beams,
+                            (trace.ACCEPTED,) * width, tuple(accepted))
     return _correct_layer(p, p_res, candidates, tests, accepted, width, fill_to, vocab, chooser)
 
 
-def bonus_layer(p_beam: torch.Tensor, width: int, rng: Rng) -> Verdict:
+def bonus_layer(p_beam: torch.Tensor, width: int, rng: Rng) -> LayerVerdict:
     """DSBD Alg. 1 lines 32-34: every draft layer passed; draw ``width`` beams i.i.d. from p_beam.
 
     Args:
@@ -259,7 +238,8 @@ def bonus_layer(p_beam: torch.Tensor, width: int, rng: Rng) -> Verdict:
     chooser = as_chooser(rng)
     p = p_beam.detach().double().cpu().reshape(-1)  # (B*V,)
     beams = tuple(_pair(chooser.categorical(p), p_beam.shape[-1]) for _ in range(width))
-    return Verdict((), width, 0, OUTCOME_BONUS, beams, (trace.BONUS,) * width, (-1,) * width)
+    return LayerVerdict((), width, 0, OUTCOME_BONUS, beams, (trace.BONUS,) * width,
+                        (-1,) * width)
 
 
 def _test_layer(p, q, q_v, valid, candidates, vocab, width, chooser):
@@ -300,68 +280,17 @@ def _correct_layer(p, p_res, candidates, tests, accepted, width, fill_to, vocab,
         beams.append(_pair(chooser.categorical(p), vocab))
         origins.append(trace.TARGET)  # fresh sample from p_beam
         sources.append(-1)
-    return Verdict(tuple(tests), width, len(accepted), OUTCOME_CORRECTED, tuple(beams),
-                   tuple(origins), tuple(sources))
+    return LayerVerdict(tuple(tests), width, len(accepted), OUTCOME_CORRECTED, tuple(beams),
+                        tuple(origins), tuple(sources))
 
 
 # ---------------------------------------------------------------- AtSpeed
 
 
-@dataclass(frozen=True)
-class StrictStep:
-    """AtSpeed Alg. 1 line 7 for one step: are all target top-K pairs among the drafts?"""
-
-    target_pairs: tuple[Pair, ...]  # target top-K, best first: the step's output beams
-    hits: tuple[Pair, ...]  # target pairs found among the drafts (target order)
-    misses: tuple[Pair, ...]  # target pairs not drafted
-    hit_indices: tuple[int, ...]  # per target pair: its index among the drafts, -1 if missing
-    accepted: bool
-
-    @property
-    def beams(self) -> tuple[Pair, ...]:
-        return self.target_pairs
-
-
-def topk_pairs(scores: torch.Tensor, k: int) -> tuple[Pair, ...]:
-    """Top-k (parent, token) pairs by score, best first; ties go to the lower flat index.
-
-    Args:
-        scores: (B, V) cumulative target log-probs of each child; -inf for children of parents
-            that are not the target's own beams (AtSpeed note 000 Sec. 1.2) and invalid tokens.
-    Returns:
-        at most k pairs (fewer when fewer scores are finite).
-    """
-    flat = scores.detach().double().cpu().reshape(-1)  # (B*V,)
-    order = torch.sort(flat, descending=True, stable=True).indices[:k]
-    return tuple(_pair(int(i), scores.shape[-1]) for i in order if flat[i] > float("-inf"))
-
-
-def strict_topk_check(
-    target_topk_pairs: Sequence[Pair], drafted_pairs: Sequence[Pair]
-) -> StrictStep:
-    """AtSpeed Alg. 1 lines 6-10: the step passes iff TopK(p_j) is a subset of the drafts.
-
-    Lossless w.r.t. the target's deterministic beam search only when the caller computes the
-    top-K over children of the target's own K beams (note 000 Sec. 1.2), in the same
-    (parent, token) index space as the drafts. With no drafts (bonus step) the check fails and
-    the output is still the target's top-K, as in Alg. 1.
-    """
-    target = tuple((int(a), int(b)) for a, b in target_topk_pairs)
-    if not target:
-        raise ValueError("strict_topk_check: empty target top-K")
-    first: dict[Pair, int] = {}
-    for j, (a, b) in enumerate(drafted_pairs):
-        first.setdefault((int(a), int(b)), j)
-    idx = tuple(first.get(x, -1) for x in target)
-    hits = tuple(x for x, i in zip(target, idx) if i >= 0)
-    misses = tuple(x for x, i in zip(target, idx) if i < 0)
-    return StrictStep(target, hits, misses, idx, not misses)
-
-
 def relaxed_verify_step(
     p: torch.Tensor, q: torch.Tensor, drafted: Sequence[Pair], k: int, rng: Rng
-) -> Verdict:
-    """AtSpeed Sec. 3.2 / Alg. 2 as the released code resolves it: relaxed sampling verification.
+) -> LayerVerdict:
+    """AtSpeed §3.2 / Alg. 2 as the released code resolves it: relaxed sampling verification.
 
     Each of the N drafts is tested independently with r < min(1, p/q). With >= K accepts the
     step passes and K of the accepted are kept, chosen uniformly at random, in draft order.
@@ -390,23 +319,24 @@ def relaxed_verify_step(
         accepted += [j] if ok else []
     if len(accepted) >= k:
         keep = sorted(_uniform_subset(accepted, k, chooser))
-        return Verdict(tuple(tests), k, len(accepted), OUTCOME_ACCEPTED,
-                       tuple(drafted[j] for j in keep), (trace.ACCEPTED,) * k, tuple(keep))
+        return LayerVerdict(tuple(tests), k, len(accepted), OUTCOME_ACCEPTED,
+                            tuple(drafted[j] for j in keep), (trace.ACCEPTED,) * k, tuple(keep))
     res = (pf - qf).clamp_min(0)  # (B*V,) unnormalised residual
     taken = [drafted[j][0] * vocab + drafted[j][1] for j in accepted]
     extra, fallback = _draw_distinct(res, pf, taken, k - len(accepted), chooser)
     beams = tuple(drafted[j] for j in accepted) + tuple(_pair(x, vocab) for x in extra)
-    return Verdict(tuple(tests), k, len(accepted), OUTCOME_CORRECTED, beams,
-                   (trace.ACCEPTED,) * len(accepted) + (trace.RESAMPLED,) * len(extra),
-                   tuple(accepted) + (-1,) * len(extra), float(res.sum()), fallback)
+    return LayerVerdict(tuple(tests), k, len(accepted), OUTCOME_CORRECTED, beams,
+                        (trace.ACCEPTED,) * len(accepted) + (trace.RESAMPLED,) * len(extra),
+                        tuple(accepted) + (-1,) * len(extra), float(res.sum()), fallback)
 
 
-def relaxed_bonus_step(p: torch.Tensor, k: int, rng: Rng) -> Verdict:
+def relaxed_bonus_step(p: torch.Tensor, k: int, rng: Rng) -> LayerVerdict:
     """AtSpeed Alg. 2, step gamma+1: K distinct beams drawn without replacement from p (B, V)."""
     pf = p.detach().double().cpu().reshape(-1)  # (B*V,)
     extra, fallback = _draw_distinct(pf, pf, [], k, as_chooser(rng))
     beams = tuple(_pair(x, p.shape[-1]) for x in extra)
-    return Verdict((), k, 0, OUTCOME_BONUS, beams, (trace.BONUS,) * k, (-1,) * k, None, fallback)
+    return LayerVerdict((), k, 0, OUTCOME_BONUS, beams, (trace.BONUS,) * k, (-1,) * k, None,
+                        fallback)
 
 
 # ---------------------------------------------------------------- helpers
@@ -452,15 +382,14 @@ def _uniform_subset(items: list[int], k: int, chooser: Chooser) -> list[int]:
 
 
 def _draw_distinct(dist, fallback, taken, n, chooser):
-    """n draws without replacement from dist (else fallback), `taken` zeroed; + fallback flag."""
-    free, out, fell_back = torch.ones_like(dist), [], False  # (B*V,) 0 where taken
-    free[list(taken)] = 0.0
-    for _ in range(n):
-        d = dist * free
-        if float(d.sum()) <= EPS:
-            d, fell_back = fallback * free, True
-        if float(d.sum()) <= EPS:
-            d = fallback  # fewer positive-mass pairs than K: allow a repeat
-        out.append(chooser.categorical(d / d.sum()))
-        free[out[-1]] = 0.0
+    """n draws without replacement from dist (then fallback), `taken` excluded; + fallback flag.
+
+    Once fallback has fewer than n positive-mass pairs left, the rest repeat draws from it.
+    """
+    out = draw_without_replacement(dist, n, chooser, taken=taken, min_mass=EPS)
+    fell_back = len(out) < n
+    if fell_back:
+        out += draw_without_replacement(fallback, n - len(out), chooser,
+                                        taken=[*taken, *out], min_mass=EPS)
+    out += [chooser.categorical(fallback / fallback.sum()) for _ in range(n - len(out))]
     return out, fell_back

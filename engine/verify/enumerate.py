@@ -158,7 +158,7 @@ def exact_step(rule_name: str | Rule, p: torch.Tensor, q: torch.Tensor, n: int,
         scheme: draft scheme; defaults to SCHEME[rule_name].
     Returns:
         ((V,) float64 output distribution, which equals p when the rule is exact for the
-        scheme; alpha = P(emitted token is a draft), note 002 §0).
+        scheme; alpha = P(emitted token is a draft), Hu et al. §2.3).
     """
     mass = [0.0] * p.shape[-1]
     accepted: list[float] = []

@@ -11,22 +11,23 @@ Rules and the papers they implement:
 - ``sd``: speculative sampling (Leviathan et al. 2023; Chen et al. 2023), one candidate.
 - ``rrs_wr``: MCSD Alg. 1, recursive rejection sampling with i.i.d. drafts (Yang et al. 2024).
 - ``rrs_wor``: MCSD Alg. 2, drafts drawn without replacement, q updated after each rejection.
-- ``naive``: MCSD's MCNS ablation (note 003 §2.4).
-- ``kseq``: SpecTr K-SEQ (Sun et al. 2023) with the corrected fallback of note 002 §3.3.
+- ``naive``: MCSD's MCNS ablation (MCSD §4.5, footnote 5).
+- ``kseq``: SpecTr K-SEQ (Sun et al. 2023; Hu et al. App. A.2) with a corrected fallback
+  (docs/derivations.md, Optimal multi-draft).
 - ``greedy_drafts``: Hu et al. 2025 §5 greedy drafts with their optimal verifier.
 
-Acceptance event (note 002 §0): ``TokenVerdict.accepted`` is set whenever the emitted token is
+Acceptance event (Hu et al. §2.3): ``TokenVerdict.accepted`` is set whenever the emitted token is
 one of the candidates, including a final residual draw that lands on a candidate. Only
 ``greedy_drafts`` (a draw landing on a top-(n-1) draft) and ``naive`` do that with positive
 probability. Either way the tree walk can descend into that child.
 
-One-hot inputs (temperature 0, note 003 §2.5). When p is one-hot on a, every rule emits a, and
-it accepts exactly when a is among the candidates. This is exact argmax matching. It holds
-for any candidate list, because a candidate with q(x) = 0 and p(x) > 0 gets ratio 1 (the
-limit of min(1, p/q)). When q is one-hot on b and p is not (greedy draft, sampled target),
-i.i.d. drafting gives n copies of b. RRS accepts the first copy with probability p(b); every
-repeat then has ratio 0. K-SEQ tests each copy with min(1, p(b)/rho), and its total
-acceptance is also p(b). The emitted token follows p in every case. Choosing candidates
+One-hot inputs (temperature 0; MCSD §4.5). When p is one-hot on a, every rule emits a, and it
+accepts exactly when a is among the candidates. This is exact argmax matching. It holds for any
+candidate list, because a candidate with q(x) = 0 and p(x) > 0 gets ratio 1 (the limit of
+min(1, p/q)). When q is one-hot on b and p is not (greedy draft, sampled target), i.i.d.
+drafting gives n copies of b. RRS accepts the first copy with probability p(b); every repeat
+then has ratio 0. K-SEQ tests each copy with min(1, p(b)/rho), and its total acceptance is
+also p(b). The emitted token follows p in every case. Choosing candidates
 deterministically at temperature 0 is the caller's job; see :func:`draw_candidates`.
 """
 
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import EPS, Chooser, as_chooser, residual
+from engine.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
 from engine.trace import TestRecord
 
 ACCEPT = "accept"
@@ -81,7 +82,7 @@ def without(q: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
     """q^{¬S}: q with `tokens` zeroed and renormalised; all zeros if no mass is left.
 
     The normaliser is summed over the remaining tokens, never computed as 1 - q(S)
-    (note 002 §2.4: that subtraction cancels for peaked q).
+    (that subtraction cancels for peaked q).
     """
     r = q.clone()  # (V,)
     if len(tokens):
@@ -165,10 +166,10 @@ def sd(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
 
 def rrs_wr(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
            rng: torch.Generator | Chooser) -> TokenVerdict:
-    """MCSD Alg. 1 (RRS with replacement; note 002 §3.1). q stays fixed.
+    """MCSD Alg. 1 (RRS with replacement; Hu et al. App. A.1). q stays fixed.
 
     Exact for i.i.d. drafts from q. A repeat of a rejected token has ratio 0 but still
-    updates the residual, as correctness requires (note 003 §2.2).
+    updates the residual, as correctness requires (MCSD §3.2, App. A).
 
     Args:
         p, q: (V,) target / draft distributions at the parent.
@@ -179,7 +180,7 @@ def rrs_wr(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
 
 def rrs_wor(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
             rng: torch.Generator | Chooser) -> TokenVerdict:
-    """MCSD Alg. 2 (RRS without replacement; note 002 §3.2).
+    """MCSD Alg. 2 (RRS without replacement; MCSD §3.2, Hu et al. App. A.1).
 
     The candidates are tested in draw order. The residual is taken against the current
     draft law q_i. Each rejected token is then removed from q_i, which is renormalised.
@@ -196,12 +197,12 @@ def rrs_wor(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
 
 def naive(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
           rng: torch.Generator | Chooser) -> TokenVerdict:
-    """MCSD MCNS, multi-candidate naive sampling (note 003 §2.4).
+    """MCSD MCNS, multi-candidate naive sampling (MCSD §4.5, footnote 5).
 
     Draw y ~ p. Accept the first candidate equal to y; otherwise emit y. This preserves p
     exactly under every draft scheme, because the emitted token is always y ~ p. Its
     acceptance rate is only sum_y p(y) P(y in candidates), which is never above MCSD Alg. 1
-    (note 003 §2.6, App. C). The tests are deterministic given y, so ``uniform`` is None.
+    (MCSD App. C). The tests are deterministic given y, so ``uniform`` is None.
     A record's residual_mass is the p-mass outside the candidates seen so far.
     """
     chooser = as_chooser(rng)
@@ -225,7 +226,7 @@ def naive(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
 
 
 def kseq_beta(p: torch.Tensor, q: torch.Tensor, rho: float) -> float:
-    """SpecTr K-SEQ: beta(rho) = sum_i min(p(i)/rho, q(i)) (note 002 §3.3)."""
+    """SpecTr K-SEQ: beta(rho) = sum_i min(p(i)/rho, q(i)) (Hu et al. App. A.2)."""
     return float(torch.minimum(p / rho, q).sum())
 
 
@@ -253,8 +254,8 @@ def _kseq_gap(p: torch.Tensor, q: torch.Tensor, n: int) -> Callable[[float], flo
 def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
     """SpecTr K-SEQ: the smallest rho in [1, n] with 1 - (1 - beta)^n <= rho beta (bisection).
 
-    g(1) <= 0 <= g(n) (note 002 §3.3). The result is the upper end of the final bracket, so
-    g(rho) >= 0 holds and the fallback below is non-negative.
+    g(1) <= 0 <= g(n) (docs/derivations.md, Optimal multi-draft). The result is the upper end
+    of the final bracket, so g(rho) >= 0 holds and the fallback below is non-negative.
 
     Args:
         p, q: (V,) target / draft distributions; n: number of drafts.
@@ -273,7 +274,8 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
 
 
 def _kseq_fallback(p: torch.Tensor, q: torch.Tensor, rho: float, n: int) -> torch.Tensor:
-    """Unnormalised K-SEQ fallback p - min(q, p/rho) (1 - (1-beta)^n)/beta (note 002 §3.3, §7).
+    """Unnormalised K-SEQ fallback p - min(q, p/rho) (1 - (1-beta)^n)/beta
+    (Hu et al. App. A.2, corrected: docs/derivations.md, Optimal multi-draft).
 
     At the root this equals the corrected p - min(rho q, p). The first form keeps the output
     exactly p for the rho actually used. Its mass is (1 - beta)^n.
@@ -287,7 +289,7 @@ def _kseq_fallback(p: torch.Tensor, q: torch.Tensor, rho: float, n: int) -> torc
 
 def kseq(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
          rng: torch.Generator | Chooser) -> TokenVerdict:
-    """SpecTr K-SEQ (Sun et al. 2023; note 002 §3.3), for i.i.d. drafts.
+    """SpecTr K-SEQ (Sun et al. 2023; Hu et al. App. A.2), for i.i.d. drafts.
 
     Each draft is tested independently against the same p, with ratio min(1, p/(rho q)).
     If all n are rejected, the token comes from the corrected fallback. Acceptance is
@@ -322,7 +324,7 @@ def kseq(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
 
 def greedy_drafts(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
                   rng: torch.Generator | Chooser) -> TokenVerdict:
-    """Verifier for Hu et al. 2025 greedy drafts, eq. for pi^Greedy (note 002 §4.2).
+    """Verifier for Hu et al. 2025 greedy drafts, pi^Greedy (Hu et al. §5.2, App. D).
 
     T = candidates[:-1] are the deterministic top-(n-1) drafts and x_n = candidates[-1] is
     the random one, drawn from q' = q^{¬T}. The verifier runs single-draft speculative
@@ -350,29 +352,23 @@ def greedy_drafts(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
 # ------------------------------------------------------------------------ draft side
 
 
-def _draw_without_replacement(q: torch.Tensor, n: int, chooser: Chooser) -> list[int]:
-    """Sequential draws x_i ~ q_i with q_{i+1} = q_i^{¬x_i} (MCSD Eq. 1)."""
-    out: list[int] = []
-    for _ in range(min(n, int((q > 0).sum()))):
-        x = chooser.categorical(q)
-        out.append(x)
-        q = without(q, [x])  # (V,)
-    return out
+def greedy_top(q: torch.Tensor, n: int) -> torch.Tensor:
+    """T = Top_{n-1}(q) within supp q, in descending q, ties to the lower id (Hu et al. §5.1)."""
+    k = min(n - 1, int((q > 0).sum()))
+    return torch.sort(q, descending=True, stable=True).indices[:k]  # (k,)
 
 
 def _draw_greedy(q: torch.Tensor, n: int, chooser: Chooser) -> list[int]:
-    """Hu et al. 2025 §5.1: Top_{n-1}(q) (ties to the lower id), then one draw from q^{¬T}."""
-    support = int((q > 0).sum())
-    k = min(n - 1, support)
-    top = torch.sort(q, descending=True, stable=True).indices[:k].tolist()
-    if support > k:
+    """Hu et al. 2025 §5.1: T = Top_{n-1}(q), then one draw from q^{¬T} if any mass is left."""
+    top = greedy_top(q, n).tolist()
+    if int((q > 0).sum()) > len(top):
         top.append(chooser.categorical(without(q, top)))
     return top
 
 
 def draw_candidates(q: torch.Tensor, n: int, scheme: str,
                     rng: torch.Generator | Chooser) -> list[int]:
-    """Draw n child tokens from the draft distribution q under a draft scheme (note 002 §1.3).
+    """Draw n child tokens from the draft distribution q under a draft scheme (Hu et al. §2.3).
 
     Schemes:
     - "with_replacement": n i.i.d. draws from q.
@@ -382,8 +378,8 @@ def draw_candidates(q: torch.Tensor, n: int, scheme: str,
       tokens are returned.
 
     Tokens with q = 0 are never drafted. At temperature 0 the caller chooses candidates
-    deterministically instead, following note 003 §2.5: top-1 repeated with q = one_hot, or
-    the top-k with q = softmax over the top-k logits.
+    deterministically instead, as the MCSD code does (docs/derivations.md, MCSD): top-1
+    repeated with q = one_hot, or the top-k with q = softmax over the top-k logits.
 
     Args:
         q: (V,) draft distribution at the parent.
@@ -398,7 +394,7 @@ def draw_candidates(q: torch.Tensor, n: int, scheme: str,
     if scheme == "with_replacement":
         return [chooser.categorical(q64) for _ in range(n)]
     if scheme == "without_replacement":
-        return _draw_without_replacement(q64, n, chooser)
+        return draw_without_replacement(q64, n, chooser)
     if scheme == "greedy":
         return _draw_greedy(q64, n, chooser)
     schemes = sorted(set(SCHEME.values()))

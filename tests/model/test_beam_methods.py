@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from engine.api import generate, make_decoder
-from engine.beamsearch import BeamConfig, run_beam_sampling
+from engine.beamsearch import BeamConfig
 from engine.models import load_pair, model_from_config, tiny_config
 from engine.sampling import Warp, make_generator
 from engine.trace import STATUSES, RunTrace
 from engine.verify.enumerate import enumerate_outcomes
+from tests.oracles import run_beam_sampling
 
 VOCAB = 64
 TOL = 1e-4

@@ -1,7 +1,8 @@
-"""engine.beamsearch against transformers' own beam search, on tiny random models (CPU).
+"""engine.beamsearch against transformers' own beam search, on tiny random models (CPU), and
+engine.beamsample's beam sampling against its exact law.
 
-The oracle (naive_beam_search) runs full forwards without a KV cache. generate() uses the
-cache, so the logits differ by float noise only. Tokens must match exactly and scores
+The oracle (tests.oracles.naive_beam_search) runs full forwards without a KV cache. generate()
+uses the cache, so the logits differ by float noise only. Tokens must match exactly and scores
 within 1e-4.
 """
 
@@ -13,22 +14,20 @@ from functools import lru_cache
 
 import pytest
 import torch
+from torch.testing import assert_close
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from engine.beamsample import beam_law, beam_sample_step
 from engine.beamsearch import (
     BeamConfig,
-    BeamState,
     Hypothesis,
     StepInfo,
-    beam_sample_probs,
-    beam_sample_step,
     beam_step,
     finalize,
     init_beams,
-    naive_beam_search,
-    run_beam_sampling,
 )
 from engine.sampling import Warp, make_generator
+from tests.oracles import naive_beam_search, run_beam_sampling
 
 VOCAB = 48
 PROMPT_LEN = 5
@@ -395,17 +394,31 @@ def test_beam_sampling_frequencies_match_exact_joint_distribution(replacement):
     assert wrong > 3 * threshold
 
 
-def test_beam_sample_probs_is_joint_softmax_after_warp():
-    cfg = BeamConfig(2, 3, 1)
-    state = BeamState(
-        sequences=torch.tensor([[0, 1], [0, 2]]), scores=torch.tensor([-0.5, -2.0]),
-        fin_sequences=torch.full((2, 4), -1), fin_scores=torch.full((2,), -1e9),
-        fin_mask=torch.zeros(2, dtype=torch.bool), fin_lengths=torch.zeros(2, dtype=torch.long),
-    )
+def test_beam_law_is_joint_softmax_after_warp():
+    scores = torch.tensor([-0.5, -2.0])  # (K,) running scores
     lp = torch.log_softmax(torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.5, 0.0]]), -1)
-    probs = beam_sample_probs(state, lp, Warp(top_k=4))
-    joint = (lp + state.scores[:, None]).flatten()
-    keep = joint >= joint.sort(descending=True).values[3]
-    expected = torch.where(keep, joint.exp(), torch.zeros_like(joint))
-    assert torch.allclose(probs.flatten(), expected / expected.sum(), atol=1e-6)
-    assert cfg.max_length == 4
+    joint = lp + scores[:, None]  # (K, V)
+    probs = beam_law(joint, Warp(top_k=4))
+    flat = joint.flatten()
+    keep = flat >= flat.sort(descending=True).values[3]
+    expected = torch.where(keep, flat.exp(), torch.zeros_like(flat))
+    assert probs.dtype == torch.float64
+    assert torch.allclose(probs.flatten().float(), expected / expected.sum(), atol=1e-6)
+
+
+def test_beam_law_on_literal_values():
+    log_w = torch.log(torch.tensor([0.25, 0.75]))[:, None]  # (B, 1) beam weights
+    next_p = torch.tensor([[0.5, 0.5], [0.2, 0.8]])  # (B, V)
+    expected = torch.tensor([[0.125, 0.125], [0.15, 0.6]], dtype=torch.float64)
+    assert_close(beam_law(log_w + next_p.log(), Warp()), expected, atol=1e-7, rtol=0)
+    outside = torch.tensor([[0.0], [float("-inf")]])  # parent 1 is not a beam
+    assert_close(beam_law(outside + next_p.log(), Warp()),
+                 torch.tensor([[0.5, 0.5], [0.0, 0.0]], dtype=torch.float64), atol=1e-7, rtol=0)
+    assert_close(beam_law(log_w + next_p.log(), Warp(top_k=2)),
+                 torch.tensor([[0.0, 0.0], [0.2, 0.8]], dtype=torch.float64), atol=1e-7, rtol=0)
+    # temperature 2 acts on the joint: p ∝ joint ** (1/2)
+    sq = expected.sqrt()
+    assert_close(beam_law(log_w + next_p.log(), Warp(temperature=2.0)), sq / sq.sum(),
+                 atol=1e-7, rtol=0)
+    with pytest.raises(ValueError):
+        beam_law(log_w + next_p.log(), Warp(temperature=0.0))

@@ -19,11 +19,11 @@ def test_method_list_parses_parameters():
 
 
 def test_bench_writes_a_table_with_speedups_and_identity(tmp_path, capsys):
-    from engine.__main__ import main
+    from engine.cli import main
 
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("hello there\nabc\n")
-    code = main(["bench", "--methods", "greedy,sd:gamma=2", "--prompt-file", str(prompts),
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hello there"\n{"prompt": "abc"}\n')
+    code = main(["bench", "--methods", "greedy,sd:gamma=2", "--prompts-jsonl", str(prompts),
                  "--target", "tiny", "--repeats", "2", "--max-new-tokens", "8",
                  "--out", str(tmp_path / "out")])
     assert code == 0

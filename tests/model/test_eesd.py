@@ -193,10 +193,32 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
     assert trace.rounds[0].extras["predictor"] == "trained"
 
 
+def test_training_runs_the_drafters_own_assembly_over_cached_first_n_states():
+    from engine.drafters import build_exit_tail
+    from engine.training.data import exit_model
+    from engine.training.drafter import ExitHead
+
+    target = tiny_pair(layers=4, early_exit_layers=2).target
+    layer = perturbed_exit_layer(target, 2)
+    drafter = EarlyExitDrafter(target, 2, layer)
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        h_n = exit_model(target, 2).model(input_ids=ids, use_cache=False).last_hidden_state
+        tail = build_exit_tail(target, layer, target.model.norm)
+        got = tail(inputs_embeds=h_n, use_cache=False).logits  # (1, 5, V)
+        want = drafter.model(input_ids=ids, use_cache=False).logits  # (1, 5, V)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    head = ExitHead(target, 2, train_norm=True)
+    assert list(head.tail.model.layers) == [head.layer]
+    assert head.tail.model.norm is head.norm and head.norm is not target.model.norm
+    assert head.tail.model.embed_tokens is target.model.embed_tokens
+
+
 @pytest.mark.parametrize("objective", ["wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r"])
 def test_every_objective_trains_on_cached_states(objective):
-    from engine.train import ExitHead, train_head
-    from engine.train_data import cache_hidden, generate_examples
+    from engine.training.config import DrafterTrainConfig
+    from engine.training.data import cache_hidden, generate_examples
+    from engine.training.drafter import ExitHead, train_head
 
     target = tiny_pair(layers=4, early_exit_layers=2).target
     for p in target.parameters():
@@ -206,15 +228,16 @@ def test_every_objective_trains_on_cached_states(objective):
                            eos={1}, pad=1, beams=2)
     assert ex and all(e.kind == mode for e in ex)
     cache_hidden(target, 2, ex, pad=1, teacher=objective != "seqkd")
-    head = ExitHead(target, 2, False, None)
-    losses = train_head(head, ex, objective, 0.5, 4, 64, epochs=4, lr=3e-3, max_tokens=64,
-                        seed=0, log=lambda *_: None)
+    head = ExitHead(target, 2)
+    cfg = DrafterTrainConfig(layers=2, objective=objective, alpha=0.5, topk=4, epochs=4,
+                             lr=3e-3, batch_tokens=64)
+    losses = train_head(head, ex, cfg, seed=0, log=lambda *_: None)
     assert losses[-1] < losses[0], (objective, losses)
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
 def test_states_kept_from_generation_equal_a_teacher_forced_pass(mode):
-    from engine.train_data import cache_hidden, generate_examples
+    from engine.training.data import cache_hidden, generate_examples
 
     target = tiny_pair(layers=4, early_exit_layers=2).target
     prompts = [[3, 4, 5], [7, 8], [9, 10, 11, 12, 13]]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.cached_model import CachedModel, check_supported
 from engine.errors import UnsupportedModelError
 from engine.forest import PAD, ROOT
 from engine.models import model_from_config, tiny_config
-from engine.runner import CachedModel, check_supported
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 
@@ -38,19 +38,22 @@ def test_every_forest_node_scores_like_sequential_decoding_of_its_path(family):
         ([10, 12, 13, 14, 15, 16], [ROOT, ROOT, 0, 0, 1, 4]),
         ([20, 21, 22, 0, 0, 0], [ROOT, 0, 1, PAD, PAD, PAD]),
     ]
-    runner = CachedModel(model)
-    runner.start(torch.tensor(prompts))
-    root = runner.feed()
+    cached = CachedModel(model)
+    cached.start(torch.tensor(prompts))
+    root = cached.feed()
     tok = torch.tensor([t for t, _ in trees])
     par = torch.tensor([p for _, p in trees])
     # feed in two chunks to exercise incremental ancestor bookkeeping
-    a = runner.feed(tok[:, :3], par[:, :3])
-    b = runner.feed(tok[:, 3:], par[:, 3:])
-    nodes = torch.cat([a, b], dim=1)
+    a = cached.feed(tok[:, :3], par[:, :3])
+    b = cached.feed(tok[:, 3:], par[:, 3:])
+    assert a.root_logits is None and b.root_logits is None  # only the tail's call has a root
+    assert a.node_hidden.shape == (2, 3, model.config.hidden_size)
+    nodes = torch.cat([a.node_logits, b.node_logits], dim=1)
+    assert root.node_logits.shape[1] == 0 and root.node_hidden.shape[1] == 0
+    assert root.root_hidden.shape == (2, model.config.hidden_size)
     for w, (tokens, parents) in enumerate(trees):
         ref = _sequential_logits(model, prompts[w])
-        torch.testing.assert_close(runner.root_logits[w], ref, atol=1e-4, rtol=0)
-        assert root.shape[1] == 0
+        torch.testing.assert_close(root.root_logits[w], ref, atol=1e-4, rtol=0)
         for i, pj in enumerate(parents):
             if pj == PAD:
                 continue
@@ -63,44 +66,44 @@ def test_every_forest_node_scores_like_sequential_decoding_of_its_path(family):
 def test_commit_compacts_cache_to_kept_paths_and_reorders_rows(family):
     model = _model(family)
     prompts = [[5, 7, 9, 11], [3, 4, 8, 2]]
-    runner = CachedModel(model)
-    runner.start(torch.tensor(prompts))
-    runner.feed()
+    cached = CachedModel(model)
+    cached.start(torch.tensor(prompts))
+    cached.feed()
     tok = torch.tensor([[10, 12, 13, 14], [20, 21, 22, 23]])
     par = torch.tensor([[ROOT, ROOT, 1, 2], [ROOT, 0, 1, 2]])
-    runner.feed(tok, par)
+    cached.feed(tok, par)
     # new rows: row 1 twice (path 0->1, then bonus 30), row 0 (path 1->2, bonus 31)
     rows = torch.tensor([1, 1, 0])
     path_nodes = torch.tensor([[0, 1], [0, 1], [1, 2]])
     path_tokens = torch.tensor([[20, 21], [20, 21], [12, 13]])
     new = torch.tensor([[30], [31], [32]])
-    runner.commit(rows, path_nodes, path_tokens, new)
+    cached.commit(rows, path_nodes, path_tokens, new)
     full = [prompts[1] + [20, 21, 30], prompts[1] + [20, 21, 31], prompts[0] + [12, 13, 32]]
-    assert runner.base == 6
+    assert cached.base == 6
     # next round: feed tail + a chain of two nodes
     nxt = torch.tensor([[40, 41], [42, 43], [44, 45]])
-    logits = runner.feed(nxt, torch.tensor([[ROOT, 0]] * 3))
+    scored = cached.feed(nxt, torch.tensor([[ROOT, 0]] * 3))
     for w in range(3):
         torch.testing.assert_close(
-            runner.root_logits[w], _sequential_logits(model, full[w]), atol=1e-4, rtol=0)
+            scored.root_logits[w], _sequential_logits(model, full[w]), atol=1e-4, rtol=0)
         for i in range(2):
             ids = full[w] + nxt[w, : i + 1].tolist()
-            diff = (logits[w, i] - _sequential_logits(model, ids)).abs().max()
+            diff = (scored.node_logits[w, i] - _sequential_logits(model, ids)).abs().max()
             assert diff <= 1e-4
 
 
 def test_unfed_path_nodes_go_back_to_the_tail():
     model = _model("llama")
-    runner = CachedModel(model)
-    runner.start(torch.tensor([[5, 6, 7]]))
-    runner.feed(torch.tensor([[10]]), torch.tensor([[ROOT]]))
+    cached = CachedModel(model)
+    cached.start(torch.tensor([[5, 6, 7]]))
+    cached.feed(torch.tensor([[10]]), torch.tensor([[ROOT]]))
     # node 1 (token 11) was drafted but never fed: commit keeps it via the tail
-    runner.commit(torch.tensor([0]), torch.tensor([[0, 1]]), torch.tensor([[10, 11]]),
+    cached.commit(torch.tensor([0]), torch.tensor([[0, 1]]), torch.tensor([[10, 11]]),
                   torch.tensor([[12]]))
-    assert runner.base == 4 and runner.tail.tolist() == [[11, 12]]
-    runner.feed()
+    assert cached.base == 4 and cached.tail.tolist() == [[11, 12]]
+    scored = cached.feed()
     ref = _sequential_logits(model, [5, 6, 7, 10, 11, 12])
-    torch.testing.assert_close(runner.root_logits[0], ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(scored.root_logits[0], ref, atol=1e-4, rtol=0)
 
 
 def test_unsupported_architecture_is_refused_with_a_clear_message():

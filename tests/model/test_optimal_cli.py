@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from engine.cli.optimal import rrs_wor_acceptance
 from engine.optimal import alpha_star
-from engine.optimal_cli import rrs_wor_acceptance
 from engine.verify.enumerate import exact_expected_acceptance
 
 
@@ -35,7 +35,7 @@ def test_pruned_recursion_brackets_the_exact_value():
 
 
 def test_optimal_cli_table_on_a_tiny_pair(capsys):
-    from engine.__main__ import main
+    from engine.cli import main
 
     code = main(["optimal", "--prompt", "abc", "--target", "tiny", "--n", "3",
                  "--max-new-tokens", "4", "--json", "--raw"])

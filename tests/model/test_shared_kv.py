@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import engine
+from engine import costs
 from engine.drafters import EarlyExitDrafter
 from engine.errors import ConfigError
 from engine.shared import SharedSide, SharedTrunk
@@ -49,6 +50,7 @@ def test_shared_cache_gives_the_rounds_and_probabilities_of_separate_caches(fami
 @pytest.mark.parametrize("trained", [True, False])
 def test_layers_one_to_n_run_once_per_position_when_shared(trained):
     pair = _pair(trained=trained)
+    costs.calibrate(pair, 1)  # the cost model's one-off plain-step calibration, not counted
     layers = pair.target.model.layers
     counts = {}
 

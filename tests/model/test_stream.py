@@ -40,7 +40,9 @@ def test_a_finished_run_equals_generate_and_carries_its_cost_model_once():
     cost = final.stats["cost"]
     assert cost["kind"] == "chain" and cost["t_step_s"] > 0
     assert cost["predicted_speedup"] > 0 and cost["measured_speedup"] > 0
-    assert "break-even needs acceptance" in cost["summary"]
+    assert cost["summary"].startswith("draft steps cost")  # timings: wording depends on load
+    assert ("break-even needs acceptance" in cost["summary"]) == (
+        cost["break_even_acceptance"] is not None)
     assert list(run) == []  # a finished run yields nothing more
 
 

@@ -159,7 +159,7 @@ def test_compare_checks_each_output_against_its_reference(client):
     assert float(rows["sd"]["predicted ×"]) > 0 and float(rows["sd"]["measured ×"]) > 0
     names = _plot_names(timeline)
     assert {"draft (propose)", "target forward (score)"} <= names
-    assert "Ran" in note and "- **sd**:" in note and "break-even" in note
+    assert "Ran" in note and "- **sd**: draft steps cost" in note
 
 
 def test_compare_names_a_bad_extra_run_in_one_line(client):

@@ -1,7 +1,9 @@
-"""The CLI rejects bad input with one line on stderr and exit code 2."""
+"""The CLI: bad input gets one line on stderr and exit code 2; prompts and model specs are
+read as written; every subcommand module is imported or the CLI fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,11 +29,19 @@ BAD = [
     (["generate", "--method", "greedy", "--prompt-file", "/no/such/file"],
      "prompt file not found"),
     (["generate", "--method", "greedy"], "--prompt"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--prompts-jsonl", "p.jsonl"],
+     "unrecognized arguments: --prompts-jsonl"),
+    (["generate", "--method", "sd", "--prompt", "hi", "--target", "tiny",
+      "--draft", "early-exit:0"], "early-exit layers must be a positive integer"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny:{oops"],
+     "bad tiny model spec"),
+    (["bench", "--methods", "greedy", "--prompts-jsonl", "/no/such/file"],
+     "prompts file not found"),
 ]
 
 
 def _main(args) -> int:
-    from engine.__main__ import main
+    from engine.cli import main
 
     try:
         return main(args)
@@ -65,3 +75,97 @@ def test_methods_lists_every_method_with_parameters(capsys):
     for name in ("greedy", "sample", "sd", "mcsd", "greedy_drafts"):
         assert f"\n{name}  [" in "\n" + out
     assert "--k-config" in out and "--gamma" in out
+
+
+# ----------------------------------------------------------------- CLI bugs of issue 12
+
+CODE_PROMPT = b'def add(a, b):\r\n    """Sum of a and b."""\n\n    return a + b\n  \n'
+
+
+def test_prompt_file_is_one_whole_prompt_byte_for_byte(tmp_path):
+    path = tmp_path / "prompt.py"
+    path.write_bytes(CODE_PROMPT)
+    trace = tmp_path / "run.json"
+    code = _main(["generate", "--method", "greedy", "--target", "tiny", "--raw",
+                  "--prompt-file", str(path), "--max-new-tokens", "2", "--trace", str(trace)])
+    assert code == 0
+    run = json.loads(trace.read_text())
+    assert run["prompt"] == CODE_PROMPT.decode("utf-8")
+    assert len(run["prompt_ids"]) == len(CODE_PROMPT.decode("utf-8"))  # one id per character
+
+
+def test_bench_takes_a_jsonl_batch_of_multi_line_prompts(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps("first\n    indented") + "\n"
+                       + json.dumps({"prompt": "second"}) + "\n")
+    out = tmp_path / "out"
+    code = _main(["bench", "--methods", "greedy", "--prompts-jsonl", str(prompts), "--raw",
+                  "--target", "tiny", "--repeats", "1", "--max-new-tokens", "2",
+                  "--out", str(out)])
+    assert code == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["meta"]["prompts"] == 2 and len(data["runs"]) == 2
+
+
+@pytest.mark.parametrize("spec", ["tiny-model", "tinyllama/TinyLlama-1.1B", "tiny:"])
+def test_a_spec_that_only_starts_with_tiny_is_not_a_toy_model(spec, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = _main(["generate", "--method", "greedy", "--prompt", "hi", "--target", spec])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_a_local_folder_named_tiny_something_is_loaded_as_a_folder(tmp_path, capsys,
+                                                                    monkeypatch):
+    (tmp_path / "tiny-local").mkdir()  # an empty folder: no model in it
+    monkeypatch.chdir(tmp_path)
+    code = _main(["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny-local"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot load model 'tiny-local'" in err, err
+
+
+def test_draft_early_exit_n_picks_the_targets_first_n_layers(tmp_path):
+    trace = tmp_path / "run.json"
+    code = _main(["generate", "--method", "sd", "--gamma", "2", "--prompt", "hello", "--raw",
+                  "--target", 'tiny:{"layers": 4}', "--draft", "early-exit:3",
+                  "--max-new-tokens", "4", "--trace", str(trace)])
+    assert code == 0
+    assert json.loads(trace.read_text())["draft"].startswith("early-exit (first 3/4 layers")
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line_error(tmp_path, capsys):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("caf\xe9".encode("latin-1"))
+    assert _main(["generate", "--method", "greedy", "--prompt-file", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("error: prompt file is not UTF-8")
+
+
+@pytest.mark.parametrize("line,message", [
+    ("not json", ":2: not JSON"), ("[1, 2]", ':2: expected a JSON string or {"prompt"'),
+    ('{"text": "x"}', ":2: expected a JSON string"), ('"  "', ":2: prompt is empty"),
+])
+def test_a_bad_jsonl_line_is_named_by_its_number(tmp_path, capsys, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('"fine"\n' + line + "\n")
+    code = _main(["bench", "--methods", "greedy", "--prompts-jsonl", str(path),
+                  "--target", "tiny"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_the_shipped_bench_prompts_are_jsonl():
+    from engine.cli.flags import read_prompts_jsonl
+    from engine.paths import ASSETS
+
+    assert len(read_prompts_jsonl(ASSETS / "bench_prompts.jsonl")) == 3
+    assert len(read_prompts_jsonl(ASSETS / "eesd_bench_prompts.jsonl")) == 6
+
+
+def test_a_subcommand_module_that_fails_to_import_is_an_error(monkeypatch):
+    import importlib
+
+    monkeypatch.delitem(sys.modules, "engine.cli")
+    monkeypatch.setitem(sys.modules, "engine.cli.train_draft", None)  # import raises
+    with pytest.raises(ImportError, match="engine.cli.train_draft"):
+        importlib.import_module("engine.cli")

@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
+from engine.config import validate_params
 from engine.control import (
-    CONTROLLER_PARAMS,
+    CONTROL_PARAMS,
     BetaTSController,
     CaliTSController,
     ConstantPredictor,
+    ControlConfig,
     FixedController,
     HeuristicController,
+    control_config,
     make_controller,
 )
 from engine.errors import ConfigError
+from engine.methods import METHODS
 from engine.posterior import (
+    BETA_RULES,
+    THETA_HAT_RULES,
     beta_pdf,
     beta_update,
     cali_posterior,
@@ -31,12 +38,19 @@ from engine.posterior import (
 from engine.sampling import TorchChooser, make_generator
 from tests.choosers import ScriptedChooser
 
-ALWAYS_CONTINUE = {  # parameters under which every kind would draft far past cap = 3
-    "fixed": {"gamma": 3},
-    "heuristic": {"start": 3, "cap": 3},
-    "beta_ts": {"alpha0": 1e4, "beta0": 1e-2, "cap": 3},
-    "cali_ts": {"theta_M": 1.0, "sigma_M": 1e-6, "cap": 3},
-}
+KINDS = ["fixed", "heuristic", "beta_ts", "cali_ts"]
+
+
+def always_continue(kind: str):
+    """A controller of this kind that would draft far past cap = 3 (fixed: gamma = 3)."""
+    cfg = control_config(controller=kind, cap=3, alpha0=1e4, beta0=1e-2, theta_m=1.0,
+                         sigma_m=1e-6)
+    return make_controller(cfg, gamma=3)
+
+
+def default_controller(kind: str, gamma: int = 5):
+    """A controller of this kind with the CONTROL_PARAMS defaults."""
+    return make_controller(control_config(controller=kind), gamma=gamma)
 
 
 def draft_round(controller, rng, accepted_of=lambda k: k, features=None) -> tuple[int, int]:
@@ -83,13 +97,12 @@ def test_clean_update_counts_trials_until_first_rejection(drafted, accepted, d_a
     assert beta_update(1.0, 1.0, drafted, accepted, "clean") == (1.0 + d_alpha, 1.0 + d_beta)
 
 
-def test_beta_ts_default_update_is_the_papers_as_the_note_recommends():
-    assert BetaTSController().config.update == "paper"
-    assert CONTROLLER_PARAMS["beta_ts"]["update"]["default"] == "paper"
+def test_beta_ts_default_update_is_the_papers():
+    assert default_controller("beta_ts").config.update == "paper"
 
 
 def test_beta_ts_posterior_accumulates_over_rounds_and_state_shows_before_and_after():
-    ctl = BetaTSController(alpha0=1.0, beta0=1.0, update="paper")
+    ctl = BetaTSController(control_config(alpha0=1.0, beta0=1.0, update="paper"))
     ctl.begin_round()
     ctl.observe(4, 2)
     s = ctl.state()
@@ -110,7 +123,7 @@ def test_beta_ts_posterior_accumulates_over_rounds_and_state_shows_before_and_af
 
 
 def test_clean_controller_update_on_drafted_4_accepted_2():
-    ctl = BetaTSController(alpha0=2.0, beta0=3.0, update="clean")
+    ctl = BetaTSController(control_config(alpha0=2.0, beta0=3.0, update="clean"))
     ctl.observe(4, 2)
     assert (ctl.alpha, ctl.beta) == (4.0, 4.0)
 
@@ -127,14 +140,14 @@ def test_fixed_drafts_exactly_gamma_every_round():
 
 
 def test_heuristic_adds_two_after_full_acceptance_else_subtracts_one_within_1_and_cap():
-    ctl = HeuristicController(start=5, cap=10)
+    ctl = HeuristicController(control_config(cap=10), start=5)
     g = make_generator(0)
     accepted = [5, 7, 9, 3, 0]  # all, all, all (11 clamps to 10), partial, none
     lengths = [draft_round(ctl, g, lambda k, a=a: a)[0] for a in accepted]
     assert lengths == [5, 7, 9, 10, 9]
     assert ctl.max_len() == 8
 
-    ctl = HeuristicController(start=2, cap=10)
+    ctl = HeuristicController(control_config(cap=10), start=2)
     lengths = [draft_round(ctl, g, lambda k, a=a: a)[0] for a in [1, 0, 1, 3]]
     assert lengths == [2, 1, 1, 3]  # 2 -> 1 -> max(1, 0) = 1 -> 1 + 2 = 3
     assert ctl.max_len() == 5
@@ -143,9 +156,9 @@ def test_heuristic_adds_two_after_full_acceptance_else_subtracts_one_within_1_an
 # --------------------------------------------------------------------------------- hard cap
 
 
-@pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "cali_ts"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_hard_cap_always_stops_the_round(kind):
-    ctl = make_controller(kind, **ALWAYS_CONTINUE[kind])
+    ctl = always_continue(kind)
     g = make_generator(1)
     assert [draft_round(ctl, g)[0] for _ in range(20)] == [3] * 20
     assert ctl.max_len() == 3
@@ -156,7 +169,7 @@ def test_hard_cap_always_stops_the_round(kind):
 
 @pytest.mark.parametrize("kind", ["beta_ts", "cali_ts"])
 def test_cap_stop_is_recorded_without_sampling(kind):
-    ctl = make_controller(kind, **ALWAYS_CONTINUE[kind])
+    ctl = always_continue(kind)
     draft_round(ctl, make_generator(2))
     s = ctl.state()
     assert (s["cap"], s["cap_hit"], s["stop_reason"]) == (3, True, "cap")
@@ -170,7 +183,7 @@ def test_cap_stop_is_recorded_without_sampling(kind):
 @pytest.mark.parametrize("kind", ["beta_ts", "cali_ts"])
 def test_same_seed_reproduces_every_theta_and_decision(kind):
     def run(seed: int) -> list[dict]:
-        ctl, g = make_controller(kind), make_generator(seed)
+        ctl, g = default_controller(kind), make_generator(seed)
         out = []
         for _ in range(10):
             draft_round(ctl, g, lambda k: min(k, 2))
@@ -258,7 +271,7 @@ def test_gaussian_pdf_matches_closed_form():
 
 
 def test_beta_ts_continue_rate_equals_posterior_mean():
-    ctl, g = BetaTSController(alpha0=3.0, beta0=2.0, cap=2), make_generator(12)
+    ctl, g = BetaTSController(control_config(alpha0=3.0, beta0=2.0, cap=2)), make_generator(12)
     decisions = []
     for _ in range(20000):
         ctl.begin_round()
@@ -268,7 +281,8 @@ def test_beta_ts_continue_rate_equals_posterior_mean():
 
 
 def test_beta_ts_draft_length_is_geometric_with_mean_alpha_plus_beta_over_beta():
-    ctl, g = BetaTSController(alpha0=3.0, beta0=2.0, cap=64), make_generator(13)
+    ctl = BetaTSController(control_config(alpha0=3.0, beta0=2.0, cap=64))
+    g = make_generator(13)
     lengths = []
     for _ in range(5000):  # no observe: the posterior stays Beta(3, 2)
         ctl.begin_round()
@@ -281,7 +295,7 @@ def test_beta_ts_draft_length_is_geometric_with_mean_alpha_plus_beta_over_beta()
 
 
 def test_beta_ts_records_every_theta_and_decision():
-    ctl = BetaTSController(cap=16)
+    ctl = BetaTSController(control_config(cap=16))
     k, _ = draft_round(ctl, make_generator(4), lambda k: 0)
     steps = ctl.state()["steps"]
     assert len(steps) == k and [s["step"] for s in steps] == list(range(1, k + 1))
@@ -324,7 +338,8 @@ def test_theta_hat_rules_on_rounds_with_no_acceptance(rule, expected):
 
 
 def test_cali_controller_uses_eq_6_7_and_the_fixed_theta_hat_over_rounds():
-    ctl = CaliTSController(ConstantPredictor(0.3), sigma_M=0.2, sigma_S=0.4, theta_hat0=0.5)
+    ctl = CaliTSController(control_config(sigma_m=0.2, sigma_s=0.4, theta_hat0=0.5),
+                           ConstantPredictor(0.3))
     g = make_generator(9)
     expected = [  # (mu, sigma) at n = 0, 1, 2
         (0.3, 0.2),
@@ -345,7 +360,7 @@ def test_cali_controller_uses_eq_6_7_and_the_fixed_theta_hat_over_rounds():
 
 
 def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
-    ctl = CaliTSController(ConstantPredictor(0.3), sigma_M=0.2, sigma_S=0.4)
+    ctl = CaliTSController(control_config(sigma_m=0.2, sigma_s=0.4), ConstantPredictor(0.3))
     r1 = 1.0 - math.exp(-0.5)  # Box-Muller radius 1
     r4 = 1.0 - math.exp(-8.0)  # Box-Muller radius 4
     # step 1: z = +1 -> theta 0.5, u 0.4 -> go; step 2: z = -1 -> theta 0.1, u 0.2 -> stop
@@ -368,7 +383,8 @@ def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
 
 
 def test_cali_thetas_stay_in_0_1_under_a_wide_posterior():
-    ctl, g = CaliTSController(ConstantPredictor(1.0), sigma_M=1.0, cap=4), make_generator(10)
+    ctl = CaliTSController(control_config(sigma_m=1.0, cap=4, theta_m=1.0))
+    g = make_generator(10)
     steps = []
     for _ in range(100):  # no observe: the posterior stays N(1, 1)
         ctl.begin_round()
@@ -381,14 +397,14 @@ def test_cali_thetas_stay_in_0_1_under_a_wide_posterior():
 
 
 def test_cali_rejects_a_predictor_outside_0_1():
-    ctl = CaliTSController(lambda features: 1.5)
+    ctl = CaliTSController(control_config(), lambda features: 1.5)
     with pytest.raises(ValueError):
         ctl.should_continue(1, make_generator(0))
 
 
 def test_cali_passes_features_to_the_predictor():
     seen = []
-    ctl = CaliTSController(lambda f: seen.append(f) or 0.5)
+    ctl = CaliTSController(control_config(), lambda f: seen.append(f) or 0.5)
     feats = torch.ones(3)
     ctl.should_continue(1, make_generator(0), feats)
     assert seen == [feats]
@@ -397,9 +413,9 @@ def test_cali_passes_features_to_the_predictor():
 # -------------------------------------------------------------------- state, factory, errors
 
 
-@pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "cali_ts"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_state_is_json_serialisable_before_during_and_after_a_round(kind):
-    ctl, g = make_controller(kind), make_generator(0)
+    ctl, g = default_controller(kind), make_generator(0)
     snapshots = [ctl.state()]
     ctl.begin_round()
     ctl.should_continue(1, g)
@@ -411,46 +427,107 @@ def test_state_is_json_serialisable_before_during_and_after_a_round(kind):
     assert snapshots[-1]["kind"] == kind and snapshots[-1]["after"] is not None
 
 
-def test_controller_params_defaults_build_every_kind():
-    for kind, params in CONTROLLER_PARAMS.items():
-        defaults = {name: spec["default"] for name, spec in params.items()}
-        ctl = make_controller(kind, **defaults)
-        assert ctl.name == kind
-        assert all(spec["type"] in ("int", "float", "str") for spec in params.values())
-    assert CONTROLLER_PARAMS["beta_ts"]["update"]["choices"] == ["paper", "clean"]
-    assert CONTROLLER_PARAMS["cali_ts"]["theta_hat_rule"]["default"] == "accepted"
+def test_control_params_declare_every_control_config_field_once():
+    rows = {p.name: p for p in CONTROL_PARAMS}
+    assert len(rows) == len(CONTROL_PARAMS)
+    assert list(rows) == [f.name for f in fields(ControlConfig)]
+    assert rows["controller"].choices == tuple(KINDS)
+    assert rows["update"].choices == BETA_RULES and rows["update"].default == "paper"
+    assert rows["theta_hat_rule"].choices == THETA_HAT_RULES
+    assert rows["theta_hat_rule"].default == "accepted"
+    assert control_config() == ControlConfig(**{p.name: p.default for p in CONTROL_PARAMS})
 
 
-def test_make_controller_passes_parameters_and_rejects_unknown_ones():
-    assert make_controller("beta_ts", alpha0=2.0, update="clean").config.alpha0 == 2.0
-    assert make_controller("cali_ts", theta_M=0.7).predictor(None) == 0.7
-    with pytest.raises(ConfigError):
-        make_controller("nope")
-    with pytest.raises(ConfigError):
-        make_controller("fixed", gamma=3, alpha0=1.0)
+@pytest.mark.parametrize("kind", KINDS)
+def test_defaults_build_every_kind_and_its_state_names_its_parameters(kind):
+    ctl = default_controller(kind)
+    assert ctl.name == kind
+    config = ctl.state()["config"]
+    if kind == "fixed":
+        assert config == {"gamma": 5}
+    else:
+        assert set(config) <= {"start"} | {p.name for p in CONTROL_PARAMS}
+        assert config["cap"] == 16
+
+
+def test_make_controller_builds_the_kind_the_config_names():
+    assert make_controller(control_config(controller="beta_ts", alpha0=2.0, update="clean"),
+                           gamma=4).config.alpha0 == 2.0
+    assert make_controller(control_config(controller="cali_ts", theta_m=0.7),
+                           gamma=4).predictor(None) == 0.7
+    assert make_controller(control_config(controller="heuristic", cap=3), gamma=5).start == 3
+    assert make_controller(control_config(), gamma=6).max_len() == 6
+    bad = replace(control_config(), controller="nope")  # past validation
+    with pytest.raises(ConfigError, match="unknown controller 'nope'"):
+        make_controller(bad, gamma=3)
 
 
 @pytest.mark.parametrize(
-    "kind, params",
+    "values",
     [
-        ("fixed", {"gamma": 0}),
-        ("heuristic", {"start": 0}),
-        ("heuristic", {"start": 9, "cap": 4}),
-        ("beta_ts", {"alpha0": 0.0}),
-        ("beta_ts", {"update": "literal"}),
-        ("beta_ts", {"cap": 0}),
-        ("cali_ts", {"sigma_S": 0.0}),
-        ("cali_ts", {"theta_hat_rule": "x"}),
-        ("cali_ts", {"theta_M": 1.2}),
+        {"controller": "nope"},
+        {"gamma": 3},  # not a controller parameter
+        {"alpha0": 0.0},
+        {"update": "literal"},
+        {"cap": 0},
+        {"sigma_s": 0.0},
+        {"theta_hat_rule": "x"},
+        {"theta_m": 1.2},
     ],
 )
-def test_invalid_parameters_raise_config_error(kind, params):
+def test_invalid_parameters_raise_config_error(values):
     with pytest.raises(ConfigError):
-        make_controller(kind, **params)
+        control_config(**values)
+
+
+def test_fixed_and_heuristic_lengths_are_checked():
+    with pytest.raises(ConfigError):
+        FixedController(gamma=0)
+    with pytest.raises(ConfigError):
+        HeuristicController(control_config(), start=0)
+    with pytest.raises(ConfigError):
+        HeuristicController(control_config(cap=4), start=9)
+
+
+# -------------------------------------------------------- from a method's parameters
+
+NOT_DEFAULT = {  # a value other than the default for every controller parameter
+    "cap": 3, "alpha0": 2.5, "beta0": 0.5, "update": "clean", "sigma_m": 0.3, "sigma_s": 0.2,
+    "theta_hat0": 0.7, "theta_hat_rule": "paper", "theta_m": 0.8,
+}
+
+
+def _method(name: str, **given):
+    spec = METHODS[name]
+    return spec.make(validate_params(spec.all_params, given, name))
+
+
+@pytest.mark.parametrize("method", ["sd", "mcsd", "eesd"])
+@pytest.mark.parametrize("kind", ["heuristic", "beta_ts", "cali_ts"])
+def test_every_controller_parameter_reaches_the_controller_unchanged(method, kind):
+    rows = {p.name: p for p in METHODS[method].params}
+    assert all(rows[p.name] == p or p.name == "controller" for p in CONTROL_PARAMS)
+    assert all(rows[name].default != value for name, value in NOT_DEFAULT.items())
+    given = {**NOT_DEFAULT, "controller": kind}
+    ctl = _method(method, **given).controller  # mcsd's default 4x2x2 is 3 deep: cap 3 stays
+    assert ctl.name == kind
+    assert {p.name: getattr(ctl.config, p.name) for p in CONTROL_PARAMS} == given
+    assert ctl.state()["config"] == {
+        **({"start": 3} if kind == "heuristic" else {}),
+        **{name: given[name] for name in ctl.reads},
+    }
+    if kind == "cali_ts":
+        assert ctl.predictor(None) == 0.8
+
+
+def test_chain_lengths_come_from_gamma_and_a_trees_cap_from_its_depth():
+    assert _method("sd", gamma=7).controller.max_len() == 7
+    assert _method("eesd", gamma=2, controller="heuristic").controller.start == 2
+    assert _method("mcsd", k_config="2x2", controller="beta_ts", cap=16).controller.max_len() == 2
 
 
 def test_observe_rejects_impossible_counts_and_should_continue_needs_a_drafted_token():
-    ctl = BetaTSController()
+    ctl = BetaTSController(control_config())
     with pytest.raises(ValueError):
         ctl.observe(2, 3)
     with pytest.raises(ValueError):

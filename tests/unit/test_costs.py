@@ -43,6 +43,7 @@ def test_chain_cost_model_from_measured_phases():
     out = costs.cost_model(pair, "sd", {}, rounds, {})
     assert out["kind"] == "chain"
     assert out["c_draft"] == pytest.approx(0.2) and out["c_verify"] == pytest.approx(1.2)
+    # each round tested 2 drafts (accepted the 1st, rejected the 2nd): alpha = 2 / 4
     assert out["acceptance"] == pytest.approx(0.5) and out["gamma"] == pytest.approx(2)
     assert out["predicted_speedup"] == pytest.approx(1.75 / 1.6)
     assert out["measured_speedup"] == pytest.approx(4 * 0.1 / 0.36)
@@ -50,6 +51,15 @@ def test_chain_cost_model_from_measured_phases():
     assert out["break_even_acceptance"] == pytest.approx(
         costs.break_even_acceptance(2, 0.2, 1.2))
     assert "draft steps cost 0.20 of a target step" in out["summary"]
+
+
+def test_chain_acceptance_counts_only_tested_drafts():
+    t = {"score": 0.1}
+    rounds = [_chain_round(1, 0, t), _chain_round(2, 0, t), _chain_round(3, 1, t)]
+    # tested: round 1 one rejection, round 2 one rejection, round 3 accept + reject = 1 / 4
+    assert costs.chain_acceptance(rounds) == pytest.approx(1 / 4)
+    full = RoundTrace(4, drafted=2, accepted=2, target_calls=1)  # no rejection: 2 tested
+    assert costs.chain_acceptance([full]) == 1.0
 
 
 def test_a_plain_run_records_its_step_for_later_runs():

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.forest import PAD, ROOT, children, depths, path_to
+from engine.forest import PAD, ROOT, ancestors, attention_inputs, children, depths, path_to
 
 
 def test_depths_paths_and_children_follow_parent_pointers():
@@ -11,3 +11,78 @@ def test_depths_paths_and_children_follow_parent_pointers():
     assert path_to(par, 0, 3) == [0, 2, 3]
     assert children(par, 0, ROOT) == [0, 1]
     assert children(par, 0, 0) == [2]
+
+
+def test_ancestors_include_the_node_itself_and_stop_at_the_root():
+    par = torch.tensor([[ROOT, ROOT, 0, 2, PAD]])
+    assert ancestors(par)[0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [1, 0, 1, 1, 0],
+        [0, 0, 0, 0, 1],
+    ]
+
+
+def _inputs(**kw):
+    """(visibility (W, q, kv) as 0/1 lists, position ids as lists); checks the mask values."""
+    mask, pos = attention_inputs(dtype=torch.float32, **kw)
+    low = torch.finfo(torch.float32).min
+    assert bool(((mask == 0) | (mask == low)).all())
+    assert mask.shape[1] == 1 and mask.shape[2] == pos.shape[1]
+    return (mask[:, 0] == 0).int().tolist(), pos.tolist()
+
+
+def test_a_chain_after_its_one_token_tail_sees_the_prefix_and_its_ancestors():
+    vis, pos = _inputs(cached=3, tail=1, new_tail=1, parents=torch.tensor([[ROOT, 0, 1]]),
+                       new_nodes=3)
+    assert vis == [[
+        [1, 1, 1, 1, 0, 0, 0],  # the tail token (the root), position 3
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1, 1, 1],
+    ]]
+    assert pos == [[3, 4, 5, 6]]
+
+
+def test_two_branches_do_not_see_each_other_and_share_positions_by_depth():
+    vis, pos = _inputs(cached=2, tail=2, new_tail=0,
+                       parents=torch.tensor([[ROOT, ROOT, 0, 1]]), new_nodes=4)
+    assert vis == [[
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0, 1, 0],
+        [1, 1, 1, 1, 0, 1, 0, 1],
+    ]]
+    assert pos == [[4, 4, 5, 5]]
+
+
+def test_padding_nodes_see_the_prefix_and_themselves_only():
+    # node 0 of each row was fed by an earlier call; nodes 1 and 2 are fed now
+    vis, pos = _inputs(cached=1, tail=1, new_tail=0,
+                       parents=torch.tensor([[ROOT, 0, 1], [ROOT, PAD, PAD]]), new_nodes=2)
+    assert vis == [
+        [[1, 1, 1, 1, 0],
+         [1, 1, 1, 1, 1]],
+        [[1, 0, 0, 1, 0],
+         [1, 0, 0, 0, 1]],
+    ]
+    assert pos == [[3, 4], [1, 1]]
+
+
+def test_a_two_token_tail_is_causal_and_its_child_sees_all_of_it():
+    vis, pos = _inputs(cached=2, tail=2, new_tail=2, parents=torch.tensor([[ROOT]]),
+                       new_nodes=1)
+    assert vis == [[
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1],
+    ]]
+    assert pos == [[2, 3, 4]]
+
+
+def test_a_tail_without_a_forest_is_a_plain_causal_block():
+    vis, pos = _inputs(cached=0, tail=3, new_tail=3,
+                       parents=torch.zeros((1, 0), dtype=torch.long), new_nodes=0)
+    assert vis == [[[1, 0, 0], [1, 1, 0], [1, 1, 1]]]
+    assert pos == [[0, 1, 2]]

@@ -1,6 +1,7 @@
-"""alpha* of multi-draft speculative decoding (engine/optimal.py; note 002, Hu et al. 2025).
+"""alpha* of multi-draft speculative decoding (engine/optimal.py; Hu et al. 2025).
 
-The ground truth is the brute-force transport LP (Hu et al. Eq. 9) over every draft tuple, and
+The ground truth is the brute-force transport LP (Hu et al. Eq. 9, tests/oracles.py) over every
+draft tuple, and
 exact enumeration of each verifier's acceptance over every draft tuple.
 """
 
@@ -21,20 +22,17 @@ from engine.optimal import (
     _q_without_enum,
     _q_without_two,
     alpha_star,
-    bench_optimal,
-    draft_prob_of_set,
-    draft_tuple_probs,
     greedy_drafts_acceptance,
     kseq_acceptance,
-    kseq_rho,
-    lp_alpha_star,
-    lp_value,
     prefix_curve,
     ratio_order,
     rrs_wr_acceptance,
     scan_certificate,
     tv_distance,
 )
+from engine.optimal_bench import bench_optimal
+from engine.verify.token import kseq_rho
+from tests.oracles import draft_prob_of_set, draft_tuple_probs, lp_alpha_star, lp_value
 
 F64 = torch.float64
 
@@ -59,7 +57,7 @@ SEEDS = range(30)
 
 
 def _rrs_conditional(p: torch.Tensor, q: torch.Tensor, drafts, update_q: bool) -> float:
-    """RRS acceptance given the drafts (note 002 §3.1-3.2): sum_k a_k prod_{j<k} (1 - a_j)."""
+    """RRS acceptance given the drafts (Hu et al. App. A.1): sum_k a_k prod_{j<k} (1 - a_j)."""
     p_k, q_k, alpha, stay = p.clone(), q.clone(), 0.0, 1.0
     for x in drafts:
         a = 1.0 if q_k[x] <= 0 else min(1.0, float(p_k[x] / q_k[x]))
@@ -120,7 +118,8 @@ def test_without_replacement_q_matches_the_note_hand_example():
 
 
 def test_generating_function_q_disagrees_with_the_lp_for_sequential_drafts():
-    """The paper's Q = W_{n,H} / W_{n,Sigma} (note 002 §2.4) fits conditional-Poisson sets only.
+    """The paper's Q = W_{n,H} / W_{n,Sigma} (Hu et al. §4.2.2) fits conditional-Poisson sets
+    only (docs/derivations.md, Optimal multi-draft).
 
     Plugged into the same scan it matches the LP for conditional-Poisson drafts and misses
     the LP for sequential drafts: the LP check can fail.
@@ -184,7 +183,7 @@ def test_two_draft_closed_form_matches_enumeration_and_the_clock_at_large_v():
 
 
 def test_prefix_scan_is_the_subset_minimum_for_sequential_drafts():
-    """Hu et al. Thm. 6 needs q-convexity, which sequential Q can lack (note 002 §2.4)."""
+    """Hu et al. Thm. 6 needs q-convexity, which sequential Q can lack (docs/derivations.md)."""
     for seed in range(40):
         p, q, _ = _instance(seed, v_max=6)
         n = 2 + seed % 3
@@ -228,7 +227,7 @@ def test_greedy_verifier_attains_alpha_star_of_greedy_drafts():
         p, q, n = _instance(seed)
         tuples = draft_tuple_probs(q, n, "greedy")
 
-        def conditional(t):  # note 002 §4.2: a + (1 - a) P(T) / Z' on the random draft
+        def conditional(t):  # Hu et al. §5.2: a + (1 - a) P(T) / Z' on the random draft
             top = list(t[:-1]) if len(t) == n else list(t)
             if len(t) < n:  # supp q inside T: output ~ p
                 return float(p[top].sum())
@@ -247,7 +246,7 @@ def test_greedy_verifier_attains_alpha_star_of_greedy_drafts():
 def test_without_replacement_never_below_with_replacement():
     """Always true: sequential draws are the first n distinct values of an i.i.d. stream, so
     their set contains the i.i.d. drafts' set, and a with-replacement verifier fed a
-    simulated stream loses nothing (note 002 §3.4 observed it; this coupling proves it)."""
+    simulated stream loses nothing (observed numerically; this coupling proves it)."""
     for seed in range(60):
         p, q, n = _instance(seed, v_max=60, n_max=4)
         wo = alpha_star(p, q, n, "without_replacement").alpha

@@ -14,11 +14,11 @@ from engine.predictor import (
     CaliFeatures,
     CaliPredictor,
     draft_confidence,
-    file_digest,
     load_predictor,
     save_predictor,
 )
-from engine.train_predictor import (
+from engine.training.config import PredictorTrainConfig
+from engine.training.predictor import (
     PredictorData,
     auc,
     fit_standardisation,
@@ -26,6 +26,7 @@ from engine.train_predictor import (
     round_rows,
     train_predictor,
 )
+from engine.weights import file_digest
 
 
 def _hand_model(d=2):
@@ -124,8 +125,8 @@ def test_training_learns_a_learnable_signal_and_beats_the_base_rate():
     torch.manual_seed(0)
     m = CaliPredictor(4)
     fit_standardisation(m, train)
-    fit = train_predictor(m, train, held, epochs=15, lr=1e-2, weight_decay=0.0, batch=256,
-                          seed=0, log=lambda *_: None)
+    cfg = PredictorTrainConfig(epochs=15, lr=1e-2, weight_decay=0.0, batch=256)
+    fit = train_predictor(m, train, held, cfg, seed=0, log=lambda *_: None)
     metrics = predictor_metrics(m, held, fit["base_rate"])
     assert metrics["auc"] > 0.97
     assert metrics["brier"] < 0.4 * metrics["brier_constant_base_rate"]

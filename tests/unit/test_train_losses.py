@@ -1,4 +1,4 @@
-"""Draft-training objectives (engine/train.py) on hand-computed 3-token cases.
+"""Draft-training objectives (engine/training/losses.py) on hand-computed 3-token cases.
 
 Throughout: q = (0.3, 0.2, 0.5) is the draft and p = (0.5, 0.3, 0.2) the target; logits are
 log-probabilities, so the softmaxes give q and p back exactly.
@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from engine.errors import ConfigError
-from engine.train import (
+from engine.training.data import Example, build_shortlist
+from engine.training.drafter import replay_chain
+from engine.training.losses import (
     atspeed_r_loss,
     atspeed_s_loss,
     ce_loss,
     objective_loss,
-    replay_chain,
     tvd_loss,
     wordkd_loss,
 )
-from engine.train_data import Example, build_shortlist
 
 Q = torch.tensor([[0.3, 0.2, 0.5]]).log()
 P = torch.tensor([[0.5, 0.3, 0.2]]).log()

@@ -1,4 +1,4 @@
-"""Beam-level rules (engine/verify/beam.py): DSBD exactness and width DP, AtSpeed strict/relaxed.
+"""Beam-level rules (engine/verify/beam.py): DSBD exactness and width DP, AtSpeed relaxed.
 
 Exactness checks run the production rules under engine.verify.enumerate's chooser, which explores
 every accept / categorical branch with its exact float64 probability (no sampling noise).
@@ -13,17 +13,14 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from engine.sampling import Warp, make_generator
+from engine.sampling import make_generator
 from engine.trace import ACCEPTED, BONUS, RESAMPLED, TARGET
 from engine.verify.beam import (
     acceptance_alphas,
-    beam_distribution,
     bonus_layer,
     choose_width,
     relaxed_bonus_step,
     relaxed_verify_step,
-    strict_topk_check,
-    topk_pairs,
     verify_layer,
     width_distribution,
 )
@@ -111,7 +108,7 @@ def test_dsbd_layer_outputs_are_iid_p_beam_given_parents(
 
 
 def test_dropping_children_of_rejected_parents_without_residual_update_is_caught():
-    def naive(chooser):  # drop auto-rejected drafts; q stays unnormalised: note 001 Sec. 2.6b
+    def naive(chooser):  # drop auto-rejected drafts; q stays unnormalised (docs/derivations.md)
         cands = [c for c in draft(chooser, Q2, 3) if c[0] == 0]
         if not cands:
             return bonus_layer(P_HALF, 2, chooser).beams
@@ -263,42 +260,6 @@ def test_verify_layer_is_deterministic_and_leaves_inputs_untouched():
 def test_bonus_layer_draws_width_beams_from_p_beam():
     v = bonus_layer(P2, 3, make_generator(0))
     assert len(v.beams) == 3 and v.origins == (BONUS,) * 3 and v.tests == ()
-
-
-def test_beam_distribution_is_the_normalised_joint():
-    out = beam_distribution(torch.log(torch.tensor([0.25, 0.75])),
-                            torch.tensor([[0.5, 0.5], [0.2, 0.8]]))
-    assert_close(out, torch.tensor([[0.125, 0.125], [0.15, 0.6]], dtype=torch.float64))
-    masked = beam_distribution(torch.tensor([0.0, float("-inf")]),
-                               torch.tensor([[0.5, 0.5], [0.2, 0.8]]))
-    assert_close(masked, torch.tensor([[0.5, 0.5], [0.0, 0.0]], dtype=torch.float64))
-    top2 = beam_distribution(torch.log(torch.tensor([0.25, 0.75])),
-                             torch.tensor([[0.5, 0.5], [0.2, 0.8]]), Warp(top_k=2))
-    assert_close(top2, torch.tensor([[0.0, 0.0], [0.2, 0.8]], dtype=torch.float64))
-
-
-# ---------------------------------------------------------------- AtSpeed strict
-
-
-def test_strict_check_accepts_when_every_target_pair_is_drafted():
-    s = strict_topk_check([(0, 5), (1, 2)], [(1, 2), (0, 3), (0, 5)])
-    assert s.accepted and s.hits == ((0, 5), (1, 2)) and s.misses == ()
-    assert s.hit_indices == (2, 0) and s.beams == ((0, 5), (1, 2))
-
-
-def test_strict_check_rejects_on_any_miss_and_matches_parent_too():
-    s = strict_topk_check([(0, 5), (1, 2)], [(0, 5), (0, 2)])  # token 2 drafted under parent 0
-    assert not s.accepted and s.hits == ((0, 5),) and s.misses == ((1, 2),)
-    assert s.hit_indices == (0, -1)
-    bonus = strict_topk_check([(0, 1)], [])
-    assert not bonus.accepted and bonus.beams == ((0, 1),)
-
-
-def test_topk_pairs_ranks_by_score_and_skips_masked_parents():
-    scores = torch.tensor([[-1.0, -3.0, -0.5], [float("-inf")] * 3])
-    assert topk_pairs(scores, 2) == ((0, 2), (0, 0))
-    assert topk_pairs(scores, 5) == ((0, 2), (0, 0), (0, 1))
-    assert topk_pairs(torch.tensor([[-1.0, -1.0]]), 1) == ((0, 0),)  # tie -> lower index
 
 
 # ---------------------------------------------------------------- AtSpeed relaxed

@@ -93,7 +93,7 @@ def test_rule_output_distribution_equals_target(rule, scheme, case, n):
 
 
 def _rrs_wr_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """Note 002 §3.1: sum_k a_k prod_{j<k} (1 - a_j), a_k = sum min(p_k, q)."""
+    """Hu et al. App. A.1: sum_k a_k prod_{j<k} (1 - a_j), a_k = sum min(p_k, q)."""
     alpha, stay, p_k = 0.0, 1.0, p
     for _ in range(n):
         a_k = float(torch.minimum(p_k, q).sum())
@@ -103,7 +103,7 @@ def _rrs_wr_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
 
 
 def _rrs_wor_alpha(p: torch.Tensor, q: torch.Tensor, m: int) -> float:
-    """Note 002 §3.2 exact recursion (exponential in m)."""
+    """Hu et al. App. A.1, RRS without replacement: exact recursion (exponential in m)."""
     if m == 0 or float(q.sum()) <= 0:
         return 0.0
     res, _ = residual(p, q)
@@ -116,7 +116,7 @@ def _rrs_wor_alpha(p: torch.Tensor, q: torch.Tensor, m: int) -> float:
 
 
 def _kseq_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """Note 002 §3.3: 1 - (1 - beta(rho))^n with rho from an independent root finder."""
+    """Hu et al. App. A.2: 1 - (1 - beta(rho))^n with rho from an independent root finder."""
     def g(rho: float) -> float:
         beta = float(torch.minimum(p / rho, q).sum())
         return rho * beta - 1.0 + (1.0 - beta) ** n
@@ -126,7 +126,7 @@ def _kseq_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
 
 
 def _greedy_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """Note 002 §4.2 Theorem 7: P(T) + sum min(p, q'), T = Top_{n-1}(q) over q's support."""
+    """Hu et al. §5.2, Theorem 7: P(T) + sum min(p, q'), T = Top_{n-1}(q) over q's support."""
     k = min(n - 1, int((q > 0).sum()))
     top = sorted(range(q.numel()), key=lambda i: -float(q[i]))[:k]
     q_rest = without(q, top)
@@ -134,7 +134,7 @@ def _greedy_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
 
 
 def _naive_alpha(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """Note 003 §2.4, i.i.d. drafts: sum_y p(y) (1 - (1 - q(y))^n)."""
+    """MCSD MCNS (§4.5), i.i.d. drafts: sum_y p(y) (1 - (1 - q(y))^n)."""
     return float((p * (1.0 - (1.0 - q) ** n)).sum())
 
 
@@ -191,7 +191,7 @@ def test_exact_acceptance_runs_on_a_full_vocabulary():
     p, q = _random_dist(11, v), _random_dist(12, v)
     cands = draw_candidates(q, 3, "with_replacement", make_generator(0))
     p_k, want, stay = p, 0.0, 1.0
-    for x in cands:  # note 002 §3.2: c(x) = sum_k a_k prod_{j<k} (1 - a_j), a_k = p_k(x)/q(x)
+    for x in cands:  # Hu et al. App. A.1: c(x) = sum_k a_k prod_{j<k} (1 - a_j), a_k = p_k(x)/q(x)
         a = min(1.0, float(p_k[x] / q[x]))
         want, stay = want + stay * a, stay * (1 - a)
         p_k, _ = residual(p_k, q)

@@ -317,3 +317,35 @@ def test_compare_plan_runs_each_decode_once_with_plain_decodes_and_baseline():
     assert dict(narrow[1].params)["beams"] == 2  # the plain decode has the run's own width
     with pytest.raises(ConfigError, match="unknown method 'nope'"):
         compare.plan(["nope:x=1"], common)
+
+
+def test_a_live_render_updates_only_the_cheap_views():
+    import gradio as gr
+
+    from specviz.render import LIVE, render_live
+
+    state = demo_state().at(2)
+    out = dict(zip(OUTPUTS, render_live(state, forest=False)))
+    skipped = {k for k, v in out.items() if isinstance(v, type(gr.skip()))
+               and v == gr.skip()}
+    assert skipped == set(OUTPUTS) - set(LIVE)
+    assert out["round_md"].startswith("**Round 2**")
+    with_forest = dict(zip(OUTPUTS, render_live(state, forest=True)))
+    assert json.loads(with_forest["forest"].plot)["data"]  # the newest round's forest
+
+
+def test_live_renders_are_spaced_by_their_own_cost(monkeypatch):
+    from specviz import callbacks
+
+    now = [100.0]
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: now[0])
+    pace = callbacks.LivePace()
+    assert pace.due() and pace.forest_due() and not pace.forest_due()
+    pace.spent(0.3)  # a 300 ms render may come back only after 0.3 / DUTY seconds
+    now[0] += 0.3 / callbacks.LivePace.DUTY - 0.01
+    assert not pace.due()
+    now[0] += 0.02
+    assert pace.due() and pace.forest_due()
+    pace.spent(0.001)  # cheap renders still wait MIN_GAP_S
+    now[0] += callbacks.LivePace.MIN_GAP_S / 2
+    assert not pace.due()

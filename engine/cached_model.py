@@ -1,4 +1,4 @@
-"""Forest forward on stock transformers models, with KV-cache surgery.
+"""A KV-cached model: forest forward on stock transformers models, with cache surgery.
 
 A :class:`CachedModel` owns one model's ``DynamicCache`` for a set of beam rows. Its cache
 always holds a committed prefix of every row; committed tokens not yet in the cache form the
@@ -7,18 +7,21 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
 - every fed token sees the row's cached prefix, its ancestors and itself, through a
   full-width additive float 4D mask (transformers 5 uses a 4D mask as given);
 - position_ids = cached length + depth, so a node gets the position it would have in
-  sequential decoding;
+  sequential decoding (both from :func:`engine.forest.attention_inputs`);
+- :meth:`feed` returns a :class:`Scored`: logits and hidden states of what it fed;
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
   kept path (index_select / gather on the sequence axis), and reorders or duplicates rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 
 from engine.errors import UnsupportedModelError
-from engine.forest import PAD
+from engine.forest import attention_inputs
 
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -37,6 +40,17 @@ def check_supported(model: torch.nn.Module) -> None:
         raise UnsupportedModelError(f"sliding-window attention ('{kind}') is not supported")
 
 
+@dataclass(frozen=True, eq=False)
+class Scored:
+    """What one :meth:`CachedModel.feed` returns: the score step's logits and final (normed)
+    hidden states (the Cali-TS features, EESD Eq. 5)."""
+
+    node_logits: torch.Tensor  # (W, m, V) at the nodes fed by this call
+    node_hidden: torch.Tensor  # (W, m, d)
+    root_logits: torch.Tensor | None = None  # (W, V) after the newest committed token
+    root_hidden: torch.Tensor | None = None  # (W, d); both None unless the call fed the tail
+
+
 class CachedModel:
     """One model + its KV cache over W beam rows (see module docstring)."""
 
@@ -51,16 +65,9 @@ class CachedModel:
 
     # ----------------------------------------------------------------- state
     def _reset_round(self) -> None:
-        self.round_tokens: list[torch.Tensor] = []  # fed forest tokens, chunks of (W, m_i)
-        self.round_parents: list[torch.Tensor] = []
         self.round_par: torch.Tensor | None = None  # (W, f) parents of fed forest nodes
-        self.anc: torch.Tensor | None = None  # (W, f, f) forest ancestors (self included)
-        self.depth: torch.Tensor | None = None  # (W, f) forest depth
         self.tail_fed = 0  # tail tokens fed this round
         self.forest_fed = 0  # forest nodes fed this round
-        self.root_logits: torch.Tensor | None = None  # (W, V) logits after the tail
-        self.root_hidden: torch.Tensor | None = None  # (W, d) last hidden state there
-        self.node_hidden: torch.Tensor | None = None  # (W, m, d) of the last call's nodes
 
     def start(self, ids: torch.Tensor) -> None:
         """Begin a sequence: nothing cached, the whole prompt is the tail.
@@ -81,7 +88,8 @@ class CachedModel:
         return int(self.tail.shape[0])
 
     # --------------------------------------------------------------- forward
-    def feed(self, tokens: torch.Tensor | None = None, parents: torch.Tensor | None = None):
+    def feed(self, tokens: torch.Tensor | None = None,
+             parents: torch.Tensor | None = None) -> Scored:
         """Score the tail (first call of a round) and/or new forest nodes in one forward.
 
         Args:
@@ -89,10 +97,8 @@ class CachedModel:
             parents: (W, m) forest node ids of the same row already fed (or in this call,
                 earlier), ROOT for children of the newest committed token, PAD for padding.
         Returns:
-            (W, m, V) logits of the new nodes (m may be 0). After the round's first call,
-            ``root_logits`` (W, V) holds the logits after the newest committed token and
-            ``root_hidden`` (W, d) the final (normed) hidden state there; ``node_hidden``
-            (W, m, d) holds this call's node states (Cali-TS features, EESD Eq. 5).
+            the new nodes' logits and hidden states (m may be 0), and on the round's first
+            call those after the newest committed token (the root).
         """
         W = self.width
         if tokens is None:
@@ -100,9 +106,16 @@ class CachedModel:
             parents = tokens.clone()
         tokens, parents = tokens.to(self.device), parents.to(self.device)
         t_new = self.tail.shape[1] - self.tail_fed
-        ids, pos, mask = self._inputs(tokens, parents, t_new)
+        par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
+        self.round_par = par  # (W, f) forest parents, forest index space
+        mask, pos = attention_inputs(cached=self.base, tail=self.tail.shape[1], new_tail=t_new,
+                                     parents=par, new_nodes=tokens.shape[1],
+                                     dtype=self.dtype)  # (W, 1, q, kv), (W, q)
+        ids = torch.cat([self.tail[:, self.tail.shape[1] - t_new:], tokens], 1)  # (W, q)
         if ids.shape[1] == 0:
-            return torch.zeros((W, 0, self.model.config.vocab_size), device=self.device)
+            cfg = self.model.config
+            return Scored(torch.zeros((W, 0, cfg.vocab_size), device=self.device),
+                          torch.zeros((W, 0, cfg.hidden_size), device=self.device))
         with torch.no_grad():  # the causal-LM forward, split to keep the hidden states
             hidden = self.model.model(
                 input_ids=ids,
@@ -112,61 +125,12 @@ class CachedModel:
                 use_cache=True,
             ).last_hidden_state  # (W, t_new + m, d)
             logits = self.model.get_output_embeddings()(hidden)  # (W, t_new + m, V)
-        if t_new:
-            self.root_logits = logits[:, t_new - 1]
-            self.root_hidden = hidden[:, t_new - 1]
-            self.tail_fed += t_new
-        self.node_hidden = hidden[:, t_new:]
+        self.tail_fed += t_new
         self.forest_fed += tokens.shape[1]
-        return logits[:, t_new:]
-
-    def _inputs(self, tokens: torch.Tensor, parents: torch.Tensor, t_new: int):
-        """input_ids, position_ids and the 4D additive mask for tail + nodes.
-
-        Key columns: cached prefix (base) | tail (a causal chain) | forest nodes fed so far.
-        """
-        W, m = tokens.shape
-        t_all, f_old = self.tail.shape[1], self.forest_fed
-        self._extend_forest(parents)
-        f = f_old + m
-        dev = self.device
-        tail_rows = torch.zeros((W, t_new, t_all + f), dtype=torch.bool, device=dev)
-        tail_rows[:, :, :t_all] = torch.ones((t_new, t_all), dtype=torch.bool,
-                                             device=dev).tril(t_all - t_new)
-        node_rows = torch.cat(
-            [(parents != PAD)[:, :, None].expand(W, m, t_all), self.anc[:, f_old:f, :f]], dim=2
-        )  # (W, m, t_all + f): a node sees the whole tail and its forest ancestors
-        vis = torch.cat(
-            [torch.ones((W, t_new + m, self.base), dtype=torch.bool, device=dev),
-             torch.cat([tail_rows, node_rows], dim=1)], dim=2,
-        )  # (W, t_new + m, base + t_all + f)
-        tail_pos = torch.arange(t_all - t_new, t_all, device=dev).expand(W, t_new)
-        node_pos = torch.where(parents == PAD, 0, t_all - 1 + self.depth[:, f_old:f])
-        pos = self.base + torch.cat([tail_pos, node_pos], dim=1)  # (W, t_new + m)
-        ids = torch.cat([self.tail[:, t_all - t_new :], tokens], dim=1)  # (W, t_new + m)
-        mask = torch.zeros(vis.shape, dtype=self.dtype, device=dev)
-        mask = mask.masked_fill(~vis, torch.finfo(self.dtype).min)[:, None]  # (W, 1, q, kv)
-        return ids, pos, mask
-
-    def _extend_forest(self, parents: torch.Tensor) -> None:
-        """Ancestor closure (self included) and depths of the round's forest nodes.
-
-        Repeated squaring of the parent relation: log2(depth) boolean matmuls instead of a
-        Python loop over nodes.
-        """
-        par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
-        self.round_par = par  # (W, f) forest parents, forest index space
-        W, f = par.shape
-        reach = torch.eye(f, device=self.device).expand(W, f, f).clone()  # (W, f, f)
-        rows, cols = (par >= 0).nonzero(as_tuple=True)
-        reach[rows, cols, par[rows, cols]] = 1.0
-        while f:
-            nxt = ((reach @ reach) > 0).float()
-            if torch.equal(nxt, reach):
-                break
-            reach = nxt
-        self.anc = reach > 0
-        self.depth = self.anc.sum(-1)  # (W, f) 1 = child of the root
+        root = (None, None)
+        if t_new:  # the newest committed token was fed: (W, V) logits, (W, d) state
+            root = (logits[:, t_new - 1], hidden[:, t_new - 1])
+        return Scored(logits[:, t_new:], hidden[:, t_new:], *root)
 
     # ---------------------------------------------------------------- commit
     def commit(

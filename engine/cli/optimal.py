@@ -3,12 +3,14 @@ what RRS (with / without replacement), K-SEQ and greedy drafts achieve (Hu et al
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 
 import torch
 
+from engine.cli.flags import add_model_flags, add_prompt_flags, pair_from_flags, read_prompts
+from engine.errors import ConfigError
 from engine.optimal import (
     alpha_star,
     greedy_drafts_acceptance,
@@ -24,14 +26,14 @@ COLUMNS = ("tv", "opt_wr", "opt_wor", "opt_greedy", "rrs_wr", "rrs_wor", "kseq",
 
 def rrs_wor_acceptance(p: torch.Tensor, q: torch.Tensor, n: int,
                        branch: int = 48) -> tuple[float, float]:
-    """Expected acceptance of RRS without replacement (note 002 §3.2 recursion):
+    """Expected acceptance of RRS without replacement (Hu et al., App. A; the recursion is
+    derived in docs/derivations.md, Optimal multi-draft):
 
         alpha(p, q, m) = sum_x min(q, p) + sum_x (q - p)_+(x) alpha(Res(p - q), q^{-x}, m - 1)
 
     The recursion is exponential in n, so only the `branch` largest weights (q - p)_+ are
     expanded at the first level (half as many at each deeper one); the rest is bounded by its
-    weight (alpha <= 1). Returns
-    (lower bound, upper bound) of the exact value.
+    weight (alpha <= 1). Returns (lower bound, upper bound) of the exact value.
     """
     base = float(torch.minimum(p, q).sum()) if n > 0 else 0.0
     if n <= 1:  # alpha(., ., 1) = sum min(q, p) exactly; alpha(., ., 0) = 0
@@ -103,29 +105,25 @@ def checks(rows: list[dict]) -> dict:
     }
 
 
-def add_arguments(p) -> None:
-    from engine.__main__ import add_model_args, add_prompt_args
-
-    add_prompt_args(p)
-    add_model_args(p)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_prompt_flags(p, batch=True)
+    add_model_flags(p)
     p.add_argument("--n", type=int, default=3, help="drafts per position")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=16, help="positions to walk")
     p.add_argument("--json", action="store_true")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import engine
-    from engine.__main__ import read_prompts
-    from engine.errors import ConfigError
 
     if not (1 <= args.n <= 4) or args.max_new_tokens < 1 or args.temperature <= 0:
         raise ConfigError("need 1 <= --n <= 4, --max-new-tokens >= 1, --temperature > 0")
-    pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
-                            dtype=args.dtype, early_exit_layers=args.early_exit_layers)
+    prompts = read_prompts(args)
+    pair = pair_from_flags(args)
     warp = Warp(args.temperature)
     report = []
-    for prompt in read_prompts(args):
+    for prompt in prompts:
         ids = engine.encode_prompt(pair, prompt, args.raw)
         toks, rows = walk(pair, ids, args.n, args.max_new_tokens, warp)
         report.append({"prompt": prompt, "tokens": toks, "rows": rows, "checks": checks(rows)})
@@ -136,5 +134,5 @@ def run(args) -> int:
     for rep in report:
         print(f"prompt: {rep['prompt']!r}  (n = {args.n}, T = {args.temperature})")
         print(table(rep["rows"]))
-        print("checks:", json.dumps(rep["checks"]), file=sys.stdout)
+        print("checks:", json.dumps(rep["checks"]))
     return 0

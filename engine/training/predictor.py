@@ -1,7 +1,8 @@
-"""Training the Cali-TS predictor theta_M (EESD Eq. 5, note 004 §2.4 a) for one drafter.
+"""Training the Cali-TS predictor theta_M (EESD §3.3, Eq. 5) for one drafter.
 
-Labels come from simulated draft rounds on target-generated sequences (note 004 §2.4 a,
-[IMPL-REC]): every position r is a possible round root; draft step i (1-based) is labelled
+EESD trains theta_M with cross-entropy on the true chi (does the draft token equal the
+target's?). Here the labels come from simulated draft rounds on target-generated sequences:
+every position r is a possible round root; draft step i (1-based) is labelled
 chi = 1 when the drafter's greedy token at position r + i - 1 equals the target's greedy token
 there, and the step is kept only when steps 1..i-1 matched too (as in a real round, where the
 decision after a mismatch does not matter). Teacher forcing on the sequence is exact for
@@ -12,6 +13,8 @@ token) gets no target state, like round 0 at inference.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.paths import ASSETS
-from engine.predictor import MAX_STEP, CaliPredictor, draft_confidence
-
-FEATURES = ("paper", "confidence")  # hidden states only (EESD Eq. 5), or + draft confidence
+from engine.drafters import load_trained
+from engine.errors import ConfigError
+from engine.predictor import MAX_STEP, CaliPredictor, draft_confidence, save_predictor
+from engine.training.config import DataConfig, PredictorTrainConfig
+from engine.training.data import Example, Progress, TrainData, predictor_examples
+from engine.weights import PREDICTOR_FILE, WEIGHTS_FILE, file_digest, target_fingerprint
 
 
 @dataclass
@@ -82,7 +87,8 @@ def sequence_states(target: nn.Module, drafter: nn.Module, ids: list[int], start
             draft_confidence(q_logits).cpu())
 
 
-def build_rows(target: nn.Module, drafter: nn.Module, examples, progress=None) -> PredictorData:
+def build_rows(target: nn.Module, drafter: nn.Module, examples: list[Example],
+               progress=None) -> PredictorData:
     """PredictorData over every example (each a sequence with its generation start)."""
     steps, hts, hds, chis, confs = [], [], [], [], []
     for e in examples:
@@ -153,20 +159,19 @@ def auc(score: torch.Tensor, label: torch.Tensor) -> float:
 
 
 def train_predictor(model: CaliPredictor, train: PredictorData, heldout: PredictorData,
-                    epochs: int, lr: float, weight_decay: float, batch: int, seed: int,
-                    log=print) -> dict:
+                    cfg: PredictorTrainConfig, *, seed: int, log=print) -> dict:
     """AdamW on BCE; the epoch with the best held-out BCE is kept (early stopping)."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     base = float(train.chi.mean())
     best = {"bce": predictor_metrics(model, heldout, base)["bce"], "epoch": 0,
             "state": {k: v.clone() for k, v in model.state_dict().items()}}
     history = []
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, cfg.epochs + 1):
         order = torch.randperm(len(train), generator=gen)
         total = 0.0
-        for b in range(0, len(train), batch):
-            rows = order[b: b + batch]
+        for b in range(0, len(train), cfg.batch):
+            rows = order[b: b + cfg.batch]
             logits = model(train.step[rows], train.h_t[rows], train.h_d[rows],
                            train.conf[rows])  # (B,)
             loss = F.binary_cross_entropy_with_logits(logits, train.chi[rows])
@@ -186,100 +191,42 @@ def train_predictor(model: CaliPredictor, train: PredictorData, heldout: Predict
     return {"history": history, "best_epoch": best["epoch"], "base_rate": base}
 
 
-def add_arguments(p) -> None:
-    """Predictor flags of `python -m engine train-draft`."""
-    p.add_argument("--predictor-only", action="store_true",
-                   help="train only the Cali-TS predictor for the drafter already in --out")
-    p.add_argument("--no-predictor", action="store_true", help="skip the Cali-TS predictor")
-    p.add_argument("--predictor-epochs", type=int, default=8)
-    p.add_argument("--predictor-lr", type=float, default=1e-3)
-    p.add_argument("--predictor-weight-decay", type=float, default=0.1)
-    p.add_argument("--predictor-batch", type=int, default=512)
-    p.add_argument("--predictor-prompts", default=str(ASSETS / "predictor_prompts.txt"),
-                   help="prompts for the predictor's training rows, unseen by the drafter "
-                        "('' = the drafter's training sequences)")
-    p.add_argument("--predictor-features", default="confidence", choices=FEATURES,
-                   help="paper: hidden states only (EESD Eq. 5); confidence: + the draft's "
-                        "confidence in its token")
-
-
-def predictor_examples(args, pair, eos: set[int], pad: int, work, bar) -> list:
-    """Target continuations (greedy + hybrid samples) of --predictor-prompts, cached in `work`.
-
-    The drafter must not have seen them: on its own training sequences its acceptance is far
-    higher than on new text (0.65 vs 0.35 for the shipped drafter), and a predictor fitted
-    there learns the wrong base rate.
-    """
-    import hashlib
-    import json
-
-    from engine.drafters import target_fingerprint
-    from engine.train_data import Example, generate_examples, prompt_ids_of
-
-    prompts = prompt_ids_of(pair, Path(args.predictor_prompts), 0)
-    key = {"prompts": prompts, "fingerprint": target_fingerprint(pair.target),
-           **{k: getattr(args, k) for k in ("max_new_tokens", "greedy_prefix",
-                                            "sample_temperature", "seed")}}
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    cache = Path(work) / f"predictor-tokens-{digest}.json"
-    if cache.is_file():
-        return [Example(e["ids"], e["start"], e["kind"]) for e in json.loads(cache.read_text())]
-    kw = dict(eos=eos, pad=pad, batch=args.gen_batch)
-    progress = bar(2 * len(prompts), "predictor data")
-    out = generate_examples(pair.target, prompts, "greedy", args.max_new_tokens,
-                            progress=progress, **kw)
-    with torch.random.fork_rng():
-        torch.manual_seed(args.seed * 1000 + 999)
-        out += generate_examples(pair.target, prompts, "sample", args.max_new_tokens,
-                                 progress=progress, greedy_prefix=args.greedy_prefix,
-                                 temperature=args.sample_temperature, **kw)
-    progress.close()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps([{"ids": e.ids, "start": e.start, "kind": e.kind}
-                                 for e in out]))
-    return out
-
-
-def run(args, pair, data, out, bar, eos: set[int], pad: int, work) -> dict:
+def train_for_drafter(pair, data: TrainData, cfg: PredictorTrainConfig, data_cfg: DataConfig,
+                      *, seed: int, eos: AbstractSet[int], pad: int, out: Path, work: Path,
+                      progress: Progress) -> dict:
     """Train, evaluate and save the predictor for the drafter in `out`; returns its recipe.
 
-    Training rows come from --predictor-prompts (prompts the drafter never saw; default: the
-    drafter's training sequences when empty), held-out rows from the drafter's held-out set.
+    Training rows come from `cfg.prompts` (prompts the drafter never saw; when empty, the
+    drafter's training sequences), held-out rows from the drafter's held-out set.
     """
-    import time
-
-    from engine.drafters import WEIGHTS_FILE, load_trained, target_fingerprint
-    from engine.errors import ConfigError
-    from engine.predictor import PREDICTOR_FILE, file_digest, save_predictor
-
     t0 = time.perf_counter()
-    weights = out / WEIGHTS_FILE
+    weights = Path(out) / WEIGHTS_FILE
     drafter = load_trained(pair.target, weights)
     if drafter is None:
         raise ConfigError(f"no drafter for this target in {weights} (train it first)")
-    examples = predictor_examples(args, pair, eos, pad, work, bar) \
-        if args.predictor_prompts else data.train
-    progress = bar(len(examples) + len(data.heldout), "predictor rows")
-    train = build_rows(pair.target, drafter.model, examples, progress)
-    held = build_rows(pair.target, drafter.model, data.heldout, progress)
-    progress.close()
-    torch.manual_seed(args.seed)
-    n_conf = 2 if args.predictor_features == "confidence" else 0
+    examples = predictor_examples(pair, data_cfg, Path(cfg.prompts), seed=seed, eos=eos,
+                                  pad=pad, progress=progress, work=work) \
+        if cfg.prompts else data.train
+    bar = progress(len(examples) + len(data.heldout), "predictor rows")
+    train = build_rows(pair.target, drafter.model, examples, bar)
+    held = build_rows(pair.target, drafter.model, data.heldout, bar)
+    bar.close()
+    torch.manual_seed(seed)
+    n_conf = 2 if cfg.features == "confidence" else 0
     model = CaliPredictor(pair.target.config.hidden_size, n_conf=n_conf)
     fit_standardisation(model, train)
     base = float(train.chi.mean())
     before = predictor_metrics(model, held, base)
-    fit = train_predictor(model, train, held, args.predictor_epochs, args.predictor_lr,
-                          args.predictor_weight_decay, args.predictor_batch, args.seed)
+    fit = train_predictor(model, train, held, cfg, seed=seed)
     after = predictor_metrics(model, held, base)
-    path = save_predictor(out / PREDICTOR_FILE, model, {
+    path = save_predictor(Path(out) / PREDICTOR_FILE, model, {
         "target": target_fingerprint(pair.target), "drafter_sha1": file_digest(weights)})
     return {
         "file": PREDICTOR_FILE, "bytes": path.stat().st_size,
-        "features": args.predictor_features,
+        "features": cfg.features,
         "rows": {"train": len(train), "heldout": len(held)},
         "train_sequences": len(examples),
-        "prompts": str(args.predictor_prompts or "the drafter's training prompts"),
+        "prompts": str(cfg.prompts or "the drafter's training prompts"),
         "train_acceptance": base, "heldout_at_init": before, "heldout": after,
         "suggested_sigma_M": after["rmse"], **fit,
         "seconds": round(time.perf_counter() - t0, 1),

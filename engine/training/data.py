@@ -1,9 +1,10 @@
 """Training data of the early-exit drafter: target-generated sequences and cached states.
 
 Greedy and hybrid sampled continuations (LLM-QAT: the first tokens greedy, the rest sampled)
-of a prompt set, or the target's top-K beams for the beam objectives (AtSpeed §2:
-D' = TopK(M_p(x))); token sequences are cached per data setting, and the frozen layer-N
-states H^N (and the target's final states for the teacher objectives) are computed once.
+of a prompt set (EESD §3.2), or the target's top-K beams for the beam objectives (AtSpeed
+§3.2: D' = TopK(M_p(x))); token sequences are cached per data setting, and the frozen layer-N
+states H^N (and the target's final states for the teacher objectives) are computed once, so a
+training step runs only Transformer^e, the norm and the (frozen) head.
 """
 
 from __future__ import annotations
@@ -11,16 +12,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from engine.drafters import build_early_exit_model
 from engine.errors import ConfigError
+from engine.training.config import DataConfig, DrafterTrainConfig
+from engine.weights import target_fingerprint
 
-BEAM_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")
-TEACHER_OBJECTIVES = ("wordkd", "tvdkd", "atspeed_s", "atspeed_r")  # need the target's p
+Progress = Callable[[int, str], Any]  # (total, description) -> a tqdm-like bar
 
 
 @dataclass
@@ -36,18 +42,20 @@ class Example:
 
 @dataclass
 class TrainData:
+    """Training and held-out examples."""
+
     train: list[Example] = field(default_factory=list)
     heldout: list[Example] = field(default_factory=list)
 
 
-def _cut_eos(row: list[int], eos: set[int]) -> list[int]:
+def _cut_eos(row: list[int], eos: AbstractSet[int]) -> list[int]:
     for i, tok in enumerate(row):
         if tok in eos:
             return row[: i + 1]
     return row
 
 
-def hf_generate(model: nn.Module, prompts: list[list[int]], eos: set[int], pad: int,
+def hf_generate(model: nn.Module, prompts: list[list[int]], eos: AbstractSet[int], pad: int,
                 capture: int | None = None, **kw) -> tuple[list[list[int]], list | None]:
     """Batched generate() with left padding.
 
@@ -89,8 +97,8 @@ def _example(prompt: list[int], new: list[int], kind: str, state=None) -> Exampl
     return e
 
 
-def generate_examples(model: nn.Module, prompts: list[list[int]], mode: str, max_new: int,
-                      batch: int, eos: set[int], pad: int, greedy_prefix: int = 4,
+def generate_examples(model: nn.Module, prompts: list[list[int]], mode: str, max_new: int, *,
+                      batch: int, eos: AbstractSet[int], pad: int, greedy_prefix: int = 4,
                       temperature: float = 1.0, beams: int = 4, capture: int | None = None,
                       progress=None) -> list[Example]:
     """Target continuations of every prompt: 'greedy', 'sample' (hybrid: greedy_prefix tokens
@@ -136,7 +144,7 @@ def _right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs])  # (B, width)
 
 
-def in_batches(examples: list[Example], max_tokens: int):
+def in_batches(examples: list[Example], max_tokens: int) -> Iterator[list[Example]]:
     """Length-sorted groups of examples with at most max_tokens padded tokens each."""
     order = sorted(examples, key=lambda e: len(e.ids))
     group: list[Example] = []
@@ -151,12 +159,10 @@ def in_batches(examples: list[Example], max_tokens: int):
 
 def exit_model(target: nn.Module, n_layers: int) -> nn.Module:
     """The target's first N layers with no final norm: last_hidden_state = H^N."""
-    from engine.drafters import build_early_exit_model
-
     return build_early_exit_model(target, n_layers, None, norm=nn.Identity())
 
 
-def cache_hidden(target: nn.Module, n_layers: int, examples: list[Example], pad: int,
+def cache_hidden(target: nn.Module, n_layers: int, examples: list[Example], *, pad: int,
                  teacher: bool, max_tokens: int = 4096, progress=None) -> None:
     """Fill missing h_exit (H^N: the frozen layers only) and, if teacher, missing h_target
     (a full target pass)."""
@@ -179,7 +185,7 @@ def cache_hidden(target: nn.Module, n_layers: int, examples: list[Example], pad:
 
 
 def build_shortlist(examples: list[Example], vocab: int, size: int,
-                    always: set[int]) -> torch.Tensor:
+                    always: AbstractSet[int]) -> torch.Tensor:
     """(S,) sorted token ids: `always`, then generated tokens by frequency, then lowest ids."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for e in examples:
@@ -202,6 +208,7 @@ def build_shortlist(examples: list[Example], vocab: int, size: int,
 
 
 def prompt_ids_of(pair, path: Path, limit: int) -> list[list[int]]:
+    """Token ids of the prompts in a file, one per non-empty line (chat template applied)."""
     from engine.api import encode_prompt
 
     if not path.is_file():
@@ -210,86 +217,136 @@ def prompt_ids_of(pair, path: Path, limit: int) -> list[list[int]]:
     return [encode_prompt(pair, ln) for ln in (lines[:limit] if limit else lines)]
 
 
-def generate_data(args, pair, held: list[list[int]], train: list[list[int]], eos: set[int],
-                  pad: int, bar) -> TrainData:
+def generate_data(pair, cfg: DataConfig, drafter: DrafterTrainConfig, held: list[list[int]],
+                  train: list[list[int]], *, seed: int, eos: AbstractSet[int], pad: int,
+                  progress: Progress) -> TrainData:
     """Target continuations: greedy for held-out prompts; greedy + hybrid samples (or the
     top-K beams for the beam objectives) for training prompts."""
-    model, kw = pair.target, dict(eos=eos, pad=pad, batch=args.gen_batch, capture=args.layers)
-    beam = args.objective in BEAM_OBJECTIVES
-    rounds = [train[: round(len(train) * min(1.0, args.samples - s))]
-              for s in range(math.ceil(args.samples))] if not beam else []
-    progress = bar(len(held) + len(train) + sum(len(r) for r in rounds), "generate")
+    model = pair.target
+    kw = dict(eos=eos, pad=pad, batch=cfg.gen_batch, capture=drafter.layers)
+    rounds = [train[: round(len(train) * min(1.0, cfg.samples - s))]
+              for s in range(math.ceil(cfg.samples))] if not drafter.beam else []
+    bar = progress(len(held) + len(train) + sum(len(r) for r in rounds), "generate")
     data = TrainData()
-    data.heldout = generate_examples(model, held, "greedy", args.max_new_tokens,
-                                     progress=progress, **kw)
-    if beam:
-        data.train = generate_examples(model, train, "beam", args.max_new_tokens,
-                                       beams=args.beams, progress=progress, **kw)
+    data.heldout = generate_examples(model, held, "greedy", cfg.max_new_tokens, progress=bar,
+                                     **kw)
+    if drafter.beam:
+        data.train = generate_examples(model, train, "beam", cfg.max_new_tokens,
+                                       beams=cfg.beams, progress=bar, **kw)
     else:
-        data.train = generate_examples(model, train, "greedy", args.max_new_tokens,
-                                       progress=progress, **kw)
+        data.train = generate_examples(model, train, "greedy", cfg.max_new_tokens,
+                                       progress=bar, **kw)
         for s, chosen in enumerate(rounds):
             with torch.random.fork_rng():
-                torch.manual_seed(args.seed * 1000 + s)
+                torch.manual_seed(seed * 1000 + s)
                 data.train += generate_examples(
-                    model, chosen, "sample", args.max_new_tokens, progress=progress,
-                    greedy_prefix=args.greedy_prefix, temperature=args.sample_temperature,
-                    **kw)
-    progress.close()
+                    model, chosen, "sample", cfg.max_new_tokens, progress=bar,
+                    greedy_prefix=cfg.greedy_prefix, temperature=cfg.sample_temperature, **kw)
+    bar.close()
     return data
 
 
-def _token_cache(args, target, prompts: list[list[int]], work: Path) -> Path:
-    """Where the generated token sequences of these settings are cached."""
-    from engine.drafters import target_fingerprint
-
-    beam = args.objective in BEAM_OBJECTIVES
-    key = {"prompts": prompts, "fingerprint": target_fingerprint(target), "beam": beam,
-           **{k: getattr(args, k) for k in ("heldout_every", "max_new_tokens", "samples",
-                                            "greedy_prefix", "sample_temperature", "seed")},
-           "beams": args.beams if beam else 0}
+def _cache_file(work: Path, prefix: str, key: dict) -> Path:
+    """Where the token sequences of one data setting are cached (a digest of the key)."""
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return work / f"tokens-{digest}.json"
+    return Path(work) / f"{prefix}-{digest}.json"
 
 
-def build_data(args, pair, eos: set[int], pad: int, bar, work: Path) -> TrainData:
+def _token_cache(cfg: DataConfig, beam: bool, seed: int, target: nn.Module,
+                 prompts: list[list[int]], work: Path) -> Path:
+    """Where the generated token sequences of these settings are cached."""
+    key = {"prompts": prompts, "fingerprint": target_fingerprint(target), "beam": beam,
+           "heldout_every": cfg.heldout_every, "max_new_tokens": cfg.max_new_tokens,
+           "samples": cfg.samples, "greedy_prefix": cfg.greedy_prefix,
+           "sample_temperature": cfg.sample_temperature, "seed": seed,
+           "beams": cfg.beams if beam else 0}
+    return _cache_file(work, "tokens", key)
+
+
+def _load_tokens(cache: Path) -> TrainData:
+    """Examples (ids only) from a token cache, with the target states kept beside it."""
+    raw = json.loads(cache.read_text())
+    data = TrainData(*[[Example(e["ids"], e["start"], e["kind"]) for e in raw[part]]
+                       for part in ("train", "heldout")])
+    states = cache.with_suffix(".states.pt")
+    if states.is_file():  # the target's final states, kept from generation
+        saved = torch.load(states)
+        for part in ("train", "heldout"):
+            for e, h in zip(getattr(data, part), saved[part]):
+                e.h_target = h.float() if h is not None else None
+    return data
+
+
+def _save_tokens(cache: Path, data: TrainData) -> None:
+    """Write the examples' ids to the token cache and their target states beside it."""
+    parts = ("train", "heldout")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({part: [{"ids": e.ids, "start": e.start, "kind": e.kind}
+                                        for e in getattr(data, part)] for part in parts}))
+    torch.save({part: [e.h_target.half() if e.h_target is not None else None
+                       for e in getattr(data, part)] for part in parts},
+               cache.with_suffix(".states.pt"))
+
+
+def build_data(pair, cfg: DataConfig, drafter: DrafterTrainConfig, *, seed: int,
+               eos: AbstractSet[int], pad: int, progress: Progress, work: Path) -> TrainData:
     """Train / held-out examples (token sequences cached in `work`) with hidden states."""
-    prompts = prompt_ids_of(pair, Path(args.prompts), args.limit_prompts)
-    every = args.heldout_every
+    prompts = prompt_ids_of(pair, Path(cfg.prompts), cfg.limit_prompts)
+    every = cfg.heldout_every
     held = [p for i, p in enumerate(prompts) if i % every == every - 1]
     train = [p for i, p in enumerate(prompts) if i % every != every - 1]
     if not train or not held:
         raise ConfigError("need at least one training and one held-out prompt")
-    cache = _token_cache(args, pair.target, prompts, work)
-    states = cache.with_suffix(".states.pt")
+    cache = _token_cache(cfg, drafter.beam, seed, pair.target, prompts, work)
     if cache.is_file():
-        raw = json.loads(cache.read_text())
-        data = TrainData(*[[Example(e["ids"], e["start"], e["kind"]) for e in raw[part]]
-                           for part in ("train", "heldout")])
-        if states.is_file():  # the target's final states, kept from generation
-            saved = torch.load(states)
-            for part in ("train", "heldout"):
-                for e, h in zip(getattr(data, part), saved[part]):
-                    e.h_target = h.float() if h is not None else None
+        data = _load_tokens(cache)
     else:
-        data = generate_data(args, pair, held, train, eos, pad, bar)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({part: [{"ids": e.ids, "start": e.start, "kind": e.kind}
-                                            for e in getattr(data, part)]
-                                     for part in ("train", "heldout")}))
-        torch.save({part: [e.h_target.half() if e.h_target is not None else None
-                           for e in getattr(data, part)] for part in ("train", "heldout")},
-                   states)
-    teacher = args.objective in TEACHER_OBJECTIVES
-    progress = bar(len(data.train) + len(data.heldout), "hidden states")
-    cache_hidden(pair.target, args.layers, data.train, pad, teacher, progress=progress)
-    cache_hidden(pair.target, args.layers, data.heldout, pad,
-                 teacher or args.objective in BEAM_OBJECTIVES, progress=progress)
-    progress.close()
+        data = generate_data(pair, cfg, drafter, held, train, seed=seed, eos=eos, pad=pad,
+                             progress=progress)
+        _save_tokens(cache, data)
+    bar = progress(len(data.train) + len(data.heldout), "hidden states")
+    cache_hidden(pair.target, drafter.layers, data.train, pad=pad, teacher=drafter.teacher,
+                 progress=bar)
+    cache_hidden(pair.target, drafter.layers, data.heldout, pad=pad,
+                 teacher=drafter.teacher or drafter.beam, progress=bar)
+    bar.close()
     return data
 
 
+def predictor_examples(pair, cfg: DataConfig, prompts: Path, *, seed: int,
+                       eos: AbstractSet[int], pad: int, progress: Progress,
+                       work: Path) -> list[Example]:
+    """Target continuations (greedy + hybrid samples) of the predictor's prompts, cached in
+    `work`.
+
+    The drafter must not have seen them: on its own training sequences its acceptance is far
+    higher than on new text (0.65 vs 0.35 for the shipped drafter), and a predictor fitted
+    there learns the wrong base rate.
+    """
+    ids = prompt_ids_of(pair, Path(prompts), 0)
+    key = {"prompts": ids, "fingerprint": target_fingerprint(pair.target),
+           "max_new_tokens": cfg.max_new_tokens, "greedy_prefix": cfg.greedy_prefix,
+           "sample_temperature": cfg.sample_temperature, "seed": seed}
+    cache = _cache_file(work, "predictor-tokens", key)
+    if cache.is_file():
+        return [Example(e["ids"], e["start"], e["kind"]) for e in json.loads(cache.read_text())]
+    kw = dict(eos=eos, pad=pad, batch=cfg.gen_batch)
+    bar = progress(2 * len(ids), "predictor data")
+    out = generate_examples(pair.target, ids, "greedy", cfg.max_new_tokens, progress=bar, **kw)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed * 1000 + 999)
+        out += generate_examples(pair.target, ids, "sample", cfg.max_new_tokens, progress=bar,
+                                 greedy_prefix=cfg.greedy_prefix,
+                                 temperature=cfg.sample_temperature, **kw)
+    bar.close()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps([{"ids": e.ids, "start": e.start, "kind": e.kind}
+                                 for e in out]))
+    return out
+
+
 def data_stats(data: TrainData, shortlist: torch.Tensor | None) -> dict:
+    """Sizes of the data set (and the shortlist's held-out coverage) for the recipe."""
     gen = [t for e in data.train for t in e.ids[e.start:]]
     stats = {"train_sequences": len(data.train), "heldout_sequences": len(data.heldout),
              "train_generated_tokens": len(gen),

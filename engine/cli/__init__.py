@@ -1,0 +1,51 @@
+"""Command line: python -m engine {methods, generate, bench, optimal, train-draft}.
+
+Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``, listed
+in COMMANDS; a module that fails to import is an error, never a missing subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from types import ModuleType
+
+from engine.cli import bench, generate, methods, optimal, train_draft
+from engine.cli.flags import OneLineParser
+from engine.errors import SpecvizError
+
+COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
+    ("methods", "list methods with their parameters", methods),
+    ("generate", "run one method on a prompt", generate),
+    ("bench", "time methods against generate() (markdown + JSON)", bench),
+    ("optimal", "alpha* per position vs what RRS, K-SEQ and greedy drafts achieve", optimal),
+    ("train-draft", "train the EESD early-exit drafter and its Cali-TS predictor", train_draft),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m engine", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for name, help_text, module in COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse argv, apply the thread rule (engine/threads.py), run the subcommand."""
+    args = build_parser().parse_args(argv)
+    try:
+        from engine import threads
+
+        threads.configure()  # the same thread rule as the app
+        return int(args.run(args) or 0)
+    except SpecvizError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

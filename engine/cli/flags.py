@@ -1,0 +1,129 @@
+"""Flags shared by the subcommands (models, prompts, method parameters) and the parser that
+reports bad usage in one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.errors import ConfigError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports bad usage in one line ``error: ...``, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+# ------------------------------------------------------------------------------ models
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """--target / --draft specs (engine.models.parse_model_spec), device, dtype, layers."""
+    p.add_argument("--target", default="embedded",
+                   help="embedded | tiny | tiny:{json} | local dir | hub id")
+    p.add_argument("--draft", default=None,
+                   help="early-exit (default) | early-exit:N | tiny | tiny:{json} | local dir "
+                        "| hub id")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--early-exit-layers", type=int, default=None,
+                   help="N first layers of the early-exit drafter (same as early-exit:N)")
+
+
+def pair_from_flags(args: argparse.Namespace):
+    """The ModelPair the model flags name."""
+    import engine
+
+    return engine.load_pair(target=args.target, draft=args.draft, device=args.device,
+                            dtype=args.dtype, early_exit_layers=args.early_exit_layers)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def add_prompt_flags(p: argparse.ArgumentParser, *, batch: bool = False) -> None:
+    """--prompt TEXT | --prompt-file PATH (one whole prompt, byte for byte) and, for a
+    batch, --prompts-jsonl PATH (one prompt per line); --raw."""
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", help="the prompt")
+    g.add_argument("--prompt-file", help="a file that is one whole prompt, byte for byte")
+    if batch:
+        g.add_argument("--prompts-jsonl",
+                       help='one prompt per line: a JSON string or {"prompt": "..."}')
+    p.add_argument("--raw", action="store_true", help="no chat template")
+
+
+def read_prompt_file(path: str | Path) -> str:
+    """The whole file as one prompt: UTF-8, nothing stripped, newlines as written."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"prompt file not found: {path}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"prompt file is not UTF-8: {path} ({e.reason})") from e
+    if not text.strip():
+        raise ConfigError(f"prompt file is empty: {path}")
+    return text
+
+
+def read_prompts_jsonl(path: str | Path) -> list[str]:
+    """One prompt per non-blank line: a JSON string or an object with a string "prompt"."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"prompts file not found: {path}")
+    prompts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"{path}:{n}: not JSON ({e})") from e
+        prompt = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(prompt, str):
+            raise ConfigError(f'{path}:{n}: expected a JSON string or {{"prompt": "..."}}')
+        if not prompt.strip():
+            raise ConfigError(f"{path}:{n}: prompt is empty")
+        prompts.append(prompt)
+    if not prompts:
+        raise ConfigError(f"prompts file is empty: {path}")
+    return prompts
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The one prompt of --prompt or --prompt-file."""
+    prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+    if not prompt.strip():
+        raise ConfigError("prompt is empty")
+    return prompt
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts of a batch: --prompts-jsonl, or the one of --prompt / --prompt-file."""
+    if getattr(args, "prompts_jsonl", None) is not None:
+        return read_prompts_jsonl(args.prompts_jsonl)
+    return [read_prompt(args)]
+
+
+# ------------------------------------------------------------------- method parameters
+
+def add_method_param_flags(p: argparse.ArgumentParser) -> None:
+    """One optional flag per parameter name of any method (checked per method later)."""
+    from engine.methods import METHODS
+
+    names: list[str] = []
+    for spec in METHODS.values():
+        for param in spec.all_params:
+            if param.name not in names:
+                names.append(param.name)
+                p.add_argument(param.flag, dest=param.name, default=None, help=param.help)
+    p.set_defaults(param_names=tuple(names))
+
+
+def method_params(args: argparse.Namespace) -> dict[str, str]:
+    """The method parameters given on the command line (as typed, not yet validated)."""
+    return {n: getattr(args, n) for n in args.param_names if getattr(args, n) is not None}

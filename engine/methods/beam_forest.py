@@ -1,0 +1,258 @@
+"""What every beam method shares: the draft forest over W beams, reading the target at forest
+positions, node traces and the round verdict, and the beam start.
+
+Every beam method keeps W rows (beams) with running scores (cumulative target log-probs) in
+``ctx.scores``; a round's forest holds one draft tree per row, and a verdict's ``rows`` says which
+old row each new beam descends from (the loop reorders/duplicates both caches with it). Used by
+``engine.methods.beam`` (beam search, beam sampling, AtSpeed strict) and ``engine.methods.dsbd``
+(DSBD, AtSpeed relaxed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.beamsearch import NEG_SCORE, BeamConfig, finalize, init_beams
+from engine.config import ParamSpec
+from engine.errors import ConfigError
+from engine.forest import PAD, ROOT, Forest, path_to
+from engine.methods.base import RoundVerdict
+from engine.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
+
+Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)
+DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows
+Select = Callable[[torch.Tensor], tuple[list[int], torch.Tensor | None]]
+
+
+# ------------------------------------------------------------------ draft forest (propose)
+
+
+@dataclass
+class Level:
+    """One draft depth, nodes in draft order (index j = draft index of the layer)."""
+
+    parents: list[int]  # index into the previous level (level 0 = the W roots)
+    tokens: list[int]
+    pos: list[Pos]  # where each node lives in the forest
+    q_beam: torch.Tensor | None  # (B_prev, V) law the nodes were drawn from (sampled drafts)
+
+
+def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> Forest:
+    """The draft's beam search / beam sampling over ``depth`` steps from the W live rows.
+
+    One draft forward per depth scores all trees (a node's parent is a node of its own row;
+    rows are padded with PAD nodes to a common width per depth).
+
+    Args:
+        root_scores: (W,) prior log-weight of each root (the target's running scores).
+        select: (B, V) joint draft log-scores -> (flat indices of the drafted nodes in draft
+            order, (B, V) law they were drawn from or None).
+    """
+    W = ctx.width
+    toks: list[list[int]] = [[] for _ in range(W)]
+    pars: list[list[int]] = [[] for _ in range(W)]
+    qtok: list[list[float]] = [[] for _ in range(W)]
+    logits = ctx.draft_feed().root_logits  # (W, V)
+    pos: list[Pos] = [(r, ROOT) for r in range(W)]
+    scores = torch.tensor(root_scores, dtype=torch.float32)  # (B,)
+    levels: list[Level] = []
+    for d in range(depth):
+        lq = torch.log_softmax(logits.float().cpu(), dim=-1)  # (B, V)
+        joint = scores[:, None] + lq  # (B, V) cumulative draft log-scores
+        picks, q_beam = select(joint)
+        if not picks:
+            break
+        start = len(toks[0])
+        level = _add_level(picks, joint.shape[1], pos, lq, q_beam, toks, pars, qtok)
+        levels.append(level)
+        scores, pos = joint.reshape(-1)[picks], level.pos
+        if d + 1 < depth:  # the deepest level needs no draft forward
+            out = ctx.draft_feed(torch.tensor([t[start:] for t in toks]),
+                                 torch.tensor([p[start:] for p in pars])).node_logits
+            # out: (W, m, V)
+            logits = torch.stack([out[r, n - start] for r, n in pos])  # (B, V)
+    forest = Forest(tokens=torch.tensor(toks, dtype=torch.long).reshape(W, -1),
+                    parents=torch.tensor(pars, dtype=torch.long).reshape(W, -1),
+                    q_tok=torch.tensor(qtok, dtype=torch.float32).reshape(W, -1))
+    forest.extras["levels"] = levels
+    return forest
+
+
+def _add_level(picks, vocab, pos, lq, q_beam, toks, pars, qtok) -> Level:
+    """Append the picked (parent, token) nodes to their rows, then pad the rows evenly."""
+    level = Level([i // vocab for i in picks], [i % vocab for i in picks], [], q_beam)
+    for b, v in zip(level.parents, level.tokens):
+        row, node = pos[b]
+        level.pos.append((row, len(toks[row])))
+        toks[row].append(v)
+        pars[row].append(node)
+        qtok[row].append(float(lq[b, v].exp()))
+    width = max(len(t) for t in toks)
+    for t, p, q in zip(toks, pars, qtok):
+        pad = width - len(t)
+        t.extend([0] * pad)
+        p.extend([PAD] * pad)
+        q.extend([0.0] * pad)
+    return level
+
+
+def forest_depth(forest: Forest) -> int:
+    return len(forest.extras.get("levels", ()))
+
+
+# ------------------------------------------------------------------ verify helpers
+
+
+def target_logprobs(p_root: torch.Tensor, p_nodes: torch.Tensor, pos: list[Pos]) -> torch.Tensor:
+    """(n, V) float32 log_softmax of the target logits after each position (rows, nodes)."""
+    rows = [p_root[r] if n == ROOT else p_nodes[r, n] for r, n in pos]
+    return torch.log_softmax(torch.stack(rows).float().cpu(), dim=-1)
+
+
+def node_target_probs(p_root: torch.Tensor, p_nodes: torch.Tensor, forest: Forest) -> torch.Tensor:
+    """(W, M) target probability p(token | parent) of every forest node (PAD nodes: junk)."""
+    W, M = forest.tokens.shape
+    if M == 0:
+        return torch.zeros((W, 0))
+    idx = (forest.parents.cpu() + 1).clamp_min(0)  # (W, M) ROOT -> 0, node n -> n + 1
+    rows = torch.arange(W)[:, None].expand(W, M)
+    logits = torch.cat([p_root[:, None], p_nodes], dim=1).float().cpu()  # (W, 1 + M, V)
+    lp = torch.log_softmax(logits, dim=-1)  # (W, 1 + M, V)
+    return lp[rows, idx, forest.tokens.cpu()].exp()  # (W, M)
+
+
+def children_of(forest: Forest) -> dict[Pos, dict[int, int]]:
+    """{(row, parent node): {token: first drafted child}} over the real (non-PAD) nodes."""
+    kids: dict[Pos, dict[int, int]] = {}
+    for r, (toks, pars) in enumerate(zip(forest.tokens.tolist(), forest.parents.tolist())):
+        for n, (t, p) in enumerate(zip(toks, pars)):
+            if p != PAD:
+                kids.setdefault((r, p), {}).setdefault(t, n)
+    return kids
+
+
+@dataclass(frozen=True)
+class NewBeam:
+    """One beam of the round's output: a token appended after a target position."""
+
+    parent: Pos
+    token: int
+    origin: str  # ORIGIN_* of the appended token
+    score: float  # cumulative target log-prob after the token (NEG_SCORE once finished)
+
+
+def path_of(ctx, forest: Forest, pos: Pos) -> tuple[list[int], list[int]]:
+    """(forest nodes, generated token ids) from the row's first generated token to ``pos``."""
+    row, node = pos
+    nodes = path_to(forest.parents, row, node) if node != ROOT else []
+    return nodes, ctx.seqs[row] + [int(forest.tokens[row, n]) for n in nodes]
+
+
+def record_finished(ctx, forest: Forest, pos: Pos, token: int, origin: str) -> tuple[int, ...]:
+    """Store the origins of a finished hypothesis (for the text view); returns its token ids."""
+    nodes, ids = path_of(ctx, forest, pos)
+    key = tuple(ids + [token])
+    org = [(ACCEPTED, ctx.round_index)] * len(nodes) + [(origin, ctx.round_index)]
+    ctx.finished_origins[key] = list(ctx.origins[pos[0]]) + org
+    return key
+
+
+def beam_verdict(ctx, forest: Forest, beams: list[NewBeam], **kw) -> RoundVerdict:
+    """RoundVerdict committing ``beams``: rows = root row, path = the accepted drafted nodes."""
+    paths = [path_of(ctx, forest, b.parent)[0] for b in beams]
+    k = len(paths[0])
+    if any(len(p) != k for p in paths):
+        raise RuntimeError("beam verdict: new beams must all advance the same number of steps")
+    path_tokens = [[int(forest.tokens[b.parent[0], n]) for n in p] for b, p in zip(beams, paths)]
+    return RoundVerdict(
+        rows=torch.tensor([b.parent[0] for b in beams], dtype=torch.long),
+        path_nodes=torch.tensor(paths, dtype=torch.long).reshape(len(beams), k),
+        path_tokens=torch.tensor(path_tokens, dtype=torch.long).reshape(len(beams), k),
+        new_tokens=torch.tensor([[b.token] for b in beams], dtype=torch.long),
+        origins=[[ACCEPTED] * k + [b.origin] for b in beams],
+        scores=[float(b.score) for b in beams],
+        **kw,
+    )
+
+
+def node_traces(ctx, forest: Forest, p_tok: torch.Tensor, status: dict[Pos, str],
+                beams: list[NewBeam], depth: int) -> tuple[NodeTrace, ...]:
+    """Every real forest node with its status, plus one pseudo node per undrafted output token."""
+    out = []
+    for r in range(forest.width):
+        d: dict[int, int] = {}
+        for n, (t, p) in enumerate(zip(forest.tokens[r].tolist(), forest.parents[r].tolist())):
+            if p == PAD:
+                continue
+            d[n] = 1 if p == ROOT else d[p] + 1
+            out.append(NodeTrace(n, p, r, d[n], t, ctx.decode(t), float(forest.q_tok[r, n]),
+                                 float(p_tok[r, n]), status.get((r, n), NOT_REACHED)))
+    extra = forest.size
+    for b in beams:
+        if b.origin == ACCEPTED:
+            continue
+        row, node = b.parent
+        out.append(NodeTrace(extra, node, row, depth, b.token, ctx.decode(b.token), None, None,
+                             b.origin))
+        extra += 1
+    return tuple(out)
+
+
+def stop_reason(ctx, depth: int) -> str:
+    return "max_new_tokens" if depth >= ctx.remaining else "eos"
+
+
+# ------------------------------------------------------------------ shared start
+
+
+class BeamStart:
+    """W rows of the prompt with scores [0, -1e9, ...] (generate's beam initialisation)."""
+
+    start_width = 1
+
+    def start(self, ctx) -> None:
+        w = self.start_width
+        ctx.seqs, ctx.origins = [[] for _ in range(w)], [[] for _ in range(w)]
+        ctx.scores = [0.0] + [NEG_SCORE] * (w - 1)
+        self.cfg = BeamConfig.from_generation_config(
+            ctx.pair.target.generation_config, w, ctx.cfg.max_new_tokens, len(ctx.prompt_ids))
+        self.state = init_beams(torch.tensor([ctx.prompt_ids]), self.cfg)
+
+    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
+        return None
+
+    def final(self) -> tuple[BeamTrace, ...]:
+        return tuple(BeamTrace(h.tokens, h.score, True) for h in finalize(self.state, self.cfg))
+
+
+# ------------------------------------------------------------------ parameters
+
+BEAMS = ParamSpec("beams", int, 4, "target beams K", min=1, max=64)
+DRAFT_BEAMS = ParamSpec("draft_beams", int, 8, "draft beams N per depth (N >= K)", min=1,
+                        max=256)
+GAMMA = ParamSpec("gamma", int, 3, "draft depth (beam steps drafted per round)", min=1, max=16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BeamWidthConfig:
+    """beam and beam_sample: the number of target beams K."""
+
+    beams: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtSpeedConfig:
+    """atspeed_strict and atspeed_relaxed: K target beams, N >= K draft beams, gamma draft
+    steps."""
+
+    beams: int
+    draft_beams: int
+    gamma: int
+
+    def __post_init__(self) -> None:
+        if self.draft_beams < self.beams:
+            raise ConfigError(f"draft_beams must be >= beams ({self.draft_beams} < "
+                              f"{self.beams})")
