@@ -25,14 +25,15 @@ def tiny_model(layers: int, seed: int):
 
 
 def position_probs(model) -> dict[tuple[int, ...], list[float]]:
-    """P(x_i | prompt, x_<i) for every continuation x and position i (temperature 1)."""
-    probs = {}
+    """P(x_i | prompt, x_<i) for every continuation x and position i (temperature 1), all
+    V^NEW continuations in one batch."""
+    seqs = list(itertools.product(range(V), repeat=NEW))
+    ids = torch.tensor([PROMPT + list(seq) for seq in seqs])  # (V^NEW, T)
     with torch.no_grad():
-        for seq in itertools.product(range(V), repeat=NEW):
-            ids = torch.tensor([PROMPT + list(seq)])  # (1, T)
-            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)  # (T, V)
-            probs[seq] = [float(logp[len(PROMPT) - 1 + i, seq[i]].exp()) for i in range(NEW)]
-    return probs
+        logits = model(input_ids=ids).logits[:, len(PROMPT) - 1:-1]  # (V^NEW, NEW, V)
+    logp = torch.log_softmax(logits.double(), -1)  # (V^NEW, NEW, V)
+    picked = logp.gather(-1, ids[:, len(PROMPT):, None])[..., 0].exp()  # (V^NEW, NEW)
+    return {seq: row for seq, row in zip(seqs, picked.tolist())}
 
 
 def exact_law(*models) -> dict[tuple[int, ...], float]:
@@ -44,11 +45,15 @@ def exact_law(*models) -> dict[tuple[int, ...], float]:
             for seq in tables[id(models[0])]}
 
 
-def sample_counts(pair, method: str, params: dict, seeds) -> dict[tuple[int, ...], int]:
-    """How often each continuation comes out of one run per seed (temperature 1)."""
+def sample_counts(pair, method: str, params: dict, seeds,
+                  memo: dict | None = None) -> dict[tuple[int, ...], int]:
+    """How often each continuation comes out of one run per seed (temperature 1). memo (seed
+    -> continuation) keeps the runs: a seeded run is the same run whichever test asks."""
+    memo = {} if memo is None else memo
     counts: dict[tuple[int, ...], int] = {}
-    for seed in seeds:
-        tr = engine.generate(pair, PROMPT, method, max_new_tokens=NEW, temperature=1.0,
-                             seed=int(seed), **params)
-        counts[tr.token_ids] = counts.get(tr.token_ids, 0) + 1
+    for seed in map(int, seeds):
+        if seed not in memo:
+            memo[seed] = engine.generate(pair, PROMPT, method, max_new_tokens=NEW,
+                                         temperature=1.0, seed=seed, **params).token_ids
+        counts[memo[seed]] = counts.get(memo[seed], 0) + 1
     return counts

@@ -45,6 +45,13 @@ def law(pair):
 
 
 @pytest.fixture(scope="module")
+def runs() -> dict:
+    """(method, params) -> {seed: continuation} of the right rules: the mixture control reuses
+    the sd test's runs."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def pair_size(law, models):
     """N for every method on this pair, and the line stating it and its power."""
     return exactness_size(law, exact_law(models[1]))
@@ -60,11 +67,12 @@ def pair_size(law, models):
     ("greedy_drafts", {"k_config": "3x2"}),
     ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
 ])
-def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, method,
-                                                                 params, stats_summary):
+def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, runs,
+                                                                 method, params, stats_summary):
     n, note = pair_size
     stats_summary.append(f"{method} {params}: {note}")
-    stat, threshold = chi_square(sample_counts(pair, method, params, range(n)), law, n)
+    memo = runs.setdefault((method, repr(params)), {})
+    stat, threshold = chi_square(sample_counts(pair, method, params, range(n), memo), law, n)
     assert stat < threshold, (method, params, n, stat, threshold)
 
 
@@ -93,17 +101,20 @@ def test_the_check_rejects_a_rule_that_ignores_the_target(pair, law, always_acce
 
 @pytest.mark.slow
 def test_the_check_rejects_a_rule_that_ignores_the_target_in_a_few_runs(
-        pair, law, always_accept_law, monkeypatch, stats_summary):
+        pair, law, always_accept_law, runs, monkeypatch, stats_summary):
     """Runs that always accept in a fraction e of the seeds (drawn independently), sd
-    otherwise: the law (1 - e) p + e always_accept_law at TV distance TV from p."""
+    otherwise (the sd test's runs where it made them): the law (1 - e) p + e always_accept_law
+    at TV distance TV from p."""
     e = TV / tv(law, always_accept_law)
     n, note = control_size(law, mixture_at_tv(law, always_accept_law, TV))
     stats_summary.append(f"control, sd always accepting in {e:.1%} of runs: {note}")
     bad = np.random.default_rng(12345).random(n) < e  # (n,) which seeds run the wrong rule
-    counts = sample_counts(pair, "sd", {"gamma": 2}, np.flatnonzero(~bad))
+    sd = {"gamma": 2}
+    memo = runs.setdefault(("sd", repr(sd)), {})  # the sd test's runs
+    counts = sample_counts(pair, "sd", sd, np.flatnonzero(~bad), memo)
     monkeypatch.setitem(token_rules.RULES, "sd", _always_accept)
     monkeypatch.setitem(token_method.RULES, "sd", _always_accept)
-    for seq, k in sample_counts(pair, "sd", {"gamma": 2}, np.flatnonzero(bad)).items():
+    for seq, k in sample_counts(pair, "sd", sd, np.flatnonzero(bad)).items():
         counts[seq] = counts.get(seq, 0) + k
     stat, threshold = chi_square(counts, law, n)
     assert stat > threshold, (n, int(bad.sum()), stat, threshold)
