@@ -168,7 +168,8 @@ def _quiet_transformers() -> None:
 
 # ------------------------------------------------------------------------- model specs
 
-SPEC_KINDS = ("embedded", "tiny", "early-exit", "local", "hub")
+SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "local", "hub")
+NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class ModelSpec:
     text: str  # the spec as written (the display name of tiny, local and hub models)
     tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
     early_exit: str = ""  # early-exit: its name in engine.drafters.EARLY_EXIT_SPECS
-    layers: int | None = None  # early-exit:N -> N first layers of the target
+    layers: int | None = None  # early-exit:N -> N first layers of the target; ngram:N -> max n
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
@@ -187,7 +188,8 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of engine.drafters.EARLY_EXIT_SPECS,
-    each with an optional ':N'. Anything else that starts with 'tiny' is a path or hub id."""
+    each with an optional ':N'; 'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
+    engine.ngram). Anything else that starts with 'tiny' is a path or hub id."""
     from engine.drafters import EARLY_EXIT_SPECS
 
     text = (text or "").strip()
@@ -196,14 +198,18 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
             return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
         raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
     head, colon, rest = text.partition(":")
-    if head.lower() in EARLY_EXIT_SPECS:
+    if head.lower() in EARLY_EXIT_SPECS + NGRAM_SPECS:
+        ngram = head.lower() in NGRAM_SPECS
         if not draft:
-            raise ConfigError(f"'{text}' is a drafter made from the target, not a target")
+            raise ConfigError(f"'{text}' is a drafter, not a target")
         layers = None
         if colon:
+            what = "n-gram length" if ngram else "early-exit layers"
             if not rest.strip().isdigit() or int(rest) < 1:
-                raise ConfigError(f"early-exit layers must be a positive integer, got '{rest}'")
+                raise ConfigError(f"{what} must be a positive integer, got '{rest}'")
             layers = int(rest)
+        if ngram:
+            return ModelSpec("ngram", text, layers=layers)
         return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
     if text.lower() in EMBEDDED_ALIASES:
         return ModelSpec("embedded", text)
@@ -228,8 +234,8 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
     parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
     if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
         return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
-    if parsed.kind == "early-exit":
-        raise ConfigError(f"'{parsed.text}' is a drafter made from the target, not a model")
+    if parsed.kind in ("early-exit", "ngram"):
+        raise ConfigError(f"'{parsed.text}' is a drafter, not a model")
     if parsed.kind == "tiny":
         try:
             cfg = tiny_config(**parsed.tiny)
@@ -306,6 +312,12 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
         # the shipped trained early exit when it was made for this target
         drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers)
+        dname = drafter.name
+    elif isinstance(draft, ModelSpec) and draft.kind == "ngram":
+        from engine.ngram import MAX_N, NGramDrafter
+
+        vocab = int(tmodel.get_output_embeddings().weight.shape[0])
+        drafter = NGramDrafter(vocab, max_n=draft.layers or MAX_N)
         dname = drafter.name
     else:
         dmodel, dtok, dname = load_model(draft, dev, dt)

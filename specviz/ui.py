@@ -91,7 +91,7 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
         c["preset"] = gr.Dropdown(names, value=match, label="Preset")
         c["target"] = gr.Textbox(target, label="Target (p): embedded, hub id or local dir")
         c["draft"] = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
-                                "the target's first N layers")
+                                "the target's first N layers; ngram = prompt lookup")
     with gr.Row():
         c["upload"] = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
                                       elem_id="sv-import")

@@ -96,13 +96,19 @@ def powers(law: dict, wrong: dict, n: int) -> str:
 
 
 def exactness_size(law: dict, q_law: dict, distance: float = TV) -> tuple[int, str]:
-    """N for an exactness test: power >= POWER against the law of a rule that ignores p in
-    just enough runs to be distance (TV) away from p, the mixture towards q's law. Also a line
-    stating N and the power against that mixture and against q's law itself."""
-    mixture = mixture_at_tv(law, q_law, distance)
-    n = sample_size(law, mixture)
-    return n, (f"N={n}, {powers(law, mixture, n)} against the TV {distance} mixture, "
-               f"{powers(law, q_law, n)} against q's law (TV {tv(law, q_law):.2f})")
+    """N for an exactness test: power >= POWER against each of two laws at TV distance from
+    p: the law of a rule that ignores p in just enough runs (the mixture towards q's law),
+    and a deviation spread over every cell (the mixture towards the uniform law; the harder
+    one to detect when q is concentrated where p is small, as a lookup drafter's is). Also a
+    line stating N and the powers."""
+    uniform = {c: 1.0 / len(law) for c in law}
+    alternatives = {"q": mixture_at_tv(law, q_law, distance),
+                    "uniform": mixture_at_tv(law, uniform, distance)}
+    n = max(sample_size(law, w) for w in alternatives.values())
+    parts = [f"{powers(law, w, n)} against the TV {distance} mixture towards {name}"
+             for name, w in alternatives.items()]
+    return n, (f"N={n}, " + ", ".join(parts)
+               + f", {powers(law, q_law, n)} against q's law (TV {tv(law, q_law):.2f})")
 
 
 def control_size(law: dict, wrong: dict, **kw) -> tuple[int, str]:

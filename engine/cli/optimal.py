@@ -69,6 +69,9 @@ def position_row(p: torch.Tensor, q: torch.Tensor, n: int) -> dict:
 
 def walk(pair, ids: list[int], n: int, steps: int, warp: Warp):
     """Greedy continuation of the target; p and q at every position of it."""
+    if pair.drafter.model is None:
+        raise ConfigError(f"'optimal' compares a draft model's law with the target's; "
+                          f"'{pair.draft_name}' has no model")
     x = torch.tensor([ids], device=pair.device)
     with torch.no_grad():
         out = pair.target.generate(x, do_sample=False, max_new_tokens=steps)

@@ -26,6 +26,7 @@ from engine.control import (
 from engine.forest import ROOT, Forest, depths, empty_forest
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.single import SingleStart, finish_single, target_token
+from engine.ngram import support
 from engine.sampling import probs_from_logits
 from engine.trace import (
     ACCEPTED,
@@ -107,13 +108,18 @@ class TreeSpeculation(SingleStart):
             k = self._branching(depth, levels)
             new = []
             for node, logits, _ in frontier:
-                q, cands = draft_dist(logits, k, self.cfg.scheme, ctx)
+                n_kids = min(k, support(logits))  # a node may propose fewer (n-gram: none)
+                if n_kids == 0:
+                    continue
+                q, cands = draft_dist(logits, n_kids, self.cfg.scheme, ctx)
                 q_at[node] = q
                 for c in cands:
                     tokens.append(c)
                     parents.append(node)
                     q_tok.append(float(q[c]))
                     new.append(len(tokens) - 1)
+            if not new:
+                break
             depth += 1
             if not self._go_deeper(depth, levels, budget, ctx, frontier[-1]):
                 break
@@ -121,6 +127,8 @@ class TreeSpeculation(SingleStart):
                                  torch.tensor([[parents[i] for i in new]]))
             frontier = [(n, fed.node_logits[0, j], fed.node_hidden[0, j])  # (V,), (d,)
                         for j, n in enumerate(new)]
+        if not tokens:  # the root proposed nothing: a plain target step
+            return empty_forest(1)
         return Forest(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
                       q_tok=torch.tensor([q_tok]), extras={"q_at": q_at, "depth": depth})
 

@@ -37,6 +37,30 @@ def test_temperature_zero_equals_greedy_generate(method, params, family):
         assert list(trace.token_ids) == _ref(pair, prompt, 20), (method, params, prompt)
 
 
+@pytest.mark.parametrize("method,params", METHODS + [("sd", {"gamma": 8})])
+def test_temperature_zero_with_the_ngram_drafter_equals_greedy_generate(method, params):
+    """Prompts that repeat themselves, so lookups propose (and some rounds propose nothing)."""
+    pair = tiny_pair(draft="ngram")
+    proposed = 0
+    for prompt in ([3, 4, 5, 6, 3, 4, 5, 7, 3, 4], [11, 12, 11, 12, 13, 11], [9, 8, 7]):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=24, **params)
+        assert list(trace.token_ids) == _ref(pair, prompt, 24), (method, params, prompt)
+        proposed += sum(r.drafted for r in trace.rounds)
+    assert proposed > 0
+
+
+def test_the_ngram_drafter_accepts_a_copied_span_and_skips_rounds_without_a_match():
+    """The tiny target repeats spans of its own output; a repeated span is drafted whole and
+    accepted whole."""
+    pair = tiny_pair(draft="ngram")
+    ref = _ref(pair, [3, 4, 5], 40)
+    trace = engine.generate(pair, [3, 4, 5], "sd", gamma=6, max_new_tokens=40)
+    assert list(trace.token_ids) == ref
+    assert any(r.drafted == 0 for r in trace.rounds)  # no match yet: a plain step
+    assert any(r.drafted == r.accepted == 6 for r in trace.rounds)
+    assert trace.draft.startswith("n-gram")
+
+
 @pytest.mark.parametrize("method,params", METHODS[:1] + METHODS[4:5] + METHODS[-1:])
 def test_a_perfect_drafter_is_always_accepted(method, params):
     target = tiny_pair(layers=2, early_exit_layers=1).target

@@ -38,3 +38,18 @@ def test_a_mixture_sits_at_the_asked_distance():
     law, other = {0: 0.5, 1: 0.5}, {0: 0.9, 1: 0.1}
     mixed = mixture_at_tv(law, other, 0.05)
     assert abs(tv(law, mixed) - 0.05) < 1e-12 and abs(sum(mixed.values()) - 1) < 1e-12
+
+
+def test_exactness_tests_are_sized_against_the_harder_of_two_deviations():
+    """q concentrated where p is small (a lookup drafter): the mixture towards q is easy to
+    detect, the spread one is not, and N is the one that detects both."""
+    from tests.stats import exactness_size
+
+    law = {i: 0.96 / 4 for i in range(4)} | {4: 0.02, 5: 0.02}
+    q_law = {5: 1.0}
+    n, note = exactness_size(law, q_law)
+    uniform = {c: 1 / 6 for c in law}
+    spread = sample_size(law, mixture_at_tv(law, uniform, 0.05))
+    towards_q = sample_size(law, mixture_at_tv(law, q_law, 0.05))
+    assert towards_q < spread == n
+    assert note.startswith(f"N={n}, ")

@@ -1,0 +1,99 @@
+"""The n-gram (prompt lookup) drafter: its draft law on literal contexts, and its runner's
+bookkeeping of trees and beams across rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.errors import ConfigError
+from engine.forest import PAD, ROOT
+from engine.models import parse_model_spec
+from engine.ngram import RECENCY, NGramDrafter, ngram_law, support
+
+
+def law(ctx, **kw):
+    tokens, probs = ngram_law(np.array(ctx), **kw)
+    return dict(zip(tokens.tolist(), probs.tolist()))
+
+
+def test_the_longest_recurring_suffix_decides_the_law():
+    # suffix (5, 6) occurred twice, followed by 7 then 8; suffix (9, 5, 6) never did
+    got = law([5, 6, 7, 9, 1, 5, 6, 8, 2, 9, 5, 6])
+    assert set(got) == {7, 8}
+    # "1 5 6" is longer and was followed by 8 only
+    assert law([5, 6, 7, 1, 5, 6, 8, 2, 1, 5, 6]) == {8: 1.0}
+
+
+def test_followers_weigh_by_count_then_recency():
+    got = law([1, 2, 1, 3, 1, 2, 1], max_n=1)  # after 1: 2, 3, 2
+    assert got[2] == pytest.approx(2 / 3, abs=1e-3) and got[3] == pytest.approx(1 / 3, abs=1e-3)
+    tie = law([1, 2, 1, 3, 1], max_n=1)  # 2 (at 0) and 3 (at 2): 3 is more recent
+    assert tie[3] > tie[2]
+    assert tie[3] - tie[2] == pytest.approx(RECENCY * 2 / 5 / (2 + RECENCY * 4 / 5), rel=1e-6)
+
+
+def test_no_recurring_suffix_proposes_nothing():
+    assert law([1, 2, 3, 4]) == {}
+    assert law([7]) == {}
+    assert law([]) == {}
+    assert law([1, 2, 9, 1], min_n=2) == {}  # only a unigram recurs
+    assert law([1, 2, 9, 1], min_n=1) == {2: 1.0}
+
+
+def test_the_suffix_itself_is_never_its_own_match():
+    assert law([4, 4]) == {4: 1.0}  # the first 4 is followed by 4
+    assert law([3, 4]) == {}
+
+
+def test_support_counts_the_logits_above_the_dtype_minimum():
+    low = torch.finfo(torch.float32).min
+    assert support(torch.tensor([0.0, low, -3.0])) == 2
+    assert support(torch.full((5,), low)) == 0
+    assert support(torch.randn(7)) == 7
+
+
+def test_runner_scores_roots_and_tree_nodes_from_their_own_paths():
+    r = NGramDrafter(vocab_size=10).runner()
+    r.start(torch.tensor([[1, 2, 3, 1, 2, 4, 1], [5, 6, 5, 6, 5, 6, 5]]))
+    root = r.feed()
+    assert root.root_logits.shape == (2, 10) and root.node_hidden.shape == (2, 0, 0)
+    p0 = root.root_logits[0].softmax(-1)  # after "... 4 1": suffix "4 1" never recurred,
+    assert set(torch.nonzero(p0 > 0).flatten().tolist()) == {2}  # "1" was followed by 2, 2
+    assert torch.equal(torch.nonzero(root.root_logits[1].softmax(-1) > 0).flatten(),
+                       torch.tensor([6]))
+    # row 0: two children of the root (2, 9); row 1: a child 6 and a PAD
+    fed = r.feed(torch.tensor([[2, 9], [6, 0]]), torch.tensor([[ROOT, ROOT], [ROOT, PAD]]))
+    assert fed.node_logits.shape == (2, 2, 10)
+    q = fed.node_logits[0, 0].softmax(-1)  # "1 2" was followed by 3, then by 4 (more recent)
+    assert torch.nonzero(q > 0).flatten().tolist() == [3, 4] and q[4] > q[3]
+    assert support(fed.node_logits[0, 1]) == 0  # "... 1 9": nothing recurs after 9
+    assert torch.nonzero(fed.node_logits[1, 0].softmax(-1) > 0).flatten().tolist() == [5]
+    assert support(fed.node_logits[1, 1]) == 0  # PAD
+    deeper = r.feed(torch.tensor([[3], [5]]), torch.tensor([[0], [0]]))  # 1 2 | 3 ; 6 | 5
+    assert torch.nonzero(deeper.node_logits[0, 0].softmax(-1) > 0).flatten().tolist() == [1]
+    assert deeper.root_logits is None
+
+
+def test_runner_commit_reorders_rows_and_appends_the_kept_tokens():
+    r = NGramDrafter(vocab_size=10).runner()
+    r.start(torch.tensor([[1, 2], [3, 4]]))
+    r.feed()
+    r.commit(torch.tensor([1, 1, 0]), torch.tensor([[0], [0], [0]]), torch.tensor([[5], [5], [6]]),
+             torch.tensor([[7], [8], [9]]))
+    assert r.rows == [[3, 4, 5, 7], [3, 4, 5, 8], [1, 2, 6, 9]]
+    assert r.width == 3
+    assert r.feed().root_logits.shape == (3, 10)  # a new round scores the roots again
+
+
+def test_ngram_specs_parse_for_drafts_only():
+    assert parse_model_spec("ngram", draft=True).kind == "ngram"
+    spec = parse_model_spec("prompt-lookup:3", draft=True)
+    assert (spec.kind, spec.layers) == ("ngram", 3)
+    with pytest.raises(ConfigError, match="not a target"):
+        parse_model_spec("ngram")
+    with pytest.raises(ConfigError, match="n-gram length"):
+        parse_model_spec("ngram:x", draft=True)
+    with pytest.raises(ConfigError):
+        NGramDrafter(10, max_n=1, min_n=2)
