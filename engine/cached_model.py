@@ -22,6 +22,7 @@ from transformers import DynamicCache
 
 from engine.errors import UnsupportedModelError
 from engine.forest import attention_inputs
+from engine.layout import head_logits
 
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -124,7 +125,8 @@ class CachedModel:
                 past_key_values=self.cache,
                 use_cache=True,
             ).last_hidden_state  # (W, t_new + m, d)
-            logits = self.model.get_output_embeddings()(hidden)  # (W, t_new + m, V)
+            head = self.model.get_output_embeddings()
+            logits = head_logits(head, hidden)  # (W, t_new + m, V)
         self.tail_fed += t_new
         self.forest_fed += tokens.shape[1]
         root = (None, None)

@@ -17,6 +17,7 @@ import torch
 
 from engine.cached_model import check_supported
 from engine.errors import ConfigError, ModelLoadError
+from engine.layout import column_major_linears
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
@@ -326,6 +327,9 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         drafter = ModelDrafter(dmodel, dname)
         tok = tok or dtok
     device_used = next(tmodel.parameters()).device
+    for model in (tmodel, getattr(drafter, "model", None)):
+        if model is not None and device_used.type == "cpu":
+            column_major_linears(model)  # engine.layout: few-token forwards on the CPU
     return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
 
 
