@@ -1,25 +1,41 @@
-"""specviz app: parse args, build the Gradio demo, launch.
+"""specviz app: read the hosting settings, build the Gradio demo, launch.
 
-Models load lazily on the first Run (or at start with --preload), once per process;
-device auto-detection comes from engine.load_pair(device="auto"). On a ZeroGPU Space the
-run functions are wrapped with spaces.GPU (see specviz/pairs.py).
+Settings come from the SPECVIZ_* variables (specviz/hosting.py, the one reader); this
+script's flags override them. Models load lazily on the first Run (or at start with
+--preload), once per process. On ZeroGPU (SPACES_ZERO_GPU) every allowed pair loads at start
+and only spaces.GPU functions compute (specviz/pairs.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import sys
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from the app
+if importlib.util.find_spec("spaces") is not None:
+    import spaces  # noqa: F401  - before torch: ZeroGPU patches CUDA (a no-op elsewhere)
 
 import specviz  # noqa: E402
+from engine.errors import SpecvizError  # noqa: E402
 from specviz import pairs  # noqa: E402
+from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="specviz: speculative decoding visual debugger")
-    ap.add_argument("--target", default="embedded", help="target model: embedded, hub id, dir")
-    ap.add_argument("--draft", default="", help="draft model (empty: early-exit of the target)")
+    ap = argparse.ArgumentParser(description="specviz: speculative decoding visual debugger; "
+                                 "flags override the SPECVIZ_* variables")
+    ap.add_argument("--target", help="target model: embedded, hub id, dir ($SPECVIZ_TARGET)")
+    ap.add_argument("--draft", help="draft model; empty: early-exit of the target "
+                    "($SPECVIZ_DRAFT)")
+    ap.add_argument("--device", choices=DEVICES, help="$SPECVIZ_DEVICE (default auto)")
+    ap.add_argument("--dtype", choices=DTYPES, help="$SPECVIZ_DTYPE (default auto)")
+    ap.add_argument("--presets", help="preset ids offered, comma-separated, or all "
+                    "($SPECVIZ_PRESETS)")
+    ap.add_argument("--allow-custom-models", type=int, choices=(0, 1),
+                    help="1: users may type model specs; 0: presets only "
+                    "($SPECVIZ_ALLOW_CUSTOM_MODELS)")
     ap.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                     help="server name (a Space sets GRADIO_SERVER_NAME=0.0.0.0)")
     ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
@@ -29,11 +45,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def host_config(args: argparse.Namespace) -> HostConfig:
+    """The variables, overridden by the flags that were given, validated."""
+    custom = None if args.allow_custom_models is None else bool(args.allow_custom_models)
+    return HostConfig.from_env(os.environ).with_overrides(
+        target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
+        presets=args.presets, allow_custom_models=custom).check()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.preload:
-        pairs.preload(args.target, args.draft)
-    demo = specviz.build_demo(args.target, args.draft, demo_trace=not args.no_demo_trace)
+    try:
+        host = host_config(args)
+        pairs.configure(host)
+        if host.zero_gpu:
+            pairs.preload_all()  # module scope on ZeroGPU: weights to CUDA once, here
+        elif args.preload:
+            pairs.preload(host.target, host.draft)
+    except SpecvizError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    demo = specviz.build_demo(host.target, host.draft, demo_trace=not args.no_demo_trace)
     demo.queue(default_concurrency_limit=None).launch(
         server_name=args.host, server_port=args.port, share=args.share,
         **specviz.launch_options())

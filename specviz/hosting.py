@@ -1,0 +1,155 @@
+"""How this process serves the app: the one reader of the SPECVIZ_* hosting variables.
+
+``HostConfig.from_env`` parses the environment, ``with_overrides`` applies app.py's flags,
+``check`` validates what needs the engine (model specs, whether CUDA is there). app.py imports
+``spaces`` (when installed) before this module, since this module imports torch through the
+engine and ZeroGPU must patch torch first.
+
+| variable | values | default |
+|---|---|---|
+| SPECVIZ_TARGET | a target spec (engine.models.parse_model_spec) | embedded |
+| SPECVIZ_DRAFT | a draft spec; empty = the target's early exit | (empty) |
+| SPECVIZ_DEVICE | auto, cpu, cuda | auto |
+| SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
+| SPECVIZ_PRESETS | all, or preset ids from assets/presets.json, comma-separated | all |
+| SPECVIZ_ALLOW_CUSTOM_MODELS | 1 (users may type model specs), 0 (presets only) | 1; 0 on ZeroGPU |
+
+ZeroGPU is detected by ``SPACES_ZERO_GPU`` (true/1), the variable Hugging Face sets on
+ZeroGPU Spaces, together with an importable ``spaces`` package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from engine.errors import ConfigError
+from engine.models import parse_model_spec, resolve_device
+from engine.paths import ASSETS
+
+PRESETS_FILE = ASSETS / "presets.json"
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ZERO_GPU_ENV = "SPACES_ZERO_GPU"
+TRUE, FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model pair the UI offers (assets/presets.json)."""
+
+    id: str
+    name: str
+    target: str
+    draft: str = ""
+    needs_gpu: bool = False
+
+
+def all_presets() -> tuple[Preset, ...]:
+    """Every preset of assets/presets.json, in file order."""
+    return tuple(Preset(**row) for row in json.loads(PRESETS_FILE.read_text()))
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Hosting settings of one app process (see the module docstring for the variables)."""
+
+    target: str = "embedded"
+    draft: str = ""
+    device: str = "auto"  # one of DEVICES
+    dtype: str = "auto"  # one of DTYPES
+    presets: tuple[str, ...] = ()  # preset ids offered in the UI; () = all
+    allow_custom_models: bool = True
+    zero_gpu: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HostConfig:
+        """Parse the variables (bad values -> one ConfigError line)."""
+        zero = _flag(env, ZERO_GPU_ENV, False)
+        if zero and importlib.util.find_spec("spaces") is None:
+            raise ConfigError(f"{ZERO_GPU_ENV} is set but the 'spaces' package is not "
+                              "installed (ZeroGPU needs it)")
+        return cls(target=env.get("SPECVIZ_TARGET", "").strip() or "embedded",
+                   draft=env.get("SPECVIZ_DRAFT", "").strip(),
+                   device=_choice(env, "SPECVIZ_DEVICE", DEVICES),
+                   dtype=_choice(env, "SPECVIZ_DTYPE", DTYPES),
+                   presets=parse_presets(env.get("SPECVIZ_PRESETS", "")),
+                   allow_custom_models=_flag(env, "SPECVIZ_ALLOW_CUSTOM_MODELS", not zero),
+                   zero_gpu=zero)
+
+    def with_overrides(self, **flags: object) -> HostConfig:
+        """This config with app.py's flags applied (None = flag not given)."""
+        given = {k: v for k, v in flags.items() if v is not None}
+        if "device" in given and given["device"] not in DEVICES:
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, "
+                              f"got {given['device']!r}")
+        if "dtype" in given and given["dtype"] not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, "
+                              f"got {given['dtype']!r}")
+        if isinstance(given.get("presets"), str):
+            given["presets"] = parse_presets(str(given["presets"]))
+        return replace(self, **given)
+
+    def offered(self) -> tuple[Preset, ...]:
+        """The presets the UI offers, in the order SPECVIZ_PRESETS names them."""
+        known = {p.id: p for p in all_presets()}
+        if not self.presets:
+            return tuple(known.values())
+        return tuple(known[i] for i in self.presets)
+
+    def allowed_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(target, draft) of the host's default pair and of every offered preset."""
+        pairs = [(self.target, self.draft)]
+        pairs += [(p.target, p.draft) for p in self.offered() if (p.target, p.draft) not in pairs]
+        return tuple(pairs)
+
+    def check(self) -> HostConfig:
+        """This config validated where that needs the engine: the default pair's specs, a
+        CUDA device when asked for, custom models off on ZeroGPU (every model loads at start
+        there). On ZeroGPU auto becomes cuda / bfloat16 without asking torch: the main
+        process holds no GPU to query, and ZeroGPU's GPUs (A100, H200) run bf16 natively."""
+        parse_model_spec(self.target)
+        parse_model_spec(self.draft, draft=True)
+        if not self.zero_gpu:
+            if self.device == "cuda" and resolve_device("auto").type != "cuda":
+                raise ConfigError("SPECVIZ_DEVICE=cuda but torch sees no CUDA device")
+            return self
+        if self.allow_custom_models:
+            raise ConfigError("SPECVIZ_ALLOW_CUSTOM_MODELS=1 is not supported on ZeroGPU: "
+                              "every model loads once at start there")
+        return replace(self, device="cuda" if self.device == "auto" else self.device,
+                       dtype="bfloat16" if self.dtype == "auto" else self.dtype)
+
+
+def parse_presets(text: str) -> tuple[str, ...]:
+    """'all' / '' -> () (every preset); else the comma-separated preset ids, each known."""
+    ids = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not ids or ids == ("all",):
+        return ()
+    known = [p.id for p in all_presets()]
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise ConfigError(f"SPECVIZ_PRESETS: unknown preset {unknown[0]!r} "
+                          f"(known: all, {', '.join(known)})")
+    return tuple(dict.fromkeys(ids))
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    value = env.get(name, "").strip().lower() or allowed[0]
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")

@@ -1,0 +1,138 @@
+"""Hosting settings (specviz.hosting): the SPECVIZ_* variables, app.py's flags over them,
+and the model pairs a server with custom models off accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import app
+from engine.errors import ConfigError, ModelLoadError
+from engine.models import resolve_dtype
+from specviz import pairs
+from specviz.hosting import HostConfig, all_presets, parse_presets
+
+STUB = Path(__file__).resolve().parent.parent / "zerogpu_stub"
+TINY = 'tiny:{"vocab_size": 64, "layers": 4}'
+
+
+@pytest.fixture
+def host():
+    """Configure pairs with a HostConfig for one test, then restore the default."""
+    yield pairs.configure
+    pairs.configure(HostConfig())
+
+
+def test_no_variables_give_the_defaults():
+    assert HostConfig.from_env({}) == HostConfig(
+        target="embedded", draft="", device="auto", dtype="auto", presets=(),
+        allow_custom_models=True, zero_gpu=False)
+    assert [p.id for p in HostConfig().offered()] == [p.id for p in all_presets()]
+
+
+def test_every_variable_is_read():
+    cfg = HostConfig.from_env({
+        "SPECVIZ_TARGET": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+        "SPECVIZ_DRAFT": "HuggingFaceTB/SmolLM2-135M-Instruct", "SPECVIZ_DEVICE": "CUDA",
+        "SPECVIZ_DTYPE": "bfloat16", "SPECVIZ_PRESETS": "smollm2-1.7b, embedded",
+        "SPECVIZ_ALLOW_CUSTOM_MODELS": "0"})
+    assert cfg == HostConfig("HuggingFaceTB/SmolLM2-1.7B-Instruct",
+                             "HuggingFaceTB/SmolLM2-135M-Instruct", "cuda", "bfloat16",
+                             ("smollm2-1.7b", "embedded"), False, False)
+    assert [p.id for p in cfg.offered()] == ["smollm2-1.7b", "embedded"]
+    assert cfg.allowed_pairs() == (
+        ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+        ("embedded", ""))
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SPECVIZ_DEVICE": "tpu"}, "SPECVIZ_DEVICE must be one of auto, cpu, cuda, got 'tpu'"),
+    ({"SPECVIZ_DTYPE": "fp8"},
+     "SPECVIZ_DTYPE must be one of auto, float32, bfloat16, float16, got 'fp8'"),
+    ({"SPECVIZ_PRESETS": "embedded,gpt5"},
+     "SPECVIZ_PRESETS: unknown preset 'gpt5' (known: all, embedded, smollm2-1.7b"),
+    ({"SPECVIZ_ALLOW_CUSTOM_MODELS": "maybe"},
+     "SPECVIZ_ALLOW_CUSTOM_MODELS must be 0 or 1, got 'maybe'"),
+    ({"SPACES_ZERO_GPU": "2"}, "SPACES_ZERO_GPU must be 0 or 1, got '2'"),
+])
+def test_a_bad_value_is_one_clear_line(env, message):
+    with pytest.raises(ConfigError) as err:
+        HostConfig.from_env(env)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SPECVIZ_TARGET": "early-exit"}, "'early-exit' is a drafter made from the target"),
+    ({"SPECVIZ_DRAFT": "early-exit:x"}, "early-exit layers must be a positive integer"),
+])
+def test_bad_model_specs_fail_at_start(env, message):
+    with pytest.raises(ConfigError, match=message):
+        HostConfig.from_env(env).check()
+
+
+def test_cuda_asked_for_without_a_gpu_fails_at_start(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="SPECVIZ_DEVICE=cuda but torch sees no CUDA device"):
+        HostConfig.from_env({"SPECVIZ_DEVICE": "cuda"}).check()
+
+
+def test_presets_all_or_empty_offer_every_preset_and_repeats_collapse():
+    assert parse_presets("all") == parse_presets(" ") == ()
+    assert parse_presets("tiny,tiny, embedded") == ("tiny", "embedded")
+
+
+def test_flags_override_the_variables(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_TARGET", "tiny")
+    monkeypatch.setenv("SPECVIZ_DEVICE", "cuda")
+    monkeypatch.setenv("SPECVIZ_PRESETS", "embedded")
+    monkeypatch.setenv("SPECVIZ_ALLOW_CUSTOM_MODELS", "1")
+    args = app.parse_args(["--target", "embedded", "--device", "cpu", "--presets", "tiny",
+                           "--allow-custom-models", "0", "--dtype", "float32"])
+    cfg = app.host_config(args)
+    assert (cfg.target, cfg.device, cfg.dtype, cfg.presets, cfg.allow_custom_models) == (
+        "embedded", "cpu", "float32", ("tiny",), False)
+    monkeypatch.setenv("SPECVIZ_DTYPE", "bfloat16")
+    assert app.host_config(app.parse_args(["--device", "cpu"])).dtype == "bfloat16"
+
+
+def test_zero_gpu_needs_spaces_and_turns_custom_models_off(monkeypatch):
+    with pytest.raises(ConfigError, match="SPACES_ZERO_GPU is set but the 'spaces' package"):
+        HostConfig.from_env({"SPACES_ZERO_GPU": "true"})
+    monkeypatch.syspath_prepend(str(STUB))
+    cfg = HostConfig.from_env({"SPACES_ZERO_GPU": "true"}).check()
+    assert cfg.zero_gpu and not cfg.allow_custom_models
+    assert (cfg.device, cfg.dtype) == ("cuda", "bfloat16")  # no CUDA query in the main process
+    with pytest.raises(ConfigError, match="SPECVIZ_ALLOW_CUSTOM_MODELS=1 is not supported on "
+                                          "ZeroGPU"):
+        HostConfig.from_env({"SPACES_ZERO_GPU": "1",
+                             "SPECVIZ_ALLOW_CUSTOM_MODELS": "1"}).check()
+
+
+def test_dtype_auto_is_bf16_only_on_a_gpu_that_runs_it(monkeypatch):
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, n=native: n)
+        assert resolve_dtype("auto", torch.device("cuda")) == expected
+    assert resolve_dtype("float16", torch.device("cuda")) == torch.float16
+
+
+def test_custom_models_off_accepts_the_host_pairs_only(host):
+    host(HostConfig(target="embedded", presets=("tiny",), allow_custom_models=False))
+    assert pairs.check_pair_spec("", "") == ("embedded", "")
+    assert pairs.check_pair_spec("default", "early-exit") == ("embedded", "")  # aliases
+    assert pairs.check_pair_spec('tiny:{"layers":4,"vocab_size":64}', "") == (TINY, "")
+    for target, draft in (("tiny", ""), ("embedded", "early-exit:3"), ("gpt2", "")):
+        with pytest.raises(ConfigError) as err:
+            pairs.check_pair_spec(target, draft)
+        assert str(err.value).startswith("this server runs only its preset models "
+                                         "(SPECVIZ_ALLOW_CUSTOM_MODELS=0)")
+    assert [p.id for p in pairs.presets()] == ["tiny"]
+
+
+def test_gpu_presets_are_refused_when_the_host_runs_on_the_cpu(host):
+    host(HostConfig(device="cpu"))
+    with pytest.raises(ModelLoadError, match="is a GPU preset"):
+        pairs.check_pair_spec("HuggingFaceTB/SmolLM2-1.7B-Instruct", "")
