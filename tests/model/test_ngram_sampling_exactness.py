@@ -2,9 +2,9 @@
 of 3-token continuations at temperature 1: the chi-square test of test_sampling_exactness.py,
 N from the same power calculation (tests/stats.py).
 
-The prompt repeats itself so the lookup proposes at most positions; where it proposes, q is the
-law of the tokens that followed the longest recurring suffix (1 to 3 tokens here, fewer than
-mcsd's 3 children: the capped-children path is exercised too) and is far from p. The wrong law
+The prompt repeats itself so the lookup proposes at the root (the followers of "3 4": 5 and 6,
+two children for mcsd's three: the capped-children path) and after either draft; q is far from
+p, and where no suffix of two tokens recurs the node proposes nothing. The wrong law
 the test is sized against mixes p with the law of a rule that always accepts the lookup's
 drafts (tokens from q where the lookup proposes, from p elsewhere)."""
 
@@ -17,7 +17,7 @@ import engine
 from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
 from tests.stats import chi_square, exactness_size
 
-PROMPT = [3, 4, 3, 5, 4, 3, 4, 6, 5]
+PROMPT = [3, 4, 5, 1, 3, 4, 6, 2, 3, 4]  # "3 4" was followed by 5 and by 6
 
 
 @pytest.fixture(scope="module")

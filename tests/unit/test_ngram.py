@@ -27,24 +27,24 @@ def test_the_longest_recurring_suffix_decides_the_law():
 
 
 def test_followers_weigh_by_count_then_recency():
-    got = law([1, 2, 1, 3, 1, 2, 1], max_n=1)  # after 1: 2, 3, 2
+    got = law([1, 2, 1, 3, 1, 2, 1], max_n=1, min_n=1)  # after 1: 2, 3, 2
     assert got[2] == pytest.approx(2 / 3, abs=1e-3) and got[3] == pytest.approx(1 / 3, abs=1e-3)
-    tie = law([1, 2, 1, 3, 1], max_n=1)  # 2 (at 0) and 3 (at 2): 3 is more recent
+    tie = law([1, 2, 1, 3, 1], max_n=1, min_n=1)  # 2 (at 0) and 3 (at 2): 3 is more recent
     assert tie[3] > tie[2]
     assert tie[3] - tie[2] == pytest.approx(RECENCY * 2 / 5 / (2 + RECENCY * 4 / 5), rel=1e-6)
 
 
 def test_no_recurring_suffix_proposes_nothing():
     assert law([1, 2, 3, 4]) == {}
-    assert law([7]) == {}
-    assert law([]) == {}
+    assert law([7], min_n=1) == {}
+    assert law([], min_n=1) == {}
     assert law([1, 2, 9, 1], min_n=2) == {}  # only a unigram recurs
     assert law([1, 2, 9, 1], min_n=1) == {2: 1.0}
 
 
 def test_the_suffix_itself_is_never_its_own_match():
-    assert law([4, 4]) == {4: 1.0}  # the first 4 is followed by 4
-    assert law([3, 4]) == {}
+    assert law([4, 4], min_n=1) == {4: 1.0}  # the first 4 is followed by 4
+    assert law([3, 4], min_n=1) == {}
 
 
 def test_support_counts_the_logits_above_the_dtype_minimum():
@@ -55,7 +55,7 @@ def test_support_counts_the_logits_above_the_dtype_minimum():
 
 
 def test_runner_scores_roots_and_tree_nodes_from_their_own_paths():
-    r = NGramDrafter(vocab_size=10).runner()
+    r = NGramDrafter(vocab_size=10, min_n=1).runner()
     r.start(torch.tensor([[1, 2, 3, 1, 2, 4, 1], [5, 6, 5, 6, 5, 6, 5]]))
     root = r.feed()
     assert root.root_logits.shape == (2, 10) and root.node_hidden.shape == (2, 0, 0)
