@@ -161,7 +161,8 @@ def check_law(pair, ids: list[int], spec, full: dict, cfg: CheckConfig,
     per_run = int(full.get("beams") or full.get("draft_beams") or 1) if beams else 1
     n_runs, wrongs = _size(law, q_law, cfg, per_run)
     params = {**full, "max_new_tokens": depth}
-    first, t_run = timed(lambda: generate(pair, ids, spec.name, **{**params, "seed": 0}))
+    first = generate(pair, ids, spec.name, **{**params, "seed": 0})  # also a warm-up
+    second, t_run = timed(lambda: generate(pair, ids, spec.name, **{**params, "seed": 1}))
     what = ("two tokens" if depth == 2 else "token") + (" of every beam" if beams else "")
     lines = [f"check {spec.name} at temperature {warp.temperature:g} (top_k {warp.top_k}, "
              f"top_p {warp.top_p:g}): the law of the first {what} over seeded runs against "
@@ -171,15 +172,15 @@ def check_law(pair, ids: list[int], spec, full: dict, cfg: CheckConfig,
         lines.append(f"capped at {capped} runs (of {n_runs}) to stay within "
                      f"{cfg.max_seconds:g} s")
         n_runs = min(n_runs, capped)
-    report(1, n_runs, f"{n_runs} runs, about {t_run * n_runs:.0f} s ({t_run:.3f} s per run)")
-    outcomes = _outcomes(first, depth, beams)
+    report(2, n_runs, f"{n_runs} runs, about {t_run * n_runs:.0f} s ({t_run:.3f} s per run)")
+    outcomes = _outcomes(first, depth, beams) + _outcomes(second, depth, beams)
     last, t0 = time.monotonic(), time.monotonic()
-    for seed in range(1, n_runs):
+    for seed in range(2, n_runs):
         outcomes += _outcomes(generate(pair, ids, spec.name, **{**params, "seed": seed}),
                               depth, beams)
         if time.monotonic() - last >= 1.0 or seed == n_runs - 1:
             last = time.monotonic()
-            left = (last - t0) / seed * (n_runs - 1 - seed)
+            left = (last - t0) / (seed - 1) * (n_runs - 1 - seed)
             report(seed + 1, n_runs, f"{seed + 1}/{n_runs} runs, {left:.0f} s left")
     counts, n = Counter(outcomes), len(outcomes)
     outside = sum(k for c, k in counts.items() if c not in law)
