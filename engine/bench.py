@@ -64,6 +64,14 @@ def reference_kind(spec, params: dict[str, Any]) -> tuple[str, int]:
 def run_reference(pair, ids: list[int], kind: tuple[str, int], params: dict[str, Any]):
     """Time one generate() call; returns (wall seconds, generated ids of every returned
     sequence, best first)."""
+    wall, out = reference_output(pair, ids, kind, params)
+    seqs = out.sequences if hasattr(out, "sequences") else out
+    return wall, [row[len(ids):].tolist() for row in seqs]
+
+
+def reference_output(pair, ids: list[int], kind: tuple[str, int], params: dict[str, Any]):
+    """Time one generate() call; returns (wall seconds, generate()'s output: for beams a
+    dict with ``sequences`` and ``sequences_scores``)."""
     name, width = kind
     kw: dict[str, Any] = {"max_new_tokens": params["max_new_tokens"]}
     if name in ("sample", "beam_sample"):
@@ -80,13 +88,11 @@ def run_reference(pair, ids: list[int], kind: tuple[str, int], params: dict[str,
     with torch.no_grad():
         out = pair.target.generate(x, **kw)
     _sync(pair.device)
-    wall = time.perf_counter() - t0
-    seqs = out.sequences if hasattr(out, "sequences") else out
-    gen = [row[len(ids):].tolist() for row in seqs]
-    return wall, gen
+    return time.perf_counter() - t0, out
 
 
-def _strip_pad(ids: list[int], pad: int | None, eos: set[int]) -> list[int]:
+def strip_pad(ids: list[int], pad: int | None, eos: set[int]) -> list[int]:
+    """Generated ids up to the first EOS (kept), without trailing padding."""
     out = []
     for t in ids:
         out.append(t)
@@ -111,7 +117,7 @@ def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str])
     ref_wall, ref_gen = run_reference(pair, ids, kind, full)
     eos = set(eos_ids(pair.target))
     pad = pair.target.generation_config.pad_token_id
-    ref_best = _strip_pad(ref_gen[0], pad, eos)
+    ref_best = strip_pad(ref_gen[0], pad, eos)
     wall = trace.stats["wall_s"]
     n_new = len(trace.token_ids)
     identical = None

@@ -198,3 +198,23 @@ def timeline_figure(runs: list[tuple[str, RunTrace]]) -> go.Figure:
                       yaxis=dict(autorange="reversed"),
                       legend=dict(orientation="h", y=-0.18))
     return fig
+
+
+CHECK_HEIGHT = 380
+
+
+def check_figure(plot: tuple[tuple[str, float, float], ...]) -> go.Figure:
+    """Observed against expected frequency per cell of an exactness check (engine/check.py):
+    the likeliest cells under the target's law, then one "other" bar."""
+    if not plot:
+        return empty_figure("The law check (temperature > 0) draws observed vs expected here",
+                            CHECK_HEIGHT)
+    cells = [c for c, _, _ in plot]
+    fig = go.Figure()
+    fig.add_bar(x=cells, y=[e for _, _, e in plot], name="expected (target's exact law)",
+                marker_color="#4e79a7")
+    fig.add_bar(x=cells, y=[o for _, o, _ in plot], name="observed", marker_color="#f2a65a")
+    fig.update_layout(barmode="group", height=CHECK_HEIGHT, yaxis_title="frequency",
+                      margin=dict(l=50, r=10, t=30, b=80), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=1.1))
+    return fig

@@ -15,7 +15,7 @@ import pandas as pd
 
 from engine import METHODS
 from specviz import callbacks as cb
-from specviz import compare, pairs
+from specviz import charts, check_tab, compare, pairs
 from specviz.params import COMMON, ParamPool
 from specviz.render import OUTPUTS, views
 from specviz.state import ASSETS, SessionState, demo_state
@@ -160,7 +160,32 @@ def _compare_tab(methods0: list[str]) -> dict[str, Any]:
     return c
 
 
-def _wire(c: dict, o: dict, k: dict, state: gr.State, timer: gr.Timer) -> None:
+def _check_tab() -> dict[str, Any]:
+    h: dict[str, Any] = {}
+    gr.Markdown("Check a method's exactness on a prompt with the model pair of the Debugger "
+                "tab: at temperature 0 token by token against its reference generate(); "
+                "above, the law of its first token(s) over seeded runs against the target's "
+                f"exact law (chi-square; runs cut to about {check_tab.MAX_CHECK_S:.0f} s).")
+    with gr.Row():
+        h["prompt"] = gr.Textbox(_examples()[0], label="Prompt", lines=2, scale=3,
+                                 max_length=pairs.MAX_PROMPT_CHARS)
+        with gr.Column(scale=2):
+            h["method"] = gr.Dropdown(list(METHODS), value="sd", label="Method")
+            h["params"] = gr.Textbox("", label="Parameters (key=value, comma-separated)",
+                                     placeholder="gamma=4", max_lines=1)
+            with gr.Row():
+                h["temperature"] = gr.Number(1.0, label="temperature", minimum=0)
+                h["top_k"] = gr.Number(0, precision=0, label="top_k", minimum=0)
+                h["top_p"] = gr.Number(1.0, label="top_p", minimum=0, maximum=1)
+                h["max_new"] = gr.Number(24, precision=0, label="max_new_tokens (T=0)",
+                                         minimum=1)
+    h["go"] = gr.Button("Check", variant="primary", elem_id="sv-check")
+    h["report"] = gr.Markdown()
+    h["plot"] = gr.Plot(charts.check_figure(()), label="Observed vs expected")
+    return h
+
+
+def _wire(c: dict, o: dict, k: dict, h: dict, state: gr.State, timer: gr.Timer) -> None:
     outs = [o[name] for name in OUTPUTS] + [state]
     pool: ParamPool = c["pool"]
     run = c["run"].click(cb.make_run(pool), [c["prompt"], c["method"], c["target"],
@@ -186,6 +211,10 @@ def _wire(c: dict, o: dict, k: dict, state: gr.State, timer: gr.Timer) -> None:
                        [c["about"], *pool.widgets.values()], api_name="method", **QUICK)
     c["preset"].change(cb.preset_change, [c["preset"]], [c["target"], c["draft"]],
                        api_name="preset", **QUICK)
+    h["go"].click(check_tab.check, [h["prompt"], h["method"], h["params"], h["temperature"],
+                  h["top_k"], h["top_p"], h["max_new"], c["target"], c["draft"]],
+                  [h["report"], h["plot"]], api_name="check", show_progress="minimal",
+                  show_progress_on=[h["report"]], **MODEL)
     k["go"].click(compare.compare, [k["prompt"], k["methods"], k["max_new"], k["temperature"],
                   k["seed"], c["target"], c["draft"], k["more"]],
                   [k["table"], k["timeline"], k["note"]],
@@ -222,9 +251,11 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
                         o = _views(v)
             with gr.Tab("Compare", id="compare"):
                 k = _compare_tab([m for m in ("greedy", "sd", "mcsd") if m in METHODS])
+            with gr.Tab("Check", id="check"):
+                h = _check_tab()
             with gr.Tab("Methods", id="methods"):
                 gr.Markdown(_methods_markdown(), elem_classes="sv-methods")
-        _wire(c, o, k, state, timer)
+        _wire(c, o, k, h, state, timer)
         demo.load(cb.export_trace, [state], [c["download"]], api_visibility="private",
                   **QUICK)
     return demo

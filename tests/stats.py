@@ -4,45 +4,33 @@ A law is a dict cell -> probability. The test merges every cell whose expected c
 5 into one cell and compares Pearson's statistic with the 1 - ALPHA quantile of chi2(dof).
 Under a wrong law w the statistic is approximately noncentral chi2(dof, lam) with
 lam = n * sum_cells (w_c - p_c)^2 / p_c over the same merged cells, which gives the power.
+The statistic, the cells and the noncentral power are engine/check.py's (the product's
+exactness check uses them too); this module adds the suite's rates, the simulated power and
+the sample sizes.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import chi2, ncx2
+from scipy.stats import chi2
+
+from engine import check
+from engine.check import merged_cells, mixture_at_tv, tv
 
 ALPHA = 1e-6  # false-alarm probability of each test (its seeds are fixed: a deterministic test)
 POWER = 0.99  # the probability each test rejects the wrong law it is sized against
 TV = 0.05  # TV distance from p of the subtle wrong law an exactness test is sized to reject
 
 
-def merged_cells(law: dict, n: int) -> list[tuple]:
-    """The test's cells for n runs: one per cell with expected count >= 5, then one cell
-    holding all the others (if any)."""
-    big = [c for c in sorted(law, key=law.get, reverse=True) if law[c] * n >= 5]
-    rest = tuple(c for c in law if law[c] * n < 5)
-    return [(c,) for c in big] + ([rest] if rest else [])
-
-
 def chi_square(counts: dict, law: dict, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     """Pearson's statistic of counts (n runs) against law, and its 1 - alpha threshold."""
-    cells = merged_cells(law, n)
-    stat = 0.0
-    for group in cells:
-        e = n * sum(law[c] for c in group)
-        stat += (sum(counts.get(c, 0) for c in group) - e) ** 2 / e
-    return stat, float(chi2.isf(alpha, len(cells) - 1))
+    stat, dof = check.chi_square(counts, law, n)
+    return stat, float(chi2.isf(alpha, dof))
 
 
 def power(law: dict, wrong: dict, n: int, alpha: float = ALPHA) -> float:
     """P(the n-run test of law rejects) when the runs follow wrong (noncentral chi2)."""
-    cells = merged_cells(law, n)
-    dof = len(cells) - 1
-    if dof < 1:
-        return 0.0  # one cell: the test cannot reject anything
-    lam = n * sum((sum(wrong.get(c, 0.0) for c in g) - sum(law[c] for c in g)) ** 2
-                  / sum(law[c] for c in g) for g in cells)
-    return float(ncx2.sf(chi2.isf(alpha, dof), dof, lam))
+    return check.power(law, wrong, n, alpha)
 
 
 def simulated_power(law: dict, wrong: dict, n: int, alpha: float = ALPHA, reps: int = 4000,
@@ -75,18 +63,6 @@ def sample_size(law: dict, wrong: dict, target: float = POWER, alpha: float = AL
         mid = (lo + hi) // (2 * step) * step
         lo, hi = (lo, mid) if simulated_power(law, wrong, mid, alpha) >= target else (mid, hi)
     return hi
-
-
-def tv(a: dict, b: dict) -> float:
-    """Total variation distance between two laws."""
-    return 0.5 * sum(abs(a.get(c, 0.0) - b.get(c, 0.0)) for c in set(a) | set(b))
-
-
-def mixture_at_tv(law: dict, other: dict, distance: float) -> dict:
-    """(1 - e) law + e other with e chosen so its TV distance to law is distance: the law of a
-    rule that ignores p in a fraction e of runs and is right otherwise."""
-    e = distance / tv(law, other)
-    return {c: (1 - e) * law.get(c, 0.0) + e * other.get(c, 0.0) for c in set(law) | set(other)}
 
 
 def powers(law: dict, wrong: dict, n: int) -> str:

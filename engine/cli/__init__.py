@@ -1,4 +1,4 @@
-"""Command line: python -m engine {methods, generate, bench, optimal, train-draft}.
+"""Command line: python -m engine {methods, generate, check, bench, optimal, train-draft}.
 
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
 Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``, listed
@@ -11,13 +11,14 @@ import argparse
 import sys
 from types import ModuleType
 
-from engine.cli import bench, generate, methods, optimal, train_draft
+from engine.cli import bench, check, generate, methods, optimal, train_draft
 from engine.cli.flags import OneLineParser
 from engine.errors import SpecvizError
 
 COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
     ("methods", "list methods with their parameters", methods),
     ("generate", "run one method on a prompt", generate),
+    ("check", "check a method's exactness on a prompt (0 pass, 1 fail)", check),
     ("bench", "time methods against generate() (markdown + JSON)", bench),
     ("optimal", "alpha* per position vs what RRS, K-SEQ and greedy drafts achieve", optimal),
     ("train-draft", "train the EESD early-exit drafter and its Cali-TS predictor", train_draft),

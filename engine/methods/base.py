@@ -75,6 +75,8 @@ class MethodSpec:
     reference: str  # matching generate() call: "greedy" | "sample" | "beam" | "beam_sample"
     uses_draft: bool = True
     sampling_only: bool = False  # draws from the warped beam law: needs temperature > 0
+    exact: bool = True  # False: approximate by design (the check measures its distance)
+    samples: bool = True  # False: argmax / top-K beams at any temperature (ignores it)
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of COMMON_PARAMS
 
     def __post_init__(self) -> None:
@@ -105,6 +107,7 @@ class MethodSpec:
             "summary": self.summary,
             "family": self.family,
             "exactness": self.exactness,
+            "exact": self.exact,
             "reference": self.reference,
             "params": [
                 {"name": p.name, "type": p.type.__name__, "default": p.default, "help": p.help,

@@ -201,6 +201,7 @@ register(MethodSpec(
     build=lambda cfg: BeamSearch(beams=cfg.beams),
     reference="beam",
     uses_draft=False,
+    samples=False,
 ))
 
 register(MethodSpec(
@@ -229,4 +230,5 @@ register(MethodSpec(
     config=AtSpeedConfig,
     build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma),
     reference="beam",
+    samples=False,
 ))

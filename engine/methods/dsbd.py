@@ -359,4 +359,5 @@ register(MethodSpec(
     reference="beam_sample",
     sampling_only=True,
     defaults={"temperature": 1.0},
+    exact=False,
 ))

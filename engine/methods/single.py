@@ -88,6 +88,7 @@ register(MethodSpec(
     build=lambda cfg: Autoregressive(greedy=True),
     reference="greedy",
     uses_draft=False,
+    samples=False,
 ))
 
 register(MethodSpec(
