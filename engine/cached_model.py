@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from engine.errors import UnsupportedModelError
 from engine.forest import attention_inputs
-from engine.layout import head_logits
+from engine.layout import head_logits, layout_for
 
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -117,7 +117,7 @@ class CachedModel:
             cfg = self.model.config
             return Scored(torch.zeros((W, 0, cfg.vocab_size), device=self.device),
                           torch.zeros((W, 0, cfg.hidden_size), device=self.device))
-        with torch.no_grad():  # the causal-LM forward, split to keep the hidden states
+        with torch.no_grad(), layout_for(self.model, ids.numel()):  # split: hidden states kept
             hidden = self.model.model(
                 input_ids=ids,
                 attention_mask=mask,

@@ -17,7 +17,7 @@ import torch
 
 from engine.cached_model import check_supported
 from engine.errors import ConfigError, ModelLoadError
-from engine.layout import column_major_linears
+from engine.layout import prepare
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
@@ -332,7 +332,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     device_used = next(tmodel.parameters()).device
     for model in (tmodel, getattr(drafter, "model", None)):
         if model is not None and device_used.type == "cpu":
-            column_major_linears(model)  # engine.layout: few-token forwards on the CPU
+            prepare(model)  # engine.layout: both weight layouts for few-token forwards
     return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
 
 

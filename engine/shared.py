@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from engine.cached_model import Scored
 from engine.errors import ConfigError
 from engine.forest import ROOT, attention_inputs
+from engine.layout import head_logits, layout_for
 
 
 class SharedTrunk:
@@ -43,6 +44,7 @@ class SharedTrunk:
         self.shared = list(inner.layers[:n])  # the drafter's first N layers are these modules
         self.deep = list(inner.layers[n:])
         self.ee = list(d_inner.layers[n:])  # Transformer^e, or nothing (untrained exit)
+        self.models = (target, drafter.model)  # whose weight layouts a forward picks
         self.heads = {"target": (inner.norm, target.get_output_embeddings()),
                       "draft": (d_inner.norm, drafter.model.get_output_embeddings())}
         p = next(target.parameters())
@@ -72,9 +74,10 @@ class SharedTrunk:
         mask, pos = attention_inputs(cached=start, tail=n, new_tail=n, parents=no_forest,
                                      new_nodes=0, dtype=self.dtype)  # (1, 1, n, start + n)
         emb = self.rotary(h, position_ids=pos)
-        for layer in layers:
-            h = layer(h, attention_mask=mask, position_embeddings=emb, position_ids=pos,
-                      past_key_values=cache, use_cache=True)
+        with layout_for(self.models[0], n), layout_for(self.models[1], n):
+            for layer in layers:
+                h = layer(h, attention_mask=mask, position_embeddings=emb, position_ids=pos,
+                          past_key_values=cache, use_cache=True)
         return h
 
     def _ensure_shared(self, end: int) -> None:
@@ -99,7 +102,7 @@ class SharedTrunk:
         with torch.no_grad():
             h = self._layers(layers, self.h[:, start:end], start, cache)
             hidden = norm(h)  # (1, n, d)
-            logits = head(hidden)  # (1, n, V)
+            logits = head_logits(head, hidden)  # (1, n, V)
         self.len[group] = end
         return hidden, logits
 
