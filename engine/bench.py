@@ -132,6 +132,7 @@ def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str])
         "speedup": tps / ref_tps if ref_tps > 0 else None, "tau": trace.stats["tau"],
         "acceptance": trace.stats["acceptance_rate"],
         "target_calls": trace.stats["target_calls"], "identical": identical,
+        "efficiency": (trace.stats.get("cost") or {}).get("efficiency"),
     }
 
 
@@ -157,7 +158,7 @@ def case_summaries(rows: list[dict], cases: list[Case]) -> list[dict]:
             "case": case.label, "reference": rs[0]["reference"], "runs": len(rs),
             "tokens_per_s": med("tokens_per_s"), "ref_tokens_per_s": med("ref_tokens_per_s"),
             "tau": med("tau"), "acceptance": med("acceptance"),
-            "target_calls": med("target_calls"),
+            "target_calls": med("target_calls"), "efficiency": med("efficiency"),
             "speedup_min_med_max": _mmm([r["speedup"] for r in rs]),
             "identical": f"{sum(ident)}/{len(ident)}" if ident else "n/a (sampling)",
         })
@@ -171,11 +172,13 @@ def _fmt(v) -> str:
 def markdown_table(summary: list[dict], device: str, meta: dict) -> str:
     """The case summaries as a markdown table under one line of device and settings."""
     head = ("| method | reference | tok/s | ref tok/s | speedup min/med/max | tau | "
-            "acceptance | target calls | identical |\n|---|---|---|---|---|---|---|---|---|\n")
+            "acceptance | target calls | measured / cost model | identical |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
     lines = [
         f"| {s['case']} | {s['reference']} | {_fmt(s['tokens_per_s'])} | "
         f"{_fmt(s['ref_tokens_per_s'])} | {s['speedup_min_med_max']} | {_fmt(s['tau'])} | "
-        f"{_fmt(s['acceptance'])} | {_fmt(s['target_calls'])} | {s['identical']} |"
+        f"{_fmt(s['acceptance'])} | {_fmt(s['target_calls'])} | "
+        f"{_fmt(s.get('efficiency'))} | {s['identical']} |"
         for s in summary
     ]
     info = ", ".join(f"{k}={v}" for k, v in meta.items())
