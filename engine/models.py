@@ -137,6 +137,8 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
+    """Model and tokenizer of a local folder or hub id: stock architectures only (never
+    remote code) and safetensors weights only (never a pickled checkpoint)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(spec).expanduser()
@@ -149,14 +151,15 @@ def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
             "cache, and the hub is unreachable (offline)")
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=dtype, trust_remote_code=False, device_map=device_map,
-            local_files_only=offline, attn_implementation="sdpa",
+            src, dtype=dtype, trust_remote_code=False, use_safetensors=True,
+            device_map=device_map, local_files_only=offline, attn_implementation="sdpa",
         )
     except Exception as e:  # noqa: BLE001 - any loading failure becomes one line
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load model '{spec}' offline or from disk: {msg}") from e
     try:
-        tok = AutoTokenizer.from_pretrained(src, local_files_only=offline)
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=offline,
+                                            trust_remote_code=False)
     except Exception:  # noqa: BLE001 - a model without a tokenizer still runs on ids
         tok = None
     return model.eval(), tok

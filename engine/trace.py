@@ -7,9 +7,14 @@ live in the ``extras`` / ``controller`` dicts, which hold JSON values only.
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, field, fields
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any
+
+from engine.errors import TraceError
 
 # Node statuses, as drawn by the forest view.
 ACCEPTED = "accepted"
@@ -143,34 +148,59 @@ class RunTrace:
         return cls.from_dict(json.loads(s))
 
 
-_NESTED: dict[str, type] = {
-    "nodes": NodeTrace,
-    "tests": TestRecord,
-    "beams_before": BeamTrace,
-    "beams_after": BeamTrace,
-    "committed": CommittedToken,
-    "p_top": TopK,
-    "rounds": RoundTrace,
-    "beams": BeamTrace,
-}
-
-
-_TUPLES = ("token_ids", "probs", "prompt_ids", "token_origins", "token_rounds", "prompt_text")
-
-
-def _build(cls: type, d: dict[str, Any]) -> Any:
-    """Rebuild a trace dataclass from its dict form (lists become tuples)."""
-    kw = {}
+def _build(cls: type, d: Any, path: str = "trace") -> Any:
+    """Rebuild a trace dataclass from its dict form (lists become tuples), checking every
+    field against its annotation: a value of the wrong type raises TraceError with its path
+    (e.g. ``trace.rounds[3].nodes[0].p: expected float, got str``)."""
+    if not isinstance(d, dict):
+        raise TraceError(f"{path}: expected an object, got {_kind(d)}")
+    hints = _hints(cls)
+    kw = {f.name: _value(d[f.name], hints[f.name], f"{path}.{f.name}")
+          for f in fields(cls) if f.name in d}
     for f in fields(cls):
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if f.name in _NESTED and isinstance(v, list):
-            v = tuple(_build(_NESTED[f.name], x) for x in v)
-        elif isinstance(v, list) and f.name in _TUPLES:
-            v = tuple(v)
-        kw[f.name] = v
+        if f.name not in kw and f.default is MISSING and f.default_factory is MISSING:
+            raise TraceError(f"{path}: missing field '{f.name}'")
     return cls(**kw)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _kind(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _value(v: Any, hint: Any, path: str) -> Any:
+    """v checked against a field annotation (dataclass, tuple[X, ...], dict, X | None, scalar)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return v
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        return _value(v, next(a for a in args if a is not type(None)), path)
+    if is_dataclass(hint):
+        return _build(hint, v, path)
+    if origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise TraceError(f"{path}: expected an array, got {_kind(v)}")
+        return tuple(_value(x, args[0], f"{path}[{i}]") for i, x in enumerate(v))
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise TraceError(f"{path}: expected an object, got {_kind(v)}")
+        if args[1] is not Any:
+            for k, x in v.items():
+                _value(x, args[1], f"{path}.{k}")
+        return v
+    ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
+          float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+          str: lambda x: isinstance(x, str), bool: lambda x: isinstance(x, bool)}[hint]
+    if not ok(v):
+        raise TraceError(f"{path}: expected {hint.__name__}, got {_kind(v)}")
+    return v
 
 
 class RunStats:

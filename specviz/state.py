@@ -47,6 +47,11 @@ class SessionState:
         last = max(self.n_rounds - 1, 0)
         return replace(self, round=min(max(int(index), 0), last))
 
+    def __deepcopy__(self, memo: dict) -> SessionState:
+        """Gradio deep-copies the opening state into every new session: the trace is frozen,
+        so sessions share it (a fresh memo each) instead of each holding a copy."""
+        return replace(self, memo={})
+
     def cached(self, key: str, build: Callable[[], Any]) -> Any:
         """A value derived from the whole trace, built once per trace (not while live)."""
         if self.live:
