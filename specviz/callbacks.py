@@ -25,7 +25,7 @@ from engine.errors import SpecvizError
 from specviz import pairs, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live
-from specviz.state import SessionState, coerce
+from specviz.state import HELD, SessionState, coerce
 
 log = logging.getLogger("specviz")
 
@@ -149,6 +149,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         params = pool.values(method, widgets)
         pairs.check_run_limits(prompt, params)
+        HELD.admit()  # no run while the sessions' traces fill the server's budget
         rounds: list = []
         state = SessionState(source="run", live=True)
         pace = LivePace()

@@ -18,6 +18,7 @@ from typing import Any
 from engine.errors import ConfigError, SpecvizError
 from engine.trace import RunTrace
 from specviz import pairs
+from specviz.state import HELD, weight
 
 MAX_IMPORT_BYTES = 20 * 1024 * 1024
 MAX_DEPTH = 64  # a recorded trace nests about 8 levels deep
@@ -89,6 +90,7 @@ def parse_trace(text: str) -> RunTrace:
     nodes = sum(len(r.nodes) for r in trace.rounds)
     if nodes > MAX_IMPORT_NODES:
         raise _refuse(f"{nodes} forest nodes; the app holds at most {MAX_IMPORT_NODES}")
+    HELD.admit(weight(trace))
     return trace
 
 

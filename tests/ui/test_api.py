@@ -112,6 +112,19 @@ def test_import_rejects_a_file_that_is_not_a_trace(client, tmp_path):
         client.predict(handle_file(str(bad)), api_name="/import")
 
 
+def test_an_upload_over_the_cap_is_refused_and_the_session_keeps_working(client, tmp_path):
+    from specviz.trace_file import MAX_IMPORT_BYTES
+
+    own = _views(_run(client, p_max_new_tokens=4) and client.predict(api_name="/reset"))
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (MAX_IMPORT_BYTES + 1))
+    with pytest.raises(Exception) as err:
+        client.predict(handle_file(str(huge)), api_name="/import")
+    assert "Traceback" not in str(err.value)
+    v = _views(client.predict(api_name="/step"))
+    assert v["run_md"] == own["run_md"] and v["round_md"].startswith("**Round 1**")
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(p_gamma=0), "gamma must be >= 1, got 0"),
     (dict(p_max_new_tokens=300), "max_new_tokens must be <= 256 in the UI"),

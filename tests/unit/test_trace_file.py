@@ -3,6 +3,7 @@ import works; exports stay in the app's temp folder. No model: the demo trace an
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 from pathlib import Path
@@ -142,3 +143,30 @@ def test_exports_stay_in_the_apps_temp_folder_and_old_ones_are_pruned(tmp_path, 
     paths = [trace_file.write_export("sd", f"{{}}{i}", f"{i:012d}") for i in range(5)]
     assert all(Path(p).parent == tmp_path / "exports" for p in paths)
     assert len(list((tmp_path / "exports").iterdir())) == 3 and Path(paths[-1]).exists()
+
+
+def test_the_servers_trace_budget_counts_each_trace_once_and_frees_it_with_its_sessions(
+        monkeypatch):
+    from specviz.state import HELD, weight
+
+    gc.collect()
+    trace = trace_file.load_trace_file(DEMO_TRACE)
+    base = HELD.total
+    a = SessionState(trace=trace, source="import")
+    b, c = a.at(3), SessionState(trace=trace)  # navigation copies and sessions share it
+    assert HELD.total == base + weight(trace) and weight(trace) > 340
+    monkeypatch.setattr(HELD, "cap", base + weight(trace) + 10)
+    with pytest.raises(gr.Error, match="the server holds .* trace records for its sessions"):
+        cb.import_trace(str(DEMO_TRACE), SessionState())
+    del a, b, c, trace
+    assert HELD.total == base  # the last holder gone: released
+
+
+def test_every_session_shares_the_opening_trace_instead_of_copying_it():
+    import copy
+
+    from specviz.state import demo_state
+
+    opening = demo_state()
+    session = copy.deepcopy(opening)  # what Gradio does for each new session
+    assert session.trace is opening.trace and session.memo is opening.memo
