@@ -161,11 +161,11 @@ def test_bad_inputs_become_one_line_errors(client, kw, message):
 
 @pytest.mark.parametrize("args, message", [
     (("hi", [], 8, 0.0, 0, TINY, "", ""), "pick at least one method"),
-    (("hi", ["sd"], 0, 0.0, 0, TINY, "", ""), "max_new_tokens must be in [1, 128]"),
-    (("hi", ["sd"], 500, 0.0, 0, TINY, "", ""), "max_new_tokens must be in [1, 128]"),
+    (("hi", ["sd"], 0, 0.0, 0, TINY, "", ""), "Value 0 is less than minimum value 1"),
+    (("hi", ["sd"], 500, 0.0, 0, TINY, "", ""), "Value 500 is greater than maximum value 128"),
     (("  ", ["sd"], 8, 0.0, 0, TINY, "", ""), "prompt is empty"),
     (("x" * 2001, ["sd"], 8, 0.0, 0, TINY, "", ""), "the UI limit is 2000"),
-    (("hi", ["sd"], 8, -1.0, 0, TINY, "", ""), "temperature must be >= 0.0"),
+    (("hi", ["sd"], 8, -1.0, 0, TINY, "", ""), "Value -1.0 is less than minimum value 0"),
     (("hi", ["sd"], 8, 0.0, 0, TINY, "", "nope:gamma=2"), "unknown method 'nope'"),
     (("hi", ["sd"], 8, 0.0, 0, TINY, "", ",".join(["sd:gamma=2"] * 3 + [
         f"sd:gamma={g}" for g in range(3, 10)])), "compare at most 8 methods"),
@@ -180,9 +180,9 @@ def test_bad_compare_inputs_become_one_line_errors(client, args, message):
 @pytest.mark.parametrize("args, message", [
     (("hi", "sd", "gamma", 1.0, 0, 1.0, 8), "bad parameter 'gamma' (use key=value"),
     (("hi", "sd", "gamma=0", 1.0, 0, 1.0, 8), "gamma must be >= 1"),
-    (("hi", "sd", "", -1.0, 0, 1.0, 8), "temperature must be >= 0.0"),
-    (("hi", "sd", "", 1.0, 0, 2.0, 8), "top_p must be <= 1.0"),
-    (("hi", "sd", "", 1.0, -3, 1.0, 8), "top_k must be >= 0"),
+    (("hi", "sd", "", -1.0, 0, 1.0, 8), "Value -1.0 is less than minimum value 0"),
+    (("hi", "sd", "", 1.0, 0, 2.0, 8), "Value 2.0 is greater than maximum value 1"),
+    (("hi", "sd", "", 1.0, -3, 1.0, 8), "Value -3 is less than minimum value 0"),
     (("", "sd", "", 1.0, 0, 1.0, 8), "prompt is empty"),
     (("hi", "sd", "", 0.0, 0, 1.0, 999), "max_new_tokens must be <= 256 in the UI"),
     (("hi", "beam_sample", "", 0.0, 0, 1.0, 8), "temperature"),
