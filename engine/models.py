@@ -104,6 +104,21 @@ def tiny_config(family: str = "llama", vocab_size: int = 64, layers: int = 2, **
     return AutoConfig.for_model(family, **base)
 
 
+MAX_TINY_PARAMS = 50_000_000  # tiny:{json} builds toy models, never large ones
+
+
+def _check_tiny_size(cfg) -> None:
+    """Refuse a toy config with a non-positive size or above MAX_TINY_PARAMS (about)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    i, n = cfg.intermediate_size, cfg.num_hidden_layers
+    if min(h, v, i, n) < 1:
+        raise ValueError("sizes must be positive integers")
+    params = 2 * v * h + n * (4 * h * h + 3 * h * i)
+    if params > MAX_TINY_PARAMS:
+        raise ValueError(f"about {params / 1e6:.0f}M parameters; tiny models are toys of at "
+                         f"most {MAX_TINY_PARAMS // 10**6}M")
+
+
 def model_from_config(config, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A seeded random model from a config (eval mode)."""
     from transformers import AutoModelForCausalLM
@@ -246,9 +261,10 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
     if parsed.kind == "tiny":
         try:
             cfg = tiny_config(**parsed.tiny)
-        except (ValueError, TypeError, KeyError) as e:
+            _check_tiny_size(cfg)
+            model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:
             raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
-        model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
         return model.to(device), None, parsed.text
     if parsed.kind == "embedded":
         model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)

@@ -51,6 +51,10 @@ BAD = [
       "/no/such/dir/t.json"], "--trace: no such folder: /no/such/dir"),
     (["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny",
       "--draft", "gpt2-nonexistent-xyz", "--device", "cpu"], "cannot load model"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target",
+      'tiny:{"hidden_size": 8192, "layers": 64}'], "tiny models are toys of at most 50M"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", 'tiny:{"vocab_size": -5}'],
+     "sizes must be positive integers"),
 ]
 
 
