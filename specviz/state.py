@@ -35,7 +35,7 @@ class TraceBudget:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self._held: dict[int, int] = {}  # id(trace) -> weight
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a release may run inside a hold (garbage collection)
 
     @property
     def total(self) -> int:
@@ -47,7 +47,11 @@ class TraceBudget:
         with self._lock:
             if key in self._held:
                 return
-            self._held[key] = weight(trace)
+        records = weight(trace)
+        with self._lock:
+            if key in self._held:
+                return
+            self._held[key] = records
         weakref.finalize(trace, self._release, key)
 
     def _release(self, key: int) -> None:
