@@ -12,7 +12,7 @@ import json
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Callable
 
 from engine.errors import TraceError
 
@@ -150,22 +150,20 @@ class RunTrace:
 
 def _build(cls: type, d: Any, path: str = "trace") -> Any:
     """Rebuild a trace dataclass from its dict form (lists become tuples), checking every
-    field against its annotation: a value of the wrong type raises TraceError with its path
-    (e.g. ``trace.rounds[3].nodes[0].p: expected float, got str``)."""
-    if not isinstance(d, dict):
-        raise TraceError(f"{path}: expected an object, got {_kind(d)}")
-    hints = _hints(cls)
-    kw = {f.name: _value(d[f.name], hints[f.name], f"{path}.{f.name}")
-          for f in fields(cls) if f.name in d}
-    for f in fields(cls):
-        if f.name not in kw and f.default is MISSING and f.default_factory is MISSING:
-            raise TraceError(f"{path}: missing field '{f.name}'")
-    return cls(**kw)
+    field against its annotation: a missing field or a value of the wrong type raises
+    TraceError with its path (e.g. ``trace.rounds[3].nodes[0].p: expected float, got
+    string``)."""
+    try:
+        return _reader(cls)(d)
+    except _Bad as e:
+        raise TraceError(f"{path}{''.join(reversed(e.where))}: {e.what}") from None
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+class _Bad(Exception):
+    """A check failed: what, and where (path pieces, innermost first, added on the way out)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.where = what, []
 
 
 def _kind(v: Any) -> str:
@@ -173,34 +171,77 @@ def _kind(v: Any) -> str:
             type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _value(v: Any, hint: Any, path: str) -> Any:
-    """v checked against a field annotation (dataclass, tuple[X, ...], dict, X | None, scalar)."""
+def _at(piece: str | int, read: Callable[[Any], Any], v: Any) -> Any:
+    """read(v); a failure learns where: a field name or a list index."""
+    try:
+        return read(v)
+    except _Bad as e:
+        e.where.append(f"[{piece}]" if isinstance(piece, int) else f".{piece}")
+        raise
+
+
+@functools.cache
+def _reader(hint: Any) -> Callable[[Any], Any]:
+    """A function that checks a JSON value against a field annotation (dataclass,
+    tuple[X, ...], dict[str, X], X | None, int / float / str / bool, Any) and converts it."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return v
+        return lambda v: v
     if origin in (typing.Union, types.UnionType):
-        if v is None and type(None) in args:
-            return None
-        return _value(v, next(a for a in args if a is not type(None)), path)
+        inner = _reader(next(a for a in args if a is not type(None)))
+        return lambda v: None if v is None else inner(v)
     if is_dataclass(hint):
-        return _build(hint, v, path)
+        return _dataclass_reader(hint)
     if origin is tuple:
-        if not isinstance(v, (list, tuple)):
-            raise TraceError(f"{path}: expected an array, got {_kind(v)}")
-        return tuple(_value(x, args[0], f"{path}[{i}]") for i, x in enumerate(v))
+        return _tuple_reader(_reader(args[0]), args[0])
     if origin is dict:
-        if not isinstance(v, dict):
-            raise TraceError(f"{path}: expected an object, got {_kind(v)}")
-        if args[1] is not Any:
-            for k, x in v.items():
-                _value(x, args[1], f"{path}.{k}")
+        inner = _reader(args[1])
+
+        def read_dict(v: Any) -> dict:
+            if type(v) is not dict:
+                raise _Bad(f"expected an object, got {_kind(v)}")
+            if args[1] is not Any:
+                for k, x in v.items():
+                    _at(str(k), inner, x)
+            return v
+        return read_dict
+    types_ok = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}[hint]
+
+    def read_scalar(v: Any) -> Any:
+        if type(v) not in types_ok:
+            raise _Bad(f"expected {hint.__name__}, got {_kind(v)}")
         return v
-    ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
-          float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
-          str: lambda x: isinstance(x, str), bool: lambda x: isinstance(x, bool)}[hint]
-    if not ok(v):
-        raise TraceError(f"{path}: expected {hint.__name__}, got {_kind(v)}")
-    return v
+    return read_scalar
+
+
+def _tuple_reader(inner: Callable[[Any], Any], item: Any) -> Callable[[Any], tuple]:
+    scalar = {int: (int,), float: (float, int), str: (str,)}.get(item)
+
+    def read_tuple(v: Any) -> tuple:
+        if type(v) is not list and type(v) is not tuple:
+            raise _Bad(f"expected an array, got {_kind(v)}")
+        if scalar is not None and all(type(x) in scalar for x in v):
+            return tuple(v)  # the common case, checked without a call per item
+        return tuple(_at(i, inner, x) for i, x in enumerate(v))
+    return read_tuple
+
+
+def _dataclass_reader(cls: type) -> Callable[[Any], Any]:
+    hints = typing.get_type_hints(cls)
+    spec = [(f.name, f.default is MISSING and f.default_factory is MISSING,
+             _reader(hints[f.name])) for f in fields(cls)]
+
+    def read(d: Any) -> Any:
+        if type(d) is not dict:
+            raise _Bad(f"expected an object, got {_kind(d)}")
+        kw = {}
+        for name, required, read_field in spec:
+            if name in d:
+                kw[name] = _at(name, read_field, d[name])
+            elif required:
+                raise _Bad(f"missing field '{name}'")
+        return cls(**kw)
+    return read
 
 
 class RunStats:

@@ -55,15 +55,17 @@ def _check_shape(data: Any) -> None:
         v, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise _refuse(f"nested more than {MAX_DEPTH} levels deep")
-        if isinstance(v, str):
-            if len(v) > MAX_STRING_CHARS:
-                raise _refuse(f"a string of {len(v)} characters (the limit is "
-                              f"{MAX_STRING_CHARS})")
-        elif isinstance(v, dict):
-            stack.extend((x, depth + 1) for x in v.values())
-            stack.extend((k, depth + 1) for k in v)
-        elif isinstance(v, list):
-            stack.extend((x, depth + 1) for x in v)
+        if type(v) is dict:
+            _check_strings(v.keys())
+            v = v.values()
+        _check_strings(x for x in v if type(x) is str)
+        stack.extend((x, depth + 1) for x in v if type(x) is dict or type(x) is list)
+
+
+def _check_strings(strings: Any) -> None:
+    longest = max(map(len, strings), default=0)
+    if longest > MAX_STRING_CHARS:
+        raise _refuse(f"a string of {longest} characters (the limit is {MAX_STRING_CHARS})")
 
 
 def parse_trace(text: str) -> RunTrace:

@@ -171,3 +171,19 @@ def test_every_session_shares_the_opening_trace_instead_of_copying_it():
     opening = demo_state()
     session = copy.deepcopy(opening)  # what Gradio does for each new session
     assert session.trace is opening.trace and session.memo is opening.memo
+
+
+def test_a_largest_allowed_import_parses_in_seconds_not_minutes():
+    import time
+
+    d = _edit()
+    rounds, big = d["rounds"], []
+    while sum(len(r["nodes"]) for r in big) + 30 <= trace_file.MAX_IMPORT_NODES:
+        big.append({**rounds[len(big) % len(rounds)], "index": len(big)})
+    d["rounds"] = big
+    text = json.dumps(d)
+    t0 = time.perf_counter()
+    trace = trace_file.parse_trace(text)
+    took = time.perf_counter() - t0
+    assert len(trace.rounds) == len(big) and len(text) > 8 * 2**20
+    assert took < 10, f"{len(text) / 2**20:.1f} MB took {took:.1f} s"
