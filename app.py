@@ -18,13 +18,14 @@ if importlib.util.find_spec("spaces") is not None:
     import spaces  # noqa: F401  - before torch: ZeroGPU patches CUDA (a no-op elsewhere)
 
 import specviz  # noqa: E402
+from engine.cli.flags import OneLineParser  # noqa: E402
 from engine.errors import SpecvizError  # noqa: E402
 from specviz import pairs  # noqa: E402
 from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="specviz: speculative decoding visual debugger; "
+    ap = OneLineParser(description="specviz: speculative decoding visual debugger; "
                                  "flags override the SPECVIZ_* variables")
     ap.add_argument("--target", help="target model: embedded, hub id, dir ($SPECVIZ_TARGET)")
     ap.add_argument("--draft", help="draft model; empty: early-exit of the target "

@@ -17,3 +17,7 @@ class ModelLoadError(SpecvizError):
 
 class UnsupportedModelError(SpecvizError):
     """An architecture whose forest forward has not been verified."""
+
+
+class TraceError(SpecvizError):
+    """A trace (JSON) that is not a RunTrace: a missing field or a value of the wrong type."""

@@ -104,6 +104,21 @@ def tiny_config(family: str = "llama", vocab_size: int = 64, layers: int = 2, **
     return AutoConfig.for_model(family, **base)
 
 
+MAX_TINY_PARAMS = 50_000_000  # tiny:{json} builds toy models, never large ones
+
+
+def _check_tiny_size(cfg) -> None:
+    """Refuse a toy config with a non-positive size or above MAX_TINY_PARAMS (about)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    i, n = cfg.intermediate_size, cfg.num_hidden_layers
+    if min(h, v, i, n) < 1:
+        raise ValueError("sizes must be positive integers")
+    params = 2 * v * h + n * (4 * h * h + 3 * h * i)
+    if params > MAX_TINY_PARAMS:
+        raise ValueError(f"about {params / 1e6:.0f}M parameters; tiny models are toys of at "
+                         f"most {MAX_TINY_PARAMS // 10**6}M")
+
+
 def model_from_config(config, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A seeded random model from a config (eval mode)."""
     from transformers import AutoModelForCausalLM
@@ -137,6 +152,8 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
+    """Model and tokenizer of a local folder or hub id: stock architectures only (never
+    remote code) and safetensors weights only (never a pickled checkpoint)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(spec).expanduser()
@@ -149,14 +166,15 @@ def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
             "cache, and the hub is unreachable (offline)")
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=dtype, trust_remote_code=False, device_map=device_map,
-            local_files_only=offline, attn_implementation="sdpa",
+            src, dtype=dtype, trust_remote_code=False, use_safetensors=True,
+            device_map=device_map, local_files_only=offline, attn_implementation="sdpa",
         )
     except Exception as e:  # noqa: BLE001 - any loading failure becomes one line
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load model '{spec}' offline or from disk: {msg}") from e
     try:
-        tok = AutoTokenizer.from_pretrained(src, local_files_only=offline)
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=offline,
+                                            trust_remote_code=False)
     except Exception:  # noqa: BLE001 - a model without a tokenizer still runs on ids
         tok = None
     return model.eval(), tok
@@ -243,9 +261,10 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
     if parsed.kind == "tiny":
         try:
             cfg = tiny_config(**parsed.tiny)
-        except (ValueError, TypeError, KeyError) as e:
+            _check_tiny_size(cfg)
+            model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:
             raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
-        model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
         return model.to(device), None, parsed.text
     if parsed.kind == "embedded":
         model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)

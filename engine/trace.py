@@ -7,9 +7,14 @@ live in the ``extras`` / ``controller`` dicts, which hold JSON values only.
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any, Callable
+
+from engine.errors import TraceError
 
 # Node statuses, as drawn by the forest view.
 ACCEPTED = "accepted"
@@ -143,34 +148,100 @@ class RunTrace:
         return cls.from_dict(json.loads(s))
 
 
-_NESTED: dict[str, type] = {
-    "nodes": NodeTrace,
-    "tests": TestRecord,
-    "beams_before": BeamTrace,
-    "beams_after": BeamTrace,
-    "committed": CommittedToken,
-    "p_top": TopK,
-    "rounds": RoundTrace,
-    "beams": BeamTrace,
-}
+def _build(cls: type, d: Any, path: str = "trace") -> Any:
+    """Rebuild a trace dataclass from its dict form (lists become tuples), checking every
+    field against its annotation: a missing field or a value of the wrong type raises
+    TraceError with its path (e.g. ``trace.rounds[3].nodes[0].p: expected float, got
+    string``)."""
+    try:
+        return _reader(cls)(d)
+    except _Bad as e:
+        raise TraceError(f"{path}{''.join(reversed(e.where))}: {e.what}") from None
 
 
-_TUPLES = ("token_ids", "probs", "prompt_ids", "token_origins", "token_rounds", "prompt_text")
+class _Bad(Exception):
+    """A check failed: what, and where (path pieces, innermost first, added on the way out)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.where = what, []
 
 
-def _build(cls: type, d: dict[str, Any]) -> Any:
-    """Rebuild a trace dataclass from its dict form (lists become tuples)."""
-    kw = {}
-    for f in fields(cls):
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if f.name in _NESTED and isinstance(v, list):
-            v = tuple(_build(_NESTED[f.name], x) for x in v)
-        elif isinstance(v, list) and f.name in _TUPLES:
-            v = tuple(v)
-        kw[f.name] = v
-    return cls(**kw)
+def _kind(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _at(piece: str | int, read: Callable[[Any], Any], v: Any) -> Any:
+    """read(v); a failure learns where: a field name or a list index."""
+    try:
+        return read(v)
+    except _Bad as e:
+        e.where.append(f"[{piece}]" if isinstance(piece, int) else f".{piece}")
+        raise
+
+
+@functools.cache
+def _reader(hint: Any) -> Callable[[Any], Any]:
+    """A function that checks a JSON value against a field annotation (dataclass,
+    tuple[X, ...], dict[str, X], X | None, int / float / str / bool, Any) and converts it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return lambda v: v
+    if origin in (typing.Union, types.UnionType):
+        inner = _reader(next(a for a in args if a is not type(None)))
+        return lambda v: None if v is None else inner(v)
+    if is_dataclass(hint):
+        return _dataclass_reader(hint)
+    if origin is tuple:
+        return _tuple_reader(_reader(args[0]), args[0])
+    if origin is dict:
+        inner = _reader(args[1])
+
+        def read_dict(v: Any) -> dict:
+            if type(v) is not dict:
+                raise _Bad(f"expected an object, got {_kind(v)}")
+            if args[1] is not Any:
+                for k, x in v.items():
+                    _at(str(k), inner, x)
+            return v
+        return read_dict
+    types_ok = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}[hint]
+
+    def read_scalar(v: Any) -> Any:
+        if type(v) not in types_ok:
+            raise _Bad(f"expected {hint.__name__}, got {_kind(v)}")
+        return v
+    return read_scalar
+
+
+def _tuple_reader(inner: Callable[[Any], Any], item: Any) -> Callable[[Any], tuple]:
+    scalar = {int: (int,), float: (float, int), str: (str,)}.get(item)
+
+    def read_tuple(v: Any) -> tuple:
+        if type(v) is not list and type(v) is not tuple:
+            raise _Bad(f"expected an array, got {_kind(v)}")
+        if scalar is not None and all(type(x) in scalar for x in v):
+            return tuple(v)  # the common case, checked without a call per item
+        return tuple(_at(i, inner, x) for i, x in enumerate(v))
+    return read_tuple
+
+
+def _dataclass_reader(cls: type) -> Callable[[Any], Any]:
+    hints = typing.get_type_hints(cls)
+    spec = [(f.name, f.default is MISSING and f.default_factory is MISSING,
+             _reader(hints[f.name])) for f in fields(cls)]
+
+    def read(d: Any) -> Any:
+        if type(d) is not dict:
+            raise _Bad(f"expected an object, got {_kind(d)}")
+        kw = {}
+        for name, required, read_field in spec:
+            if name in d:
+                kw[name] = _at(name, read_field, d[name])
+            elif required:
+                raise _Bad(f"missing field '{name}'")
+        return cls(**kw)
+    return read
 
 
 class RunStats:

@@ -13,7 +13,6 @@ import inspect
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,15 +22,12 @@ import gradio as gr
 
 from engine import METHODS
 from engine.errors import SpecvizError
-from engine.trace import RunTrace
-from specviz import pairs, text_view
+from specviz import pairs, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live
-from specviz.state import SessionState, coerce
+from specviz.state import HELD, SessionState, coerce
 
 log = logging.getLogger("specviz")
-MAX_IMPORT_BYTES = 20 * 1024 * 1024
-EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-exports"
 
 
 def one_line(e: BaseException) -> str:
@@ -153,6 +149,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         params = pool.values(method, widgets)
         pairs.check_run_limits(prompt, params)
+        HELD.admit()  # no run while the sessions' traces fill the server's budget
         rounds: list = []
         state = SessionState(source="run", live=True)
         pace = LivePace()
@@ -257,35 +254,23 @@ def export_trace(state: SessionState) -> str | None:
         return None
     text = s.cached("json", s.trace.to_json)
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
-    EXPORT_DIR.mkdir(parents=True, exist_ok=True)
-    path = EXPORT_DIR / f"specviz-{s.trace.method or 'run'}-{digest}.json"
-    if not path.exists():
-        path.write_text(text)
-    return str(path)
-
-
-def load_trace_file(path: str | Path) -> RunTrace:
-    """A RunTrace from a JSON file (parsed once); one-line errors for bad files."""
-    p = Path(path)
-    if p.stat().st_size > MAX_IMPORT_BYTES:
-        raise gr.Error(f"trace file is larger than {MAX_IMPORT_BYTES // 2**20} MB",
-                       print_exception=False)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-        trace = RunTrace.from_dict(data)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise gr.Error(f"not a specviz trace: {one_line(e)}", print_exception=False) from e
-    if not isinstance(data, dict) or "rounds" not in data or not trace.rounds:
-        raise gr.Error("not a specviz trace: no rounds", print_exception=False)
-    return trace
+    return trace_file.write_export(s.trace.method or "run", text, digest)
 
 
 @guarded
 def import_trace(file: Any, state: SessionState) -> tuple[Any, ...]:
+    """Open an uploaded trace; a file that is not one (or cannot be shown) is one line and
+    leaves the session's trace as it was."""
     if file is None:
         raise gr.Error("no file received", print_exception=False)
     path = file if isinstance(file, (str, Path)) else getattr(file, "name", None)
-    return _out(SessionState(trace=load_trace_file(path), source="import"))
+    new = SessionState(trace=trace_file.load_trace_file(path), source="import")
+    try:
+        return _out(new)
+    except Exception as e:  # noqa: BLE001 - a schema-valid trace whose values no view takes
+        log.warning("an imported trace could not be rendered", exc_info=True)
+        raise gr.Error(f"not a specviz trace: cannot show it ({type(e).__name__}: "
+                       f"{one_line(e)})", print_exception=False) from e
 
 
 # -------------------------------------------------------------------- run controls

@@ -10,13 +10,63 @@ which every navigation copy of the state shares. Gradio keeps a State value by r
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from engine.errors import ConfigError
 from engine.paths import ASSETS
 from engine.trace import RunTrace
 
 DEMO_TRACE = ASSETS / "demo_trace.json"
+MAX_HELD_RECORDS = 2_000_000  # rounds + nodes + tests of every session's trace together
+
+
+def weight(trace: RunTrace) -> int:
+    """A trace's size in records (rounds, forest nodes, verification tests)."""
+    return sum(1 + len(r.nodes) + len(r.tests) for r in trace.rounds)
+
+
+class TraceBudget:
+    """The traces sessions hold, each counted once (sessions share a trace by reference)
+    and released when it is garbage, and a cap on their total weight."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._held: dict[int, int] = {}  # id(trace) -> weight
+        self._lock = threading.RLock()  # a release may run inside a hold (garbage collection)
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._held.values())
+
+    def hold(self, trace: RunTrace) -> None:
+        key = id(trace)
+        with self._lock:
+            if key in self._held:
+                return
+        records = weight(trace)
+        with self._lock:
+            if key in self._held:
+                return
+            self._held[key] = records
+        weakref.finalize(trace, self._release, key)
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def admit(self, records: int = 0) -> None:
+        """Refuse (one line) a new trace of this weight when the total would pass the cap."""
+        total = self.total
+        if total + records > self.cap:
+            raise ConfigError(f"the server holds {total:,} trace records for its sessions "
+                              f"(limit {self.cap:,}): try again in a while")
+
+
+HELD = TraceBudget(MAX_HELD_RECORDS)
 
 
 @dataclass
@@ -35,6 +85,10 @@ class SessionState:
     live: bool = False
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.trace is not None and not self.live:
+            HELD.hold(self.trace)
+
     @property
     def n_rounds(self) -> int:
         return len(self.trace.rounds) if self.trace else 0
@@ -46,6 +100,12 @@ class SessionState:
         """A copy with the selected round clamped into range (same trace, same memo)."""
         last = max(self.n_rounds - 1, 0)
         return replace(self, round=min(max(int(index), 0), last))
+
+    def __deepcopy__(self, memo: dict) -> SessionState:
+        """Gradio deep-copies the opening state into every new session: the trace is frozen
+        and ``memo`` holds only values derived from it, so sessions share both instead of
+        each holding a copy."""
+        return replace(self)
 
     def cached(self, key: str, build: Callable[[], Any]) -> Any:
         """A value derived from the whole trace, built once per trace (not while live)."""

@@ -15,7 +15,7 @@ import pandas as pd
 
 from engine import METHODS
 from specviz import callbacks as cb
-from specviz import charts, check_tab, compare, pairs
+from specviz import charts, check_tab, compare, pairs, trace_file
 from specviz.params import COMMON, ParamPool
 from specviz.render import OUTPUTS, views
 from specviz.state import ASSETS, SessionState, demo_state
@@ -30,10 +30,20 @@ HEADER = ("## specviz · speculative decoding, round by round\n"
           "that produced it, or export the trace and replay it without a model.")
 
 
+MAX_SESSIONS = 200  # sessions whose state the server keeps; the least recently used goes first
+IDLE_STATE_S = 4 * 3600  # a session's trace is dropped after this long without an event
+CACHE_CLEANUP = (1800, 3600)  # every 30 min, delete the app's served files older than 1 h
+
+
 def launch_options() -> dict[str, Any]:
-    """Keyword arguments for ``demo.launch`` (Gradio 6 takes css and theme there)."""
+    """Keyword arguments for ``demo.launch`` (Gradio 6 takes css and theme there): the look,
+    the upload cap (Gradio refuses a larger file before any handler runs) and the number of
+    sessions kept in memory (each holds at most one trace, bounded by trace_file's and
+    pairs' caps)."""
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate", radius_size="sm")
-    return {"css": (ASSETS / "style.css").read_text(), "theme": theme}
+    return {"css": (ASSETS / "style.css").read_text(), "theme": theme,
+            "max_file_size": trace_file.MAX_IMPORT_BYTES,
+            "state_session_capacity": MAX_SESSIONS}
 
 
 def _examples() -> list[str]:
@@ -238,8 +248,8 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
     method0 = method or opening.get("method") or "sd"
     method0 = method0 if method0 in METHODS else next(iter(METHODS))
     v = views(state0)
-    with gr.Blocks(title="specviz", fill_width=True) as demo:
-        state = gr.State(state0)
+    with gr.Blocks(title="specviz", fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
+        state = gr.State(state0, time_to_live=IDLE_STATE_S)
         timer = gr.Timer(PLAY_INTERVAL_S, active=False)
         gr.Markdown(HEADER, elem_classes="sv-header")
         with gr.Tabs():

@@ -39,9 +39,14 @@ def run(args: argparse.Namespace) -> int:
     spec = engine.METHODS[args.method]
     validate_params(spec.all_params, params, args.method)
     prompt = read_prompt(args)
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise ConfigError(f"--trace: no such folder: {Path(args.trace).parent}")
     trace = engine.generate(pair_from_flags(args), prompt, args.method, raw=args.raw, **params)
     if args.trace:
-        Path(args.trace).write_text(trace.to_json())
+        try:
+            Path(args.trace).write_text(trace.to_json())
+        except OSError as e:
+            raise ConfigError(f"--trace: cannot write {args.trace}: {e.strerror}") from e
     if args.json:
         beams = [{"token_ids": list(b.token_ids), "score": b.score} for b in trace.beams]
         print(json.dumps({

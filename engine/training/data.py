@@ -270,7 +270,7 @@ def _load_tokens(cache: Path) -> TrainData:
                        for part in ("train", "heldout")])
     states = cache.with_suffix(".states.pt")
     if states.is_file():  # the target's final states, kept from generation
-        saved = torch.load(states)
+        saved = torch.load(states, weights_only=True)
         for part in ("train", "heldout"):
             for e, h in zip(getattr(data, part), saved[part]):
                 e.h_target = h.float() if h is not None else None

@@ -112,6 +112,19 @@ def test_import_rejects_a_file_that_is_not_a_trace(client, tmp_path):
         client.predict(handle_file(str(bad)), api_name="/import")
 
 
+def test_an_upload_over_the_cap_is_refused_and_the_session_keeps_working(client, tmp_path):
+    from specviz.trace_file import MAX_IMPORT_BYTES
+
+    own = _views(_run(client, p_max_new_tokens=4) and client.predict(api_name="/reset"))
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (MAX_IMPORT_BYTES + 1))
+    with pytest.raises(Exception) as err:
+        client.predict(handle_file(str(huge)), api_name="/import")
+    assert "Traceback" not in str(err.value)
+    v = _views(client.predict(api_name="/step"))
+    assert v["run_md"] == own["run_md"] and v["round_md"].startswith("**Round 1**")
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(p_gamma=0), "gamma must be >= 1, got 0"),
     (dict(p_max_new_tokens=300), "max_new_tokens must be <= 256 in the UI"),
@@ -122,6 +135,21 @@ def test_import_rejects_a_file_that_is_not_a_trace(client, tmp_path):
      "draft_beams x gamma = 4096 forest nodes per round; the UI limit is 1024"),
     (dict(target="Qwen/Qwen2.5-7B-Instruct"), "is a GPU preset: it needs a CUDA device"),
     (dict(target="/no/such/model"), "cannot load model '/no/such/model'"),
+    (dict(p_max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(p_temperature=-1), "temperature must be >= 0.0"),
+    (dict(p_temperature=11), "temperature must be <= 10.0"),
+    (dict(p_top_p=0), "top_p must be > 0.0"),
+    (dict(p_top_p=1.5), "top_p must be <= 1.0"),
+    (dict(p_top_k=-1), "top_k must be >= 0"),
+    (dict(p_seed=-1), "seed must be >= 0"),
+    (dict(method="mcsd", p_k_config="axb"), "k_config"),
+    (dict(method="nope"), "nope"),
+    (dict(target="tiny:{oops"), "bad tiny model spec"),
+    (dict(target="early-exit"), "is a drafter"),
+    (dict(target='tiny:{"hidden_size": 8192, "layers": 64}'), "tiny models are toys"),
+    (dict(draft="early-exit:0"), "early-exit layers must be a positive integer"),
+    (dict(draft='tiny:{"vocab_size": 32}'), "target vocab size 64, draft 32"),
+    (dict(draft="/no/such/draft"), "cannot load model '/no/such/draft'"),
 ])
 def test_bad_inputs_become_one_line_errors(client, kw, message):
     with pytest.raises(AppError) as err:
@@ -129,6 +157,41 @@ def test_bad_inputs_become_one_line_errors(client, kw, message):
     text = str(err.value)
     assert message in text
     assert "\n" not in text and "Traceback" not in text
+    assert "4 tokens in" in _run(client, p_max_new_tokens=4)["run_md"]  # the session works
+
+
+@pytest.mark.parametrize("args, message", [
+    (("hi", [], 8, 0.0, 0, TINY, "", ""), "pick at least one method"),
+    (("hi", ["sd"], 0, 0.0, 0, TINY, "", ""), "Value 0 is less than minimum value 1"),
+    (("hi", ["sd"], 500, 0.0, 0, TINY, "", ""), "Value 500 is greater than maximum value 128"),
+    (("  ", ["sd"], 8, 0.0, 0, TINY, "", ""), "prompt is empty"),
+    (("x" * 2001, ["sd"], 8, 0.0, 0, TINY, "", ""), "the UI limit is 2000"),
+    (("hi", ["sd"], 8, -1.0, 0, TINY, "", ""), "Value -1.0 is less than minimum value 0"),
+    (("hi", ["sd"], 8, 0.0, 0, TINY, "", "nope:gamma=2"), "unknown method 'nope'"),
+    (("hi", ["sd"], 8, 0.0, 0, TINY, "", ",".join(["sd:gamma=2"] * 3 + [
+        f"sd:gamma={g}" for g in range(3, 10)])), "compare at most 8 methods"),
+    (("hi", ["sd"], 8, 0.0, 0, "tiny:{oops", "", ""), "bad tiny model spec"),
+])
+def test_bad_compare_inputs_become_one_line_errors(client, args, message):
+    with pytest.raises(AppError) as err:
+        client.predict(*args, api_name="/compare")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("hi", "sd", "gamma", 1.0, 0, 1.0, 8), "bad parameter 'gamma' (use key=value"),
+    (("hi", "sd", "gamma=0", 1.0, 0, 1.0, 8), "gamma must be >= 1"),
+    (("hi", "sd", "", -1.0, 0, 1.0, 8), "Value -1.0 is less than minimum value 0"),
+    (("hi", "sd", "", 1.0, 0, 2.0, 8), "Value 2.0 is greater than maximum value 1"),
+    (("hi", "sd", "", 1.0, -3, 1.0, 8), "Value -3 is less than minimum value 0"),
+    (("", "sd", "", 1.0, 0, 1.0, 8), "prompt is empty"),
+    (("hi", "sd", "", 0.0, 0, 1.0, 999), "max_new_tokens must be <= 256 in the UI"),
+    (("hi", "beam_sample", "", 0.0, 0, 1.0, 8), "temperature"),
+])
+def test_bad_check_inputs_become_one_line_errors(client, args, message):
+    with pytest.raises(AppError) as err:
+        client.predict(*args, TINY, "", api_name="/check")
+    assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_method_change_shows_that_methods_parameters_with_defaults(client):

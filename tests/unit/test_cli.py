@@ -37,6 +37,24 @@ BAD = [
      "bad tiny model spec"),
     (["bench", "--methods", "greedy", "--prompts-jsonl", "/no/such/file"],
      "prompts file not found"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny", "--device", "tpu"],
+     "unknown device 'tpu'"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny", "--dtype", "fp8"],
+     "unknown dtype 'fp8'"),
+    (["generate", "--method", "sd", "--prompt", "hi", "--target", "tiny", "--seed", "-1"],
+     "seed must be >= 0"),
+    (["generate", "--method", "sd", "--prompt", "hi", "--target", "tiny", "--max-new-tokens",
+      "abc"], "max_new_tokens: expected int"),
+    (["generate", "--method", "mcsd", "--prompt", "hi", "--target", "tiny", "--k-config",
+      "9x9x9"], "k_config '9x9x9' makes 819 nodes"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny", "--trace",
+      "/no/such/dir/t.json"], "--trace: no such folder: /no/such/dir"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", "tiny",
+      "--draft", "gpt2-nonexistent-xyz", "--device", "cpu"], "cannot load model"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target",
+      'tiny:{"hidden_size": 8192, "layers": 64}'], "tiny models are toys of at most 50M"),
+    (["generate", "--method", "greedy", "--prompt", "hi", "--target", 'tiny:{"vocab_size": -5}'],
+     "sizes must be positive integers"),
 ]
 
 
@@ -67,6 +85,25 @@ def test_a_real_process_exits_with_code_2_and_no_traceback():
     assert out.stderr.strip().splitlines() == ["error: unknown method 'nope' (known: "
                                                + out.stderr.split("(known: ")[1].strip()]
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
+    (["--target", "tiny:{oops"], "bad tiny model spec"),
+    (["--draft", "early-exit:0"], "early-exit layers must be a positive integer"),
+    (["--presets", "gpt5"], "SPECVIZ_PRESETS: unknown preset 'gpt5'"),
+])
+def test_the_app_refuses_bad_flags_in_one_line_before_it_serves(argv, message, capsys,
+                                                                 monkeypatch):
+    import app
+
+    monkeypatch.setattr(app.specviz, "build_demo", lambda *a, **k: pytest.fail("served"))
+    with pytest.raises(SystemExit) as exit_:
+        app.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    assert message in err[0]
 
 
 def test_methods_lists_every_method_with_parameters(capsys):

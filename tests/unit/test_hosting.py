@@ -64,7 +64,7 @@ def test_a_bad_value_is_one_clear_line(env, message):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"SPECVIZ_TARGET": "early-exit"}, "'early-exit' is a drafter made from the target"),
+    ({"SPECVIZ_TARGET": "early-exit"}, "'early-exit' is a drafter, not a target"),
     ({"SPECVIZ_DRAFT": "early-exit:x"}, "early-exit layers must be a positive integer"),
 ])
 def test_bad_model_specs_fail_at_start(env, message):

@@ -1,0 +1,189 @@
+"""Trace import, every bad file: one line, the session's trace untouched, the next valid
+import works; exports stay in the app's temp folder. No model: the demo trace and edits."""
+
+from __future__ import annotations
+
+import gc
+import json
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from specviz import callbacks as cb
+from specviz import trace_file
+from specviz.render import OUTPUTS
+from specviz.state import DEMO_TRACE, SessionState
+
+DEMO = json.loads(DEMO_TRACE.read_text())
+
+
+def _edit(**changes) -> dict:
+    d = json.loads(json.dumps(DEMO))
+    d.update(changes)
+    return d
+
+
+def _node_p(value) -> dict:
+    d = _edit()
+    d["rounds"][0]["nodes"][0]["p"] = value
+    return d
+
+
+def _nested(depth: int) -> dict:
+    inner: dict = {}
+    for _ in range(depth):
+        inner = {"a": inner}
+    return _edit(params=inner)
+
+
+BAD = [  # (file text, message): the import door's table rows in the README
+    ("not json {", "invalid JSON"),
+    ("", "invalid JSON"),
+    ("[1, 2]", "trace: expected an object, got array"),
+    ('{"hello": 1}', "trace: missing field 'method'"),
+    (_edit(rounds={}), "trace.rounds: expected an array, got object"),
+    (_edit(rounds=[]), "no rounds"),
+    (_edit(token_ids=[True]), "trace.token_ids[0]: expected int, got boolean"),
+    (_node_p("x"), "trace.rounds[0].nodes[0].p: expected float, got string"),
+    (_edit(version=2), "version 2 is newer than this app reads (1)"),
+    (json.dumps(_node_p(float("nan"))), "non-finite number NaN"),
+    (json.dumps(_edit(stats={"wall_s": float("inf")})), "non-finite number Infinity"),
+    (json.dumps(_node_p(0.5)).replace('"p": 0.5', '"p": -1e999', 1),
+     "number -1e999 is out of range"),
+    ("[" * 100_000 + "]" * 100_000, "nested more than 64 levels deep"),
+    (_nested(100), "nested more than 64 levels deep"),
+    (_edit(prompt="x" * 3_000_000), "a string of 3000000 characters (the limit is 100000)"),
+]
+
+
+def _write(tmp_path: Path, content) -> Path:
+    path = tmp_path / "trace.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+@pytest.mark.parametrize("content, message", BAD, ids=[m for _, m in BAD])
+def test_a_bad_trace_file_is_refused_in_one_line(tmp_path, content, message):
+    with pytest.raises(trace_file.TraceFileError) as err:
+        trace_file.load_trace_file(_write(tmp_path, content))
+    text = str(err.value)
+    assert text.startswith("not a specviz trace: ") and message in text
+    assert "\n" not in text and len(text) < 400
+
+
+def test_a_file_over_the_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(trace_file.MAX_IMPORT_BYTES + 1)  # sparse: no 20 MB written
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read a huge file"))
+    with pytest.raises(trace_file.TraceFileError, match="trace file is larger than 20 MB"):
+        trace_file.load_trace_file(path)
+
+
+def test_bytes_that_are_not_utf8_are_refused(tmp_path):
+    path = tmp_path / "bin.json"
+    path.write_bytes(b"\xff\xfe\x00{")
+    with pytest.raises(trace_file.TraceFileError, match="not UTF-8 text"):
+        trace_file.load_trace_file(path)
+
+
+def test_more_nodes_than_a_run_may_hold_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_file, "MAX_IMPORT_NODES", 100)
+    with pytest.raises(trace_file.TraceFileError, match="340 forest nodes; the app holds at "
+                       "most 100"):
+        trace_file.load_trace_file(DEMO_TRACE)
+
+
+def test_the_import_handler_keeps_the_session_and_a_later_import_works(tmp_path):
+    before = SessionState()
+    for content, message in BAD[:4]:
+        with pytest.raises(gr.Error) as err:
+            cb.import_trace(str(_write(tmp_path, content)), before)
+        assert message in err.value.message and "\n" not in err.value.message
+    assert before.trace is None
+    out = dict(zip(OUTPUTS, cb.import_trace(str(DEMO_TRACE), before)))
+    assert "imported trace" in out["run_md"] and before.trace is None
+
+
+def test_a_trace_of_an_unknown_method_shows_and_leaves_the_controls(tmp_path, monkeypatch):
+    path = _write(tmp_path, _edit(method="nope_method", params={"zeta": 3}))
+    out = cb.import_trace(str(path), SessionState())
+    state = out[-1]
+    assert dict(zip(OUTPUTS, out))["run_md"].startswith("**nope_method**")
+    from specviz.params import ParamPool
+
+    controls = cb.make_import_controls(ParamPool({}, {}))(state)
+    assert all(u == gr.update() for u in controls)  # nothing set: the method is unknown
+
+
+def test_a_trace_recorded_with_another_model_shows_from_its_own_text(tmp_path):
+    d = _edit(target="someone/another-model-70B", draft="someone/draft")
+    d["token_ids"] = [10**6 + i for i in range(len(d["token_ids"]))]  # beyond any vocab here
+    out = dict(zip(OUTPUTS, cb.import_trace(str(_write(tmp_path, d)), SessionState())))
+    assert "someone/another-model-70B" in out["run_md"]
+    generated = [text for text, origin in out["text"] if origin not in ("prompt", None)]
+    assert generated[0] == f"<{10**6}>"  # ids no tokenizer here knows: shown as ids
+
+
+def test_a_trace_no_view_can_show_is_one_line(tmp_path, monkeypatch):
+    def broken(state):
+        raise KeyError("cost")
+
+    monkeypatch.setattr(cb, "render", broken)
+    with pytest.raises(gr.Error) as err:
+        cb.import_trace(str(DEMO_TRACE), SessionState())
+    assert err.value.message == "not a specviz trace: cannot show it (KeyError: 'cost')"
+
+
+def test_exports_stay_in_the_apps_temp_folder_and_old_ones_are_pruned(tmp_path, monkeypatch):
+    assert trace_file.EXPORT_DIR.parent == Path(tempfile.gettempdir())
+    monkeypatch.setattr(trace_file, "EXPORT_DIR", tmp_path / "exports")
+    monkeypatch.setattr(trace_file, "MAX_EXPORTS", 3)
+    paths = [trace_file.write_export("sd", f"{{}}{i}", f"{i:012d}") for i in range(5)]
+    assert all(Path(p).parent == tmp_path / "exports" for p in paths)
+    assert len(list((tmp_path / "exports").iterdir())) == 3 and Path(paths[-1]).exists()
+
+
+def test_the_servers_trace_budget_counts_each_trace_once_and_frees_it_with_its_sessions(
+        monkeypatch):
+    from specviz.state import HELD, weight
+
+    gc.collect()
+    trace = trace_file.load_trace_file(DEMO_TRACE)
+    base = HELD.total
+    a = SessionState(trace=trace, source="import")
+    b, c = a.at(3), SessionState(trace=trace)  # navigation copies and sessions share it
+    assert HELD.total == base + weight(trace) and weight(trace) > 340
+    monkeypatch.setattr(HELD, "cap", base + weight(trace) + 10)
+    with pytest.raises(gr.Error, match="the server holds .* trace records for its sessions"):
+        cb.import_trace(str(DEMO_TRACE), SessionState())
+    del a, b, c, trace
+    assert HELD.total == base  # the last holder gone: released
+
+
+def test_every_session_shares_the_opening_trace_instead_of_copying_it():
+    import copy
+
+    from specviz.state import demo_state
+
+    opening = demo_state()
+    session = copy.deepcopy(opening)  # what Gradio does for each new session
+    assert session.trace is opening.trace and session.memo is opening.memo
+
+
+def test_a_largest_allowed_import_parses_in_seconds_not_minutes():
+    import time
+
+    d = _edit()
+    rounds, big = d["rounds"], []
+    while sum(len(r["nodes"]) for r in big) + 30 <= trace_file.MAX_IMPORT_NODES:
+        big.append({**rounds[len(big) % len(rounds)], "index": len(big)})
+    d["rounds"] = big
+    text = json.dumps(d)
+    t0 = time.perf_counter()
+    trace = trace_file.parse_trace(text)
+    took = time.perf_counter() - t0
+    assert len(trace.rounds) == len(big) and len(text) > 8 * 2**20
+    assert took < 10, f"{len(text) / 2**20:.1f} MB took {took:.1f} s"
