@@ -8,7 +8,10 @@ Reported, each as min / median / max over interleaved repeats:
    loop cost (the cost model's c_draft and c_verify come with it);
 3. the ceiling: the target drafting for itself (acceptance 1), which gives the cost of a
    verify pass over gamma + 1 tokens; with the real-size drafter's c_draft that bounds the
-   speedup a perfect drafter of that size could reach: (gamma + 1) / (gamma c_draft + c_verify).
+   speedup a perfect drafter of that size could reach: (gamma + 1) / (gamma c_draft + c_verify);
+4. the drafters whose draft step costs little where a forward is launch-bound (eager CUDA): the
+   n-gram lookup (no model; a random model's greedy text repeats itself, so its acceptance here
+   says nothing about real text) and the target's first 2 layers (early exit, untrained).
 
 ``python -m engine.gpu_bench [--small] [--device cuda] [--out FILE.json]``; --small uses tiny
 sizes and a few tokens (a CPU smoke test). scripts/gpu_check.sh runs it on a GPU machine.
@@ -68,6 +71,9 @@ def build(sizes: dict[str, int], device: torch.device, dtype: torch.dtype, seed:
     return model
 
 
+CASES = ("sd", "mcsd", "self_sd", "ngram_sd", "exit2_sd")
+
+
 def _mmm(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
@@ -93,12 +99,16 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     target, draft = build(t_sizes, dev, dt, 0), build(d_sizes, dev, dt, 1)
     real = load_pair(target=target, draft=draft, device=dev, dtype=dt)
     self_draft = load_pair(target=target, draft=target, device=dev, dtype=dt)
+    lookup = load_pair(target=target, draft="ngram", device=dev, dtype=dt)
+    exit2 = load_pair(target=target, draft="early-exit:2", device=dev, dtype=dt)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, t_sizes["vocab_size"], (cfg.prompt_tokens,), generator=gen).tolist()
     cases = {"greedy": (real, "greedy", {}),
              "sd": (real, "sd", {"gamma": cfg.gamma}),
              "mcsd": (real, "mcsd", {"k_config": cfg.k_config}),
-             "self_sd": (self_draft, "sd", {"gamma": cfg.gamma})}
+             "self_sd": (self_draft, "sd", {"gamma": cfg.gamma}),
+             "ngram_sd": (lookup, "sd", {"gamma": cfg.gamma}),
+             "exit2_sd": (exit2, "sd", {"gamma": cfg.gamma})}
     params = {"max_new_tokens": n, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
     run_reference(real, ids, ("greedy", 1), params)  # warm-up: kernels, allocator
     for pair, method, kw in cases.values():
@@ -127,7 +137,7 @@ def summarise(rows: dict[str, list[dict[str, Any]]], cfg: BenchConfig) -> dict[s
                                              zip(rows["greedy"], gen)]),
         "greedy_step_ms": 1e3 * greedy_step,
     }
-    for name in ("sd", "mcsd", "self_sd"):
+    for name in CASES:
         rs = rows[name]
         out[name] = {
             "round_over_greedy_step": _mmm([r["round_s"] / greedy_step for r in rs]),
@@ -156,7 +166,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"engine / generate {f(s['engine_greedy_over_generate'])}; tokens identical: "
              f"{res['greedy_equals_generate']}",
              f"- greedy step {s['greedy_step_ms']:.2f} ms"]
-    for name in ("sd", "mcsd", "self_sd"):
+    for name in CASES:
         m = s[name]
         lines.append(f"- {name}: round / greedy step {f(m['round_over_greedy_step'])}, "
                      f"tokens per round {f(m['tokens_per_round'], digits=2)}, acceptance "
