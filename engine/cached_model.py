@@ -106,6 +106,39 @@ class CachedModel:
             tokens = torch.zeros((W, 0), dtype=torch.long, device=self.device)
             parents = tokens.clone()
         tokens, parents = tokens.to(self.device), parents.to(self.device)
+        if self._shared_prompt():
+            return self._feed_shared_prompt(tokens, parents)
+        return self._forward(tokens, parents)
+
+    def _shared_prompt(self) -> bool:
+        """The first call on a fresh cache whose W > 1 rows all hold the same prompt (every
+        beam method's start): its KV is computed once, not W times."""
+        return (self.width > 1 and self.base == 0 and self.tail_fed == 0
+                and self.forest_fed == 0 and self.tail.shape[1] > 0
+                and bool((self.tail == self.tail[:1]).all()))
+
+    def _feed_shared_prompt(self, tokens: torch.Tensor, parents: torch.Tensor) -> Scored:
+        """Prefill one row, then give every row a copy of its cache; the nodes (if any) follow
+        in a second forward over all rows."""
+        W, tail = self.width, self.tail
+        self.tail = tail[:1]  # (1, L)
+        try:
+            first = self._forward(tokens[:1, :0], parents[:1, :0])
+        finally:
+            self.tail = tail
+        self.round_par = None  # the nodes' parents start with the all-row forward below
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys.expand(W, -1, -1, -1).contiguous()  # (W, H, L, D)
+                layer.values = layer.values.expand(W, -1, -1, -1).contiguous()
+        root = (first.root_logits.repeat(W, 1), first.root_hidden.repeat(W, 1))  # (W, V), (W, d)
+        nodes = self._forward(tokens, parents)
+        return Scored(nodes.node_logits, nodes.node_hidden, *root)
+
+    def _forward(self, tokens: torch.Tensor, parents: torch.Tensor) -> Scored:
+        """One forward of the unfed tail and the new nodes; the LM head runs only where
+        logits are returned (the newest tail token and the nodes)."""
+        W = self.width
         t_new = self.tail.shape[1] - self.tail_fed
         par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
         self.round_par = par  # (W, f) forest parents, forest index space
@@ -125,14 +158,16 @@ class CachedModel:
                 past_key_values=self.cache,
                 use_cache=True,
             ).last_hidden_state  # (W, t_new + m, d)
+            hidden = hidden[:, max(t_new - 1, 0):]  # (W, [1] + m, d): older tail rows unused
             head = self.model.get_output_embeddings()
-            logits = head_logits(head, hidden)  # (W, t_new + m, V)
+            logits = head_logits(head, hidden)  # (W, [1] + m, V)
         self.tail_fed += t_new
         self.forest_fed += tokens.shape[1]
         root = (None, None)
         if t_new:  # the newest committed token was fed: (W, V) logits, (W, d) state
-            root = (logits[:, t_new - 1], hidden[:, t_new - 1])
-        return Scored(logits[:, t_new:], hidden[:, t_new:], *root)
+            root = (logits[:, 0], hidden[:, 0])
+            logits, hidden = logits[:, 1:], hidden[:, 1:]
+        return Scored(logits, hidden, *root)
 
     # ---------------------------------------------------------------- commit
     def commit(

@@ -91,20 +91,22 @@ class SharedTrunk:
         self.h = torch.cat([self.h, h], dim=1)
         self.len["shared"] = end
 
-    def run(self, side: str, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, side: str, end: int, need: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Bring `side` (target | draft) up to position `end`; its (1, n, d) final hidden
-        states and (1, n, V) logits at the positions it had not computed yet."""
+        states and (1, n, V) logits at the positions [first, end) of those it had not computed
+        yet, from position `need` on (the LM head skips older ones), and that first."""
         self._ensure_shared(end)
         group, layers, cache = ("deep", self.deep, self.cache) if side == "target" \
             else ("ee", self.ee, self.ee_cache)
         start = self.len[group]
+        first = min(max(start, need), end)
         norm, head = self.heads[side]
         with torch.no_grad():
             h = self._layers(layers, self.h[:, start:end], start, cache)
-            hidden = norm(h)  # (1, n, d)
+            hidden = norm(h[:, first - start:])  # (1, n, d)
             logits = head_logits(head, hidden)  # (1, n, V)
         self.len[group] = end
-        return hidden, logits
+        return hidden, logits, first
 
     def place(self, first: int, tokens: list[int]) -> None:
         """Forest node i of this round sits at position committed + i; record its token."""
@@ -181,8 +183,7 @@ class SharedSide:
             self.trunk.place(self.forest_fed, tokens[0].tolist())
         committed = self.trunk.committed
         end = committed + self.forest_fed + m
-        start = self.trunk.len["deep" if self.side == "target" else "ee"]
-        hidden, logits = self.trunk.run(self.side, end)  # (1, n, d), (1, n, V) at [start, end)
+        hidden, logits, start = self.trunk.run(self.side, end, committed - 1)  # at [start, end)
         root = (None, None)
         if start <= committed - 1 < end:  # the newest committed token was scored
             root = (logits[:, committed - 1 - start], hidden[:, committed - 1 - start])

@@ -112,3 +112,60 @@ def test_unsupported_architecture_is_refused_with_a_clear_message():
     model = model_from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=40))
     with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported"):
         check_supported(model)
+
+
+def _row_counts(model):
+    """Record the batch rows of every decoder forward and the positions the LM head sees."""
+    seen = {"decoder": [], "head": []}
+    model.model.register_forward_pre_hook(
+        lambda m, a, kw: seen["decoder"].append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    model.get_output_embeddings().register_forward_hook(
+        lambda m, a, out: seen["head"].append(tuple(a[0].shape[:-1])))
+    return seen
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_rows_holding_one_prompt_prefill_once_and_score_like_separate_rows(family):
+    model = _model(family)
+    prompt = [5, 7, 9, 11, 13]
+    seen = _row_counts(model)
+    cached = CachedModel(model)
+    cached.start(torch.tensor([prompt] * 3))
+    tok = torch.tensor([[10, 12], [20, 21], [30, 31]])
+    par = torch.tensor([[ROOT, 0], [ROOT, 0], [ROOT, ROOT]])
+    out = cached.feed(tok, par)
+    assert seen["decoder"] == [(1, 5), (3, 2)]  # the prompt once, then the nodes of every row
+    ref = _sequential_logits(model, prompt)
+    for w in range(3):
+        torch.testing.assert_close(out.root_logits[w], ref, atol=1e-4, rtol=0)
+    for w, (tokens, parents) in enumerate(zip(tok.tolist(), par.tolist())):
+        for i in range(2):
+            ids = prompt + _path_tokens(tokens, parents, i)
+            torch.testing.assert_close(out.node_logits[w, i], _sequential_logits(model, ids),
+                                       atol=1e-4, rtol=0)
+    # every row owns its cache: commit different paths, then score a token per row
+    cached.commit(torch.tensor([2, 0, 1]), torch.tensor([[0], [0], [0]]),
+                  torch.tensor([[30], [10], [20]]), torch.tensor([[40], [41], [42]]))
+    nxt = cached.feed()
+    for w, path in enumerate([[30, 40], [10, 41], [20, 42]]):
+        torch.testing.assert_close(nxt.root_logits[w], _sequential_logits(model, prompt + path),
+                                   atol=1e-4, rtol=0)
+
+
+def test_rows_with_different_prompts_prefill_together():
+    model = _model("llama")
+    seen = _row_counts(model)
+    cached = CachedModel(model)
+    cached.start(torch.tensor([[5, 7, 9], [5, 7, 8]]))
+    cached.feed()
+    assert seen["decoder"] == [(2, 3)]
+
+
+def test_lm_head_runs_only_on_the_newest_tail_token_and_the_nodes():
+    model = _model("llama")
+    seen = _row_counts(model)
+    cached = CachedModel(model)
+    cached.start(torch.tensor([[5, 7, 9, 11, 13, 2, 4]]))
+    out = cached.feed(torch.tensor([[10, 12]]), torch.tensor([[ROOT, 0]]))
+    assert seen["head"] == [(1, 3)]  # not the 6 older prompt tokens
+    assert out.node_logits.shape[:2] == (1, 2) and out.root_logits.shape[0] == 1
