@@ -8,6 +8,9 @@ no extra forward, nothing of size V stored.
 
 AtSpeed strict (AtSpeed Alg. 1) accepts a step iff every target top-K beam was drafted, so
 the first target beam that was not drafted is the reason a step was rejected (``strict_reason``).
+The sampling rules (DSBD §3.1, AtSpeed Alg. 2) accept a layer by the number of drafts that pass
+min(1, p/q) (``layer_reason``); their target top-K is the K most probable beams of the target's
+beam law, shown for comparison, not what decides the layer.
 """
 
 from __future__ import annotations
@@ -73,6 +76,23 @@ def strict_reason(step: BeamStep, done: bool = False) -> str:
     b = missing[0]
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
     return f"target beam #{b.rank} {_tail(b.text)!r} (score {b.score:.2f}) was not drafted{more}"
+
+
+def layer_reason(outcome: str, accepted: int, drafts: int, width: int, need: str) -> str:
+    """DSBD / AtSpeed relaxed: why a layer passed or stopped, in one line.
+
+    Args:
+        outcome: "accepted" | "corrected" | "bonus" (engine.verify.beam.LayerVerdict).
+        accepted: drafts the rule accepted; drafts: drafts tested; width: accepts needed
+            (or, for a bonus layer, beams drawn); need: the name of that width.
+    """
+    if outcome == "bonus":
+        return (f"bonus layer: every drafted layer passed; {width} beams drawn from the "
+                f"target's beam law")
+    if outcome == "accepted":
+        return f"{accepted} of {drafts} drafts accepted by min(1, p/q): {need} = {width} reached"
+    return (f"only {accepted} of {drafts} drafts accepted ({need} = {width} needed): the rest "
+            f"drawn from the residual")
 
 
 def _tail(text: str, n: int = 24) -> str:

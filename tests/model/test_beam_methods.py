@@ -384,6 +384,48 @@ def test_dsbd_runs_end_to_end_with_complete_width_records(one_cache):
           f"{len(tr.token_ids)} tokens, layer outcomes {dict(outcomes)}")
 
 
+@pytest.mark.parametrize("one_cache", [False, True])
+def test_dsbd_beam_steps_rank_drafts_by_the_target_beam_law_and_give_the_layer_reason(one_cache):
+    tr = dsbd_run(one_cache)
+    for r in tr.rounds:
+        assert len(r.beam_steps) == len(r.extras["layers"])
+        for s, layer in zip(r.beam_steps, r.extras["layers"]):
+            assert s.depth == layer["depth"] and s.accepted == (layer["outcome"] == "accepted")
+            assert 1 <= len(s.target_beams) <= 4  # the W_S most probable target beams
+            law = [b.p for b in s.target_beams]
+            assert law == sorted(law, reverse=True) and all(x > 0 for x in law)
+            if layer["outcome"] == "bonus":
+                assert s.kind == "bonus" and not s.drafted and s.reason.startswith("bonus")
+                continue
+            assert len(s.drafted) == 4 and s.kind == "drafted"
+            assert s.reason.startswith("only" if layer["outcome"] == "corrected" else
+                                       f"{layer['accepted_count']} of 4 drafts accepted")
+            for m in s.drafted:  # a draft in the top-K has its rank's law and score
+                if m.rank:
+                    b = s.target_beams[m.rank - 1]
+                    assert (m.p, m.score) == (b.p, b.score)
+                if m.score is None:  # a draft under a parent the target rejected
+                    assert m.p in (None, 0.0) and not m.rank
+    assert RunTrace.from_json(tr.to_json()) == tr
+
+
+def test_atspeed_relaxed_beam_steps_keep_k_target_beams_and_say_how_many_passed():
+    target = tiny(4)
+    pair = pair_of(target, perturbed(4, 0.05))
+    set_generation(target, frequent_token(target, prompt(6)))
+    tr = generate(pair, prompt(6), "atspeed_relaxed", beams=2, draft_beams=4, gamma=3,
+                  top_k=10, max_new_tokens=16, seed=1)
+    steps = [s for r in tr.rounds for s in r.beam_steps]
+    assert steps and all(len(s.target_beams) == 2 for s in steps)
+    for r in tr.rounds:
+        for s, layer in zip(r.beam_steps, r.extras["layers"]):
+            assert s.accepted == (layer["outcome"] == "accepted")
+            if s.kind == "drafted":
+                assert len(s.drafted) == 4 and "K = 2" in s.reason
+                assert s.reason.startswith(f"{layer['accepted_count']} of 4" if s.accepted
+                                           else f"only {layer['accepted_count']} of 4")
+
+
 def test_atspeed_relaxed_runs_end_to_end_with_complete_records():
     target = tiny(4)
     pair = pair_of(target, perturbed(4, 0.05))

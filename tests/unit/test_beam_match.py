@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.beam_match import match_step, strict_reason
+from engine.beam_match import layer_reason, match_step, strict_reason
 from engine.trace import BeamStep, DraftMatch, TargetBeam
 
 ROOTS = [(0, -1), (1, -1)]  # two rows, step 1: the parents are the rows' roots
@@ -81,3 +81,13 @@ def test_target_and_bonus_steps_explain_themselves():
     assert strict_reason(BeamStep(1, "target")) == ("no draft this round: the target chose "
                                                     "its beams")
     assert strict_reason(BeamStep(4, "bonus")).startswith("bonus step: every drafted step")
+
+
+def test_layer_reasons_state_accepts_against_the_width_needed():
+    assert layer_reason("accepted", 3, 4, 2, "width") == ("3 of 4 drafts accepted by "
+                                                          "min(1, p/q): width = 2 reached")
+    assert layer_reason("corrected", 1, 3, 2, "K") == ("only 1 of 3 drafts accepted (K = 2 "
+                                                       "needed): the rest drawn from the residual")
+    assert layer_reason("bonus", 0, 0, 4, "width") == ("bonus layer: every drafted layer "
+                                                       "passed; 4 beams drawn from the target's "
+                                                       "beam law")
