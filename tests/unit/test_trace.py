@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-
 from dataclasses import replace
 
 from engine.trace import (
