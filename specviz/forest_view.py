@@ -203,7 +203,7 @@ def _match_traces(g: nx.DiGraph, pos: dict) -> list[go.Scatter]:
             mode="markers+text" if hit else "markers", name=name, hoverinfo="skip",
             text=[f"#{g.nodes[k]['match'].rank}" for k in ks], textposition="top right",
             textfont=dict(size=11, color=IN_TOP_K),
-            marker=dict(size=25, symbol=symbol, color=color, line=dict(width=2.5, color=color))))
+            marker=dict(size=22, symbol=symbol, color=color, line=dict(width=2, color=color))))
     return out
 
 
