@@ -91,12 +91,13 @@ class BeamSearch(BeamStart):
         rp = Replay([(r, ROOT) for r in range(ctx.width)], [], [], {})
         for j in range(1, depth + 2):
             lp = target_logprobs(p_root, p_nodes, rp.pos)  # (K, V)
-            joint = self.state.scores[:, None] + lp  # (K, V) as beam_step accumulates them
+            prev = self.state.scores  # (K,) running scores before the step
             self.state, info = beam_step(self.state, lp, self.cfg)
             hits = self._step(ctx, forest, kids, rp, info, lp, j, depth)
             accepted = all(h is not None for h in hits)  # never on the bonus step
-            if self.gamma:
-                rp.matches.append(self._match(ctx, forest, rp, joint, info, j, depth, accepted))
+            if self.gamma:  # (K, V) joint scores as beam_step accumulates them
+                rp.matches.append(self._match(ctx, forest, rp, prev[:, None] + lp, info, j,
+                                              depth, accepted))
             rp.accepted += accepted
             if not accepted or self.state.done:
                 break
