@@ -82,7 +82,7 @@ def beam_match_rows(trace: RunTrace | None, index: int) -> list[dict[str, str]]:
             score = f"{b.score:.4g}" + (f" (p {b.p:.3g})" if b.p is not None else "")
             rows.append({"step": str(s.depth) if i == 0 else "", "target beam": f"#{b.rank}",
                          "text": _text(b.text), "score": score,
-                         "drafted?": f"yes (node {b.node})" if b.node >= 0 else "no",
+                         "drafted?": f"yes (beam {b.tree}, node {b.node})" if b.node >= 0 else "no",
                          "accepted?": ok, "drafts in top-K": hits if i == 0 else "",
                          "reason": s.reason if i == 0 else ""})
     return rows

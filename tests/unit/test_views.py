@@ -418,10 +418,10 @@ def test_forests_without_beam_steps_have_no_rings(trace):
 def test_beam_match_table_lists_each_steps_target_top_k_drafted_and_the_reason():
     rows = round_panel.beam_match_rows(_strict_trace(), 0)
     assert [[r[h] for h in round_panel.MATCH_HEADERS] for r in rows] == [
-        ["1", "#1", "' x'", "-0.5", "yes (node 0)", "yes", "2/3",
+        ["1", "#1", "' x'", "-0.5", "yes (beam 0, node 0)", "yes", "2/3",
          "all 2 target beams were drafted"],
-        ["", "#2", "' z'", "-0.75", "yes (node 0)", "yes", "", ""],
-        ["2", "#1", "' x u'", "-0.9", "yes (node 2)", "no", "1/3",
+        ["", "#2", "' z'", "-0.75", "yes (beam 1, node 0)", "yes", "", ""],
+        ["2", "#1", "' x u'", "-0.9", "yes (beam 0, node 2)", "no", "1/3",
          "target beam #2 ' z q' (score -1.10) was not drafted"],
         ["", "#2", "' z q'", "-1.1", "no", "no", "", ""],
     ]
@@ -430,7 +430,7 @@ def test_beam_match_table_lists_each_steps_target_top_k_drafted_and_the_reason()
 def test_beam_match_table_leads_the_round_extras_and_is_absent_elsewhere(trace):
     md = round_panel.extras_markdown(_strict_trace(), 0)
     assert md.startswith("**Beam match**")
-    assert ("| 2 | #1 | ' x u' | -0.9 | yes (node 2) | no | 1/3 | target beam #2 ' z q' "
+    assert ("| 2 | #1 | ' x u' | -0.9 | yes (beam 0, node 2) | no | 1/3 | target beam #2 ' z q' "
             "(score -1.10) was not drafted |") in md
     assert md.endswith("\n|  | #2 | ' z q' | -1.1 | no | no |  |  |")
     assert "Beam match" not in round_panel.extras_markdown(trace, 0)
