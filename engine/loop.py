@@ -130,7 +130,7 @@ class Decoder:
             committed=committed, drafted=verdict.drafted, accepted=verdict.accepted,
             target_calls=1, draft_calls=ctx.draft_calls - draft_calls0, timings=t,
             controller=controller, extras=verdict.extras,
-            p_top=_top_slices(scored, verdict),
+            p_top=_top_slices(scored, verdict), beam_steps=verdict.beam_steps,
         )
 
     def _commit(self, v: RoundVerdict) -> tuple[CommittedToken, ...]:

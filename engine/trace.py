@@ -1,6 +1,8 @@
 """The engine -> UI contract: frozen, JSON-serialisable records of a run and its rounds.
 
-Only top-k slices of distributions are stored, never whole vocabularies. Method-specific
+Only top-k slices of distributions are stored, never whole vocabularies. Beam methods record,
+per verified step, the target's top-K beams and which drafted beams matched them
+(``BeamStep``: K + N entries per step, what the verification rule already computed). Method-specific
 numbers (DSBD width decision, strict top-K hits, optimal acceptance, controller posterior)
 live in the ``extras`` / ``controller`` dicts, which hold JSON values only.
 """
@@ -96,6 +98,48 @@ class CommittedToken:
 
 
 @dataclass(frozen=True)
+class TargetBeam:
+    """One of the target's top-K beams at a verified step, as the verification rule ranked it.
+
+    Its path is the parent position (tree row, forest node; -1 = the row's root) + token_id.
+    """
+
+    rank: int  # 1 = the target's best beam at this step
+    tree: int
+    parent: int  # forest node this beam extends, -1 = the row's root (committed prefix)
+    token_id: int
+    text: str  # the path's text inside the round (root -> this token)
+    score: float  # cumulative target log-prob of the beam
+    node: int = -1  # the drafted node that is this beam, -1 = not drafted
+    p: float | None = None  # target beam-law probability (sampling methods)
+
+
+@dataclass(frozen=True)
+class DraftMatch:
+    """A drafted node of a verified step and where the target ranks it."""
+
+    tree: int
+    node: int
+    rank: int = 0  # rank among the target's top-K (1 = best), 0 = not in the top-K
+    score: float | None = None  # target's cumulative log-prob of it; None: parent not a
+    # target beam (the target never scored this path)
+    p: float | None = None  # target beam-law probability (sampling methods)
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    """One verified step (depth) of a beam method: the target's top-K, the drafted beams'
+    matches, whether the step was accepted and why it passed or stopped."""
+
+    depth: int
+    kind: str  # "drafted" | "bonus" (after every drafted step passed) | "target" (no draft)
+    target_beams: tuple[TargetBeam, ...] = ()
+    drafted: tuple[DraftMatch, ...] = ()
+    accepted: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class RoundTrace:
     index: int
     nodes: tuple[NodeTrace, ...] = ()
@@ -111,6 +155,7 @@ class RoundTrace:
     controller: dict[str, Any] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
+    beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
 
 
 @dataclass(frozen=True)

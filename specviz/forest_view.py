@@ -2,8 +2,10 @@
 
 Layout is a tidy tree: leaves on consecutive slots, each parent centred over its first and
 last child, one tree per beam side by side. Node colour = NodeTrace.status; hover joins the
-node with the TestRecord of the same (tree, node id). Big forests are collapsed (labels of
-unexamined nodes hidden, not_reached subtrees folded, depth cut) with a note on the figure.
+node with the TestRecord of the same (tree, node id). Beam methods ring each drafted node of a
+verified step: blue with its rank when it is one of the target's top-K beams at that step,
+brown when it is not (RoundTrace.beam_steps). Big forests are collapsed (labels of unexamined
+nodes hidden, not_reached subtrees folded, depth cut) with a note on the figure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from engine.trace import (
     SKIPPED,
     STATUSES,
     TARGET,
+    DraftMatch,
     RoundTrace,
     RunTrace,
 )
@@ -41,6 +44,8 @@ DENSE_HIDDEN = (SKIPPED, NOT_REACHED)
 NODE_LIMIT = 300  # collapse beyond this many nodes
 HEIGHT = 430
 MIN_SLOTS = 9  # narrowest x range, in leaf slots
+IN_TOP_K = "#1f4e9c"  # ring of a drafted beam that is one of the target's top-K
+NOT_IN_TOP_K = "#9a5b13"  # ring of a drafted beam the target did not rank in its top-K
 
 
 def token_label(text: str) -> str:
@@ -74,12 +79,14 @@ def forest_graph(r: RoundTrace) -> nx.DiGraph:
     tests = {}
     for t in r.tests:
         tests.setdefault((t.tree, t.node), []).append(t)
+    matches = {(m.tree, m.node): m for s in r.beam_steps for m in s.drafted}
     single = len(trees) == 1  # committed node ids are unambiguous only with one tree
     committed = {c.node for c in r.committed if c.node >= 0} if single else set()
     for n in r.nodes:
         g.add_node(_key(n.tree, n.id), kind="node", node=n,
                    tests=tests.get((n.tree, n.id), []), depth=n.depth,
-                   committed=n.id in committed or n.status in ON_PATH)
+                   committed=n.id in committed or n.status in ON_PATH,
+                   match=matches.get((n.tree, n.id)))
     for n in r.nodes:
         parent = _root(n.tree) if n.parent < 0 else _key(n.tree, n.parent)
         if parent not in g:  # a parent outside the record: hang it from its root
@@ -165,7 +172,39 @@ def _hover(d: dict) -> str:
                      + (f"   ({t.note})" if t.note else ""))
     if not d["tests"]:
         lines.append("not tested")
+    if d.get("match") is not None:
+        lines.append(match_label(d["match"]))
     return "<br>".join(lines)
+
+
+def match_label(m: DraftMatch) -> str:
+    """One line: where the target ranks a drafted beam at its step."""
+    score = ("its parent is not a target beam" if m.score is None
+             else f"target score {m.score:.4g}")
+    if m.rank:
+        return f"<b>target top-K #{m.rank}</b> ({score})"
+    return f"<b>not in the target's top-K</b> ({score})"
+
+
+def _match_traces(g: nx.DiGraph, pos: dict) -> list[go.Scatter]:
+    """Rings over the drafted nodes of verified beam steps: in the target's top-K (with its
+    rank) or not. Hover stays on the node itself (its text has the match line)."""
+    keys = [k for k, d in g.nodes(data=True) if d.get("match") is not None]
+    out = []
+    for hit, name, color, symbol in ((True, "ring: in target's top-K (#rank)", IN_TOP_K,
+                                      "circle-open"),
+                                     (False, "ring: drafted, not in target's top-K",
+                                      NOT_IN_TOP_K, "square-open")):
+        ks = [k for k in keys if bool(g.nodes[k]["match"].rank) == hit]
+        if not ks:
+            continue
+        out.append(go.Scatter(
+            x=[pos[k][0] for k in ks], y=[pos[k][1] for k in ks],
+            mode="markers+text" if hit else "markers", name=name, hoverinfo="skip",
+            text=[f"#{g.nodes[k]['match'].rank}" for k in ks], textposition="top right",
+            textfont=dict(size=11, color=IN_TOP_K),
+            marker=dict(size=22, symbol=symbol, color=color, line=dict(width=2, color=color))))
+    return out
 
 
 def _root_hover(r: RoundTrace, tree: int, vocab: dict[int, str]) -> str:
@@ -248,6 +287,7 @@ def forest_figure(trace: RunTrace | None, index: int) -> go.Figure:
     for status in STATUSES:
         fig.add_trace(_status_trace(g, pos, status, not dense or status not in DENSE_HIDDEN,
                                     dense))
+    fig.add_traces(_match_traces(g, pos))
     n_nodes = len(r.nodes)
     title = (f"Round {r.index}: {n_nodes} drafted node{'s' * (n_nodes != 1)}, "
              f"{r.accepted}/{r.drafted} accepted on the path")

@@ -1,8 +1,10 @@
 """Round panel: the numbers of one round as tables and markdown (pure functions).
 
 Verification table (tests in order with p, q, ratio, uniform draw, decision, residual mass),
-beam sets before/after with scores, method extras (DSBD width decision, optimal acceptance
-next to the achieved one), and run-level statistics. Absent fields render as "—".
+beam sets before/after with scores, the beam match table of beam methods (the target's top-K
+at each verified step, drafted or not, and why the step passed or stopped), method extras
+(DSBD width decision, optimal acceptance next to the achieved one), and run-level statistics.
+Absent fields render as "—".
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from specviz.forest_view import token_label, vocab_of
 TEST_HEADERS = ["#", "tree", "depth", "node", "token", "p (target)", "q (draft)",
                 "ratio", "uniform u", "decision", "residual mass", "note"]
 BEAM_HEADERS = ["set", "beam", "score", "finished", "last tokens"]
+MATCH_HEADERS = ["step", "target beam", "text", "score", "drafted?", "accepted?",
+                 "drafts in top-K", "reason"]
 
 
 def _num(x: Any) -> str:
@@ -63,6 +67,40 @@ def beam_rows(trace: RunTrace | None, index: int) -> list[list[str]]:
             rows.append([name, str(i), _num(b.score), "yes" if b.finished else "",
                          tail.replace("\n", "↵")])
     return rows
+
+
+def beam_match_rows(trace: RunTrace | None, index: int) -> list[dict[str, str]]:
+    """One row per target top-K beam per verified step of a beam method (step, drafts in
+    top-K and reason on the step's first row); empty for other methods."""
+    if trace is None or not trace.rounds:
+        return []
+    rows = []
+    for s in _round(trace, index).beam_steps:
+        ok = {"bonus": "bonus", "target": "—"}.get(s.kind, "yes" if s.accepted else "no")
+        hits = f"{sum(m.rank > 0 for m in s.drafted)}/{len(s.drafted)}" if s.drafted else "—"
+        for i, b in enumerate(s.target_beams):
+            score = f"{b.score:.4g}" + (f" (p {b.p:.3g})" if b.p is not None else "")
+            rows.append({"step": str(s.depth) if i == 0 else "", "target beam": f"#{b.rank}",
+                         "text": _text(b.text), "score": score,
+                         "drafted?": f"yes (beam {b.tree}, node {b.node})" if b.node >= 0 else "no",
+                         "accepted?": ok, "drafts in top-K": hits if i == 0 else "",
+                         "reason": s.reason if i == 0 else ""})
+    return rows
+
+
+def _text(text: str, limit: int = 28) -> str:
+    t = repr(text if len(text) <= limit else "…" + text[-(limit - 1):])
+    return t.replace("`", "ˋ")
+
+
+def beam_match_markdown(trace: RunTrace | None, index: int) -> str:
+    """The beam match table (empty when the round has no beam steps)."""
+    rows = beam_match_rows(trace, index)
+    if not rows:
+        return ""
+    return ("**Beam match**: the target's top-K beams at each verified step, whether each was "
+            "drafted, and why the step passed or stopped\n\n"
+            + dict_table(rows, MATCH_HEADERS, max_rows=96))
 
 
 def _cell(v: Any) -> str:
@@ -132,7 +170,8 @@ def extras_markdown(trace: RunTrace | None, index: int) -> str:
         return ""
     r = _round(trace, index)
     ex = dict(r.extras or {})
-    parts = [p for p in (_width(ex), _optimal(ex.pop("optimal", None))) if p]
+    parts = [p for p in (beam_match_markdown(trace, index), _width(ex),
+                         _optimal(ex.pop("optimal", None))) if p]
     rest = {k: v for k, v in ex.items() if "width" not in k.lower()}
     inline = {k: v for k, v in rest.items() if not _is_table(v)}
     if inline:

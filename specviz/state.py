@@ -24,8 +24,10 @@ MAX_HELD_RECORDS = 2_000_000  # rounds + nodes + tests of every session's trace 
 
 
 def weight(trace: RunTrace) -> int:
-    """A trace's size in records (rounds, forest nodes, verification tests)."""
-    return sum(1 + len(r.nodes) + len(r.tests) for r in trace.rounds)
+    """A trace's size in records (rounds, forest nodes, verification tests, beam matches)."""
+    return sum(1 + len(r.nodes) + len(r.tests)
+               + sum(len(s.target_beams) + len(s.drafted) for s in r.beam_steps)
+               for r in trace.rounds)
 
 
 class TraceBudget:

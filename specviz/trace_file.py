@@ -4,8 +4,9 @@ exports into the app's own temp folder.
 An upload is user input: it is read as UTF-8 JSON and nothing else (no pickle), refused
 beyond ``MAX_IMPORT_BYTES`` (Gradio refuses larger uploads first: ``max_file_size`` in
 specviz.ui.launch_options), and checked before any view sees it: finite numbers, nesting
-depth, string length, the RunTrace schema (engine.trace), and the node count a run in the
-app may reach. Every refusal is one line.
+depth, string length, the RunTrace schema (engine.trace; fields added later have defaults, so
+older traces still import), the node count a run in the app may reach, and the size of the
+beam-match records. Every refusal is one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, SpecvizError
-from engine.trace import RunTrace
+from engine.trace import RoundTrace, RunTrace
 from specviz import pairs
 from specviz.state import HELD, weight
 
@@ -24,6 +25,8 @@ MAX_IMPORT_BYTES = 20 * 1024 * 1024
 MAX_DEPTH = 64  # a recorded trace nests about 8 levels deep
 MAX_STRING_CHARS = 100_000  # the UI's prompts are at most pairs.MAX_PROMPT_CHARS
 MAX_IMPORT_NODES = pairs.MAX_TRACE_NODES + pairs.MAX_FOREST_NODES  # a run's cap + its last round
+MAX_STEP_BEAMS = 64  # target beams one beam step may list (beams K and dsbd draft_beams <= 64)
+MAX_BEAM_STEPS = 17  # beam steps one round may list (gamma <= 16, + the bonus step)
 TRACE_VERSION = 1
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-exports"
 MAX_EXPORTS = 200  # files kept in EXPORT_DIR, the oldest removed first
@@ -92,8 +95,26 @@ def parse_trace(text: str) -> RunTrace:
     nodes = sum(len(r.nodes) for r in trace.rounds)
     if nodes > MAX_IMPORT_NODES:
         raise _refuse(f"{nodes} forest nodes; the app holds at most {MAX_IMPORT_NODES}")
+    for r in trace.rounds:
+        _check_beam_steps(r)
     HELD.admit(weight(trace))
     return trace
+
+
+def _check_beam_steps(r: RoundTrace) -> None:
+    """A round's beam-match records stay as small as the engine writes them: K target beams
+    per step, at most one match per drafted node."""
+    if len(r.beam_steps) > MAX_BEAM_STEPS:
+        raise _refuse(f"round {r.index} lists {len(r.beam_steps)} beam steps (at most "
+                      f"{MAX_BEAM_STEPS})")
+    widest = max((len(s.target_beams) for s in r.beam_steps), default=0)
+    if widest > MAX_STEP_BEAMS:
+        raise _refuse(f"round {r.index} lists {widest} target beams in one step (at most "
+                      f"{MAX_STEP_BEAMS})")
+    matches = sum(len(s.drafted) for s in r.beam_steps)
+    if matches > len(r.nodes):
+        raise _refuse(f"round {r.index} matches {matches} drafted beams to {len(r.nodes)} "
+                      "forest nodes")
 
 
 def load_trace_file(path: str | Path) -> RunTrace:

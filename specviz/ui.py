@@ -136,7 +136,7 @@ def _views(v: dict[str, Any]) -> dict[str, Any]:
                                   interactive=False, max_height=260, elem_id="sv-tests")
         o["beams"] = gr.Dataframe(v["beams"], label="Beam sets before / after",
                                   interactive=False, visible=v["beams_visible"])
-        o["extras"] = gr.Markdown(v["extras"])
+        o["extras"] = gr.Markdown(v["extras"], elem_id="sv-extras")
     with gr.Row():
         o["progress"] = gr.Plot(v["progress"], label="Per-round statistics",
                                 elem_id="sv-progress")

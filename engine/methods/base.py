@@ -12,7 +12,7 @@ from engine.cached_model import Scored
 from engine.config import COMMON_PARAMS, ParamSpec, check_config_fields, config_from_params
 from engine.errors import ConfigError
 from engine.forest import Forest
-from engine.trace import BeamTrace, NodeTrace, TestRecord
+from engine.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
 
 
 @dataclass
@@ -38,6 +38,7 @@ class RoundVerdict:
     stop_reason: str = ""
     extras: dict[str, Any] = field(default_factory=dict)
     final_beams: tuple[BeamTrace, ...] = ()  # set by beam methods when done
+    beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
 
 
 class Method(Protocol):

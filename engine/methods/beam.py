@@ -16,10 +16,11 @@ The draft forest, verdict and trace helpers live in ``engine.methods.beam_forest
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.beam_match import match_step, strict_reason
 from engine.beamsample import beam_sample_step
 from engine.beamsearch import beam_step
 from engine.forest import ROOT, Forest, empty_forest
@@ -38,13 +39,15 @@ from engine.methods.beam_forest import (
     children_of,
     draft_forest,
     forest_depth,
+    level_nodes,
     node_target_probs,
     node_traces,
+    path_text,
     record_finished,
     stop_reason,
     target_logprobs,
 )
-from engine.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, TestRecord
+from engine.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, BeamStep, TestRecord
 
 # ------------------------------------------------------------------ beam search / strict
 
@@ -58,6 +61,7 @@ class Replay:
     tests: list[TestRecord]
     status: dict[Pos, str]
     accepted: int = 0
+    matches: list[BeamStep] = field(default_factory=list)  # target top-K vs drafts per step
 
 
 class BeamSearch(BeamStart):
@@ -87,9 +91,13 @@ class BeamSearch(BeamStart):
         rp = Replay([(r, ROOT) for r in range(ctx.width)], [], [], {})
         for j in range(1, depth + 2):
             lp = target_logprobs(p_root, p_nodes, rp.pos)  # (K, V)
+            prev = self.state.scores  # (K,) running scores before the step
             self.state, info = beam_step(self.state, lp, self.cfg)
             hits = self._step(ctx, forest, kids, rp, info, lp, j, depth)
             accepted = all(h is not None for h in hits)  # never on the bonus step
+            if self.gamma:  # (K, V) joint scores as beam_step accumulates them
+                rp.matches.append(self._match(ctx, forest, rp, prev[:, None] + lp, info, j,
+                                              depth, accepted))
             rp.accepted += accepted
             if not accepted or self.state.done:
                 break
@@ -128,6 +136,19 @@ class BeamSearch(BeamStart):
         })
         return hits
 
+    def _match(self, ctx, forest, rp: Replay, joint, info, j: int, depth: int,
+               accepted: bool) -> BeamStep:
+        """Step j's target top-K (the beams beam_step kept) against the drafted nodes."""
+        kind = "drafted" if j <= depth else ("bonus" if depth else "target")
+        top = zip(info.parents.tolist(), info.tokens.tolist())  # the K running beams
+        if bool(info.pool_finished.all()):  # every candidate finished (max length): the
+            # running beams are placeholders, the pool's first K are the target's best
+            k = len(info.parents)
+            top = zip(info.pool_parents[:k].tolist(), info.pool_tokens[:k].tolist())
+        step = match_step(j, kind, rp.pos, joint, list(top), level_nodes(forest, j),
+                          lambda pos, t: path_text(ctx, forest, pos, t), accepted=accepted)
+        return replace(step, reason=strict_reason(step, self.state.done))
+
     def _verdict(self, ctx, forest, p_root, p_nodes, rp: Replay, beams, depth,
                  last) -> RoundVerdict:
         status = {(r, n): REJECTED for r in range(forest.width) for n in range(forest.size)}
@@ -150,6 +171,7 @@ class BeamSearch(BeamStart):
             final_beams=self.final() if done else (),
             extras={"steps": rp.steps, "first_failing_step": failing, "draft_beams": self.n,
                     "beams": self.start_width, "depth": depth},
+            beam_steps=tuple(rp.matches),
         )
 
 

@@ -103,6 +103,24 @@ def forest_depth(forest: Forest) -> int:
     return len(forest.extras.get("levels", ()))
 
 
+def level_nodes(forest: Forest, j: int) -> list[tuple[Pos, Pos, int]]:
+    """(node position, parent position, token) of the drafted nodes at depth j (1 = first)."""
+    levels = forest.extras.get("levels", [])
+    if not 1 <= j <= len(levels):
+        return []
+    level = levels[j - 1]
+    prev = levels[j - 2].pos if j > 1 else [(r, ROOT) for r in range(forest.width)]
+    return [(pos, prev[b], t) for pos, b, t in zip(level.pos, level.parents, level.tokens)]
+
+
+def path_text(ctx, forest: Forest, pos: Pos, token: int) -> str:
+    """Text of a path inside the round: the drafted tokens from the row's root to ``pos``,
+    then ``token``."""
+    row, node = pos
+    nodes = path_to(forest.parents, row, node) if node != ROOT else []
+    return "".join(ctx.decode(int(forest.tokens[row, n])) for n in nodes) + ctx.decode(token)
+
+
 # ------------------------------------------------------------------ verify helpers
 
 

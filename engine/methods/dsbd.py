@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.beam_match import layer_reason, match_step
 from engine.beamsample import beam_law
 from engine.beamsearch import NEG_SCORE
 from engine.config import ParamSpec
@@ -44,14 +45,16 @@ from engine.methods.beam_forest import (
     beam_verdict,
     draft_forest,
     forest_depth,
+    level_nodes,
     node_target_probs,
     node_traces,
+    path_text,
     record_finished,
     stop_reason,
     target_logprobs,
 )
 from engine.sampling import EPS, draw_without_replacement
-from engine.trace import ACCEPTED, SKIPPED, BeamTrace, TestRecord
+from engine.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.verify.beam import (
     LayerVerdict,
     acceptance_alphas,
@@ -83,6 +86,7 @@ class Layers:
     status: dict[Pos, str] = field(default_factory=dict)
     layers: list[dict] = field(default_factory=list)
     accepted: int = 0
+    matches: list[BeamStep] = field(default_factory=list)  # target top-K vs drafts per layer
 
 
 class SampledBeams(BeamStart):
@@ -91,6 +95,7 @@ class SampledBeams(BeamStart):
     def __init__(self, *, width: int, draft_beams: int, gamma: int):
         self.start_width, self.n, self.gamma = width, draft_beams, gamma
         self.keep = width
+        self.need = "K"  # the name of the accepts a layer needs, as the reasons say it
 
     def start(self, ctx) -> None:
         super().start(ctx)
@@ -118,13 +123,16 @@ class SampledBeams(BeamStart):
                     [s if s > DEAD else None for s in ctx.scores])
         for j in range(1, depth + 2):
             lp = target_logprobs(p_root, p_nodes, st.pos)  # (B, V)
-            p = beam_law(joint_scores(lp, st.scores), ctx.warp)  # (B, V)
+            joint = joint_scores(lp, st.scores)  # (B, V)
+            p = beam_law(joint, ctx.warp)  # (B, V)
             if j > depth:
                 v = self.bonus(p, ctx.chooser)
                 st.layers.append({"depth": j, "outcome": v.outcome, "width": len(v.beams)})
+                st.matches.append(self._match(ctx, forest, st, joint, p, j, v))
                 break
             v = self.layer(ctx, p, levels[j - 1], st, j)
             self._record(st, levels[j - 1], v, j)
+            st.matches.append(self._match(ctx, forest, st, joint, p, j, v))
             if not v.step_accepted:
                 break
             st.accepted += 1
@@ -147,6 +155,19 @@ class SampledBeams(BeamStart):
                 status, rec = SKIPPED, replace(rec, note=rec.note + " accepted, not kept")
             st.status[(row, node)] = status
             st.tests.append(rec)
+
+    def _match(self, ctx, forest, st: Layers, joint, p, j: int, v: LayerVerdict) -> BeamStep:
+        """Layer j's K most probable target beams (beam law p) against its drafted nodes."""
+        drafted = level_nodes(forest, j) if v.outcome != "bonus" else []
+        flat = p.reshape(-1)  # (B*V,)
+        k = min(self.keep, int((flat > 0).sum()))
+        vocab = p.shape[1]
+        top = [(i // vocab, i % vocab) for i in torch.topk(flat, k).indices.tolist()]
+        width = len(v.beams) if v.outcome == "bonus" else v.width
+        reason = layer_reason(v.outcome, v.accepted, len(drafted), width, self.need)
+        return match_step(j, "bonus" if v.outcome == "bonus" else "drafted", st.pos, joint, top,
+                          drafted, lambda pos, t: path_text(ctx, forest, pos, t), law=p,
+                          accepted=v.step_accepted, reason=reason)
 
     def _advance(self, ctx, forest, st: Layers, level: Level, v: LayerVerdict, lp, j) -> bool:
         """The accepted drafts become the target's beams; False when all of them finished."""
@@ -192,6 +213,7 @@ class SampledBeams(BeamStart):
             stop_reason=stop_reason(ctx, j) if done else "",
             final_beams=self.final() if done else (),
             extras={**self.describe(), "layers": st.layers, "last_layer": j, "depth": depth},
+            beam_steps=tuple(st.matches),
         )
 
     def final(self) -> tuple[BeamTrace, ...]:
@@ -223,7 +245,7 @@ class Dsbd(SampledBeams):
         super().__init__(width=1 if one_cache else draft_beams, draft_beams=draft_beams,
                          gamma=gamma)
         self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
-        self.keep = draft_beams
+        self.keep, self.need = draft_beams, "width"
 
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
         return [chooser.categorical(q) for _ in range(self.n)]  # i.i.d.: Theorem 3.1 needs it

@@ -194,6 +194,101 @@ def test_strict_traces_record_target_topk_hits_and_node_statuses():
         json.loads(tr.to_json())  # JSON-serialisable
 
 
+def target_scores(model, ids: list[int]):
+    """seq -> (cumulative target log-prob of seq after the prompt, (V,) next-token log-probs),
+    from one plain forward of prompt + seq (independent of the engine's forest forward)."""
+    memo: dict = {}
+
+    def of(seq: tuple[int, ...]):
+        if seq not in memo:
+            with torch.no_grad():
+                x = torch.tensor([ids + list(seq)])
+                lp = torch.log_softmax(model(input_ids=x).logits[0].float(), -1)  # (L, V)
+            n = len(ids)
+            cum = sum(float(lp[n - 1 + i, t]) for i, t in enumerate(seq))
+            memo[seq] = cum, lp[-1]
+        return memo[seq]
+    return of
+
+
+def path_ids(r, tree: int, node: int) -> tuple[int, ...]:
+    """Generated ids of the path to (tree, node): the row's beam before the round + drafts."""
+    by_id = {n.id: n for n in r.nodes if n.tree == tree}
+    toks = []
+    while node >= 0:
+        toks.append(by_id[node].token_id)
+        node = by_id[node].parent
+    return r.beams_before[tree].token_ids + tuple(reversed(toks))
+
+
+def check_strict_matches(model, ids: list[int], r, k: int, n: int) -> int:
+    """Every BeamStep of round r against the target's top-K recomputed from plain forwards;
+    returns the number of drafted steps checked."""
+    of, checked = target_scores(model, ids), 0
+    parents = [(row, -1) for row, b in enumerate(r.beams_before) if b.score > -1e8]
+    parent_of = {(n.tree, n.id): (n.tree, n.parent) for n in r.nodes}
+    for s in r.beam_steps:
+        cand = []  # (score, parent position, token) of every child of the target's beams
+        for pos in parents:
+            cum, lp = of(path_ids(r, *pos))
+            cand += [(cum + float(lp[v]), pos, v) for v in range(lp.numel())]
+        top = sorted(cand, key=lambda c: -c[0])[:k]
+        assert [(b.tree, b.parent, b.token_id) for b in s.target_beams] == [
+            (pos[0], pos[1], v) for _, pos, v in top]
+        assert all(abs(b.score - sc) < TOL for b, (sc, _, _) in zip(s.target_beams, top))
+        rank = {(pos, v): i + 1 for i, (_, pos, v) in enumerate(top)}
+        for m in s.drafted:
+            node = next(n for n in r.nodes if (n.tree, n.id) == (m.tree, m.node))
+            parent = parent_of[(m.tree, m.node)]
+            assert m.rank == rank.get((parent, node.token_id), 0)
+            if parent in parents:
+                cum, lp = of(path_ids(r, *parent))
+                assert abs(m.score - (cum + float(lp[node.token_id]))) < TOL
+            else:
+                assert m.score is None
+        drafted = [b.node >= 0 for b in s.target_beams]
+        if s.accepted:
+            assert all(drafted), s  # an accepted step had every target top-K beam drafted
+            assert {(b.tree, b.node) for b in s.target_beams} == {
+                (m.tree, m.node) for m in s.drafted if m.rank}
+        if s.kind == "drafted":
+            checked += 1
+            assert len(s.drafted) == n  # the N drafted nodes of this depth
+            assert s.accepted == all(drafted)
+            if not s.accepted:
+                assert "was not drafted" in s.reason
+                assert s.reason.startswith(f"target beam #{drafted.index(False) + 1} ")
+        else:
+            assert not s.drafted and not s.accepted
+        parents = [(b.tree, b.node) for b in s.target_beams]
+    return checked
+
+
+def test_strict_beam_steps_agree_with_the_target_top_k_recomputed_from_log_probs():
+    target = tiny(2)
+    pair = pair_of(target, perturbed(2, 0.05))
+    set_generation(target)
+    checked = rejected = 0
+    for s in range(2):
+        ids = prompt(30 + s)
+        tr = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=3, gamma=3,
+                      max_new_tokens=10)
+        for r in tr.rounds:
+            assert [s.depth for s in r.beam_steps] == list(range(1, len(r.beam_steps) + 1))
+            assert r.accepted == sum(s.accepted for s in r.beam_steps)
+            checked += check_strict_matches(target, ids, r, 2, 3)
+            rejected += sum(s.kind == "drafted" and not s.accepted for s in r.beam_steps)
+        assert RunTrace.from_json(tr.to_json()) == tr
+    assert checked > 4 and rejected  # both accepted and rejected steps were checked
+
+
+def test_beam_baseline_records_no_beam_steps():
+    target = tiny(2)
+    set_generation(target)
+    tr = generate(pair_of(target, None), prompt(30), "beam", beams=2, max_new_tokens=3)
+    assert all(r.beam_steps == () for r in tr.rounds)
+
+
 def test_strict_finished_origins_colour_accepted_tokens():
     target = tiny(0)
     pair = pair_of(target, target)
@@ -287,6 +382,48 @@ def test_dsbd_runs_end_to_end_with_complete_width_records(one_cache):
     assert RunTrace.from_json(tr.to_json()).to_json() == tr.to_json()
     print(f"dsbd one_cache={one_cache}: {tr.stats['target_calls']} target calls, "
           f"{len(tr.token_ids)} tokens, layer outcomes {dict(outcomes)}")
+
+
+@pytest.mark.parametrize("one_cache", [False, True])
+def test_dsbd_beam_steps_rank_drafts_by_the_target_beam_law_and_give_the_layer_reason(one_cache):
+    tr = dsbd_run(one_cache)
+    for r in tr.rounds:
+        assert len(r.beam_steps) == len(r.extras["layers"])
+        for s, layer in zip(r.beam_steps, r.extras["layers"]):
+            assert s.depth == layer["depth"] and s.accepted == (layer["outcome"] == "accepted")
+            assert 1 <= len(s.target_beams) <= 4  # the W_S most probable target beams
+            law = [b.p for b in s.target_beams]
+            assert law == sorted(law, reverse=True) and all(x > 0 for x in law)
+            if layer["outcome"] == "bonus":
+                assert s.kind == "bonus" and not s.drafted and s.reason.startswith("bonus")
+                continue
+            assert len(s.drafted) == 4 and s.kind == "drafted"
+            assert s.reason.startswith("only" if layer["outcome"] == "corrected" else
+                                       f"{layer['accepted_count']} of 4 drafts accepted")
+            for m in s.drafted:  # a draft in the top-K has its rank's law and score
+                if m.rank:
+                    b = s.target_beams[m.rank - 1]
+                    assert (m.p, m.score) == (b.p, b.score)
+                if m.score is None:  # a draft under a parent the target rejected
+                    assert m.p in (None, 0.0) and not m.rank
+    assert RunTrace.from_json(tr.to_json()) == tr
+
+
+def test_atspeed_relaxed_beam_steps_keep_k_target_beams_and_say_how_many_passed():
+    target = tiny(4)
+    pair = pair_of(target, perturbed(4, 0.05))
+    set_generation(target, frequent_token(target, prompt(6)))
+    tr = generate(pair, prompt(6), "atspeed_relaxed", beams=2, draft_beams=4, gamma=3,
+                  top_k=10, max_new_tokens=16, seed=1)
+    steps = [s for r in tr.rounds for s in r.beam_steps]
+    assert steps and all(len(s.target_beams) == 2 for s in steps)
+    for r in tr.rounds:
+        for s, layer in zip(r.beam_steps, r.extras["layers"]):
+            assert s.accepted == (layer["outcome"] == "accepted")
+            if s.kind == "drafted":
+                assert len(s.drafted) == 4 and "K = 2" in s.reason
+                assert s.reason.startswith(f"{layer['accepted_count']} of 4" if s.accepted
+                                           else f"only {layer['accepted_count']} of 4")
 
 
 def test_atspeed_relaxed_runs_end_to_end_with_complete_records():

@@ -1,15 +1,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from engine.trace import (
     ACCEPTED,
     BONUS,
+    BeamStep,
     BeamTrace,
     CommittedToken,
+    DraftMatch,
     NodeTrace,
     RoundTrace,
     RunTrace,
+    TargetBeam,
     TestRecord,
     TopK,
     summarize,
@@ -48,3 +52,26 @@ def test_summary_counts_acceptance_tau_and_per_depth():
     assert s["tau"] == 2.0
     assert s["per_depth_acceptance"] == {"1": 1.0}
     assert s["time_split_s"] == {"propose": 0.1, "score": 0.2}
+
+
+def _with_beam_steps() -> RunTrace:
+    tr = _trace()
+    step = BeamStep(1, "drafted", (TargetBeam(1, 0, -1, 5, "a", -0.7, 0),
+                                   TargetBeam(2, 0, -1, 7, "c", -1.6, -1, 0.2)),
+                    (DraftMatch(0, 0, 1, -0.7), DraftMatch(0, 1, 0, None)), False,
+                    "target beam #2 'c' (score -1.60) was not drafted")
+    return replace(tr, rounds=(replace(tr.rounds[0], beam_steps=(step,)),))
+
+
+def test_beam_steps_round_trip_through_json():
+    tr = _with_beam_steps()
+    back = RunTrace.from_json(tr.to_json())
+    assert back == tr
+    assert back.rounds[0].beam_steps[0].target_beams[1] == TargetBeam(2, 0, -1, 7, "c", -1.6,
+                                                                       -1, 0.2)
+
+
+def test_a_round_without_beam_steps_reads_as_none_recorded():
+    d = _with_beam_steps().to_dict()
+    del d["rounds"][0]["beam_steps"]
+    assert RunTrace.from_dict(d).rounds[0].beam_steps == ()

@@ -38,6 +38,20 @@ def _nested(depth: int) -> dict:
     return _edit(params=inner)
 
 
+def _beam_steps(drafted: int = 2, **target) -> dict:
+    """The demo with one AtSpeed-strict step record on round 0 (K = 2, ``drafted`` matches)."""
+    d = _edit()
+    beams = [{"rank": 1, "tree": 0, "parent": -1, "token_id": 5, "text": " a", "score": -0.5,
+              "node": 0, **target},
+             {"rank": 2, "tree": 0, "parent": -1, "token_id": 6, "text": " b", "score": -1.25}]
+    d["rounds"][0]["beam_steps"] = [{
+        "depth": 1, "kind": "drafted", "target_beams": beams, "accepted": False,
+        "reason": "target beam #2 ' b' (score -1.25) was not drafted",
+        "drafted": [{"tree": 0, "node": i, "rank": int(i == 0), "score": -0.5 - i}
+                    for i in range(drafted)]}]
+    return d
+
+
 BAD = [  # (file text, message): the import door's table rows in the README
     ("not json {", "invalid JSON"),
     ("", "invalid JSON"),
@@ -55,6 +69,11 @@ BAD = [  # (file text, message): the import door's table rows in the README
     ("[" * 100_000 + "]" * 100_000, "nested more than 64 levels deep"),
     (_nested(100), "nested more than 64 levels deep"),
     (_edit(prompt="x" * 3_000_000), "a string of 3000000 characters (the limit is 100000)"),
+    (_beam_steps(rank="1"),
+     "trace.rounds[0].beam_steps[0].target_beams[0].rank: expected int, got string"),
+    (_beam_steps(drafted=len(DEMO["rounds"][0]["nodes"]) + 1),
+     f"round 0 matches {len(DEMO['rounds'][0]['nodes']) + 1} drafted beams to "
+     f"{len(DEMO['rounds'][0]['nodes'])} forest nodes"),
 ]
 
 
@@ -187,3 +206,33 @@ def test_a_largest_allowed_import_parses_in_seconds_not_minutes():
     took = time.perf_counter() - t0
     assert len(trace.rounds) == len(big) and len(text) > 8 * 2**20
     assert took < 10, f"{len(text) / 2**20:.1f} MB took {took:.1f} s"
+
+
+def test_beam_match_records_survive_export_and_import(tmp_path):
+    trace = trace_file.parse_trace(json.dumps(_beam_steps()))
+    path = trace_file.write_export("beam", trace.to_json(), "t1")
+    back = trace_file.load_trace_file(path)
+    assert back == trace
+    step = back.rounds[0].beam_steps[0]
+    assert [(b.rank, b.text, b.score, b.node) for b in step.target_beams] == [
+        (1, " a", -0.5, 0), (2, " b", -1.25, -1)]
+    assert [(m.node, m.rank, m.score, m.p) for m in step.drafted] == [(0, 1, -0.5, None),
+                                                                      (1, 0, -1.5, None)]
+    assert step.reason == "target beam #2 ' b' (score -1.25) was not drafted"
+
+
+def test_a_trace_written_before_beam_match_records_imports_without_them():
+    old = _beam_steps()
+    for r in old["rounds"]:
+        r.pop("beam_steps", None)
+    trace = trace_file.parse_trace(json.dumps(old))
+    assert trace.version == trace_file.TRACE_VERSION == 1
+    assert all(r.beam_steps == () for r in trace.rounds)
+    assert trace.rounds[0].nodes == trace_file.parse_trace(DEMO_TRACE.read_text()).rounds[0].nodes
+
+
+def test_too_many_target_beams_in_a_step_are_refused(monkeypatch):
+    monkeypatch.setattr(trace_file, "MAX_STEP_BEAMS", 1)
+    with pytest.raises(trace_file.TraceFileError, match="round 0 lists 2 target beams in one "
+                       "step"):
+        trace_file.parse_trace(json.dumps(_beam_steps()))

@@ -9,11 +9,14 @@ import pytest
 from engine.errors import ConfigError
 from engine.trace import (
     STATUSES,
+    BeamStep,
     BeamTrace,
     CommittedToken,
+    DraftMatch,
     NodeTrace,
     RoundTrace,
     RunTrace,
+    TargetBeam,
     TestRecord,
 )
 from specviz import charts, forest_view, round_panel, text_view
@@ -349,3 +352,102 @@ def test_live_renders_are_spaced_by_their_own_cost(monkeypatch):
     pace.spent(0.001)  # cheap renders still wait MIN_GAP_S
     now[0] += callbacks.LivePace.MIN_GAP_S / 2
     assert not pace.due()
+
+
+# ------------------------------------------------------------------ beam match (K = 2, N = 3)
+
+
+def _strict_trace() -> RunTrace:
+    """atspeed_strict, K = 2 trees, N = 3 drafts per depth: step 1 passes (target #1 = x at
+    tree 0, #2 = z at tree 1, y not in the top-K); step 2 stops: target #2 ' z q' was not
+    drafted (u is #1; v and w are not in the top-K)."""
+    nodes = (NodeTrace(0, -1, 0, 1, 110, " x", 0.5, 0.6, "accepted"),
+             NodeTrace(1, -1, 0, 1, 111, " y", 0.2, 0.1, "rejected"),
+             NodeTrace(0, -1, 1, 1, 112, " z", 0.3, 0.3, "accepted"),
+             NodeTrace(2, 0, 0, 2, 113, " u", 0.4, 0.5, "accepted"),
+             NodeTrace(1, 0, 1, 2, 114, " v", 0.3, 0.2, "rejected"),
+             NodeTrace(3, 0, 0, 2, 115, " w", 0.2, 0.1, "rejected"))
+    steps = (
+        BeamStep(1, "drafted", (TargetBeam(1, 0, -1, 110, " x", -0.5, 0),
+                                TargetBeam(2, 1, -1, 112, " z", -0.75, 0)),
+                 (DraftMatch(0, 0, 1, -0.5), DraftMatch(0, 1, 0, -2.0),
+                  DraftMatch(1, 0, 2, -0.75)), True, "all 2 target beams were drafted"),
+        BeamStep(2, "drafted", (TargetBeam(1, 0, 0, 113, " x u", -0.9, 2),
+                                TargetBeam(2, 1, 0, 116, " z q", -1.1)),
+                 (DraftMatch(0, 2, 1, -0.9), DraftMatch(1, 1, 0, -1.4),
+                  DraftMatch(0, 3, 0, None)), False,
+                 "target beam #2 ' z q' (score -1.10) was not drafted"),
+    )
+    before = (BeamTrace((101,), -0.2), BeamTrace((106,), -0.4))
+    r = RoundTrace(index=0, nodes=nodes, beams_before=before, beams_after=before, drafted=2,
+                   accepted=1, target_calls=1, draft_calls=2, beam_steps=steps)
+    return RunTrace("atspeed_strict", {"beams": 2}, "t", "d", "cpu", "", (), (r,), (), "",
+                    (), {})
+
+
+def test_forest_rings_drafted_beams_in_the_target_top_k_with_their_rank():
+    fig = forest_view.forest_figure(_strict_trace(), 0)
+    ring = _by_name(fig, "ring: in target's top-K (#rank)")
+    assert list(ring.text) == ["#1", "#2", "#1"]  # x (tree 0), z (tree 1), u (step 2)
+    assert ring.marker.symbol == "circle-open" and ring.marker.color == forest_view.IN_TOP_K
+    pos = forest_view.tidy_layout(forest_view.forest_graph(_strict_trace().rounds[0]))
+    assert list(zip(ring.x, ring.y)) == [pos[("n", 0, 0)], pos[("n", 1, 0)], pos[("n", 0, 2)]]
+
+
+def test_forest_rings_drafted_beams_outside_the_top_k_differently():
+    fig = forest_view.forest_figure(_strict_trace(), 0)
+    ring = _by_name(fig, "ring: drafted, not in target's top-K")
+    assert len(ring.x) == 3  # y, w (tree 0), v (tree 1)
+    assert ring.marker.symbol == "square-open" and ring.marker.color == forest_view.NOT_IN_TOP_K
+    assert ring.hoverinfo == "skip"
+
+
+def test_forest_hover_says_where_the_target_ranks_a_drafted_beam():
+    fig = forest_view.forest_figure(_strict_trace(), 0)
+    hovers = list(_by_name(fig, "accepted").hovertext) + list(_by_name(fig, "rejected").hovertext)
+    assert any("<b>target top-K #2</b> (target score -0.75)" in h for h in hovers)
+    assert any("<b>not in the target's top-K</b> (target score -2)" in h for h in hovers)
+    assert any("(its parent is not a target beam)" in h for h in hovers)
+
+
+def test_forests_without_beam_steps_have_no_rings(trace):
+    names = {t.name for t in forest_view.forest_figure(trace, 1).data}
+    assert not any(n.startswith("ring:") for n in names)
+
+
+def test_beam_match_table_lists_each_steps_target_top_k_drafted_and_the_reason():
+    rows = round_panel.beam_match_rows(_strict_trace(), 0)
+    assert [[r[h] for h in round_panel.MATCH_HEADERS] for r in rows] == [
+        ["1", "#1", "' x'", "-0.5", "yes (beam 0, node 0)", "yes", "2/3",
+         "all 2 target beams were drafted"],
+        ["", "#2", "' z'", "-0.75", "yes (beam 1, node 0)", "yes", "", ""],
+        ["2", "#1", "' x u'", "-0.9", "yes (beam 0, node 2)", "no", "1/3",
+         "target beam #2 ' z q' (score -1.10) was not drafted"],
+        ["", "#2", "' z q'", "-1.1", "no", "no", "", ""],
+    ]
+
+
+def test_beam_match_table_leads_the_round_extras_and_is_absent_elsewhere(trace):
+    md = round_panel.extras_markdown(_strict_trace(), 0)
+    assert md.startswith("**Beam match**")
+    assert ("| 2 | #1 | ' x u' | -0.9 | yes (beam 0, node 2) | no | 1/3 | target beam #2 ' z q' "
+            "(score -1.10) was not drafted |") in md
+    assert md.endswith("\n|  | #2 | ' z q' | -1.1 | no | no |  |  |")
+    assert "Beam match" not in round_panel.extras_markdown(trace, 0)
+
+
+def test_sampling_beam_steps_show_the_target_law_next_to_the_score():
+    t = _strict_trace()
+    step = BeamStep(1, "bonus", (TargetBeam(1, 0, -1, 110, " x", -0.5, -1, 0.25),),
+                    reason="bonus layer: every drafted layer passed; 1 beams drawn")
+    r = RoundTrace(index=0, beam_steps=(step,))
+    rows = round_panel.beam_match_rows(RunTrace(**{**t.__dict__, "rounds": (r,)}), 0)
+    assert rows == [{"step": "1", "target beam": "#1", "text": "' x'",
+                     "score": "-0.5 (p 0.25)", "drafted?": "no", "accepted?": "bonus",
+                     "drafts in top-K": "—", "reason": step.reason}]
+
+
+def test_render_shows_the_rings_and_the_beam_match_table():
+    out = dict(zip(OUTPUTS, render(SessionState(trace=_strict_trace()))))
+    assert "ring: in target's top-K (#rank)" in out["forest"].plot
+    assert "**Beam match**" in out["extras"] and "was not drafted" in out["extras"]
