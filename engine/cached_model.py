@@ -50,6 +50,7 @@ class Scored:
     node_hidden: torch.Tensor  # (W, m, d)
     root_logits: torch.Tensor | None = None  # (W, V) after the newest committed token
     root_hidden: torch.Tensor | None = None  # (W, d); both None unless the call fed the tail
+    tail_hidden: torch.Tensor | None = None  # (W, t, d) at every tail token this call fed
 
 
 class CachedModel:
@@ -117,9 +118,10 @@ class CachedModel:
             cfg = self.model.config
             return Scored(torch.zeros((W, 0, cfg.vocab_size), device=self.device),
                           torch.zeros((W, 0, cfg.hidden_size), device=self.device))
+        inputs = self._inputs(ids, t_new, parents)
         with torch.no_grad(), layout_for(self.model, ids.numel()):  # split: hidden states kept
             hidden = self.model.model(
-                input_ids=ids,
+                **inputs,
                 attention_mask=mask,
                 position_ids=pos,
                 past_key_values=self.cache,
@@ -129,10 +131,15 @@ class CachedModel:
             logits = head_logits(head, hidden)  # (W, t_new + m, V)
         self.tail_fed += t_new
         self.forest_fed += tokens.shape[1]
-        root = (None, None)
+        root = (None, None, None)
         if t_new:  # the newest committed token was fed: (W, V) logits, (W, d) state
-            root = (logits[:, t_new - 1], hidden[:, t_new - 1])
+            root = (logits[:, t_new - 1], hidden[:, t_new - 1], hidden[:, :t_new])
         return Scored(logits[:, t_new:], hidden[:, t_new:], *root)
+
+    def _inputs(self, ids: torch.Tensor, t_new: int, parents: torch.Tensor) -> dict:
+        """The forward's token inputs for (W, t_new + m) fed ids (a feature drafter builds
+        inputs_embeds instead)."""
+        return {"input_ids": ids}
 
     # ---------------------------------------------------------------- commit
     def commit(
@@ -141,6 +148,7 @@ class CachedModel:
         path_nodes: torch.Tensor,
         path_tokens: torch.Tensor,
         new_tokens: torch.Tensor,
+        target: Scored | None = None,
     ) -> None:
         """Keep the chosen paths and start the next round.
 
@@ -149,6 +157,8 @@ class CachedModel:
             path_nodes: (W', k) forest node ids of the kept path, root side first.
             path_tokens: (W', k) their tokens.
             new_tokens: (W', a) tokens committed after the path (correction / bonus / target).
+            target: the target's Scored of this round (a drafter's runner may read the
+                target's states there; a model's cache does not need them).
         """
         rows = rows.to(self.device)
         path_nodes = path_nodes.to(self.device)

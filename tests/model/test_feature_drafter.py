@@ -1,0 +1,135 @@
+"""The feature-level (EAGLE-style) drafter, engine/feature.py: temperature 0 is
+token-identical to greedy generate() for every token method, the draft law at every round's
+root is the law recomputed from scratch with the target's true features (so crops and re-feeds
+keep the right feature at every committed slot), the trace names the drafter, and its weight
+files load only for their own target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.cli import main
+from engine.errors import ConfigError
+from engine.feature import (
+    FeatureDrafter,
+    FeatureParts,
+    FeatureRunner,
+    feature_drafter,
+    load_feature,
+    save_feature,
+)
+from engine.models import parse_model_spec
+from tests.conftest import tiny_pair
+from tests.model.test_token_methods import METHODS, _ref
+
+PROMPTS = ([3, 4, 5, 6], [11, 12])
+
+
+@pytest.mark.parametrize("method,params", METHODS + [("sd", {"controller": "cali_ts"})])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_temperature_zero_with_the_feature_drafter_equals_greedy_generate(method, params,
+                                                                          family):
+    pair = tiny_pair(family, layers=4, draft="feature")
+    drafted = 0
+    for prompt in PROMPTS:
+        trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
+        assert list(trace.token_ids) == _ref(pair, prompt, 20), (method, params, prompt)
+        drafted += sum(r.drafted for r in trace.rounds)
+        assert trace.rounds[0].drafted == 0  # round 0: no target feature known yet
+    assert drafted > 0
+
+
+def test_an_untrained_feature_drafter_is_named_in_the_trace_and_its_forest():
+    pair = tiny_pair(draft="feature")
+    trace = engine.generate(pair, [3, 4, 5], "mcsd", k_config="2x2", max_new_tokens=8)
+    assert trace.draft == "feature (EAGLE-style, 1 layer, untrained)"
+    assert pair.draft_name == trace.draft
+    drafted = [n for r in trace.rounds for n in r.nodes if n.q is not None]
+    assert drafted and trace.rounds[1].draft_calls == 2  # the forest came from the drafter
+
+
+@pytest.mark.parametrize("method,params", [("sd", {"gamma": 4}),
+                                           ("mcsd", {"k_config": "3x2x2"})])
+def test_the_root_law_every_round_is_the_law_with_the_targets_true_features(
+        method, params, monkeypatch):
+    """At temperature 1 tiny models accept many drafts, so commits of 0..gamma tokens,
+    crops and re-feeds all happen; after each the drafter's root logits equal those computed
+    from scratch over the committed tokens with the target's features."""
+    pair = tiny_pair(draft="feature")
+    run = engine.start(pair, [3, 4, 5, 6], method, max_new_tokens=30, temperature=1.0,
+                       seed=2, **params)
+    seen: list[tuple[list[int], torch.Tensor]] = []
+    feed = FeatureRunner.feed
+
+    def spy(self, tokens=None, parents=None):
+        out = feed(self, tokens, parents)
+        if tokens is None and not self.blind:
+            seen.append((run._decoder.ctx.committed_ids()[0].tolist(), out.root_logits[0]))
+        return out
+
+    monkeypatch.setattr(FeatureRunner, "feed", spy)
+    trace = run.to_end()
+    assert max(r.accepted for r in trace.rounds) >= 2  # multi-token commits happened
+    assert len(seen) == len(trace.rounds) - 1  # every round but round 0 proposed
+    for ids, root in seen:
+        fresh = pair.drafter.context_logits(torch.tensor([ids]))[0, -1]  # (V,)
+        torch.testing.assert_close(root, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_the_feature_runner_keeps_only_committed_slots_in_its_cache():
+    pair = tiny_pair(draft="feature")
+    run = engine.start(pair, [3, 4, 5, 6], "sd", gamma=3, max_new_tokens=12,
+                       temperature=1.0, seed=1)
+    for _ in run:
+        draft, n = run._decoder.ctx._draft, run._decoder.ctx.committed_ids().shape[1]
+        if draft is not None:
+            assert draft.cache.get_seq_length() == draft.base <= n
+            assert draft.length == n and draft.feats.shape[1] == n - 1
+
+
+# ------------------------------------------------------------------------- specs and weights
+
+
+def test_feature_specs_are_drafters_with_an_optional_weight_file():
+    assert parse_model_spec("feature", draft=True).kind == "feature"
+    assert parse_model_spec("feature:/x/w.safetensors", draft=True).weights == \
+        "/x/w.safetensors"
+    with pytest.raises(ConfigError, match="drafter, not a target"):
+        parse_model_spec("feature")
+    with pytest.raises(ConfigError, match="give a file"):
+        parse_model_spec("feature:", draft=True)
+
+
+def test_saved_weights_load_into_the_drafter_and_reproduce_its_logits(tmp_path):
+    target = tiny_pair().target
+    parts = FeatureParts(target, seed=3)
+    short = torch.tensor([1, 3, 4, 5, 9, 20])
+    path = save_feature(tmp_path / "f.safetensors", target, parts, short, dtype=torch.float32)
+    loaded = feature_drafter(target, str(path))
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    want = FeatureDrafter(target, parts, short).context_logits(ids)  # (1, 5, V)
+    torch.testing.assert_close(loaded.context_logits(ids), want)
+    assert loaded.name == "feature (EAGLE-style, 1 layer, trained, 6-token head)"
+    assert (want[..., short] > -1e30).all() and (want.amax(-1) > -1e30).all()
+    off = torch.ones(want.shape[-1], dtype=torch.bool)
+    off[short] = False
+    assert (want[..., off] == torch.finfo(want.dtype).min).all()
+
+
+def test_weights_made_for_another_target_are_refused_in_one_line(tmp_path):
+    a, b = tiny_pair(seed=0).target, tiny_pair(seed=1).target
+    path = save_feature(tmp_path / "f.safetensors", a, FeatureParts(a))
+    with pytest.raises(ConfigError, match="made for another target"):
+        load_feature(b, path)
+    with pytest.raises(ConfigError, match="not found"):
+        engine.load_pair(target=a, draft=f"feature:{tmp_path / 'none.safetensors'}",
+                         device="cpu")
+
+
+def test_the_cli_refuses_a_missing_feature_weight_file_with_one_error_line(capsys, tmp_path):
+    code = main(["generate", "--target", "tiny", "--draft", f"feature:{tmp_path}/no.st",
+                 "--raw", "--prompt", "1 2 3", "--method", "sd"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: feature drafter")
