@@ -21,7 +21,7 @@ from engine.feature import (
     save_feature,
 )
 from engine.models import parse_model_spec
-from tests.conftest import tiny_pair
+from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
 
 PROMPTS = ([3, 4, 5, 6], [11, 12])
@@ -133,3 +133,26 @@ def test_the_cli_refuses_a_missing_feature_weight_file_with_one_error_line(capsy
                  "--raw", "--prompt", "1 2 3", "--method", "sd"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: feature drafter")
+
+
+@pytest.mark.parametrize("method,params", [("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x2"}),
+                                           ("sd", {"controller": "beta_ts"})])
+@pytest.mark.parametrize("eps", [0.0, 0.002])
+def test_a_near_perfect_feature_drafter_commits_long_chains_and_still_equals_greedy(
+        method, params, eps):
+    """A 1-layer target and a drafter that copies it (eps = 0: every draft accepted; eps > 0:
+    the features move the drafts and some fail): commits of every length, then crops and
+    re-feeds, keep the output the greedy one."""
+    pair = tiny_pair(layers=1, draft="ngram")
+    drafter = FeatureDrafter(pair.target, near_perfect_feature_parts(pair.target, eps))
+    pair.drafter, pair.draft_name = drafter, drafter.name
+    rounds = []  # (drafted, accepted) after round 0
+    for prompt in PROMPTS:
+        trace = engine.generate(pair, prompt, method, max_new_tokens=30, **params)
+        assert list(trace.token_ids) == _ref(pair, prompt, 30), (method, params, prompt)
+        rounds += [(r.drafted, r.accepted) for r in trace.rounds[1:] if r.drafted]
+    accepted = [a for _, a in rounds]
+    if eps == 0.0:
+        assert rounds and all(a == d for d, a in rounds) and max(accepted) >= 3
+    else:
+        assert 0 < sum(accepted) and min(accepted) < max(accepted)
