@@ -58,7 +58,15 @@ INIT_SEED = 0  # the untrained drafter's fc
 
 
 class FeatureParts(nn.Module):
-    """The trained parts: fc (2d -> d) and one decoder layer (a copy of the target's last)."""
+    """The trained parts: fc (2d -> d) and one decoder layer (from the target's last).
+
+    Initialisation (the start of training, and the untrained drafter): the layer is a copy of
+    the target's last layer with its two residual output projections (attention o_proj, MLP
+    down_proj) zeroed, and fc = [U(-b, b) | I] (b = nn.Linear's default bound, drawn from a
+    seeded generator): the drafter starts as f'_j = f_{j-1} plus what training adds. A plain
+    copy adds the last layer's update, whose RMS on SmolLM2-135M is about 11 against the
+    features' 1.8: its first loss was 24.6 (CE 164) against 1.8 (CE 11.4) from this start.
+    """
 
     def __init__(self, target: nn.Module, seed: int = INIT_SEED):
         super().__init__()
@@ -66,12 +74,17 @@ class FeatureParts(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=True)
         gen = torch.Generator().manual_seed(seed)
         bound = (2 * d) ** -0.5  # nn.Linear's default range, drawn from our own generator
-        w = (torch.rand((d, 2 * d), generator=gen) * 2 - 1) * bound  # (d, 2d)
+        w_tok = (torch.rand((d, d), generator=gen) * 2 - 1) * bound  # (d, d) on e(t_j)
         dtype = next(target.parameters()).dtype
-        with torch.no_grad():
-            self.fc.weight.copy_(w)
-            self.fc.bias.zero_()
         self.layer = copy.deepcopy(_decoder(target).layers[-1])
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.cat([w_tok, torch.eye(d)], dim=1))  # (d, 2d)
+            self.fc.bias.zero_()
+            for name in ("self_attn.o_proj", "mlp.down_proj"):
+                proj = self.layer.get_submodule(name)
+                proj.weight.zero_()
+                if proj.bias is not None:
+                    proj.bias.zero_()
         set_layer_index(self.layer, 0)  # the only layer of the drafter's cache
         self.to(device=next(target.parameters()).device, dtype=dtype)
 
