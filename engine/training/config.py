@@ -131,10 +131,10 @@ class FeatureTrainConfig:
     threads: int = 1  # torch threads (0 = leave as configured)
     limit_tokens: int = 0  # use shards (in name order) up to about this many tokens (0 = all)
     heldout_every: int = 20  # every n-th sequence is held out
-    epochs: int = 2
-    lr: float = 3e-4
+    epochs: int = 6
+    lr: float = 5e-4
     weight_decay: float = 0.0
-    batch_tokens: int = 4096  # padded tokens per optimiser step
+    batch_tokens: int = 2048  # padded tokens per optimiser step
     w_cls: float = 0.1  # weight of the token cross-entropy (EAGLE: 0.1; regression: 1)
     noise: float = 0.1  # U(-noise, noise) x the features' RMS added to input features
     grad_clip: float = 0.5

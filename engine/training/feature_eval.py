@@ -61,12 +61,11 @@ def chain_agreements(student, group: list[Sequence], steps: int) -> list[list[li
     for b, s in enumerate(group):
         ids[b, : len(s.ids)] = torch.tensor(s.ids)
         f[b, : len(s.ids)] = s.feats.float()
-    greedy = student.target_greedy(f)  # (B, T): g_{j+1} = argmax lm_head(f_j)
     embeds = student.embed(ids)  # (B, T, d)
     cache = DynamicCache(config=student.model.config)
     pos = torch.arange(T).expand(B, T)  # (B, T)
     prev = torch.cat([f.new_zeros((B, 1, student.d)), f[:, :-1]], dim=1)  # (B, T, d)
-    preds = []
+    outs = []
     for k in range(1, steps + 1):
         allowed = chain_mask(T, k)  # (T, k*T)
         mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(f.dtype).min)
@@ -74,16 +73,16 @@ def chain_agreements(student, group: list[Sequence], steps: int) -> list[list[li
         out = student.model.model(inputs_embeds=x, attention_mask=mask.expand(B, 1, -1, -1),
                                   position_ids=pos, past_key_values=cache,
                                   use_cache=True).last_hidden_state  # (B, T, d)
-        preds.append(student.draft_argmax(out))  # (B, T) token at slot j, step k
+        outs.append(out)  # f' of step k at every slot
         prev = torch.cat([f.new_zeros((B, 1, student.d)), out[:, :-1]], dim=1)  # (B, T, d)
     result = []
-    for b, s in enumerate(group):
-        n = len(s.ids)
-        rows = []
-        for c in range(s.start - 1, n - 1):
-            rows.append([bool(preds[k - 1][b, c + k - 1] == greedy[b, c + k - 1])
-                         for k in range(1, steps + 1) if c + k - 1 <= n - 2])
-        result.append(rows)
+    for b, s in enumerate(group):  # heads only at the slots that predict generated tokens
+        n, lo = len(s.ids), s.start - 1
+        greedy = student.target_greedy(f[b, lo: n - 1]).tolist()  # g_{j+1}, j = lo..n-2
+        preds = [student.draft_argmax(o[b, lo: n - 1]).tolist() for o in outs]  # (n-1-lo,)
+        result.append([[preds[k - 1][c + k - 1 - lo] == greedy[c + k - 1 - lo]
+                        for k in range(1, steps + 1) if c + k - 1 <= n - 2]
+                       for c in range(lo, n - 1)])
     return result
 
 
