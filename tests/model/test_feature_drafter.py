@@ -156,3 +156,23 @@ def test_a_near_perfect_feature_drafter_commits_long_chains_and_still_equals_gre
         assert rounds and all(a == d for d, a in rounds) and max(accepted) >= 3
     else:
         assert 0 < sum(accepted) and min(accepted) < max(accepted)
+
+
+def test_the_exactness_check_sizes_against_the_feature_drafters_law_with_true_features():
+    from engine.check import exact_laws
+    from engine.sampling import Warp
+
+    pair = tiny_pair(draft="feature")
+    _, q_law, _ = exact_laws(pair, [3, 4, 5], Warp(temperature=1.0), 1, set())
+    q = torch.softmax(pair.drafter.context_logits(torch.tensor([[3, 4, 5]]))[0, -1].double(), -1)
+    assert q_law.keys() and all(abs(v - float(q[t])) < 1e-6 for (t,), v in q_law.items())
+
+
+def test_plain_feature_uses_shipped_weights_only_when_made_for_the_target(tmp_path, monkeypatch):
+    import engine.feature as feature
+
+    a, b = tiny_pair(seed=0).target, tiny_pair(seed=1).target
+    save_feature(tmp_path / feature.FEATURE_FILE, a, FeatureParts(a, seed=4))
+    monkeypatch.setattr(feature, "FEATURE_DIR", tmp_path)
+    assert feature_drafter(a).trained and feature_drafter(a).source.startswith(str(tmp_path))
+    assert feature_drafter(b).name == "feature (EAGLE-style, 1 layer, untrained)"
