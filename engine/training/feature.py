@@ -155,10 +155,84 @@ def _schedule(opt, total: int):
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / total)))
 
 
+class Optimiser:
+    """AdamW + warmup/cosine schedule + the run's generator over a student: one epoch at a
+    time, saved to and resumed from a checkpoint file."""
+
+    def __init__(self, student: FeatureStudent, cfg: FeatureTrainConfig, steps: int):
+        self.student, self.cfg = student, cfg
+        self.params = list(student.parts.parameters())
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = _schedule(self.opt, steps)
+        self.gen = torch.Generator().manual_seed(cfg.seed)  # batch order and input noise
+
+    def epoch(self, groups: list[list[Sequence]], scale: float, bar) -> dict:
+        """One pass over the batches in a random order; the mean loss terms."""
+        sums = [0.0, 0.0, 0.0]
+        for i in torch.randperm(len(groups), generator=self.gen).tolist():
+            loss, reg, cls = batch_loss(self.student, make_batch(groups[i]), self.cfg, scale,
+                                        self.gen)
+            self.opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            self.opt.step()
+            self.sched.step()
+            sums = [sums[0] + loss.item(), sums[1] + reg, sums[2] + cls]
+            bar.update(1)
+            bar.set_postfix(reg=f"{reg:.4f}", cls=f"{cls:.3f}")
+        return {k: v / len(groups) for k, v in zip(("loss", "reg", "cls"), sums)}
+
+    def save(self, path: Path, key: str, state: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "parts": self.student.parts.state_dict(),
+                    "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+                    "gen": self.gen.get_state(), "state": state}, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+
+    def resume(self, path: Path, key: str) -> dict | None:
+        """The saved run state when `path` holds a checkpoint of the same run, else None."""
+        if not path.is_file():
+            return None
+        saved = torch.load(path, weights_only=True)
+        if saved["key"] != key:
+            return None
+        self.student.parts.load_state_dict(saved["parts"])
+        self.opt.load_state_dict(saved["opt"])
+        self.sched.load_state_dict(saved["sched"])
+        self.gen.set_state(saved["gen"])
+        return saved["state"]
+
+
+def _prepare(cfg: FeatureTrainConfig, target: nn.Module, work: Path, progress: bool):
+    """Shards with cached features, the train / held-out split and the shortlist."""
+    from tqdm import tqdm
+
+    shards = read_shards(Path(cfg.data), cfg.limit_tokens)
+    total = sum(len(s.ids) for sh in shards for s in sh.sequences)
+    with tqdm(total=total, desc="target features", disable=not progress, unit="tok",
+              dynamic_ncols=True) as bar:
+        cache_features(target, shards, work / "features", progress=bar)
+    train, held = split(shards, cfg.heldout_every)
+    held = held[: cfg.eval_sequences] if cfg.eval_sequences else held
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    shortlist = build_shortlist(train, vocab, cfg.shortlist, eos_ids(target)) \
+        if 0 < cfg.shortlist < vocab else None
+    return shards, train, held, shortlist
+
+
+def _keep_best(state: dict, ev: dict, epoch: int, student: FeatureStudent) -> None:
+    """Remember the epoch with the most replayed tokens per round."""
+    if state["best"] is None or ev["tokens_per_round"] > state["best"]["tokens_per_round"]:
+        state["best"] = {"epoch": epoch, "tokens_per_round": ev["tokens_per_round"],
+                         "parts": {k: v.detach().clone()
+                                   for k, v in student.parts.state_dict().items()}}
+
+
 def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool = True,
                   on_epoch: Callable[[int], None] | None = None) -> dict:
     """Cache the target's features, train fc + layer, evaluate per epoch (checkpointed),
-    save the best epoch to cfg.out/feature.safetensors and its recipe.json; returns it."""
+    save the best epoch to cfg.out/feature.safetensors and its recipe.json; returns it.
+    `on_epoch(epoch)` runs after each epoch's checkpoint."""
     from tqdm import tqdm
 
     if cfg.threads:
@@ -167,80 +241,43 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
     _quiet_transformers()
     target, name = load_frozen_target(cfg)
     work = Path(cfg.work_dir) if cfg.work_dir else cache_root() / "train-feature"
-    shards = read_shards(Path(cfg.data), cfg.limit_tokens)
-    total_tokens = sum(len(s.ids) for sh in shards for s in sh.sequences)
-    bar = tqdm(total=total_tokens, desc="target features", disable=not progress,
-               unit="tok", dynamic_ncols=True)
-    cache_features(target, shards, work / "features", progress=bar)
-    bar.close()
+    shards, train, held, shortlist = _prepare(cfg, target, work, progress)
     t_feat = time.perf_counter() - t0
-    train, held = split(shards, cfg.heldout_every)
-    if cfg.eval_sequences:
-        held = held[: cfg.eval_sequences]
-    vocab = int(target.get_output_embeddings().weight.shape[0])
-    shortlist = build_shortlist(train, vocab, cfg.shortlist, eos_ids(target)) \
-        if 0 < cfg.shortlist < vocab else None
     sample = torch.cat([s.feats[:256].float() for s in train[:512]])  # (n, d)
     scale = float(sample.pow(2).mean().sqrt())  # RMS of the features: the noise's unit
     student = FeatureStudent(target, shortlist, cfg.seed)
-    params = list(student.parts.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     groups = list(in_batches(train, cfg.batch_tokens))
-    sched = _schedule(opt, cfg.epochs * len(groups))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    state = {"epoch": 0, "losses": [], "per_epoch": [], "best": None, "before": None}
-    ckpt, key = work / CHECKPOINT, run_key(cfg, shards)
-    if ckpt.is_file() and not cfg.fresh:
-        saved = torch.load(ckpt, weights_only=True)
-        if saved["key"] == json.dumps(key, sort_keys=True):
-            student.parts.load_state_dict(saved["parts"])
-            opt.load_state_dict(saved["opt"])
-            sched.load_state_dict(saved["sched"])
-            gen.set_state(saved["gen"])
-            state = saved["state"]
-            print(f"resuming after epoch {state['epoch']} ({ckpt})")
-    if state["before"] is None:
-        state["before"] = evaluate(student, held, cfg.eval_steps)
-    t1, c_eval = time.perf_counter(), 0.0
+    optim = Optimiser(student, cfg, cfg.epochs * len(groups))
+    ckpt, key = work / CHECKPOINT, json.dumps(run_key(cfg, shards), sort_keys=True)
+    state = None if cfg.fresh else optim.resume(ckpt, key)
+    if state is not None:
+        print(f"resuming after epoch {state['epoch']} ({ckpt})")
+    else:
+        state = {"epoch": 0, "losses": [], "per_epoch": [], "best": None,
+                 "before": evaluate(student, held, cfg.eval_steps)}
+    t1, t_eval = time.perf_counter(), 0.0
     bar = tqdm(total=cfg.epochs * len(groups), initial=state["epoch"] * len(groups),
                desc="train", disable=not progress, dynamic_ncols=True)
-    for epoch in range(state["epoch"], cfg.epochs):
-        sums = [0.0, 0.0, 0.0]
-        for i in torch.randperm(len(groups), generator=gen).tolist():
-            loss, reg, cls = batch_loss(student, make_batch(groups[i]), cfg, scale, gen)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            sched.step()
-            sums = [sums[0] + loss.item(), sums[1] + reg, sums[2] + cls]
-            bar.update(1)
-            bar.set_postfix(reg=f"{reg:.4f}", cls=f"{cls:.3f}")
-        state["losses"].append({k: v / len(groups) for k, v in zip(("loss", "reg", "cls"), sums)})
+    for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
+        state["losses"].append(optim.epoch(groups, scale, bar))
         e0 = time.perf_counter()
         ev = evaluate(student, held, cfg.eval_steps)
-        c_eval += time.perf_counter() - e0
-        state["per_epoch"].append({"epoch": epoch + 1, **ev})
-        bar.write(f"epoch {epoch + 1}: loss {state['losses'][-1]['loss']:.4f}, held-out step-1 "
+        t_eval += time.perf_counter() - e0
+        state["per_epoch"].append({"epoch": epoch, **ev})
+        bar.write(f"epoch {epoch}: loss {state['losses'][-1]['loss']:.4f}, held-out step-1 "
                   f"{ev['step1_agreement']:.4f}, tokens/round {ev['tokens_per_round']:.3f}")
-        if state["best"] is None or ev["tokens_per_round"] > state["best"]["tokens_per_round"]:
-            state["best"] = {"epoch": epoch + 1, "tokens_per_round": ev["tokens_per_round"],
-                             "parts": {k: v.detach().clone()
-                                       for k, v in student.parts.state_dict().items()}}
-        state["epoch"] = epoch + 1
-        ckpt.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": json.dumps(key, sort_keys=True), "parts": student.parts.state_dict(),
-                    "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "gen": gen.get_state(), "state": state}, ckpt.with_suffix(".tmp"))
-        ckpt.with_suffix(".tmp").replace(ckpt)
+        _keep_best(state, ev, epoch, student)
+        state["epoch"] = epoch
+        optim.save(ckpt, key, state)
         if on_epoch is not None:
-            on_epoch(epoch + 1)
+            on_epoch(epoch)
     bar.close()
-    t_train = time.perf_counter() - t1
+    seconds = {"features": round(t_feat, 1), "train_and_eval": round(time.perf_counter() - t1, 1),
+               "eval": round(t_eval, 1)}
     student.parts.load_state_dict(state["best"]["parts"])
     out = Path(cfg.out)
-    dtype = getattr(torch, cfg.weight_dtype)
-    path = save_feature(out / FEATURE_FILE, target, student.parts, shortlist, dtype)
+    path = save_feature(out / FEATURE_FILE, target, student.parts, shortlist,
+                        getattr(torch, cfg.weight_dtype))
     recipe = {
         "command": command, "target": name, "data_dir": cfg.data,
         "data": data_stats(shards, train, held, shortlist),
@@ -248,8 +285,7 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
                  "noise": f"U(-{cfg.noise}, {cfg.noise}) x feature RMS {scale:.4f}"},
         "losses": state["losses"], "best_epoch": state["best"]["epoch"],
         "heldout_before_training": state["before"], "heldout_per_epoch": state["per_epoch"],
-        "seconds": {"features": round(t_feat, 1), "train_and_eval": round(t_train, 1),
-                    "eval": round(c_eval, 1), "total_wall": round(time.perf_counter() - t0, 1),
+        "seconds": {**seconds, "total_wall": round(time.perf_counter() - t0, 1),
                     "total_cpu": round(time.process_time() - c0, 1)},
         "threads": torch.get_num_threads(),
         "weights": {"file": FEATURE_FILE, "bytes": path.stat().st_size,
