@@ -251,6 +251,9 @@ class FeatureRunner(CachedModel):
         prev = [previous_features(self.feats, first, t_new)]  # (W, t_new, d)
         m = ids.shape[1] - t_new
         if m:
+            if int(parents.max()) >= self.forest_fed:
+                raise ValueError("a feature drafter feeds a node after its parent's call "
+                                 "(level by level): the parent's f' is its input")
             known = torch.cat([self.root_feat[:, None], self.node_feat], dim=1)  # (W, 1+f, d)
             idx = (parents.clamp_min(ROOT) + 1)[:, :, None].expand(-1, -1, d)  # (W, m, d)
             prev.append(known.gather(1, idx))  # PAD parents (never read): the root's f'

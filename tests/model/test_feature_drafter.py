@@ -11,6 +11,7 @@ import torch
 
 import engine
 from engine.cli import main
+from engine.cached_model import Scored
 from engine.errors import ConfigError
 from engine.feature import (
     FeatureDrafter,
@@ -176,3 +177,50 @@ def test_plain_feature_uses_shipped_weights_only_when_made_for_the_target(tmp_pa
     monkeypatch.setattr(feature, "FEATURE_DIR", tmp_path)
     assert feature_drafter(a).trained and feature_drafter(a).source.startswith(str(tmp_path))
     assert feature_drafter(b).name == "feature (EAGLE-style, 1 layer, untrained)"
+
+
+def test_the_runner_feeds_true_features_after_a_commit_crops_drafts_and_refeeds_the_path():
+    """Literal walk through three rounds with target states that hold a number in every
+    coordinate: round 0 is blind; round 1 feeds slots 0..3 with f_{-1..2} = 0, 10, 11, 12,
+    drafts a tree from predicted features (two root children, one grandchild), accepts node
+    0; the commit keeps slots 0..3 (fed with true features), crops all three drafts and
+    re-feeds the accepted token and the correction in round 2 with f_3 = 13 (the target's
+    tail) and f_4 = 20 (the target's state at node 0)."""
+    from engine.forest import ROOT
+    from engine.ngram import support
+
+    target = tiny_pair().target
+    d = int(target.config.hidden_size)
+    runner = FeatureDrafter(target).runner()
+    fed: list[list[float]] = []
+    inputs = runner.drafter.parts.inputs
+    runner.drafter.parts.inputs = lambda e, prev: fed.append(prev[0, :, 0].tolist()) \
+        or inputs(e, prev)
+
+    def states(*v):  # (1, n, d) states whose every coordinate is v_i
+        return torch.tensor(v, dtype=torch.float32)[None, :, None].expand(1, len(v), d)
+
+    def scored(tail, nodes):
+        return Scored(torch.zeros(1, len(nodes), 64), states(*nodes), torch.zeros(1, 64),
+                      states(*tail)[:, -1], states(*tail))
+
+    runner.start(torch.tensor([[3, 4, 5]]))
+    assert support(runner.feed().root_logits[0]) == 0 and fed == []  # round 0: blind
+    runner.commit(torch.tensor([0]), torch.zeros((1, 0), dtype=torch.long),
+                  torch.zeros((1, 0), dtype=torch.long), torch.tensor([[7]]),
+                  target=scored([10, 11, 12], []))
+    assert runner.feats[0, :, 0].tolist() == [10, 11, 12] and runner.tail.tolist() == [[3, 4, 5, 7]]
+    root = runner.feed()  # round 1: slots 0..3
+    assert fed[-1] == [0, 10, 11, 12]
+    kids = runner.feed(torch.tensor([[8, 2]]), torch.tensor([[ROOT, ROOT]]))
+    assert fed[-1] == [root.root_hidden[0, 0].item()] * 2  # the root's predicted f'
+    runner.feed(torch.tensor([[9]]), torch.tensor([[0]]))
+    assert fed[-1] == [kids.node_hidden[0, 0, 0].item()]  # node 0's predicted f'
+    assert runner.cache.get_seq_length() == 7
+    runner.commit(torch.tensor([0]), torch.tensor([[0]]), torch.tensor([[8]]),
+                  torch.tensor([[6]]), target=scored([13], [20, 21, 22]))
+    assert runner.feats[0, :, 0].tolist() == [10, 11, 12, 13, 20]
+    assert runner.cache.get_seq_length() == runner.base == 4
+    assert runner.tail.tolist() == [[8, 6]]
+    runner.feed()  # round 2: the accepted token and the correction, true features
+    assert fed[-1] == [13, 20]
