@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import engine
-from engine.cli import main
 from engine.cached_model import Scored
+from engine.cli import main
 from engine.errors import ConfigError
 from engine.feature import (
     FeatureDrafter,
