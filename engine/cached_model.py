@@ -50,6 +50,7 @@ class Scored:
     node_hidden: torch.Tensor  # (W, m, d)
     root_logits: torch.Tensor | None = None  # (W, V) after the newest committed token
     root_hidden: torch.Tensor | None = None  # (W, d); both None unless the call fed the tail
+    tail_hidden: torch.Tensor | None = None  # (W, t, d) at every tail token this call fed
 
 
 class CachedModel:
@@ -113,7 +114,8 @@ class CachedModel:
     def _shared_prompt(self) -> bool:
         """The first call on a fresh cache whose W > 1 rows all hold the same prompt (every
         beam method's start): its KV is computed once, not W times."""
-        return (self.width > 1 and self.base == 0 and self.tail_fed == 0
+        return (type(self)._inputs is CachedModel._inputs  # token inputs only
+                and self.width > 1 and self.base == 0 and self.tail_fed == 0
                 and self.forest_fed == 0 and self.tail.shape[1] > 0
                 and bool((self.tail == self.tail[:1]).all()))
 
@@ -131,7 +133,8 @@ class CachedModel:
             if layer.keys is not None and layer.keys.numel():
                 layer.keys = layer.keys.expand(W, -1, -1, -1).contiguous()  # (W, H, L, D)
                 layer.values = layer.values.expand(W, -1, -1, -1).contiguous()
-        root = (first.root_logits.repeat(W, 1), first.root_hidden.repeat(W, 1))  # (W, V), (W, d)
+        root = (first.root_logits.repeat(W, 1), first.root_hidden.repeat(W, 1),
+                first.tail_hidden.repeat(W, 1, 1))  # (W, V), (W, d), (W, L, d)
         nodes = self._forward(tokens, parents)
         return Scored(nodes.node_logits, nodes.node_hidden, *root)
 
@@ -150,24 +153,31 @@ class CachedModel:
             cfg = self.model.config
             return Scored(torch.zeros((W, 0, cfg.vocab_size), device=self.device),
                           torch.zeros((W, 0, cfg.hidden_size), device=self.device))
+        inputs = self._inputs(ids, t_new, parents)
         with torch.no_grad(), layout_for(self.model, ids.numel()):  # split: hidden states kept
             hidden = self.model.model(
-                input_ids=ids,
+                **inputs,
                 attention_mask=mask,
                 position_ids=pos,
                 past_key_values=self.cache,
                 use_cache=True,
             ).last_hidden_state  # (W, t_new + m, d)
-            hidden = hidden[:, max(t_new - 1, 0):]  # (W, [1] + m, d): older tail rows unused
+            full, hidden = hidden, hidden[:, max(t_new - 1, 0):]  # (W, [1] + m, d): the head
+            # skips older tail rows
             head = self.model.get_output_embeddings()
             logits = head_logits(head, hidden)  # (W, [1] + m, V)
         self.tail_fed += t_new
         self.forest_fed += tokens.shape[1]
-        root = (None, None)
+        root = (None, None, None)
         if t_new:  # the newest committed token was fed: (W, V) logits, (W, d) state
-            root = (logits[:, 0], hidden[:, 0])
+            root = (logits[:, 0], hidden[:, 0], full[:, :t_new])  # + (W, t_new, d) tail states
             logits, hidden = logits[:, 1:], hidden[:, 1:]
         return Scored(logits, hidden, *root)
+
+    def _inputs(self, ids: torch.Tensor, t_new: int, parents: torch.Tensor) -> dict:
+        """The forward's token inputs for (W, t_new + m) fed ids (a feature drafter builds
+        inputs_embeds instead)."""
+        return {"input_ids": ids}
 
     # ---------------------------------------------------------------- commit
     def commit(
@@ -176,6 +186,7 @@ class CachedModel:
         path_nodes: torch.Tensor,
         path_tokens: torch.Tensor,
         new_tokens: torch.Tensor,
+        target: Scored | None = None,
     ) -> None:
         """Keep the chosen paths and start the next round.
 
@@ -184,6 +195,8 @@ class CachedModel:
             path_nodes: (W', k) forest node ids of the kept path, root side first.
             path_tokens: (W', k) their tokens.
             new_tokens: (W', a) tokens committed after the path (correction / bonus / target).
+            target: the target's Scored of this round (a drafter's runner may read the
+                target's states there; a model's cache does not need them).
         """
         rows = rows.to(self.device)
         path_nodes = path_nodes.to(self.device)

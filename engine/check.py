@@ -12,7 +12,8 @@ of every output beam (a layer's beams are i.i.d. draws from the beam law, which 
 p at the first step). Pearson's chi-square, cells with expected count < 5 merged into one.
 N is the smallest in [min_runs, max_runs] (a multiple of 10) whose test at ``alpha`` rejects
 with probability >= ``power`` (noncentral chi-square) each of two wrong laws: the drafter's
-warped q (a rule that ignores p; the drafter's model logits, or for ``--draft ngram``
+warped q (a rule that ignores p; the drafter's model logits, for ``--draft feature`` its
+logits with the target's true features, or for ``--draft ngram``
 ``engine.ngram.ngram_law`` over the prompt, p where it proposes nothing) and the TV-0.1
 mixture of p towards uniform. A token the law gives probability 0 fails the check outright.
 Approximate methods (``MethodSpec.exact`` False) get the observed TV distance, not a verdict.
@@ -128,6 +129,10 @@ def _q_probs(pair, contexts: list[list[int]], warp: Warp) -> list[torch.Tensor |
     """The drafter's warped law after each context; None where an n-gram drafter proposes
     nothing (no suffix of the context recurs)."""
     drafter = pair.drafter
+    if hasattr(drafter, "context_logits"):  # a feature drafter: true target features
+        x = torch.tensor(contexts, device=pair.device)  # (B, T)
+        p = probs_from_logits(drafter.context_logits(x)[:, -1].float().cpu(), warp).double()
+        return list(p / p.sum(-1, keepdim=True))  # (V,) each
     if getattr(drafter, "model", None) is not None:
         return list(_next_probs(drafter.model, contexts, warp, pair.device))
     from engine.ngram import ngram_law

@@ -116,7 +116,7 @@ class Decoder:
         verdict = self.method.verify(ctx, forest, scored)  # 3. verify
         _sync(dev)
         t3 = time.perf_counter()
-        committed = self._commit(verdict)  # 4. commit
+        committed = self._commit(verdict, scored)  # 4. commit
         _sync(dev)
         t4 = time.perf_counter()
         controller = self.method.observe(ctx, verdict)  # 5. observe
@@ -133,12 +133,13 @@ class Decoder:
             p_top=_top_slices(scored, verdict), beam_steps=verdict.beam_steps,
         )
 
-    def _commit(self, v: RoundVerdict) -> tuple[CommittedToken, ...]:
-        """Step 4: caches compacted/reordered, sequences and origins extended."""
+    def _commit(self, v: RoundVerdict, scored: Scored) -> tuple[CommittedToken, ...]:
+        """Step 4: caches compacted/reordered, sequences and origins extended; the drafter's
+        runner also gets the target's states of the round (a feature drafter's inputs)."""
         ctx = self.ctx
         ctx.target.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
         if ctx._draft is not None:
-            ctx._draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
+            ctx._draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens, target=scored)
         appended = torch.cat([v.path_tokens.cpu(), v.new_tokens.cpu()], dim=1).tolist()
         rows = v.rows.tolist()
         ctx.seqs = [ctx.seqs[r] + a for r, a in zip(rows, appended)]

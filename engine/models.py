@@ -190,7 +190,7 @@ def _quiet_transformers() -> None:
 
 # ------------------------------------------------------------------------- model specs
 
-SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "local", "hub")
+SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "feature", "local", "hub")
 NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 
 
@@ -203,6 +203,7 @@ class ModelSpec:
     tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
     early_exit: str = ""  # early-exit: its name in engine.drafters.EARLY_EXIT_SPECS
     layers: int | None = None  # early-exit:N -> N first layers of the target; ngram:N -> max n
+    weights: str = ""  # feature:PATH -> the feature drafter's weight file
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
@@ -211,8 +212,11 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of engine.drafters.EARLY_EXIT_SPECS,
     each with an optional ':N'; 'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
-    engine.ngram). Anything else that starts with 'tiny' is a path or hub id."""
+    engine.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter, engine.feature:
+    the shipped weights when made for the target, else untrained; PATH: that weight file).
+    Anything else that starts with 'tiny' is a path or hub id."""
     from engine.drafters import EARLY_EXIT_SPECS
+    from engine.feature import FEATURE_SPECS
 
     text = (text or "").strip()
     if not text:
@@ -220,6 +224,12 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
             return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
         raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
     head, colon, rest = text.partition(":")
+    if head.lower() in FEATURE_SPECS:
+        if not draft:
+            raise ConfigError(f"'{text}' is a drafter, not a target")
+        if colon and not rest.strip():
+            raise ConfigError("feature drafter weights: give a file after 'feature:'")
+        return ModelSpec("feature", text, weights=rest.strip())
     if head.lower() in EARLY_EXIT_SPECS + NGRAM_SPECS:
         ngram = head.lower() in NGRAM_SPECS
         if not draft:
@@ -256,7 +266,7 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
     parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
     if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
         return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
-    if parsed.kind in ("early-exit", "ngram"):
+    if parsed.kind in ("early-exit", "ngram", "feature"):
         raise ConfigError(f"'{parsed.text}' is a drafter, not a model")
     if parsed.kind == "tiny":
         try:
@@ -314,7 +324,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         target: a spec (see parse_model_spec: embedded, tiny, tiny:{json}, local dir, hub id),
             a transformers config or a model.
         draft: the same kinds, or None / 'early-exit' / 'early-exit:N' for the target's own
-            first layers.
+            first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style).
         device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
         device_map: e.g. 'auto' for a target larger than one GPU.
@@ -341,6 +351,11 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
 
         vocab = int(tmodel.get_output_embeddings().weight.shape[0])
         drafter = NGramDrafter(vocab, max_n=draft.layers or MAX_N)
+        dname = drafter.name
+    elif isinstance(draft, ModelSpec) and draft.kind == "feature":
+        from engine.feature import feature_drafter
+
+        drafter = feature_drafter(tmodel, draft.weights)
         dname = drafter.name
     else:
         dmodel, dtok, dname = load_model(draft, dev, dt)

@@ -192,7 +192,7 @@ class SharedSide:
         return Scored(logits[:, n - m:], hidden[:, n - m:], *root)  # nodes: (1, m, V), (1, m, d)
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
-               new_tokens: torch.Tensor) -> None:
+               new_tokens: torch.Tensor, target=None) -> None:
         kept = path_nodes[0].tolist() if path_nodes.numel() else []
         if rows.tolist() != [0] or kept != list(range(len(kept))):
             raise ConfigError("KV sharing keeps a prefix of one chain")

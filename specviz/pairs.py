@@ -111,7 +111,7 @@ def _spec_key(spec: ModelSpec) -> tuple:
     """What identifies a parsed spec (not how it was spelled: aliases, JSON spacing)."""
     named = spec.kind in ("local", "hub")
     return (spec.kind, spec.text if named else "", json.dumps(spec.tiny, sort_keys=True),
-            spec.early_exit, spec.layers)
+            spec.early_exit, spec.layers, spec.weights)
 
 
 def _pair_key(target: str, draft: str) -> tuple:

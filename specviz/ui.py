@@ -105,7 +105,8 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
         c["target"] = gr.Textbox(target, label="Target (p): embedded, hub id or local dir",
                                  interactive=custom)
         c["draft"] = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
-                                "the target's first N layers; ngram = prompt lookup",
+                                "the target's first N layers; ngram = prompt lookup; "
+                                "feature = EAGLE-style feature drafter",
                                 interactive=custom)
     with gr.Row():
         c["upload"] = gr.UploadButton("Import trace", file_types=[".json"], size="sm",

@@ -58,3 +58,22 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("statistical tests: sample size N and power")
         for line in STATS_SUMMARY:
             terminalreporter.write_line(line)
+
+
+def near_perfect_feature_parts(target, eps=0.0, seed=0):
+    """Feature-drafter parts that copy a ONE-layer target: fc = [I | eps * N(0, 1)] (so
+    x_j = e(t_j) + eps * R f_{j-1}) and the target's own layer. With eps = 0 the draft state
+    is the target's pre-norm state, whose argmax under the head is the target's (an RMSNorm
+    with unit weight only rescales): every greedy draft is accepted. eps > 0 lets the
+    (true or predicted) feature move the draft: some drafts fail."""
+    from engine.feature import FeatureParts
+
+    parts = FeatureParts(target)
+    d = int(target.config.hidden_size)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        parts.fc.weight.zero_()
+        parts.fc.weight[:, :d] = torch.eye(d)
+        parts.fc.weight[:, d:] = eps * torch.randn((d, d), generator=gen)
+        parts.layer.load_state_dict(target.model.layers[-1].state_dict())
+    return parts

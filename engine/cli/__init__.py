@@ -1,4 +1,5 @@
-"""Command line: python -m engine {methods, generate, check, bench, optimal, train-draft}.
+"""Command line: python -m engine {methods, generate, check, bench, optimal, train-draft,
+train-feature}.
 
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
 Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``, listed
@@ -11,7 +12,7 @@ import argparse
 import sys
 from types import ModuleType
 
-from engine.cli import bench, check, generate, methods, optimal, train_draft
+from engine.cli import bench, check, generate, methods, optimal, train_draft, train_feature
 from engine.cli.flags import OneLineParser
 from engine.errors import SpecvizError
 
@@ -22,6 +23,7 @@ COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
     ("bench", "time methods against generate() (markdown + JSON)", bench),
     ("optimal", "alpha* per position vs what RRS, K-SEQ and greedy drafts achieve", optimal),
     ("train-draft", "train the EESD early-exit drafter and its Cali-TS predictor", train_draft),
+    ("train-feature", "train the feature (EAGLE-style) drafter on token shards", train_feature),
 )
 
 

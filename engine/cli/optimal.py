@@ -77,7 +77,10 @@ def walk(pair, ids: list[int], n: int, steps: int, warp: Warp):
         out = pair.target.generate(x, do_sample=False, max_new_tokens=steps)
         seq = out[:, : len(ids) + steps]
         p_logits = pair.target(input_ids=seq).logits[0, len(ids) - 1: -1]  # (steps, V)
-        q_logits = pair.drafter.model(input_ids=seq).logits[0, len(ids) - 1: -1]
+        if hasattr(pair.drafter, "context_logits"):  # feature drafter: true features
+            q_logits = pair.drafter.context_logits(seq)[0, len(ids) - 1: -1]
+        else:
+            q_logits = pair.drafter.model(input_ids=seq).logits[0, len(ids) - 1: -1]
     rows = []
     for t in range(p_logits.shape[0]):
         p = probs_from_logits(p_logits[t], warp).double().cpu()

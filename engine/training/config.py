@@ -114,3 +114,46 @@ class TrainDraftConfig:
     def __post_init__(self) -> None:
         if self.predictor_only and self.no_predictor:
             raise ConfigError("predictor_only and no_predictor exclude each other")
+
+
+WEIGHT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class FeatureTrainConfig:
+    """A feature (EAGLE-style) drafter run (``python -m engine train-feature``): token shards
+    in, fc + one decoder layer out (engine/training/feature.py)."""
+
+    data: str = "/work/data/selfgen"  # a directory of *.jsonl token shards
+    target: str = "embedded"
+    device: str = "cpu"
+    seed: int = 0
+    threads: int = 1  # torch threads (0 = leave as configured)
+    limit_tokens: int = 0  # use shards (in name order) up to about this many tokens (0 = all)
+    heldout_every: int = 20  # every n-th sequence is held out
+    epochs: int = 6
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    batch_tokens: int = 2048  # padded tokens per optimiser step
+    w_cls: float = 0.1  # weight of the token cross-entropy (EAGLE: 0.1; regression: 1)
+    noise: float = 0.1  # U(-noise, noise) x the features' RMS added to input features
+    grad_clip: float = 0.5
+    shortlist: int = 8192  # head tokens (0 = the full vocabulary)
+    eval_steps: int = 4  # draft steps ahead in the held-out evaluation (= replay gamma)
+    eval_sequences: int = 0  # held-out sequences evaluated (0 = all)
+    weight_dtype: str = "float16"
+    out: str = str(ASSETS / "feature_drafter")  # feature.safetensors + recipe.json
+    work_dir: str = ""  # feature cache and checkpoints ('' = the model cache)
+    no_progress: bool = False
+    fresh: bool = False  # ignore a checkpoint of the same run
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if self.heldout_every < 2:
+            raise ConfigError("heldout_every must be >= 2 (one held-out sequence in n)")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ConfigError(f"unknown weight dtype '{self.weight_dtype}' "
+                              f"(choose from {', '.join(WEIGHT_DTYPES)})")
+        if not 1 <= self.eval_steps <= 8:
+            raise ConfigError(f"eval_steps must be in [1, 8], got {self.eval_steps}")

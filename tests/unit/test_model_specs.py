@@ -91,3 +91,10 @@ def test_the_ui_checks_specs_with_the_engine_parser():
         check_pair_spec("tiny", "early-exit:x")
     with pytest.raises(ConfigError, match="not a target"):
         check_pair_spec("early-exit:2", "")
+
+
+def test_the_app_keys_two_feature_weight_files_as_two_drafters():
+    from specviz.pairs import _pair_key
+
+    assert _pair_key("tiny", "feature:/a.safetensors") != _pair_key("tiny", "feature:/b.st")
+    assert _pair_key("tiny", "feature") == _pair_key("tiny", " feature ")

@@ -1,0 +1,170 @@
+"""The feature drafter's trainer (engine/training/feature.py) on a tiny target and a tiny
+shard directory: the loss falls, an interrupted run resumes from its checkpoint and ends as an
+uninterrupted one, the saved weights load into the drafter and reproduce its logits, and bad
+input is one error line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import engine
+from engine.cli import main
+from engine.errors import ConfigError
+from engine.feature import FeatureDrafter, FeatureParts, feature_drafter
+from engine.models import load_model
+from engine.training.config import FeatureTrainConfig
+from engine.training.feature import FeatureStudent, train_feature
+from engine.training.feature_data import read_shards
+from engine.training.feature_eval import evaluate
+from engine.weights import load_tensors
+from tests.conftest import near_perfect_feature_parts, tiny_pair
+
+TARGET = 'tiny:{"layers": 2, "vocab_size": 64}'
+
+
+def _target():
+    return load_model(TARGET, torch.device("cpu"), torch.float32)[0]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Two shards of 20 sequences each: greedy and sampled continuations of random prompts."""
+    d = tmp_path_factory.mktemp("shards")
+    target, gen = _target(), torch.Generator().manual_seed(0)
+    for s in range(2):
+        lines = []
+        for i in range(20):
+            prompt = torch.randint(2, 64, (int(torch.randint(3, 7, (1,), generator=gen)),),
+                                   generator=gen).tolist()
+            sample = i % 2 == 1
+            with torch.random.fork_rng():
+                torch.manual_seed(100 * s + i)
+                out = target.generate(torch.tensor([prompt]), do_sample=sample, top_k=0,
+                                      max_new_tokens=14, min_new_tokens=14)
+            lines.append(json.dumps({"ids": out[0].tolist(), "start": len(prompt),
+                                     "kind": "sample" if sample else "greedy"}))
+        (d / f"shard-{s:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def _cfg(shards, tmp_path, **kw) -> FeatureTrainConfig:
+    base = dict(data=str(shards), target=TARGET, heldout_every=5, epochs=3, lr=3e-3,
+                batch_tokens=128, shortlist=48, out=str(tmp_path / "out"),
+                work_dir=str(tmp_path / "work"), no_progress=True, weight_dtype="float32")
+    return FeatureTrainConfig(**{**base, **kw})
+
+
+def test_a_few_epochs_reduce_the_loss_and_the_recipe_records_the_run(shards, tmp_path):
+    recipe = train_feature(_cfg(shards, tmp_path), command="cmd", progress=False)
+    losses = [e["loss"] for e in recipe["losses"]]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert recipe["losses"][-1]["reg"] < recipe["losses"][0]["reg"]
+    assert recipe["data"]["train_sequences"] == 32 and recipe["data"]["heldout_sequences"] == 8
+    assert recipe["command"] == "cmd" and recipe["seconds"]["total_cpu"] > 0
+    ev = recipe["heldout_per_epoch"][-1]
+    assert ev["greedy_only"] and ev["replay_gamma"] == 4 and len(ev["step_acceptance"]) == 4
+    assert list((tmp_path / "work" / "features").glob("shard-00000.*.feat.pt"))
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
+        shards, tmp_path, capsys):
+    whole = train_feature(_cfg(shards, tmp_path / "a", epochs=2), progress=False)
+
+    def stop(epoch: int) -> None:
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    cut = _cfg(shards, tmp_path / "b", epochs=2)
+    with pytest.raises(KeyboardInterrupt):
+        train_feature(cut, progress=False, on_epoch=stop)
+    resumed = train_feature(cut, progress=False)
+    assert "resuming after epoch 1" in capsys.readouterr().out
+    assert resumed["losses"] == whole["losses"]
+    assert resumed["heldout_per_epoch"] == whole["heldout_per_epoch"]
+    a, _ = load_tensors(tmp_path / "a" / "out" / "feature.safetensors")
+    b, _ = load_tensors(tmp_path / "b" / "out" / "feature.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_saved_weights_load_into_the_drafter_and_reproduce_its_logits(shards, tmp_path):
+    cfg = _cfg(shards, tmp_path, epochs=2)
+    recipe = train_feature(cfg, progress=False)
+    target = _target()
+    best = torch.load(tmp_path / "work" / "feature-checkpoint.pt",
+                      weights_only=True)["state"]["best"]
+    parts = FeatureParts(target)
+    parts.load_state_dict(best["parts"])
+    loaded = feature_drafter(target, str(tmp_path / "out" / "feature.safetensors"))
+    ids = torch.tensor([[5, 9, 3, 17, 40, 2, 8]])
+    torch.testing.assert_close(loaded.context_logits(ids),
+                               FeatureDrafter(target, parts, loaded.shortlist).context_logits(ids))
+    student = FeatureStudent(target, loaded.shortlist, 0)
+    student.parts.load_state_dict(best["parts"])
+    _, held = _split(cfg)
+    ev = evaluate(student, held, 4)
+    want = dict(recipe["heldout_per_epoch"][best["epoch"] - 1])
+    want.pop("epoch")
+    assert ev == want
+    pair = engine.load_pair(target=target, draft=f"feature:{tmp_path}/out/feature.safetensors",
+                            device="cpu")
+    assert pair.draft_name == "feature (EAGLE-style, 1 layer, trained, 48-token head)"
+    trace = engine.generate(pair, [5, 9, 3], "sd", gamma=3, max_new_tokens=16)
+    ref = target.generate(torch.tensor([[5, 9, 3]]), do_sample=False, max_new_tokens=16)
+    assert list(trace.token_ids) == ref[0, 3:].tolist()
+
+
+def _split(cfg):
+    from engine.training.feature_data import cache_features, split
+
+    shards = read_shards(cfg.data)
+    cache_features(_target(), shards, f"{cfg.work_dir}/features")
+    return split(shards, cfg.heldout_every)
+
+
+def test_a_malformed_shard_line_is_one_config_error(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"ids": [1, 2, 3], "start": 1}\n{"ids": "x"}\n')
+    with pytest.raises(ConfigError, match="s.jsonl:2: not a token shard line"):
+        read_shards(tmp_path)
+    with pytest.raises(ConfigError, match="no token shards"):
+        read_shards(tmp_path / "none")
+
+
+def test_a_shard_line_still_being_written_is_left_out(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"ids": [1, 2, 3], "start": 1}\n{"ids": [4, 5')
+    assert [s.ids for s in read_shards(tmp_path)[0].sequences] == [[1, 2, 3]]
+
+
+def test_the_cli_refuses_a_missing_data_directory_with_one_error_line(capsys, tmp_path):
+    code = main(["train-feature", "--data", str(tmp_path / "none"), "--target", TARGET,
+                 "--work-dir", str(tmp_path), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"error: no token shards (*.jsonl) in {tmp_path / 'none'}"]
+
+
+def test_the_held_out_chain_replay_is_what_greedy_sd_with_the_drafter_does():
+    """Round by round, the engine's sd (gamma 4, temperature 0) accepts what the evaluation's
+    chain agreements say (after round 0, a plain step), for a drafter whose drafts depend on
+    the features it is fed (a near copy of a 1-layer target, tests/conftest.py)."""
+    from engine.training.feature_data import Sequence, target_features
+    from engine.training.feature_eval import chain_agreements, replay_runs
+
+    pair = tiny_pair(layers=1, draft="ngram")
+    target = pair.target
+    pair.drafter = FeatureDrafter(target, near_perfect_feature_parts(target, 0.002))
+    student = FeatureStudent(target, None, 0)
+    student.parts.load_state_dict(pair.drafter.parts.state_dict())
+    runs_seen = []
+    for prompt in ([3, 4, 5, 6], [11, 12], [5, 9, 3]):
+        trace = engine.generate(pair, prompt, "sd", gamma=4, max_new_tokens=40)
+        seq = Sequence(prompt + list(trace.token_ids), len(prompt), "greedy")
+        seq.feats = target_features(target, [seq])[0]
+        rows = chain_agreements(student, [seq], 4)[0]
+        runs = replay_runs(rows[1:], 4)  # round 0 drafted nothing: chains from slot start
+        got = [r.accepted for r in trace.rounds[1:]]
+        full = [i for i, r in enumerate(trace.rounds[1:]) if r.drafted == 4]
+        assert [got[i] for i in full] == [runs[i] for i in full], prompt
+        runs_seen += got
+    assert {0, 4} <= set(runs_seen)
