@@ -11,7 +11,8 @@ Reported, each as min / median / max over interleaved repeats:
    speedup a perfect drafter of that size could reach: (gamma + 1) / (gamma c_draft + c_verify);
 4. the drafters whose draft step costs little where a forward is launch-bound (eager CUDA): the
    n-gram lookup (no model; a random model's greedy text repeats itself, so its acceptance here
-   says nothing about real text) and the target's first 2 layers (early exit, untrained).
+   says nothing about real text), the target's first 2 layers (early exit, untrained) and the
+   feature-level drafter (one layer over the target's features, untrained).
 
 ``python -m engine.gpu_bench [--small] [--device cuda] [--out FILE.json]``; --small uses tiny
 sizes and a few tokens (a CPU smoke test). scripts/gpu_check.sh runs it on a GPU machine.
@@ -71,7 +72,7 @@ def build(sizes: dict[str, int], device: torch.device, dtype: torch.dtype, seed:
     return model
 
 
-CASES = ("sd", "mcsd", "self_sd", "ngram_sd", "exit2_sd")
+CASES = ("sd", "mcsd", "self_sd", "ngram_sd", "exit2_sd", "feature_sd")
 
 
 def _mmm(values: list[float]) -> dict[str, float]:
@@ -101,6 +102,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     self_draft = load_pair(target=target, draft=target, device=dev, dtype=dt)
     lookup = load_pair(target=target, draft="ngram", device=dev, dtype=dt)
     exit2 = load_pair(target=target, draft="early-exit:2", device=dev, dtype=dt)
+    feature = load_pair(target=target, draft="feature", device=dev, dtype=dt)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, t_sizes["vocab_size"], (cfg.prompt_tokens,), generator=gen).tolist()
     cases = {"greedy": (real, "greedy", {}),
@@ -108,7 +110,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
              "mcsd": (real, "mcsd", {"k_config": cfg.k_config}),
              "self_sd": (self_draft, "sd", {"gamma": cfg.gamma}),
              "ngram_sd": (lookup, "sd", {"gamma": cfg.gamma}),
-             "exit2_sd": (exit2, "sd", {"gamma": cfg.gamma})}
+             "exit2_sd": (exit2, "sd", {"gamma": cfg.gamma}),
+             "feature_sd": (feature, "sd", {"gamma": cfg.gamma})}
     params = {"max_new_tokens": n, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
     run_reference(real, ids, ("greedy", 1), params)  # warm-up: kernels, allocator
     for pair, method, kw in cases.values():

@@ -111,6 +111,22 @@ def test_greedy_token_methods_equal_generate_in_the_same_dtype(method, params, d
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("drafter", ["ngram", "feature"])
+def test_ngram_and_feature_drafters_keep_greedy_equal_to_generate(drafter, dtype):
+    dt, tol = DTYPES[dtype]
+    target = cuda_model("llama", dt)
+    pair = load_pair(target=target, draft=drafter, device="cuda")
+    for prompt in PROMPTS + ([5, 6, 7, 5, 6, 7, 5, 6],):  # the last one repeats itself
+        out = target.generate(torch.tensor([prompt], device="cuda"), do_sample=False,
+                              max_new_tokens=20, output_logits=True,
+                              return_dict_in_generate=True)
+        for method, params in (("sd", {"gamma": 3}), ("mcsd", {"k_config": "2x2"})):
+            trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
+            assert_same_greedy(list(trace.token_ids), out, prompt,
+                               0.0 if dt == torch.float32 else tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", [2, 4])
 def test_beam_and_atspeed_strict_equal_generate_num_beams_in_the_same_dtype(k, dtype):
     target = cuda_model("llama", DTYPES[dtype][0], layers=2)
