@@ -349,8 +349,9 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     elif isinstance(draft, ModelSpec) and draft.kind == "ngram":
         from engine.ngram import MAX_N, NGramDrafter
 
-        vocab = int(tmodel.get_output_embeddings().weight.shape[0])
-        drafter = NGramDrafter(vocab, max_n=draft.layers or MAX_N)
+        head = tmodel.get_output_embeddings().weight
+        drafter = NGramDrafter(int(head.shape[0]), max_n=draft.layers or MAX_N,
+                               device=head.device)
         dname = drafter.name
     elif isinstance(draft, ModelSpec) and draft.kind == "feature":
         from engine.feature import feature_drafter

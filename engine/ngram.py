@@ -68,15 +68,17 @@ class NGramDrafter:
 
     model = None  # no model: nothing to load, move or train
 
-    def __init__(self, vocab_size: int, max_n: int = MAX_N, min_n: int = MIN_N):
+    def __init__(self, vocab_size: int, max_n: int = MAX_N, min_n: int = MIN_N,
+                 device: torch.device | str = "cpu"):
         if not 1 <= min_n <= max_n:
             raise ConfigError(f"n-gram drafter needs 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.vocab_size = vocab_size
         self.max_n, self.min_n = max_n, min_n
+        self.device = torch.device(device)  # where its logits go: the target's device
         self.name = f"n-gram (prompt lookup, n = {max_n}..{min_n})"
 
     def runner(self) -> NGramRunner:
-        return NGramRunner(self.vocab_size, self.max_n, self.min_n)
+        return NGramRunner(self.vocab_size, self.max_n, self.min_n, self.device)
 
 
 class NGramRunner:
@@ -84,9 +86,10 @@ class NGramRunner:
     fed node), commit. Rows are beams; node ids are the round's forest ids, as in
     CachedModel."""
 
-    def __init__(self, vocab_size: int, max_n: int, min_n: int):
+    def __init__(self, vocab_size: int, max_n: int, min_n: int,
+                 device: torch.device | str = "cpu"):
         self.vocab_size, self.max_n, self.min_n = vocab_size, max_n, min_n
-        self.device = torch.device("cpu")
+        self.device = torch.device(device)  # the lookup runs on the CPU; logits land here
         self.dtype = torch.float32
         self.rows: list[list[int]] = []
         self._reset_round()
@@ -134,11 +137,12 @@ class NGramRunner:
                     node_logits[r, j] = self._logits(r, start + j)
                 else:
                     node_logits[r, j] = torch.finfo(self.dtype).min
-        hidden = torch.zeros((W, m, 0))  # (W, m, 0): no features
+        dev = self.device
+        hidden = torch.zeros((W, m, 0), device=dev)  # (W, m, 0): no features
         if not first:
-            return Scored(node_logits, hidden)
+            return Scored(node_logits.to(dev), hidden)
         root = torch.stack([self._logits(r, ROOT) for r in range(W)])  # (W, V)
-        return Scored(node_logits, hidden, root, torch.zeros((W, 0)))
+        return Scored(node_logits.to(dev), hidden, root.to(dev), torch.zeros((W, 0), device=dev))
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
                new_tokens: torch.Tensor, target=None) -> None:

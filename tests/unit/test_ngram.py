@@ -97,3 +97,14 @@ def test_ngram_specs_parse_for_drafts_only():
         parse_model_spec("ngram:x", draft=True)
     with pytest.raises(ConfigError):
         NGramDrafter(10, max_n=1, min_n=2)
+
+
+def test_ngram_logits_land_on_the_drafter_device():
+    import torch
+
+    from engine.ngram import NGramDrafter
+
+    runner = NGramDrafter(16, device="meta").runner()  # any device but the CPU
+    runner.start(torch.tensor([[1, 2, 3, 1, 2]]))
+    out = runner.feed(torch.tensor([[3]]), torch.tensor([[-1]]))
+    assert out.root_logits.device.type == "meta" and out.node_logits.device.type == "meta"
