@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = OneLineParser(description="specviz: speculative decoding visual debugger; "
                                  "flags override the SPECVIZ_* variables")
     ap.add_argument("--target", help="target model: embedded, hub id, dir ($SPECVIZ_TARGET)")
-    ap.add_argument("--draft", help="draft model; empty: early-exit of the target "
-                    "($SPECVIZ_DRAFT)")
+    ap.add_argument("--draft", help="draft spec; empty: the target's default (embedded: "
+                    "ngram, others: their early exit) ($SPECVIZ_DRAFT)")
     ap.add_argument("--device", choices=DEVICES, help="$SPECVIZ_DEVICE (default auto)")
     ap.add_argument("--dtype", choices=DTYPES, help="$SPECVIZ_DTYPE (default auto)")
     ap.add_argument("--presets", help="preset ids offered, comma-separated, or all "

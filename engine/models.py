@@ -21,6 +21,15 @@ from engine.layout import prepare
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
+# The app's default drafter of the embedded pair: the one measured fastest on held-out prompts
+# (README, "Measured numbers"). engine.load_pair's own default stays the early exit.
+EMBEDDED_DEFAULT_DRAFT = "ngram"
+
+
+def default_draft(target: str) -> str:
+    """The draft spec the app pairs with a target when none is given: EMBEDDED_DEFAULT_DRAFT
+    for the embedded model, else '' (the target's early exit)."""
+    return EMBEDDED_DEFAULT_DRAFT if target.strip().lower() in EMBEDDED_ALIASES else ""
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
 

@@ -8,7 +8,7 @@ engine and ZeroGPU must patch torch first.
 | variable | values | default |
 |---|---|---|
 | SPECVIZ_TARGET | a target spec (engine.models.parse_model_spec) | embedded |
-| SPECVIZ_DRAFT | a draft spec; empty = the target's early exit | (empty) |
+| SPECVIZ_DRAFT | a draft spec; empty = the target's default (the embedded model: n-gram lookup; others: their early exit) | (empty) |
 | SPECVIZ_DEVICE | auto, cpu, cuda | auto |
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
 | SPECVIZ_PRESETS | all, or preset ids from assets/presets.json, comma-separated | all |
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from engine.errors import ConfigError
-from engine.models import parse_model_spec, resolve_device
+from engine.models import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec, resolve_device
 from engine.paths import ASSETS
 
 PRESETS_FILE = ASSETS / "presets.json"
@@ -57,7 +57,7 @@ class HostConfig:
     """Hosting settings of one app process (see the module docstring for the variables)."""
 
     target: str = "embedded"
-    draft: str = ""
+    draft: str = EMBEDDED_DEFAULT_DRAFT  # the default target's default drafter
     device: str = "auto"  # one of DEVICES
     dtype: str = "auto"  # one of DTYPES
     presets: tuple[str, ...] = ()  # preset ids offered in the UI; () = all
@@ -71,8 +71,9 @@ class HostConfig:
         if zero and importlib.util.find_spec("spaces") is None:
             raise ConfigError(f"{ZERO_GPU_ENV} is set but the 'spaces' package is not "
                               "installed (ZeroGPU needs it)")
-        return cls(target=env.get("SPECVIZ_TARGET", "").strip() or "embedded",
-                   draft=env.get("SPECVIZ_DRAFT", "").strip(),
+        target = env.get("SPECVIZ_TARGET", "").strip() or "embedded"
+        return cls(target=target,
+                   draft=env.get("SPECVIZ_DRAFT", "").strip() or default_draft(target),
                    device=_choice(env, "SPECVIZ_DEVICE", DEVICES),
                    dtype=_choice(env, "SPECVIZ_DTYPE", DTYPES),
                    presets=parse_presets(env.get("SPECVIZ_PRESETS", "")),

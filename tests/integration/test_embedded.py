@@ -113,3 +113,33 @@ def test_cli_beam_json_returns_the_beams_of_generate(embedded_pair, method):
             want.pop()
         assert got["token_ids"] == want
         assert abs(got["score"] - float(score)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def feature_pair(embedded_pair):
+    """The embedded target with the shipped, trained feature drafter (same target weights)."""
+    from engine.feature import feature_drafter
+    from engine.models import ModelPair
+
+    drafter = feature_drafter(embedded_pair.target)
+    return ModelPair(embedded_pair.target, drafter, embedded_pair.tokenizer,
+                     embedded_pair.device, embedded_pair.target_name, drafter.name)
+
+
+def test_the_shipped_feature_drafter_is_trained_for_the_embedded_target(feature_pair):
+    assert "untrained" not in feature_pair.drafter.name
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"gamma": 3}),
+    ("sd", {"controller": "beta_ts"}),
+    ("mcsd", {"k_config": "2x2"}),
+])
+def test_trained_feature_drafter_keeps_greedy_equal_to_generate_and_accepts(feature_pair, refs,
+                                                                          method, params):
+    accepted = 0
+    for prompt in PROMPTS[1:]:
+        trace = engine.generate(feature_pair, prompt, method, max_new_tokens=N, **params)
+        assert list(trace.token_ids) == refs[prompt], (method, prompt)
+        accepted += sum(r.accepted for r in trace.rounds)
+    assert accepted > 0  # the trained drafter's drafts are taken, not only verified away

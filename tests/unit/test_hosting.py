@@ -27,8 +27,14 @@ def host():
 
 def test_no_variables_give_the_defaults():
     assert HostConfig.from_env({}) == HostConfig(
-        target="embedded", draft="", device="auto", dtype="auto", presets=(),
+        target="embedded", draft="ngram", device="auto", dtype="auto", presets=(),
         allow_custom_models=True, zero_gpu=False)
+
+
+def test_the_embedded_target_defaults_to_the_ngram_drafter_and_others_to_their_early_exit():
+    assert HostConfig.from_env({}).draft == "ngram"
+    assert HostConfig.from_env({"SPECVIZ_TARGET": "tiny"}).draft == ""
+    assert HostConfig.from_env({"SPECVIZ_DRAFT": "feature"}).draft == "feature"
     assert [p.id for p in HostConfig().offered()] == [p.id for p in all_presets()]
 
 
@@ -44,7 +50,7 @@ def test_every_variable_is_read():
     assert [p.id for p in cfg.offered()] == ["smollm2-1.7b", "embedded"]
     assert cfg.allowed_pairs() == (
         ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
-        ("embedded", ""))
+        ("embedded", "ngram"))
 
 
 @pytest.mark.parametrize("env, message", [
@@ -120,7 +126,7 @@ def test_dtype_auto_is_bf16_only_on_a_gpu_that_runs_it(monkeypatch):
 
 
 def test_custom_models_off_accepts_the_host_pairs_only(host):
-    host(HostConfig(target="embedded", presets=("tiny",), allow_custom_models=False))
+    host(HostConfig(target="embedded", draft="", presets=("tiny",), allow_custom_models=False))
     assert pairs.check_pair_spec("", "") == ("embedded", "")
     assert pairs.check_pair_spec("default", "early-exit") == ("embedded", "")  # aliases
     assert pairs.check_pair_spec('tiny:{"layers":4,"vocab_size":64}', "") == (TINY, "")
