@@ -8,7 +8,7 @@ engine and ZeroGPU must patch torch first.
 | variable | values | default |
 |---|---|---|
 | SPECVIZ_TARGET | a target spec (engine.models.parse_model_spec) | embedded |
-| SPECVIZ_DRAFT | a draft spec; empty = the target's default (the embedded model: n-gram lookup; others: their early exit) | (empty) |
+| SPECVIZ_DRAFT | a draft spec; empty = the target's default (see default_draft) | (empty) |
 | SPECVIZ_DEVICE | auto, cpu, cuda | auto |
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
 | SPECVIZ_PRESETS | all, or preset ids from assets/presets.json, comma-separated | all |

@@ -1,7 +1,6 @@
 """The self-generation prompt set: deterministic, disjoint from the held-out prompts, varied."""
 
 import json
-from pathlib import Path
 
 from engine.paths import ASSETS
 from engine.training.selfgen import build_prompts, sampled_prompts
@@ -18,8 +17,9 @@ def test_prompt_set_is_deterministic_for_a_seed_and_differs_across_seeds():
 def test_prompt_set_holds_chat_code_text_and_record_prompts():
     prompts = build_prompts(0, 30, 8, 8, 8)
     assert sum("def " in p for p in prompts) >= 8
-    assert sum(p.startswith(("Express this Python dict", "Extract", "Reply", "Rewrite this "
-                             "message", "Turn this Python", "Write one sentence")) for p in prompts) >= 8
+    starts = ("Express this Python dict", "Extract", "Reply", "Rewrite this message",
+              "Turn this Python", "Write one sentence")
+    assert sum(p.startswith(starts) for p in prompts) >= 8
     assert sum("\n" not in p for p in prompts) >= 30
 
 
