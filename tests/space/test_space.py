@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import cache_root
+from engine.models import EMBEDDED_DEFAULT_DRAFT, cache_root
 from specviz.render import OUTPUTS
 from tests.ui.helpers import free_port
 
@@ -97,7 +97,8 @@ def test_a_fresh_requirements_txt_env_serves_the_app_and_runs_the_default_pair(t
         assert wait_for_page(url, proc, log) == 200
         client = Client(url, verbose=False)
         out = client.predict(prompt="What is the capital of France?", method="sd",
-                             target="embedded", draft="", p_max_new_tokens=8,
+                             target="embedded", draft=EMBEDDED_DEFAULT_DRAFT,  # the Draft
+                             p_max_new_tokens=8,  # box's value: the host's default drafter
                              api_name="/run")
         run_md = dict(zip(OUTPUTS, out))["run_md"]
         assert run_md.startswith("**sd**") and "8 tokens in" in run_md, run_md
