@@ -144,8 +144,9 @@ def _right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs])  # (B, width)
 
 
-def in_batches(examples: list[Example], max_tokens: int) -> Iterator[list[Example]]:
-    """Length-sorted groups of examples with at most max_tokens padded tokens each."""
+def in_batches(examples: list, max_tokens: int) -> Iterator[list]:
+    """Length-sorted groups of sequences (anything with .ids: an Example, a feature trainer's
+    Sequence) with at most max_tokens padded tokens each."""
     order = sorted(examples, key=lambda e: len(e.ids))
     group: list[Example] = []
     for e in order:

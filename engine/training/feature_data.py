@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError
+from engine.training.data import in_batches  # noqa: F401 (the one batching rule; re-exported)
 from engine.weights import target_fingerprint
 
 
@@ -77,18 +77,6 @@ def shard_key(path: Path, target: nn.Module, complete_lines: int) -> str:
     text = "\n".join(Path(path).read_text().split("\n")[:complete_lines])
     fp = json.dumps(target_fingerprint(target), sort_keys=True)
     return hashlib.sha1((text + fp).encode()).hexdigest()[:16]
-
-
-def in_batches(seqs: list[Sequence], max_tokens: int) -> Iterator[list[Sequence]]:
-    """Length-sorted groups with at most max_tokens padded tokens each."""
-    group: list[Sequence] = []
-    for s in sorted(seqs, key=lambda s: len(s.ids)):
-        if group and (len(group) + 1) * len(s.ids) > max_tokens:
-            yield group
-            group = []
-        group.append(s)
-    if group:
-        yield group
 
 
 @torch.no_grad()

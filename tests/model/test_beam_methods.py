@@ -410,12 +410,17 @@ def test_dsbd_beam_steps_rank_drafts_by_the_target_beam_law_and_give_the_layer_r
     assert RunTrace.from_json(tr.to_json()) == tr
 
 
-def test_atspeed_relaxed_beam_steps_keep_k_target_beams_and_say_how_many_passed():
+def _relaxed_run():
+    """atspeed_relaxed, K = 2, N = 4, gamma 3 on a tiny target and a perturbed draft."""
     target = tiny(4)
     pair = pair_of(target, perturbed(4, 0.05))
     set_generation(target, frequent_token(target, prompt(6)))
-    tr = generate(pair, prompt(6), "atspeed_relaxed", beams=2, draft_beams=4, gamma=3,
-                  top_k=10, max_new_tokens=16, seed=1)
+    return generate(pair, prompt(6), "atspeed_relaxed", beams=2, draft_beams=4, gamma=3,
+                    top_k=10, max_new_tokens=16, seed=1)
+
+
+def test_atspeed_relaxed_beam_steps_keep_k_target_beams_and_say_how_many_passed():
+    tr = _relaxed_run()
     steps = [s for r in tr.rounds for s in r.beam_steps]
     assert steps and all(len(s.target_beams) == 2 for s in steps)
     for r in tr.rounds:
@@ -428,11 +433,7 @@ def test_atspeed_relaxed_beam_steps_keep_k_target_beams_and_say_how_many_passed(
 
 
 def test_atspeed_relaxed_runs_end_to_end_with_complete_records():
-    target = tiny(4)
-    pair = pair_of(target, perturbed(4, 0.05))
-    set_generation(target, frequent_token(target, prompt(6)))
-    tr = generate(pair, prompt(6), "atspeed_relaxed", beams=2, draft_beams=4, gamma=3,
-                  top_k=10, max_new_tokens=16, seed=1)
+    tr = _relaxed_run()
     assert 1 <= len(tr.beams) <= 2 and all(b.finished for b in tr.beams)
     for r in tr.rounds:
         assert len(r.beams_after) == 2
