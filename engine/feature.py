@@ -282,9 +282,9 @@ def save_feature(path: Path, target: nn.Module, parts: FeatureParts,
                  shortlist: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.float16) -> Path:
     """Write fc.*, layer.* (dtype) and the shortlist (int32) with the target's fingerprint."""
-    tensors = {k: v.detach().to(dtype) for k, v in parts.state_dict().items()}
+    tensors = {k: v.detach().to("cpu", dtype) for k, v in parts.state_dict().items()}
     if shortlist is not None:
-        tensors["shortlist"] = shortlist.to(torch.int32)
+        tensors["shortlist"] = shortlist.to("cpu", torch.int32)
     meta = {"kind": "feature", "fingerprint": json.dumps(target_fingerprint(target))}
     return save_tensors(path, tensors, meta)
 

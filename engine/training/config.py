@@ -135,7 +135,10 @@ class FeatureTrainConfig:
     lr: float = 5e-4
     weight_decay: float = 0.0
     batch_tokens: int = 2048  # padded tokens per optimiser step
-    w_cls: float = 0.1  # weight of the token cross-entropy (EAGLE: 0.1; regression: 1)
+    w_cls: float = 0.1  # weight of the token term (EAGLE: 0.1; regression: 1)
+    objective: str = "ce"  # token term: ce (EAGLE), or an alignment mix (engine/training/losses)
+    alpha: float = 0.5  # weight of the alignment term in the token term (AtSpeed Eq. 5 / 9)
+    topk: int = 8  # K of the AtSpeed alignment losses
     noise: float = 0.1  # U(-noise, noise) x the features' RMS added to input features
     grad_clip: float = 0.5
     shortlist: int = 8192  # head tokens (0 = the full vocabulary)
@@ -157,3 +160,8 @@ class FeatureTrainConfig:
                               f"(choose from {', '.join(WEIGHT_DTYPES)})")
         if not 1 <= self.eval_steps <= 8:
             raise ConfigError(f"eval_steps must be in [1, 8], got {self.eval_steps}")
+        if self.objective not in OBJECTIVES or self.objective == "seqkd":
+            ok = ", ".join(o for o in OBJECTIVES if o != "seqkd")
+            raise ConfigError(f"unknown feature objective '{self.objective}' (choose from {ok})")
+        if self.topk < 1:
+            raise ConfigError(f"topk must be >= 1, got {self.topk}")

@@ -45,6 +45,7 @@ from engine.training.feature_data import (
     split,
 )
 from engine.training.feature_eval import evaluate
+from engine.training.losses import objective_loss
 from engine.weights import RECIPE_FILE
 
 CHECKPOINT = "feature-checkpoint.pt"
@@ -63,12 +64,15 @@ class FeatureStudent:
         self.embed = target.get_input_embeddings()
         self.d = int(target.config.hidden_size)
         self.w_full = target.get_output_embeddings().weight.detach()  # (V, d)
-        self.shortlist = shortlist
-        self.w_head = self.w_full[shortlist] if shortlist is not None else self.w_full  # (S, d)
+        self.device = self.w_full.device
+        self.shortlist = shortlist.to(self.device) if shortlist is not None else None  # (S,)
+        self.w_head = self.w_full[self.shortlist] if shortlist is not None \
+            else self.w_full  # (S, d)
         self.index = None
         if shortlist is not None:  # vocabulary id -> shortlist index, -1 off the list
-            self.index = torch.full((self.w_full.shape[0],), -1, dtype=torch.long)
-            self.index[shortlist] = torch.arange(len(shortlist))
+            self.index = torch.full((self.w_full.shape[0],), -1, dtype=torch.long,
+                                    device=self.device)  # (V,)
+            self.index[self.shortlist] = torch.arange(len(shortlist), device=self.device)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, d) inputs_embeds -> (B, T, d) f' (causal, no cache)."""
@@ -95,8 +99,8 @@ class FeatureBatch:
     labels: torch.Tensor  # (n,) t_{j+1}
 
 
-def make_batch(group: list[Sequence]) -> FeatureBatch:
-    """Loss slots start-1 .. T-2 of every sequence."""
+def make_batch(group: list[Sequence], device: torch.device | str = "cpu") -> FeatureBatch:
+    """Loss slots start-1 .. T-2 of every sequence, on `device`."""
     T, d = max(len(s.ids) for s in group), group[0].feats.shape[-1]
     ids = torch.zeros((len(group), T), dtype=torch.long)  # (B, T)
     feats = torch.zeros((len(group), T, d))  # (B, T, d)
@@ -108,16 +112,19 @@ def make_batch(group: list[Sequence]) -> FeatureBatch:
         rows += [b] * len(js)
         cols += js
         labels += s.ids[s.start:]
-    return FeatureBatch(ids, feats, torch.tensor(rows), torch.tensor(cols),
-                        torch.tensor(labels))
+    return FeatureBatch(ids.to(device), feats.to(device), torch.tensor(rows).to(device),
+                        torch.tensor(cols).to(device), torch.tensor(labels).to(device))
 
 
 def batch_loss(student: FeatureStudent, batch: FeatureBatch, cfg: FeatureTrainConfig,
                scale: float, gen: torch.Generator) -> tuple[torch.Tensor, float, float]:
-    """(loss, regression term, classification term) of one batch (see module docstring)."""
+    """(loss, regression term, token term) of one batch (see module docstring). The token
+    term is cfg.objective over the shortlist: ce, or alpha * alignment with the target's
+    logits p = lm_head(f_j) + (1 - alpha) * ce (engine/training/losses.py)."""
     B, T, d = batch.feats.shape
     prev = torch.cat([batch.feats.new_zeros((B, 1, d)), batch.feats[:, :-1]], 1)  # (B, T, d)
-    noise = (torch.rand(prev.shape, generator=gen) * 2 - 1) * (cfg.noise * scale)
+    noise = (torch.rand(prev.shape, generator=gen) * 2 - 1).to(prev.device) \
+        * (cfg.noise * scale)  # (B, T, d), drawn on the CPU generator
     x = student.parts.inputs(student.embed(batch.ids), prev + noise)  # (B, T, d)
     h = student.hidden(x)[batch.rows, batch.cols]  # (n, d) f'_j
     reg = F.smooth_l1_loss(h, batch.feats[batch.rows, batch.cols], reduction="none")  # (n, d)
@@ -126,8 +133,14 @@ def batch_loss(student: FeatureStudent, batch: FeatureBatch, cfg: FeatureTrainCo
     if student.index is not None:
         labels = student.index[labels]  # (n,) shortlist indices, -1 off the list
     ok = labels >= 0
-    cls = F.cross_entropy(h[ok] @ student.w_head.T, labels[ok]) if ok.any() \
-        else h.new_zeros(())
+    if not ok.any():
+        cls = h.new_zeros(())
+    elif cfg.objective == "ce":
+        cls = F.cross_entropy(h[ok] @ student.w_head.T, labels[ok])
+    else:
+        f = batch.feats[batch.rows, batch.cols][ok]  # (m, d) true f_j
+        cls = objective_loss(cfg.objective, h[ok] @ student.w_head.T, labels[ok],
+                             f @ student.w_head.T, alpha=cfg.alpha, k=cfg.topk)
     return reg + cfg.w_cls * cls, reg.item(), cls.item()
 
 
@@ -170,8 +183,8 @@ class Optimiser:
         """One pass over the batches in a random order; the mean loss terms."""
         sums = [0.0, 0.0, 0.0]
         for i in torch.randperm(len(groups), generator=self.gen).tolist():
-            loss, reg, cls = batch_loss(self.student, make_batch(groups[i]), self.cfg, scale,
-                                        self.gen)
+            batch = make_batch(groups[i], self.student.device)
+            loss, reg, cls = batch_loss(self.student, batch, self.cfg, scale, self.gen)
             self.opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
@@ -282,6 +295,8 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
         "command": command, "target": name, "data_dir": cfg.data,
         "data": data_stats(shards, train, held, shortlist),
         "loss": {"regression": "smooth_l1 (beta 1), mean over d", "w_cls": cfg.w_cls,
+                 "token_term": cfg.objective if cfg.objective == "ce" else
+                 f"{cfg.alpha} x {cfg.objective} (top-{cfg.topk}) + {1 - cfg.alpha:g} x ce",
                  "noise": f"U(-{cfg.noise}, {cfg.noise}) x feature RMS {scale:.4f}"},
         "losses": state["losses"], "best_epoch": state["best"]["epoch"],
         "heldout_before_training": state["before"], "heldout_per_epoch": state["per_epoch"],

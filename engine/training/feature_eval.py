@@ -61,14 +61,17 @@ def chain_agreements(student, group: list[Sequence], steps: int) -> list[list[li
     for b, s in enumerate(group):
         ids[b, : len(s.ids)] = torch.tensor(s.ids)
         f[b, : len(s.ids)] = s.feats.float()
+    dev = student.w_full.device
+    ids, f = ids.to(dev), f.to(dev)
     embeds = student.embed(ids)  # (B, T, d)
     cache = DynamicCache(config=student.model.config)
-    pos = torch.arange(T).expand(B, T)  # (B, T)
+    pos = torch.arange(T, device=dev).expand(B, T)  # (B, T)
     prev = torch.cat([f.new_zeros((B, 1, student.d)), f[:, :-1]], dim=1)  # (B, T, d)
     outs = []
     for k in range(1, steps + 1):
-        allowed = chain_mask(T, k)  # (T, k*T)
-        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(f.dtype).min)
+        allowed = chain_mask(T, k).to(dev)  # (T, k*T)
+        mask = torch.zeros(allowed.shape, device=dev).masked_fill(~allowed,
+                                                                  torch.finfo(f.dtype).min)
         x = student.parts.inputs(embeds, prev)  # (B, T, d)
         out = student.model.model(inputs_embeds=x, attention_mask=mask.expand(B, 1, -1, -1),
                                   position_ids=pos, past_key_values=cache,

@@ -14,8 +14,18 @@ padding (a batch of 32 costs far less per token than 32 single runs). Shard k ho
 [k S, (k + 1) S) as JSON lines ``{"ids", "start", "kind"}``; an existing shard is skipped, so an
 interrupted run resumes where it stopped.
 
+Synthesised prompts (:func:`synth_prompts`, Magpie: Xu et al. 2024): the target itself writes
+user requests when given only its chat template's text up to the user's turn (sampled at
+T = 1, top-p 0.95), so open chat requests come in the target's own variety. Requests that
+share any 6-word shingle with a held-out prompt (assets/heldout/) are dropped.
+
+Beam sequences (``beams`` > 0): a share of the prompts also get the target's top-``beam_width``
+beams (kind "beam"; AtSpeed's D' = TopK(M_p(x)) for beam-aligned drafters).
+
 ``python -m engine.training.selfgen prompts --out FILE`` writes the prompt set;
+``python -m engine.training.selfgen synth --out FILE --n N`` writes synthesised prompts;
 ``python -m engine.training.selfgen generate --prompts FILE --out DIR`` fills the shards.
+Every command takes ``--device`` (cuda: batches of 1024 cost about one batch-1 step each).
 """
 
 from __future__ import annotations
@@ -202,6 +212,75 @@ def build_prompts(seed: int = 0, chat: int = 2500, code: int = 1500, text: int =
     return out
 
 
+def shingles(text: str, n: int = 6) -> set[tuple[str, ...]]:
+    """The word n-grams of a text (lower case, letters and digits only)."""
+    words = "".join(c.lower() if c.isalnum() else " " for c in text).split()
+    return {tuple(words[i: i + n]) for i in range(max(0, len(words) - n + 1))} or {tuple(words)}
+
+
+def heldout_texts(directory: Path | None = None) -> list[str]:
+    """Every prompt of the held-out sets (assets/heldout/*.jsonl)."""
+    from engine.paths import ASSETS
+
+    d = Path(directory) if directory else ASSETS / "heldout"
+    return [json.loads(ln) for f in sorted(d.glob("*.jsonl"))
+            for ln in f.read_text().splitlines() if ln.strip()]
+
+
+def keep_request(text: str, held: set, seen: set) -> bool:
+    """A synthesised request is kept when it is 12..600 characters, new (case and spacing
+    ignored) and shares no 6-word shingle with a held-out prompt."""
+    key = " ".join(text.lower().split())
+    if not 12 <= len(key) <= 600 or key in seen or shingles(text) & held:
+        return False
+    seen.add(key)
+    return True
+
+
+def query_prefix(tok) -> str:
+    """The chat template's text up to where the user's request starts."""
+    marker = "\x00MAGPIE\x00"
+    text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                   add_generation_prompt=False)
+    return text[: text.index(marker)]
+
+
+def synth_prompts(n: int, *, target: str = "embedded", device: str = "cpu", batch: int = 256,
+                  max_tokens: int = 96, seed: int = 0, log=print) -> tuple[list[str], dict]:
+    """n user requests written by the target from its bare pre-query template (Magpie), and
+    counts of what was dropped."""
+    import torch
+
+    from engine.eos import eos_ids
+    from engine.training.data import hf_generate
+    from engine.training.run import TrainDraftConfig, load_frozen_target
+
+    pair = load_frozen_target(TrainDraftConfig(target=target, device=device))
+    tok, eos = pair.tokenizer, eos_ids(pair.target)
+    prefix = tok(query_prefix(tok), add_special_tokens=False)["input_ids"]
+    held = set().union(*(shingles(t) for t in heldout_texts()))
+    seen: set = set()
+    out: list[str] = []
+    drop = {"unfinished": 0, "rejected": 0}
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    while len(out) < n:
+        news, _ = hf_generate(pair.target, [prefix] * batch, eos, min(eos), None,
+                              do_sample=True, temperature=1.0, top_p=0.95, top_k=0,
+                              max_new_tokens=max_tokens)
+        for row in news:
+            if not row or row[-1] not in eos:
+                drop["unfinished"] += 1
+                continue
+            text = tok.decode(row[:-1], skip_special_tokens=True).strip()
+            if keep_request(text, held, seen):
+                out.append(text)
+            else:
+                drop["rejected"] += 1
+        log(f"{len(out)}/{n} requests ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return out[:n], drop
+
+
 def sampled_prompts(prompts: list, share: float) -> list:
     """The prompts that also get a sampled continuation: a share in [0, 1] of them, evenly
     spread (prompt i when floor((i + 1) share) steps up)."""
@@ -223,7 +302,10 @@ class SelfGenConfig:
     samples: float = 0.5  # share of prompts that also get one sampled continuation (<= 1)
     greedy_prefix: int = 4
     seed: int = 0
-    threads: int = 1
+    threads: int = 1  # torch threads (0 = leave as configured)
+    device: str = "cpu"
+    beams: float = 0.0  # share of prompts that also get the target's top-beam_width beams
+    beam_width: int = 4
 
 
 def generate_shards(cfg: SelfGenConfig, *, log=print) -> dict:
@@ -235,9 +317,10 @@ def generate_shards(cfg: SelfGenConfig, *, log=print) -> dict:
     from engine.training.data import generate_examples
     from engine.training.run import TrainDraftConfig, load_frozen_target
 
-    torch.set_num_threads(cfg.threads)
+    if cfg.threads:  # 0 = leave as configured
+        torch.set_num_threads(cfg.threads)
     texts = [json.loads(ln) for ln in Path(cfg.prompts).read_text().splitlines() if ln.strip()]
-    pair = load_frozen_target(TrainDraftConfig(target=cfg.target))
+    pair = load_frozen_target(TrainDraftConfig(target=cfg.target, device=cfg.device))
     eos = eos_ids(pair.target)
     pad = pair.target.generation_config.pad_token_id
     pad = pad if pad is not None else min(eos)
@@ -261,6 +344,10 @@ def generate_shards(cfg: SelfGenConfig, *, log=print) -> dict:
             torch.manual_seed(cfg.seed * 100003 + k)
             exs += generate_examples(pair.target, chosen, "sample", cfg.max_new_tokens,
                                      greedy_prefix=cfg.greedy_prefix, **kw)
+            if cfg.beams > 0:
+                kw["batch"] = max(1, cfg.batch // cfg.beam_width)  # rows = prompts x width
+                exs += generate_examples(pair.target, sampled_prompts(ids, cfg.beams), "beam",
+                                         cfg.max_new_tokens, beams=cfg.beam_width, **kw)
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps({"ids": e.ids, "start": e.start, "kind": e.kind}) + "\n"
                                for e in exs))
@@ -281,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prompts", help="write the prompt set (JSON lines)")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("synth", help="write requests the target writes itself (Magpie)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--n", type=int, required=True)
+    s.add_argument("--target", default="embedded")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--batch", type=int, default=256)
+    s.add_argument("--seed", type=int, default=0)
     g = sub.add_parser("generate", help="fill the shards (resumes)")
     for f in SelfGenConfig.__dataclass_fields__.values():
         flag = "--" + f.name.replace("_", "-")
@@ -293,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         prompts = build_prompts(a.seed)
         Path(a.out).write_text("".join(json.dumps(t) + "\n" for t in prompts))
         print(f"{len(prompts)} prompts -> {a.out}")
+        return 0
+    if a.cmd == "synth":
+        texts, drop = synth_prompts(a.n, target=a.target, device=a.device, batch=a.batch,
+                                    seed=a.seed)
+        Path(a.out).write_text("".join(json.dumps(t) + "\n" for t in texts))
+        print(json.dumps({"requests": len(texts), **drop, "out": a.out}))
         return 0
     cfg = SelfGenConfig(**{k: v for k, v in vars(a).items() if k != "cmd"})
     print(json.dumps(generate_shards(cfg)))

@@ -168,3 +168,58 @@ def test_the_held_out_chain_replay_is_what_greedy_sd_with_the_drafter_does():
         assert [got[i] for i in full] == [runs[i] for i in full], prompt
         runs_seen += got
     assert {0, 4} <= set(runs_seen)
+
+
+def _one_batch(shards, cfg):
+    from engine.training.feature import make_batch
+
+    train, _ = _split(cfg)
+    return make_batch(train[:4])
+
+
+@pytest.mark.parametrize("objective", ["atspeed_s", "atspeed_r", "wordkd", "tvdkd"])
+def test_the_token_term_is_alpha_alignment_plus_the_rest_ce_over_the_shortlist(
+        shards, tmp_path, objective):
+    from engine.training import losses
+    from engine.training.feature import batch_loss
+
+    cfg = _cfg(shards, tmp_path, noise=0.0)
+    target = _target()
+    student = FeatureStudent(target, torch.arange(2, 50), 0)
+    batch = _one_batch(shards, cfg)
+    terms = {}
+    for alpha in (0.0, 0.3, 1.0):
+        c = _cfg(shards, tmp_path, noise=0.0, objective=objective, alpha=alpha, topk=3)
+        _, _, terms[alpha] = batch_loss(student, batch, c, 1.0, torch.Generator())
+    _, _, ce = batch_loss(student, batch, cfg, 1.0, torch.Generator())
+    # recomputed by hand: draft and target logits over the shortlist at the labelled slots
+    with torch.no_grad():
+        x = student.parts.inputs(student.embed(batch.ids),
+                                 torch.cat([batch.feats[:, :1] * 0, batch.feats[:, :-1]], 1))
+        h = student.hidden(x)[batch.rows, batch.cols]
+        ok = student.index[batch.labels] >= 0
+        q = h[ok] @ student.w_head.T
+        p = batch.feats[batch.rows, batch.cols][ok] @ student.w_head.T
+        fn = {"atspeed_s": lambda: losses.atspeed_s_loss(q, p, 3),
+              "atspeed_r": lambda: losses.atspeed_r_loss(q, p, 3),
+              "wordkd": lambda: losses.wordkd_loss(q, p),
+              "tvdkd": lambda: losses.tvd_loss(q, p)}[objective]
+        align = float(fn())
+    assert terms[0.0] == pytest.approx(ce, rel=1e-5)
+    assert terms[1.0] == pytest.approx(align, rel=1e-4, abs=1e-6)
+    assert terms[0.3] == pytest.approx(0.3 * align + 0.7 * ce, rel=1e-4)
+    assert abs(align - ce) > 1e-3  # the objectives differ, so the mix is really taken
+
+
+def test_an_alignment_objective_trains_and_the_recipe_names_its_token_term(shards, tmp_path):
+    recipe = train_feature(_cfg(shards, tmp_path, objective="atspeed_r", topk=4, epochs=2),
+                           progress=False)
+    assert recipe["loss"]["token_term"] == "0.5 x atspeed_r (top-4) + 0.5 x ce"
+    assert recipe["losses"][-1]["loss"] < recipe["losses"][0]["loss"]
+
+
+@pytest.mark.parametrize("bad", [dict(objective="seqkd"), dict(objective="nope"),
+                                 dict(topk=0)])
+def test_the_config_refuses_an_objective_it_cannot_train_with_one_error(bad):
+    with pytest.raises(ConfigError):
+        FeatureTrainConfig(**bad)
