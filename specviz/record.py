@@ -1,6 +1,10 @@
 """Record the demo trace shipped in assets/demo_trace.json.
 
     python -m specviz.record --method mcsd --param k_config=3x2x2 --param optimal=true
+
+The defaults are the shipped demo's: the app's default pair (the embedded model with the
+n-gram drafter) on a spelling fix whose typos the lookup copies from the prompt and the
+target rejects.
 """
 
 from __future__ import annotations
@@ -9,22 +13,27 @@ import argparse
 import json
 
 import engine
+from engine.models import default_draft
 from specviz.pairs import get_pair
 from specviz.state import DEMO_TRACE
+
+DEMO_PROMPT = ("Fix the spelling mistakes in this paragraph and return the corrected "
+               "paragraph:\n\nThe team will meet on Monday and the team will meet on Friday. "
+               "The team will bring there notes on Monday and there reports on Friday.")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="embedded")
-    ap.add_argument("--draft", default="")
-    ap.add_argument("--prompt", default="Write a haiku about the sea.")
+    ap.add_argument("--draft", default="", help="empty: the app's default for the target")
+    ap.add_argument("--prompt", default=DEMO_PROMPT)
     ap.add_argument("--method", default="mcsd")
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--param", action="append", default=[], help="name=value (repeatable)")
     ap.add_argument("--out", default=str(DEMO_TRACE))
     args = ap.parse_args(argv)
     params = dict(p.split("=", 1) for p in args.param)
-    pair = get_pair(args.target, args.draft)
+    pair = get_pair(args.target, args.draft or default_draft(args.target))
     trace = engine.generate(pair, args.prompt, args.method,
                             max_new_tokens=args.max_new_tokens, **params)
     text = trace.to_json(separators=(",", ":"))

@@ -17,6 +17,17 @@ from specviz.render import OUTPUTS
 from specviz.state import DEMO_TRACE, SessionState
 
 DEMO = json.loads(DEMO_TRACE.read_text())
+DEMO_NODES = sum(len(r["nodes"]) for r in DEMO["rounds"])
+
+
+def _round_with(nodes: int) -> int:
+    """The first round of the demo trace with at least ``nodes`` forest nodes."""
+    found = [i for i, r in enumerate(DEMO["rounds"]) if len(r["nodes"]) >= nodes]
+    assert found, f"the demo trace has no round with {nodes} forest nodes"
+    return found[0]
+
+
+BEAM_ROUND = _round_with(2)  # the round the beam step records below go into
 
 
 def _edit(**changes) -> dict:
@@ -27,7 +38,7 @@ def _edit(**changes) -> dict:
 
 def _node_p(value) -> dict:
     d = _edit()
-    d["rounds"][0]["nodes"][0]["p"] = value
+    d["rounds"][_round_with(1)]["nodes"][0]["p"] = value
     return d
 
 
@@ -39,12 +50,13 @@ def _nested(depth: int) -> dict:
 
 
 def _beam_steps(drafted: int = 2, **target) -> dict:
-    """The demo with one AtSpeed-strict step record on round 0 (K = 2, ``drafted`` matches)."""
+    """The demo with one AtSpeed-strict step record on BEAM_ROUND (K = 2, ``drafted``
+    matches)."""
     d = _edit()
     beams = [{"rank": 1, "tree": 0, "parent": -1, "token_id": 5, "text": " a", "score": -0.5,
               "node": 0, **target},
              {"rank": 2, "tree": 0, "parent": -1, "token_id": 6, "text": " b", "score": -1.25}]
-    d["rounds"][0]["beam_steps"] = [{
+    d["rounds"][BEAM_ROUND]["beam_steps"] = [{
         "depth": 1, "kind": "drafted", "target_beams": beams, "accepted": False,
         "reason": "target beam #2 ' b' (score -1.25) was not drafted",
         "drafted": [{"tree": 0, "node": i, "rank": int(i == 0), "score": -0.5 - i}
@@ -60,7 +72,7 @@ BAD = [  # (file text, message): the import door's table rows in the README
     (_edit(rounds={}), "trace.rounds: expected an array, got object"),
     (_edit(rounds=[]), "no rounds"),
     (_edit(token_ids=[True]), "trace.token_ids[0]: expected int, got boolean"),
-    (_node_p("x"), "trace.rounds[0].nodes[0].p: expected float, got string"),
+    (_node_p("x"), f"trace.rounds[{_round_with(1)}].nodes[0].p: expected float, got string"),
     (_edit(version=2), "version 2 is newer than this app reads (1)"),
     (json.dumps(_node_p(float("nan"))), "non-finite number NaN"),
     (json.dumps(_edit(stats={"wall_s": float("inf")})), "non-finite number Infinity"),
@@ -70,10 +82,10 @@ BAD = [  # (file text, message): the import door's table rows in the README
     (_nested(100), "nested more than 64 levels deep"),
     (_edit(prompt="x" * 3_000_000), "a string of 3000000 characters (the limit is 100000)"),
     (_beam_steps(rank="1"),
-     "trace.rounds[0].beam_steps[0].target_beams[0].rank: expected int, got string"),
-    (_beam_steps(drafted=len(DEMO["rounds"][0]["nodes"]) + 1),
-     f"round 0 matches {len(DEMO['rounds'][0]['nodes']) + 1} drafted beams to "
-     f"{len(DEMO['rounds'][0]['nodes'])} forest nodes"),
+     f"trace.rounds[{BEAM_ROUND}].beam_steps[0].target_beams[0].rank: expected int, got string"),
+    (_beam_steps(drafted=len(DEMO["rounds"][BEAM_ROUND]["nodes"]) + 1),
+     f"round {BEAM_ROUND} matches {len(DEMO['rounds'][BEAM_ROUND]['nodes']) + 1} drafted beams "
+     f"to {len(DEMO['rounds'][BEAM_ROUND]['nodes'])} forest nodes"),
 ]
 
 
@@ -109,9 +121,11 @@ def test_bytes_that_are_not_utf8_are_refused(tmp_path):
 
 
 def test_more_nodes_than_a_run_may_hold_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(trace_file, "MAX_IMPORT_NODES", 100)
-    with pytest.raises(trace_file.TraceFileError, match="340 forest nodes; the app holds at "
-                       "most 100"):
+    monkeypatch.setattr(trace_file, "MAX_IMPORT_NODES", DEMO_NODES)
+    assert sum(len(r.nodes) for r in trace_file.load_trace_file(DEMO_TRACE).rounds) == DEMO_NODES
+    monkeypatch.setattr(trace_file, "MAX_IMPORT_NODES", DEMO_NODES - 1)
+    with pytest.raises(trace_file.TraceFileError, match=f"{DEMO_NODES} forest nodes; the app "
+                       f"holds at most {DEMO_NODES - 1}"):
         trace_file.load_trace_file(DEMO_TRACE)
 
 
@@ -174,7 +188,11 @@ def test_the_servers_trace_budget_counts_each_trace_once_and_frees_it_with_its_s
     base = HELD.total
     a = SessionState(trace=trace, source="import")
     b, c = a.at(3), SessionState(trace=trace)  # navigation copies and sessions share it
-    assert HELD.total == base + weight(trace) and weight(trace) > 340
+    records = sum(1 + len(r["nodes"]) + len(r["tests"])  # rounds, nodes, tests, beam matches
+                  + sum(len(s["target_beams"]) + len(s["drafted"])
+                        for s in r.get("beam_steps", []))
+                  for r in DEMO["rounds"])
+    assert HELD.total == base + weight(trace) and weight(trace) == records > DEMO_NODES
     monkeypatch.setattr(HELD, "cap", base + weight(trace) + 10)
     with pytest.raises(gr.Error, match="the server holds .* trace records for its sessions"):
         cb.import_trace(str(DEMO_TRACE), SessionState())
@@ -192,28 +210,38 @@ def test_every_session_shares_the_opening_trace_instead_of_copying_it():
     assert session.trace is opening.trace and session.memo is opening.memo
 
 
-def test_a_largest_allowed_import_parses_in_seconds_not_minutes():
+def test_a_largest_allowed_import_parses_in_seconds_not_minutes(tmp_path):
     import time
 
-    d = _edit()
-    rounds, big = d["rounds"], []
-    while sum(len(r["nodes"]) for r in big) + 30 <= trace_file.MAX_IMPORT_NODES:
-        big.append({**rounds[len(big) % len(rounds)], "index": len(big)})
+    d = _edit(rounds=[])
+    rounds, big = DEMO["rounds"], []
+    nodes, size = 0, len(json.dumps(d))
+    while True:  # the demo's rounds over and over until the next would pass a cap
+        r = {**rounds[len(big) % len(rounds)], "index": len(big)}
+        n, b = len(r["nodes"]), len(json.dumps(r)) + 2  # + ", " between rounds
+        if nodes + n > trace_file.MAX_IMPORT_NODES or size + b > trace_file.MAX_IMPORT_BYTES:
+            break
+        big.append(r)
+        nodes, size = nodes + n, size + b
     d["rounds"] = big
-    text = json.dumps(d)
+    path = _write(tmp_path, d)
     t0 = time.perf_counter()
-    trace = trace_file.parse_trace(text)
+    trace = trace_file.load_trace_file(path)  # the import door: refuses a file past a cap
     took = time.perf_counter() - t0
-    assert len(trace.rounds) == len(big) and len(text) > 8 * 2**20
-    assert took < 10, f"{len(text) / 2**20:.1f} MB took {took:.1f} s"
+    assert len(trace.rounds) == len(big) and sum(len(r.nodes) for r in trace.rounds) == nodes
+    mb = path.stat().st_size / 2**20
+    assert took < 10, f"{mb:.1f} MB, {nodes} nodes took {took:.1f} s"
 
 
-def test_beam_match_records_survive_export_and_import(tmp_path):
+def test_beam_match_records_survive_export_and_import(tmp_path, monkeypatch):
+    # a fresh export folder: write_export keeps an existing file of the same name, and the
+    # shared one may hold this name from a run on another demo trace
+    monkeypatch.setattr(trace_file, "EXPORT_DIR", tmp_path / "exports")
     trace = trace_file.parse_trace(json.dumps(_beam_steps()))
     path = trace_file.write_export("beam", trace.to_json(), "t1")
     back = trace_file.load_trace_file(path)
     assert back == trace
-    step = back.rounds[0].beam_steps[0]
+    step = back.rounds[BEAM_ROUND].beam_steps[0]
     assert [(b.rank, b.text, b.score, b.node) for b in step.target_beams] == [
         (1, " a", -0.5, 0), (2, " b", -1.25, -1)]
     assert [(m.node, m.rank, m.score, m.p) for m in step.drafted] == [(0, 1, -0.5, None),
@@ -228,11 +256,12 @@ def test_a_trace_written_before_beam_match_records_imports_without_them():
     trace = trace_file.parse_trace(json.dumps(old))
     assert trace.version == trace_file.TRACE_VERSION == 1
     assert all(r.beam_steps == () for r in trace.rounds)
-    assert trace.rounds[0].nodes == trace_file.parse_trace(DEMO_TRACE.read_text()).rounds[0].nodes
+    demo = trace_file.parse_trace(DEMO_TRACE.read_text())
+    assert [r.nodes for r in trace.rounds] == [r.nodes for r in demo.rounds]
 
 
 def test_too_many_target_beams_in_a_step_are_refused(monkeypatch):
     monkeypatch.setattr(trace_file, "MAX_STEP_BEAMS", 1)
-    with pytest.raises(trace_file.TraceFileError, match="round 0 lists 2 target beams in one "
-                       "step"):
+    with pytest.raises(trace_file.TraceFileError, match=f"round {BEAM_ROUND} lists 2 target beams "
+                       "in one step"):
         trace_file.parse_trace(json.dumps(_beam_steps()))

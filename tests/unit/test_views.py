@@ -257,6 +257,19 @@ def test_every_view_renders_every_round_of_the_demo_trace():
     assert json.loads(RunTrace.from_dict(data).to_json()) == data
 
 
+def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_forest():
+    from engine.models import EMBEDDED_DEFAULT_DRAFT
+    from engine.ngram import NGramDrafter
+
+    trace = demo_state().trace
+    # the app opens on its embedded pair: re-record the demo when that default changes
+    assert EMBEDDED_DEFAULT_DRAFT == "ngram" and trace.draft == NGramDrafter(1).name
+    statuses = {n.status for r in trace.rounds for n in r.nodes}
+    assert {"accepted", "rejected"} <= statuses
+    roots = [sum(n.parent == -1 for n in r.nodes if n.q is not None) for r in trace.rounds]
+    assert max(roots) >= 2  # some round drafts more than one candidate at its root
+
+
 def test_empty_state_renders_placeholders():
     out = dict(zip(OUTPUTS, render(SessionState())))
     assert out["text"] == []
