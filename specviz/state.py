@@ -137,11 +137,12 @@ def coerce(state: Any) -> SessionState:
 
 
 def demo_state() -> SessionState:
-    """The recorded demo trace, opened at its first round with the most accepted drafts
-    (a more telling first view than an all-rejected round); empty state if it is missing."""
+    """The recorded demo trace, opened at its first round with the most accepted drafts and,
+    among those, the most forest nodes (an accepted branch beside a rejected one tells more
+    than an all-rejected round or a lone chain); empty state if it is missing."""
     if not DEMO_TRACE.exists():
         return SessionState()
     trace = RunTrace.from_json(DEMO_TRACE.read_text())
-    accepted = [r.accepted for r in trace.rounds]
-    first = accepted.index(max(accepted)) if accepted else 0
+    score = [(r.accepted, len(r.nodes)) for r in trace.rounds]
+    first = score.index(max(score)) if score else 0
     return SessionState(trace=trace, round=first, source="demo")

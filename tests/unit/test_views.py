@@ -464,3 +464,13 @@ def test_render_shows_the_rings_and_the_beam_match_table():
     out = dict(zip(OUTPUTS, render(SessionState(trace=_strict_trace()))))
     assert "ring: in target's top-K (#rank)" in out["forest"].plot
     assert "**Beam match**" in out["extras"] and "was not drafted" in out["extras"]
+
+
+def test_the_app_opens_the_demo_at_its_first_most_accepted_round_with_the_largest_forest():
+    state = demo_state()
+    rounds = state.trace.rounds
+    best = max(r.accepted for r in rounds)
+    widest = max(len(r.nodes) for r in rounds if r.accepted == best)
+    opened = rounds[state.round]
+    assert opened.accepted == best and len(opened.nodes) == widest
+    assert all((r.accepted, len(r.nodes)) < (best, widest) for r in rounds[: state.round])
