@@ -20,12 +20,19 @@ from engine.paths import ASSETS
 from engine.trace import RunTrace
 
 DEMO_TRACE = ASSETS / "demo_trace.json"
-MAX_HELD_RECORDS = 2_000_000  # rounds + nodes + tests of every session's trace together
+# A parsed trace holds about 6.5 kB of Python objects per round (its beams, committed tokens,
+# target top-k, timings, controller and extras) and about 340 B per forest node, verification
+# test or beam match (tracemalloc around RunTrace.from_json on imports at the caps: the n-gram
+# demo's rounds of ~3 nodes and session 4's rounds of ~21 nodes; README "Memory"). So a round
+# counts as 19 records, and the budget is 3,500,000 x 340 B = 1.19 GB of parsed traces.
+ROUND_RECORDS = 19  # record-equivalents of a round's own fields (6.5 kB / 340 B)
+MAX_HELD_RECORDS = 3_500_000  # weight() of every session's trace together: about 1.2 GB
 
 
 def weight(trace: RunTrace) -> int:
-    """A trace's size in records (rounds, forest nodes, verification tests, beam matches)."""
-    return sum(1 + len(r.nodes) + len(r.tests)
+    """A trace's size in records: ROUND_RECORDS per round, plus its forest nodes,
+    verification tests and beam matches (about 340 bytes each when parsed)."""
+    return sum(ROUND_RECORDS + len(r.nodes) + len(r.tests)
                + sum(len(s.target_beams) + len(s.drafted) for s in r.beam_steps)
                for r in trace.rounds)
 

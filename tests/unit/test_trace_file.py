@@ -181,15 +181,15 @@ def test_exports_stay_in_the_apps_temp_folder_and_old_ones_are_pruned(tmp_path, 
 
 def test_the_servers_trace_budget_counts_each_trace_once_and_frees_it_with_its_sessions(
         monkeypatch):
-    from specviz.state import HELD, weight
+    from specviz.state import HELD, ROUND_RECORDS, weight
 
     gc.collect()
     trace = trace_file.load_trace_file(DEMO_TRACE)
     base = HELD.total
     a = SessionState(trace=trace, source="import")
     b, c = a.at(3), SessionState(trace=trace)  # navigation copies and sessions share it
-    records = sum(1 + len(r["nodes"]) + len(r["tests"])  # rounds, nodes, tests, beam matches
-                  + sum(len(s["target_beams"]) + len(s["drafted"])
+    records = sum(ROUND_RECORDS + len(r["nodes"]) + len(r["tests"])  # rounds, nodes, tests,
+                  + sum(len(s["target_beams"]) + len(s["drafted"])  # beam matches
                         for s in r.get("beam_steps", []))
                   for r in DEMO["rounds"])
     assert HELD.total == base + weight(trace) and weight(trace) == records > DEMO_NODES
@@ -198,6 +198,77 @@ def test_the_servers_trace_budget_counts_each_trace_once_and_frees_it_with_its_s
         cb.import_trace(str(DEMO_TRACE), SessionState())
     del a, b, c, trace
     assert HELD.total == base  # the last holder gone: released
+
+
+# What a parsed trace holds (tracemalloc on imports at the caps, README "Memory"): a round's
+# own fields (beams, committed tokens, target top-k, timings, extras) and each forest node,
+# verification test or beam match
+ROUND_BYTES, RECORD_BYTES = 6_500, 340
+
+
+def _rounds_of(n_rounds: int, node_copies: int) -> str:
+    """The demo's rounds repeated to ``n_rounds``, each round's forest copied ``node_copies``
+    times (ids and parents shifted), as trace JSON."""
+    rounds = []
+    for i in range(n_rounds):
+        r = DEMO["rounds"][i % len(DEMO["rounds"])]
+        k = len(r["nodes"])
+        nodes = [{**n, "id": n["id"] + c * k, "parent": n["parent"] + c * k if n["parent"] >= 0
+                  else -1} for c in range(node_copies) for n in r["nodes"]]
+        rounds.append({**r, "index": i, "nodes": nodes})
+    return json.dumps(_edit(rounds=rounds))
+
+
+def _held_bytes(text: str):
+    """(trace, bytes of Python objects the parsed trace holds)."""
+    import tracemalloc
+
+    from engine.trace import RunTrace
+
+    gc.collect()
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        trace = RunTrace.from_json(text)
+        gc.collect()
+        return trace, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+def test_small_and_large_rounds_of_the_same_memory_weigh_about_the_same():
+    from specviz.state import weight
+
+    def records(rounds, copies: int = 1) -> int:  # nodes, tests, beam matches
+        return sum(len(r["nodes"]) * copies + len(r["tests"])
+                   + sum(len(s["target_beams"]) + len(s["drafted"])
+                         for s in r.get("beam_steps", [])) for r in rounds)
+
+    def cycles(copies: int) -> int:  # repeats of the demo's rounds that hold about 3 MB
+        held = ROUND_BYTES * len(DEMO["rounds"]) + RECORD_BYTES * records(DEMO["rounds"], copies)
+        return 3_000_000 // held
+
+    copies = 24  # the large rounds: the demo's forests copied 24 times (~70 nodes a round)
+    n = len(DEMO["rounds"])
+    small, small_bytes = _held_bytes(_rounds_of(n * cycles(1), 1))
+    large, large_bytes = _held_bytes(_rounds_of(n * cycles(copies), copies))
+    assert len(small.rounds) > 3 * len(large.rounds)  # many small rounds, few large ones
+    # the constants still describe what a parsed trace holds: the two hold about as much
+    assert 1 / 1.3 < small_bytes / large_bytes < 1.3, (small_bytes, large_bytes)
+    # and so the budget counts them about the same; counting a round as 1 record did not
+    ratio = (weight(small) / small_bytes) / (weight(large) / large_bytes)
+    assert 1 / 1.5 < ratio < 1.5, (weight(small), small_bytes, weight(large), large_bytes)
+
+    def old(t) -> int:
+        return sum(1 + len(r.nodes) + len(r.tests)
+                   + sum(len(s.target_beams) + len(s.drafted) for s in r.beam_steps)
+                   for r in t.rounds)
+
+    old_ratio = (old(small) / small_bytes) / (old(large) / large_bytes)
+    assert not 1 / 1.5 < old_ratio < 1.5  # the shapes tell the two formulas apart
 
 
 def test_every_session_shares_the_opening_trace_instead_of_copying_it():
