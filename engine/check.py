@@ -14,7 +14,8 @@ N is the smallest in [min_runs, max_runs] (a multiple of 10) whose test at ``alp
 with probability >= ``power`` (noncentral chi-square) each of two wrong laws: the drafter's
 warped q (a rule that ignores p; the drafter's model logits, for ``--draft feature`` its
 logits with the target's true features, or for ``--draft ngram``
-``engine.ngram.ngram_law`` over the prompt, p where it proposes nothing) and the TV-0.1
+``engine.ngram.ngram_law`` over the prompt, p where it proposes nothing; for
+``--draft ngram+feature`` the lookup's law where it matches, else the feature's) and the TV-0.1
 mixture of p towards uniform. A token the law gives probability 0 fails the check outright.
 Approximate methods (``MethodSpec.exact`` False) get the observed TV distance, not a verdict.
 """

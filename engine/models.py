@@ -199,7 +199,8 @@ def _quiet_transformers() -> None:
 
 # ------------------------------------------------------------------------- model specs
 
-SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "feature", "local", "hub")
+SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "feature", "ngram+feature", "local",
+              "hub")
 NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 
 
@@ -211,7 +212,7 @@ class ModelSpec:
     text: str  # the spec as written (the display name of tiny, local and hub models)
     tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
     early_exit: str = ""  # early-exit: its name in engine.drafters.EARLY_EXIT_SPECS
-    layers: int | None = None  # early-exit:N -> N first layers of the target; ngram:N -> max n
+    layers: int | None = None  # early-exit:N -> N first layers; ngram[+feature]:N -> max n
     weights: str = ""  # feature:PATH -> the feature drafter's weight file
 
 
@@ -222,10 +223,12 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     layers), 'early-exit:N' (its first N), and the names of engine.drafters.EARLY_EXIT_SPECS,
     each with an optional ':N'; 'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
     engine.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter, engine.feature:
-    the shipped weights when made for the target, else untrained; PATH: that weight file).
-    Anything else that starts with 'tiny' is a path or hub id."""
+    the shipped weights when made for the target, else untrained; PATH: that weight file);
+    'ngram+feature' / 'ngram+feature:N' (engine.hybrid: the lookup where it matches, else
+    the feature drafter). Anything else that starts with 'tiny' is a path or hub id."""
     from engine.drafters import EARLY_EXIT_SPECS
     from engine.feature import FEATURE_SPECS
+    from engine.hybrid import HYBRID_SPECS
 
     text = (text or "").strip()
     if not text:
@@ -233,6 +236,11 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
             return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
         raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
     head, colon, rest = text.partition(":")
+    if head.lower() in HYBRID_SPECS:
+        if not draft:
+            raise ConfigError(f"'{text}' is a drafter, not a target")
+        return ModelSpec("ngram+feature", text, layers=_positive(rest, "n-gram length")
+                         if colon else None)
     if head.lower() in FEATURE_SPECS:
         if not draft:
             raise ConfigError(f"'{text}' is a drafter, not a target")
@@ -243,12 +251,8 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
         ngram = head.lower() in NGRAM_SPECS
         if not draft:
             raise ConfigError(f"'{text}' is a drafter, not a target")
-        layers = None
-        if colon:
-            what = "n-gram length" if ngram else "early-exit layers"
-            if not rest.strip().isdigit() or int(rest) < 1:
-                raise ConfigError(f"{what} must be a positive integer, got '{rest}'")
-            layers = int(rest)
+        what = "n-gram length" if ngram else "early-exit layers"
+        layers = _positive(rest, what) if colon else None
         if ngram:
             return ModelSpec("ngram", text, layers=layers)
         return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
@@ -267,6 +271,13 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     return ModelSpec("hub", text)
 
 
+def _positive(rest: str, what: str) -> int:
+    """N of a ':N' suffix, or ConfigError."""
+    if not rest.strip().isdigit() or int(rest) < 1:
+        raise ConfigError(f"{what} must be a positive integer, got '{rest}'")
+    return int(rest)
+
+
 def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
     """(model, tokenizer, display name) for a spec (a string or ModelSpec of a target, see
     parse_model_spec), a transformers config, or an already built model."""
@@ -275,7 +286,7 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
     parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
     if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
         return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
-    if parsed.kind in ("early-exit", "ngram", "feature"):
+    if parsed.kind in ("early-exit", "ngram", "feature", "ngram+feature"):
         raise ConfigError(f"'{parsed.text}' is a drafter, not a model")
     if parsed.kind == "tiny":
         try:
@@ -333,7 +344,8 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         target: a spec (see parse_model_spec: embedded, tiny, tiny:{json}, local dir, hub id),
             a transformers config or a model.
         draft: the same kinds, or None / 'early-exit' / 'early-exit:N' for the target's own
-            first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style).
+            first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style),
+            'ngram+feature[:N]' (the lookup where it matches, else the feature drafter).
         device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
         device_map: e.g. 'auto' for a target larger than one GPU.
@@ -356,11 +368,13 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers)
         dname = drafter.name
     elif isinstance(draft, ModelSpec) and draft.kind == "ngram":
-        from engine.ngram import MAX_N, NGramDrafter
+        drafter = _ngram_drafter(tmodel, draft.layers)
+        dname = drafter.name
+    elif isinstance(draft, ModelSpec) and draft.kind == "ngram+feature":
+        from engine.feature import feature_drafter
+        from engine.hybrid import HybridDrafter
 
-        head = tmodel.get_output_embeddings().weight
-        drafter = NGramDrafter(int(head.shape[0]), max_n=draft.layers or MAX_N,
-                               device=head.device)
+        drafter = HybridDrafter(_ngram_drafter(tmodel, draft.layers), feature_drafter(tmodel))
         dname = drafter.name
     elif isinstance(draft, ModelSpec) and draft.kind == "feature":
         from engine.feature import feature_drafter
@@ -378,6 +392,14 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         if model is not None and device_used.type == "cpu":
             prepare(model)  # engine.layout: both weight layouts for few-token forwards
     return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
+
+
+def _ngram_drafter(target: torch.nn.Module, max_n: int | None):
+    """The prompt-lookup drafter over the target's vocabulary, its logits on its device."""
+    from engine.ngram import MAX_N, NGramDrafter
+
+    head = target.get_output_embeddings().weight
+    return NGramDrafter(int(head.shape[0]), max_n=max_n or MAX_N, device=head.device)
 
 
 def _early_exit_layers(draft: ModelSpec, early_exit_layers: int | None) -> int | None:

@@ -106,7 +106,8 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
                                  interactive=custom)
         c["draft"] = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
                                 "the target's first N layers; ngram = prompt lookup; "
-                                "feature = EAGLE-style feature drafter",
+                                "feature = EAGLE-style feature drafter; "
+                                "ngram+feature = lookup where it matches, else feature",
                                 interactive=custom)
     with gr.Row():
         c["upload"] = gr.UploadButton("Import trace", file_types=[".json"], size="sm",

@@ -26,8 +26,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="embedded",
                    help="embedded | tiny | tiny:{json} | local dir | hub id")
     p.add_argument("--draft", default=None,
-                   help="early-exit (default) | early-exit:N | tiny | tiny:{json} | local dir "
-                        "| hub id")
+                   help="early-exit (default) | early-exit:N | ngram[:N] | feature[:PATH] | "
+                        "ngram+feature[:N] | tiny | tiny:{json} | local dir | hub id")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--early-exit-layers", type=int, default=None,

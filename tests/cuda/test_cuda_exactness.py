@@ -111,7 +111,7 @@ def test_greedy_token_methods_equal_generate_in_the_same_dtype(method, params, d
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("drafter", ["ngram", "feature"])
+@pytest.mark.parametrize("drafter", ["ngram", "feature", "ngram+feature"])
 def test_ngram_and_feature_drafters_keep_greedy_equal_to_generate(drafter, dtype):
     dt, tol = DTYPES[dtype]
     target = cuda_model("llama", dt)

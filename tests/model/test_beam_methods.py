@@ -104,11 +104,12 @@ def assert_same_beams(trace: RunTrace, hf, eos) -> None:
 
 
 @pytest.mark.parametrize("k", [2, 4])
-@pytest.mark.parametrize("draft", ["same", "perturbed", "ngram", "feature"])
+@pytest.mark.parametrize("draft", ["same", "perturbed", "ngram", "feature", "ngram+feature"])
 def test_beam_and_strict_match_generate_without_eos(k, draft):
     target = tiny(0)
-    pair = pair_of(target, {"same": target, "ngram": "ngram", "feature": "feature"}.get(draft)
-                   or perturbed(0, 0.05))
+    named = ("ngram", "feature", "ngram+feature")
+    pair = pair_of(target, target if draft == "same" else draft if draft in named
+                   else perturbed(0, 0.05))
     set_generation(target)
     for s in range(3):
         ids, n = prompt(s), 10

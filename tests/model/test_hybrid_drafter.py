@@ -1,0 +1,160 @@
+"""The hybrid drafter 'ngram+feature', engine/hybrid.py: per node the n-gram law where the
+lookup proposes, the feature drafter's elsewhere; temperature 0 is token-identical to greedy
+generate() with both branches used, and at temperature 1 sd keeps the target's law."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import engine
+import engine.hybrid
+from engine.cached_model import CachedModel
+from engine.errors import ConfigError
+from engine.forest import ROOT
+from engine.models import parse_model_spec
+from engine.ngram import ngram_law, support
+from tests.conftest import tiny_pair
+from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
+from tests.model.test_token_methods import _ref
+from tests.stats import chi_square, exactness_size
+
+REPEATING = ([3, 4, 5, 6, 3, 4, 5, 7, 3, 4], [11, 12, 11, 12, 13, 11], [9, 8, 7])
+
+
+def _feed_all(runners, tokens=None, parents=None):
+    return [r.feed(tokens, parents) for r in runners]
+
+
+def test_per_node_the_hybrid_takes_the_ngram_law_where_it_matches_else_the_features():
+    pair = tiny_pair(draft="ngram+feature")
+    h, n, f = (pair.drafter.runner(), pair.drafter.ngram.runner(),
+               pair.drafter.feature.runner())
+    target = CachedModel(pair.target)
+    prompt = torch.tensor([[3, 4, 5, 6, 3, 4]])  # (1, 6)
+    for r in (h, n, f, target):
+        r.start(prompt)
+    # round 0: the feature runner is blind; "3 4" recurs (-> 5), "4 5" recurs, "4 9" does not
+    hr, nr, _ = _feed_all((h, n, f))
+    torch.testing.assert_close(hr.root_logits, nr.root_logits)
+    hn, nn_, _ = _feed_all((h, n, f), torch.tensor([[5, 9]]), torch.tensor([[ROOT, ROOT]]))
+    torch.testing.assert_close(hn.node_logits[0, 0], nn_.node_logits[0, 0])
+    assert support(hn.node_logits[0, 1]) == 0  # neither proposes: nothing
+    scored = target.feed()
+    commit = (torch.tensor([0]), torch.zeros((1, 0), dtype=torch.long),
+              torch.zeros((1, 0), dtype=torch.long), torch.tensor([[5]]))
+    for r in (h, n, f):
+        r.commit(*commit, target=scored)
+    # round 1, context 3 4 5 6 3 4 5: root "3 4 5" recurs; nodes 6 (ROOT), 9 (ROOT), 3 (after
+    # 6), 7 (after 9): "5 6" and "6 3" recur, "5 9" and "9 7" do not
+    outs = [_feed_all((h, n, f))]
+    outs.append(_feed_all((h, n, f), torch.tensor([[6, 9]]), torch.tensor([[ROOT, ROOT]])))
+    outs.append(_feed_all((h, n, f), torch.tensor([[3, 7]]), torch.tensor([[0, 1]])))
+    hyb = [outs[0][0].root_logits[0]] + [x for o in outs[1:] for x in o[0].node_logits[0]]
+    ngr = [outs[0][1].root_logits[0]] + [x for o in outs[1:] for x in o[1].node_logits[0]]
+    fea = [outs[0][2].root_logits[0]] + [x for o in outs[1:] for x in o[2].node_logits[0]]
+    matched = [support(x) > 0 for x in ngr]
+    assert matched == [True, True, False, True, False]
+    for m, got, want_n, want_f in zip(matched, hyb, ngr, fea):
+        torch.testing.assert_close(got, want_n if m else want_f)
+        assert not torch.equal(want_n, want_f)  # the two laws differ: an inverted choice fails
+
+
+def test_hybrid_specs_are_drafters_with_an_optional_ngram_length():
+    spec = parse_model_spec("ngram+feature", draft=True)
+    assert (spec.kind, spec.layers) == ("ngram+feature", None)
+    assert parse_model_spec("ngram+feature:3", draft=True).layers == 3
+    with pytest.raises(ConfigError, match="drafter, not a target"):
+        parse_model_spec("ngram+feature")
+    with pytest.raises(ConfigError, match="n-gram length must be a positive integer"):
+        parse_model_spec("ngram+feature:x", draft=True)
+
+
+def test_the_trace_names_both_drafters():
+    pair = tiny_pair(draft="ngram+feature:3")
+    trace = engine.generate(pair, [3, 4, 5], "sd", gamma=3, max_new_tokens=8)
+    assert trace.draft == ("n-gram (prompt lookup, n = 3..2) + feature (EAGLE-style, 1 layer, "
+                           "untrained)")
+    assert pair.draft_name == trace.draft
+
+
+@pytest.fixture
+def root_sources(monkeypatch):
+    """Counts the round roots whose law came from the lookup and from the feature drafter."""
+    seen = {"ngram": 0, "feature": 0}
+    plain = engine.hybrid.hybrid_logits
+
+    def spy(ngram, feature):
+        if ngram.dim() == 2:  # (W, V): a round's root
+            has = (ngram > torch.finfo(ngram.dtype).min).any(-1)  # (W,)
+            alive = (feature > torch.finfo(feature.dtype).min).any(-1)  # (W,)
+            seen["ngram"] += int(has.sum())
+            seen["feature"] += int((~has & alive).sum())
+        return plain(ngram, feature)
+
+    monkeypatch.setattr(engine.hybrid, "hybrid_logits", spy)
+    return seen
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"gamma": 3}),
+    ("sd", {"controller": "beta_ts"}),
+    ("mcsd", {"k_config": "4x2x2"}),
+    ("greedy_drafts", {"k_config": "3x2x2"}),
+])
+def test_temperature_zero_with_the_hybrid_drafter_equals_greedy_generate(method, params,
+                                                                         root_sources):
+    pair = tiny_pair(draft="ngram+feature")
+    drafted = 0
+    for prompt in REPEATING:
+        trace = engine.generate(pair, prompt, method, max_new_tokens=24, **params)
+        assert list(trace.token_ids) == _ref(pair, prompt, 24), (method, params, prompt)
+        drafted += sum(r.drafted for r in trace.rounds)
+    assert drafted > 0
+    assert root_sources["ngram"] > 0 and root_sources["feature"] > 0, root_sources
+
+
+# ------------------------------------------------------- temperature 1: chi-square, end to end
+
+PROMPT = [3, 4, 5, 1, 3, 4, 6, 2, 3, 4]  # as test_ngram_sampling_exactness: "3 4" -> 5 or 6
+
+
+@pytest.fixture(scope="module")
+def pair():
+    p = engine.load_pair(target=tiny_model(1, seed=5), draft="ngram+feature", device="cpu")
+    p.target.generation_config.eos_token_id = None  # every run yields exactly 3 tokens
+    return p
+
+
+def accept_all_law(pair) -> dict[tuple[int, ...], float]:
+    """The law of always accepting the drafts: token i from the hybrid q after prompt + x_<i
+    (the lookup where it matches; else, after round 0, the feature drafter with true
+    features), x1 from p where the lookup has no match (round 0: the feature drafter is
+    blind)."""
+    p = position_probs(pair.target, PROMPT)
+    law = {}
+    for seq, probs in p.items():
+        prob = 1.0
+        for i in range(NEW):
+            ctx = PROMPT + list(seq[:i])
+            toks, q = ngram_law(np.array(ctx))
+            if toks.size:
+                prob *= dict(zip(toks.tolist(), q.tolist())).get(seq[i], 0.0)
+            elif i == 0:
+                prob *= probs[0]
+            else:
+                logits = pair.drafter.feature.context_logits(torch.tensor([ctx]))[0, -1]
+                prob *= float(torch.softmax(logits.double(), -1)[seq[i]])
+        law[seq] = prob
+    return law
+
+
+@pytest.mark.slow
+def test_sd_with_the_hybrid_drafter_keeps_the_target_law(pair, stats_summary):
+    law = exact_law(pair.target, prompt=PROMPT)
+    n, note = exactness_size(law, accept_all_law(pair))
+    stats_summary.append(f"sd gamma 2 with the ngram+feature drafter: {note}")
+    counts = sample_counts(pair, "sd", {"gamma": 2}, range(n), prompt=PROMPT)
+    stat, threshold = chi_square(counts, law, n)
+    assert stat < threshold, (n, stat, threshold)
