@@ -23,7 +23,7 @@ EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
 # The app's default drafter of the embedded pair: the one measured fastest on held-out prompts
 # (README, "Measured numbers"). engine.load_pair's own default stays the early exit.
-EMBEDDED_DEFAULT_DRAFT = "ngram"
+EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
 
 
 def default_draft(target: str) -> str:

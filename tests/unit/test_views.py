@@ -263,7 +263,9 @@ def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_for
 
     trace = demo_state().trace
     # the app opens on its embedded pair: re-record the demo when that default changes
-    assert EMBEDDED_DEFAULT_DRAFT == "ngram" and trace.draft == NGramDrafter(1).name
+    assert EMBEDDED_DEFAULT_DRAFT == "ngram+feature"
+    assert trace.draft.startswith(NGramDrafter(1).name + " + feature (EAGLE-style, 1 layer, "
+                                  "trained")
     statuses = {n.status for r in trace.rounds for n in r.nodes}
     assert {"accepted", "rejected"} <= statuses
     roots = [sum(n.parent == -1 for n in r.nodes if n.q is not None) for r in trace.rounds]
