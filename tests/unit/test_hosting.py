@@ -27,12 +27,12 @@ def host():
 
 def test_no_variables_give_the_defaults():
     assert HostConfig.from_env({}) == HostConfig(
-        target="embedded", draft="ngram", device="auto", dtype="auto", presets=(),
+        target="embedded", draft="ngram+feature", device="auto", dtype="auto", presets=(),
         allow_custom_models=True, zero_gpu=False)
 
 
-def test_the_embedded_target_defaults_to_the_ngram_drafter_and_others_to_their_early_exit():
-    assert HostConfig.from_env({}).draft == "ngram"
+def test_the_embedded_target_defaults_to_the_hybrid_drafter_and_others_to_their_early_exit():
+    assert HostConfig.from_env({}).draft == "ngram+feature"
     assert HostConfig.from_env({"SPECVIZ_TARGET": "tiny"}).draft == ""
     assert HostConfig.from_env({"SPECVIZ_DRAFT": "feature"}).draft == "feature"
     assert [p.id for p in HostConfig().offered()] == [p.id for p in all_presets()]
@@ -50,7 +50,7 @@ def test_every_variable_is_read():
     assert [p.id for p in cfg.offered()] == ["smollm2-1.7b", "embedded"]
     assert cfg.allowed_pairs() == (
         ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
-        ("embedded", "ngram"))
+        ("embedded", "ngram+feature"))
 
 
 @pytest.mark.parametrize("env, message", [
