@@ -2,9 +2,9 @@
 
     python -m specviz.record --method mcsd --param k_config=3x2x2 --param optimal=true
 
-The defaults are the shipped demo's: the app's default pair (the embedded model with the
-n-gram drafter) on a spelling fix whose typos the lookup copies from the prompt and the
-target rejects.
+The defaults are the shipped demo's: the app's default pair (the embedded model with its
+default drafter, engine.models.default_draft: ngram+feature) on a spelling fix whose typos
+the lookup copies from the prompt.
 """
 
 from __future__ import annotations
