@@ -133,6 +133,7 @@ def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str])
         "acceptance": trace.stats["acceptance_rate"],
         "target_calls": trace.stats["target_calls"], "identical": identical,
         "efficiency": (trace.stats.get("cost") or {}).get("efficiency"),
+        "time_split_s": trace.stats.get("time_split_s", {}),  # phase -> seconds of the run
     }
 
 

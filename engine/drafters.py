@@ -256,13 +256,20 @@ def load_trained(target: nn.Module, path: Path | None = None, check: bool = True
 
 
 def early_exit_drafter(target: nn.Module, spec: str | None = None,
-                       n_layers: int | None = None) -> EarlyExitDrafter:
+                       n_layers: int | None = None, weights: str = "") -> EarlyExitDrafter:
     """The early exit a draft spec asks for: None / 'early-exit' -> the shipped trained drafter
     when it was made for this target (and n_layers is unset or equal), else the untrained one;
-    'early-exit-untrained' -> untrained; 'early-exit-trained' -> trained or ConfigError."""
+    'early-exit-untrained' -> untrained; 'early-exit-trained' -> trained or ConfigError;
+    `weights` (early-exit-trained:PATH) -> that file's drafter or ConfigError."""
     spec = (spec or "early-exit").lower()
     if spec not in EARLY_EXIT_SPECS:
         raise ConfigError(f"unknown early-exit drafter '{spec}'")
+    if weights:
+        path = Path(weights).expanduser()
+        trained = load_trained(target, path) if path.is_file() else None
+        if trained is None:
+            raise ConfigError(f"no early-exit weights for this target in '{weights}'")
+        return trained
     if spec not in UNTRAINED_SPECS:
         trained = load_trained(target)
         if trained is not None and n_layers in (None, trained.n_layers):

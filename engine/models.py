@@ -213,7 +213,7 @@ class ModelSpec:
     tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
     early_exit: str = ""  # early-exit: its name in engine.drafters.EARLY_EXIT_SPECS
     layers: int | None = None  # early-exit:N -> N first layers; ngram[+feature]:N -> max n
-    weights: str = ""  # feature:PATH -> the feature drafter's weight file
+    weights: str = ""  # feature:PATH / early-exit-trained:PATH -> the drafter's weight file
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
@@ -221,12 +221,12 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of engine.drafters.EARLY_EXIT_SPECS,
-    each with an optional ':N'; 'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
+    each with an optional ':N'; 'early-exit-trained:PATH' (that trained weight file); 'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
     engine.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter, engine.feature:
     the shipped weights when made for the target, else untrained; PATH: that weight file);
     'ngram+feature' / 'ngram+feature:N' (engine.hybrid: the lookup where it matches, else
     the feature drafter). Anything else that starts with 'tiny' is a path or hub id."""
-    from engine.drafters import EARLY_EXIT_SPECS
+    from engine.drafters import EARLY_EXIT_SPECS, TRAINED_SPECS
     from engine.feature import FEATURE_SPECS
     from engine.hybrid import HYBRID_SPECS
 
@@ -251,6 +251,9 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
         ngram = head.lower() in NGRAM_SPECS
         if not draft:
             raise ConfigError(f"'{text}' is a drafter, not a target")
+        if head.lower() in TRAINED_SPECS and colon and rest.strip() \
+                and not rest.strip().isdigit():  # early-exit-trained:PATH
+            return ModelSpec("early-exit", text, early_exit=head.lower(), weights=rest.strip())
         what = "n-gram length" if ngram else "early-exit layers"
         layers = _positive(rest, what) if colon else None
         if ngram:
@@ -365,7 +368,8 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     check_supported(tmodel)
     if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
         # the shipped trained early exit when it was made for this target
-        drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers)
+        drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers,
+                                     weights=draft.weights)
         dname = drafter.name
     elif isinstance(draft, ModelSpec) and draft.kind == "ngram":
         drafter = _ngram_drafter(tmodel, draft.layers)

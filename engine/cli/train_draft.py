@@ -37,6 +37,9 @@ FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--sample-temperature", "data.sample_temperature", ""),
     ("--beams", "data.beams", "top-K beams (beam objectives)"),
     ("--gen-batch", "data.gen_batch", ""),
+    ("--shards", "data.shards",
+     "a directory of token shards (selfgen / train-feature format) instead of --prompts"),
+    ("--limit-tokens", "data.limit_tokens", "with --shards: about this many tokens (0 = all)"),
     ("--epochs", "drafter.epochs", ""),
     ("--lr", "drafter.lr", ""),
     ("--batch-tokens", "drafter.batch_tokens", ""),
@@ -65,6 +68,7 @@ CHOICES = {"drafter.objective": OBJECTIVES, "predictor.features": FEATURES}
 SECTIONS = {"data": DataConfig, "drafter": DrafterTrainConfig, "predictor": PredictorTrainConfig}
 # where files go and the progress bar do not change the result: not in the recipe's command
 NOT_IN_COMMAND = ("no_progress", "out", "work_dir", "predictor_only", "no_predictor")
+SHARD_FLAGS = ("data.shards", "data.limit_tokens")  # in the command only when shards are used
 
 
 def _dest(flag: str) -> str:
@@ -112,6 +116,8 @@ def command_of(cfg: TrainDraftConfig) -> str:
     for flag, path, _ in sorted(FLAGS, key=lambda row: _dest(row[0])):
         if _dest(flag) in NOT_IN_COMMAND:
             continue
+        if path in SHARD_FLAGS and not cfg.data.shards:
+            continue  # data from prompts: the command stays as it was before shards
         value = _get(cfg, path)
         if isinstance(value, str) and value.startswith(str(ASSETS.parent) + "/"):
             value = value[len(str(ASSETS.parent)) + 1:]  # repository-relative path

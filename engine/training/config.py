@@ -24,7 +24,9 @@ class DataConfig:
     Every `heldout_every`-th prompt is held out (greedy continuations only); each training
     prompt gets a greedy continuation plus `samples` hybrid sampled ones (the first
     `greedy_prefix` tokens greedy, LLM-QAT), or the target's top-`beams` beams for the beam
-    objectives (AtSpeed §3.2, D' = TopK(M_p(x))).
+    objectives (AtSpeed §3.2, D' = TopK(M_p(x))). With `shards` the sequences come from token
+    shards already generated (``selfgen``, the feature trainer's data) instead: every
+    `heldout_every`-th sequence is held out (its greedy ones evaluated).
     """
 
     prompts: str = str(ASSETS / "train_prompts.txt")  # one prompt per line
@@ -36,10 +38,14 @@ class DataConfig:
     sample_temperature: float = 1.0
     beams: int = 4
     gen_batch: int = 16  # prompts per generate() call
+    shards: str = ""  # a directory of token shards (train-feature's format) instead of prompts
+    limit_tokens: int = 0  # with shards: sequences in shard order up to this many tokens (0 = all)
 
     def __post_init__(self) -> None:
         if self.heldout_every < 2:
             raise ConfigError("heldout_every must be >= 2 (one held-out prompt in n)")
+        if self.limit_tokens < 0:
+            raise ConfigError(f"limit_tokens must be >= 0, got {self.limit_tokens}")
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,10 @@ def _save_tokens(cache: Path, data: TrainData) -> None:
 def build_data(pair, cfg: DataConfig, drafter: DrafterTrainConfig, *, seed: int,
                eos: AbstractSet[int], pad: int, progress: Progress, work: Path) -> TrainData:
     """Train / held-out examples (token sequences cached in `work`) with hidden states."""
+    if cfg.shards:
+        data = shard_data(Path(cfg.shards), cfg.limit_tokens, cfg.heldout_every)
+        _cache_states(pair, data, drafter, pad, progress)
+        return data
     prompts = prompt_ids_of(pair, Path(cfg.prompts), cfg.limit_prompts)
     every = cfg.heldout_every
     held = [p for i, p in enumerate(prompts) if i % every == every - 1]
@@ -305,13 +309,41 @@ def build_data(pair, cfg: DataConfig, drafter: DrafterTrainConfig, *, seed: int,
         data = generate_data(pair, cfg, drafter, held, train, seed=seed, eos=eos, pad=pad,
                              progress=progress)
         _save_tokens(cache, data)
+    _cache_states(pair, data, drafter, pad, progress)
+    return data
+
+
+def _cache_states(pair, data: TrainData, drafter: DrafterTrainConfig, pad: int,
+                  progress: Progress) -> None:
+    """H^N of every example (and the target's states where the objective needs them)."""
     bar = progress(len(data.train) + len(data.heldout), "hidden states")
     cache_hidden(pair.target, drafter.layers, data.train, pad=pad, teacher=drafter.teacher,
                  progress=bar)
     cache_hidden(pair.target, drafter.layers, data.heldout, pad=pad,
                  teacher=drafter.teacher or drafter.beam, progress=bar)
     bar.close()
-    return data
+
+
+def shard_data(directory: Path, limit_tokens: int, every: int) -> TrainData:
+    """Examples from token shards (the feature trainer's data, engine.training.selfgen):
+    sequences in shard order up to about `limit_tokens` (0 = all), every `every`-th held out;
+    the held-out greedy sequences are the evaluation set (all of them when none is greedy)."""
+    from engine.training.feature_data import read_shards, split  # feature_data imports us
+
+    shards = read_shards(directory, limit_tokens)
+    tokens = 0
+    for sh in shards:  # read_shards keeps whole shards: cut at the sequence
+        keep = []
+        for seq in sh.sequences:
+            if limit_tokens and tokens >= limit_tokens:
+                break
+            keep.append(seq)
+            tokens += len(seq.ids)
+        sh.sequences = keep
+    train, held = split(shards, every)
+    greedy = [q for q in held if q.kind == "greedy"] or held
+    return TrainData([Example(q.ids, q.start, q.kind) for q in train],
+                     [Example(q.ids, q.start, q.kind) for q in greedy])
 
 
 def predictor_examples(pair, cfg: DataConfig, prompts: Path, *, seed: int,

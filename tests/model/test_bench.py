@@ -30,5 +30,10 @@ def test_bench_writes_a_table_with_speedups_and_identity(tmp_path, capsys):
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert len(data["runs"]) == 2 * 2 * 2
     assert all(r["identical"] for r in data["runs"])
+    for r in data["runs"]:  # the phases of the run, within its wall time
+        split = r["time_split_s"]
+        assert {"score", "commit"} <= set(split) <= {"propose", "score", "verify", "commit",
+                                                     "observe"}, split
+        assert 0 < sum(split.values()) <= r["wall_s"] * 1.001
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "| sd:gamma=2 | generate(greedy, width=1) |" in md and "4/4" in md

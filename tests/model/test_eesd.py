@@ -132,6 +132,21 @@ def test_trained_layer_save_load_round_trip(tmp_path):
     assert load_trained(target, tmp_path / "missing.safetensors") is None
 
 
+def test_early_exit_trained_path_spec_loads_that_file_or_refuses_in_one_line(tmp_path):
+    target = tiny_pair(layers=4, early_exit_layers=2).target
+    layer = perturbed_exit_layer(target, 2)
+    path = save_trained(tmp_path / "n2.safetensors", target, 2, layer)
+    pair = engine.load_pair(target=target, draft=f"early-exit-trained:{path}", device="cpu")
+    assert pair.drafter.trained and pair.drafter.n_layers == 2
+    assert pair.drafter.source == str(path)
+    with pytest.raises(ConfigError, match="no early-exit weights"):
+        engine.load_pair(target=target, draft=f"early-exit-trained:{tmp_path / 'none'}",
+                         device="cpu")
+    other = tiny_pair(layers=4, early_exit_layers=2, seed=1).target  # made for another target
+    with pytest.raises(ConfigError, match="no early-exit weights"):
+        engine.load_pair(target=other, draft=f"early-exit-trained:{path}", device="cpu")
+
+
 def test_shortlist_head_gives_q_zero_off_the_list():
     head = torch.nn.Linear(4, 6, bias=False)
     short = ShortlistHead(head, torch.tensor([1, 4]))
@@ -191,6 +206,47 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
     trace = engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", predictor="trained",
                             max_new_tokens=8)
     assert trace.rounds[0].extras["predictor"] == "trained"
+
+
+def _write_shard(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_shard_data_holds_out_every_nth_sequence_and_evaluates_its_greedy_ones(tmp_path):
+    from engine.training.data import shard_data
+
+    rows = [{"ids": [3, 4, 5, 6 + i], "start": 2, "kind": "greedy" if i % 2 else "sample"}
+            for i in range(8)]
+    _write_shard(tmp_path / "shard-00000.jsonl", rows[:5])
+    _write_shard(tmp_path / "shard-00001.jsonl", rows[5:])
+    data = shard_data(tmp_path, 0, 4)  # sequences 3 and 7 held out (both greedy)
+    assert [e.ids[-1] for e in data.heldout] == [9, 13]
+    assert [e.ids[-1] for e in data.train] == [6, 7, 8, 10, 11, 12]
+    assert {e.kind for e in data.train} == {"greedy", "sample"}
+    cut = shard_data(tmp_path, 20, 2)  # 4 tokens each: stops after 5 sequences
+    assert [e.ids[-1] for e in cut.train] == [6, 8, 10]
+    assert [e.ids[-1] for e in cut.heldout] == [7, 9]
+
+
+def test_train_draft_trains_from_token_shards(tmp_path):
+    from engine.__main__ import main
+
+    spec = 'tiny:{"layers": 4, "vocab_size": 64}'
+    rows = [{"ids": [3 + i % 5, 4, 5 + i % 7] + [(7 * i + j) % 60 + 2 for j in range(10)],
+             "start": 3, "kind": "greedy"} for i in range(24)]
+    _write_shard(tmp_path / "shard-00000.jsonl", rows)
+    out = tmp_path / "drafter"
+    code = main(["train-draft", "--target", spec, "--layers", "2", "--shards", str(tmp_path),
+                 "--heldout-every", "4", "--epochs", "3", "--lr", "3e-3", "--batch-tokens",
+                 "64", "--out", str(out), "--work-dir", str(tmp_path / "work"),
+                 "--no-progress", "--no-predictor"])
+    assert code == 0
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["data"]["train_sequences"] == 18 and recipe["data"]["heldout_sequences"] == 6
+    assert recipe["losses"][-1] < recipe["losses"][0]
+    assert f"--shards {tmp_path}" in recipe["command"]
+    target = engine.load_pair(target=spec, device="cpu", early_exit_layers=2).target
+    assert load_trained(target, out / "extra_layer.safetensors").trained
 
 
 def test_training_runs_the_drafters_own_assembly_over_cached_first_n_states():

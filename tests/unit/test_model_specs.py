@@ -50,7 +50,15 @@ def test_draft_early_exit_forms(text, name, layers):
     assert (spec.kind, spec.early_exit, spec.layers) == ("early-exit", name, layers)
 
 
-@pytest.mark.parametrize("text", ["early-exit:0", "early-exit:x", "early-exit:", "self:-1"])
+def test_early_exit_trained_takes_a_weight_file_path():
+    spec = parse_model_spec("early-exit-trained:/tmp/n2/extra_layer.safetensors", draft=True)
+    assert (spec.kind, spec.early_exit, spec.weights, spec.layers) == (
+        "early-exit", "early-exit-trained", "/tmp/n2/extra_layer.safetensors", None)
+    assert parse_model_spec("early-exit-trained:4", draft=True).layers == 4  # digits: layers
+
+
+@pytest.mark.parametrize("text", ["early-exit:0", "early-exit:x", "early-exit:", "self:-1",
+                                  "early-exit-trained:", "early-exit-untrained:some/file"])
 def test_early_exit_layers_must_be_a_positive_integer(text):
     with pytest.raises(ConfigError, match="positive integer"):
         parse_model_spec(text, draft=True)

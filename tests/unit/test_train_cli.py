@@ -34,6 +34,7 @@ OLD_DEFAULTS = {
     "predictor_lr": 1e-3, "predictor_weight_decay": 0.1, "predictor_batch": 512,
     "predictor_prompts": str(ASSETS / "predictor_prompts.txt"),
     "predictor_features": "confidence",
+    "shards": "", "limit_tokens": 0,  # added since: token shards instead of prompts
 }
 
 
