@@ -221,7 +221,8 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of engine.drafters.EARLY_EXIT_SPECS,
-    each with an optional ':N'; 'early-exit-trained:PATH' (that trained weight file); 'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
+    each with an optional ':N'; 'early-exit-trained:PATH' (that trained weight file);
+    'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
     engine.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter, engine.feature:
     the shipped weights when made for the target, else untrained; PATH: that weight file);
     'ngram+feature' / 'ngram+feature:N' (engine.hybrid: the lookup where it matches, else
