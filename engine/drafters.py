@@ -265,11 +265,7 @@ def early_exit_drafter(target: nn.Module, spec: str | None = None,
     if spec not in EARLY_EXIT_SPECS:
         raise ConfigError(f"unknown early-exit drafter '{spec}'")
     if weights:
-        path = Path(weights).expanduser()
-        trained = load_trained(target, path) if path.is_file() else None
-        if trained is None:
-            raise ConfigError(f"no early-exit weights for this target in '{weights}'")
-        return trained
+        return _load_early_exit_file(target, Path(weights).expanduser(), n_layers)
     if spec not in UNTRAINED_SPECS:
         trained = load_trained(target)
         if trained is not None and n_layers in (None, trained.n_layers):
@@ -278,3 +274,24 @@ def early_exit_drafter(target: nn.Module, spec: str | None = None,
             raise ConfigError("no trained early-exit drafter for this target (see "
                               "'python -m engine train-draft')")
     return EarlyExitDrafter(target, n_layers)
+
+
+def _load_early_exit_file(target: nn.Module, path: Path,
+                          n_layers: int | None) -> EarlyExitDrafter:
+    """The early exit stored in `path`; ConfigError (one line) when the file is missing, not
+    an early-exit weight file, made for another target, or of another depth than asked."""
+    if not path.is_file():
+        raise ConfigError(f"early-exit weights not found: {path}")
+    try:
+        _, meta = load_tensors(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable file becomes one line
+        raise ConfigError(f"cannot read early-exit weights {path}: {e}") from e
+    if "n_layers" not in meta or meta.get("kind", "early-exit") != "early-exit":
+        raise ConfigError(f"{path} is not an early-exit drafter's weight file")
+    trained = load_trained(target, path)
+    if trained is None:
+        raise ConfigError(f"early-exit weights {path} were made for another target")
+    if n_layers not in (None, trained.n_layers):
+        raise ConfigError(f"early-exit weights {path} have {trained.n_layers} layers, "
+                          f"not {n_layers}")
+    return trained

@@ -255,7 +255,8 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
         if head.lower() in TRAINED_SPECS and colon and rest.strip() \
                 and not rest.strip().isdigit():  # early-exit-trained:PATH
             return ModelSpec("early-exit", text, early_exit=head.lower(), weights=rest.strip())
-        what = "n-gram length" if ngram else "early-exit layers"
+        what = "n-gram length" if ngram else "early-exit layers" + (
+            " (or a weight file)" if head.lower() in TRAINED_SPECS else "")
         layers = _positive(rest, what) if colon else None
         if ngram:
             return ModelSpec("ngram", text, layers=layers)

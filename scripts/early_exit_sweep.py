@@ -1,16 +1,19 @@
 """Early-exit drafter sweep (issue 13): depth N x head shortlist size S.
 
 For each trained weight file (``train-draft --shards ... --layers N``) and each shortlist size,
-reports the teacher-forced held-out greedy acceptance (the training run's own held-out split),
-the measured cost of one draft step and of a verify pass relative to one target step (CPU, one
-thread, KV cache of a 192-token context), and the cost model's predicted speedup of chain SD,
+reports the teacher-forced greedy acceptance on sequences no run trained on (the greedy rows
+of `--eval-shard`, a shard past the training runs' --limit-tokens; rows whose prompt the
+training data holds are dropped), the measured cost of one draft step and of a verify pass
+relative to one target step (CPU, one thread, KV cache of a 192-token context, the engine's
+weight layout and head), and the cost model's predicted speedup of chain SD,
 E[tokens per round] / cost per round with i.i.d. acceptance a:
 (1 - a^(gamma + 1)) / (1 - a) / (gamma * c_draft + c_verify(gamma + 1)).
 With --save DIR it also writes each (N, S) as a weight file that ``--draft
 early-exit-trained:PATH`` loads, so the end-to-end bench picks by measured speed.
 
     python scripts/early_exit_sweep.py --shards /work/data/gpu/shards --limit-tokens 600000 \
-        --heldout-every 20 --shortlists 2048,4096,8192,0 --save /work/data/ee/variants \
+        --eval-shard /work/data/gpu/shards/shard-00012.jsonl --eval-sequences 300 \
+        --shortlists 2048,4096,8192,0 --save /work/data/ee/variants \
         /work/data/ee/n2/extra_layer.safetensors /work/data/ee/n4/extra_layer.safetensors
 """
 
@@ -29,8 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.drafters import EarlyExitDrafter, load_trained, save_trained  # noqa: E402
 from engine.eos import eos_ids  # noqa: E402
+from engine.layout import head_logits, layout_for, prepare  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from engine.training.data import build_shortlist, cache_hidden, shard_data  # noqa: E402
+from engine.training.data import (  # noqa: E402
+    Example,
+    build_shortlist,
+    cache_hidden,
+    shard_data,
+)
 from engine.training.drafter import ExitHead, evaluate  # noqa: E402
 
 CONTEXT = 192  # cached tokens before the timed step
@@ -38,9 +47,11 @@ REPS = 40
 
 
 def step_seconds(model: torch.nn.Module, new: int) -> float:
-    """Median seconds of one cached forward of `new` tokens after a CONTEXT-token prefill."""
+    """Median seconds of one cached forward of `new` tokens after a CONTEXT-token prefill,
+    through the engine's weight layout and head (engine.layout, as CachedModel runs it)."""
     from transformers import DynamicCache
 
+    prepare(model)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 1000, (1, CONTEXT + new), generator=gen)  # (1, L + new)
     with torch.no_grad():
@@ -49,7 +60,10 @@ def step_seconds(model: torch.nn.Module, new: int) -> float:
         times = []
         for _ in range(REPS):
             t0 = time.perf_counter()
-            model(input_ids=ids[:, CONTEXT:], past_key_values=cache, use_cache=True)
+            with layout_for(model, new):
+                h = model.model(input_ids=ids[:, CONTEXT:], past_key_values=cache,
+                                use_cache=True).last_hidden_state  # (1, new, d)
+                head_logits(model.lm_head, h)  # (1, new, V)
             times.append(time.perf_counter() - t0)
             cache.crop(-new)  # transformers 5: a negative count removes tokens
     return statistics.median(times[5:])
@@ -66,7 +80,9 @@ def main() -> None:
     p.add_argument("weights", nargs="+", type=Path)
     p.add_argument("--shards", required=True, type=Path)
     p.add_argument("--limit-tokens", type=int, default=0)
-    p.add_argument("--heldout-every", type=int, default=20)
+    p.add_argument("--heldout-every", type=int, default=20, help="as the training runs'")
+    p.add_argument("--eval-shard", required=True, type=Path)
+    p.add_argument("--eval-sequences", type=int, default=300)
     p.add_argument("--shortlists", default="2048,4096,8192,0", help="0 = the full vocabulary")
     p.add_argument("--save", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -78,7 +94,14 @@ def main() -> None:
     eos = eos_ids(target)
     pad = min(eos)
     vocab = int(target.get_output_embeddings().weight.shape[0])
-    data = shard_data(args.shards, args.limit_tokens, args.heldout_every)
+    data = shard_data(args.shards, args.limit_tokens, args.heldout_every, vocab)
+    seen = {tuple(e.ids[: e.start]) for e in data.train + data.heldout}
+    rows_in = [json.loads(ln) for ln in args.eval_shard.read_text().splitlines() if ln.strip()]
+    data.heldout = [Example(r["ids"], r["start"], r["kind"]) for r in rows_in
+                    if r["kind"] == "greedy" and tuple(r["ids"][: r["start"]]) not in seen]
+    data.heldout = data.heldout[: args.eval_sequences]
+    print(f"evaluation: {len(data.heldout)} greedy sequences of {args.eval_shard.name}, "
+          f"{sum(len(e.ids) - e.start for e in data.heldout)} positions", flush=True)
     sizes = [int(s) for s in args.shortlists.split(",")]
     c_verify = {g: step_seconds(target, g) for g in (1, 2, 3, 4, 5)}
     t_target = c_verify[1]
@@ -86,8 +109,12 @@ def main() -> None:
     print(f"target step {1e3 * t_target:.1f} ms; verify of g tokens / target step: "
           + ", ".join(f"{g}: {c:.2f}" for g, c in c_verify.items()), flush=True)
     rows = []
+    trained_short: dict[str, torch.Tensor | None] = {}
     for path in args.weights:
         trained = load_trained(target, path, shortlist=False)
+        with_short = load_trained(target, path)
+        head = with_short.model.lm_head if with_short is not None else None
+        trained_short[str(path)] = head.ids if hasattr(head, "ids") else None
         if trained is None:
             raise SystemExit(f"{path}: not an early-exit weight file for this target")
         n = trained.n_layers
@@ -96,7 +123,12 @@ def main() -> None:
             e.h_exit = None
         cache_hidden(target, n, data.heldout, pad=pad, teacher=False)
         for size in sizes:
-            short = build_shortlist(data.train, vocab, size, eos) if 0 < size < vocab else None
+            own = trained_short.get(str(path))
+            if own is not None and size == len(own):
+                short = own  # the file's own shortlist, as trained
+            else:
+                short = build_shortlist(data.train, vocab, size, eos) \
+                    if 0 < size < vocab else None
             head = ExitHead(target, n, train_norm=True, shortlist=short)
             with torch.no_grad():
                 head.layer.load_state_dict(trained.extra_layer.state_dict())

@@ -26,7 +26,7 @@ class DataConfig:
     `greedy_prefix` tokens greedy, LLM-QAT), or the target's top-`beams` beams for the beam
     objectives (AtSpeed §3.2, D' = TopK(M_p(x))). With `shards` the sequences come from token
     shards already generated (``selfgen``, the feature trainer's data) instead: every
-    `heldout_every`-th sequence is held out (its greedy ones evaluated).
+    `heldout_every`-th prompt is held out with all its sequences (its greedy ones evaluated).
     """
 
     prompts: str = str(ASSETS / "train_prompts.txt")  # one prompt per line
@@ -46,6 +46,8 @@ class DataConfig:
             raise ConfigError("heldout_every must be >= 2 (one held-out prompt in n)")
         if self.limit_tokens < 0:
             raise ConfigError(f"limit_tokens must be >= 0, got {self.limit_tokens}")
+        if self.limit_tokens and not self.shards:
+            raise ConfigError("limit_tokens applies to token shards: give shards too")
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,8 @@ def build_data(pair, cfg: DataConfig, drafter: DrafterTrainConfig, *, seed: int,
                eos: AbstractSet[int], pad: int, progress: Progress, work: Path) -> TrainData:
     """Train / held-out examples (token sequences cached in `work`) with hidden states."""
     if cfg.shards:
-        data = shard_data(Path(cfg.shards), cfg.limit_tokens, cfg.heldout_every)
+        data = shard_data(Path(cfg.shards), cfg.limit_tokens, cfg.heldout_every,
+                          pair.vocab_size, beam=drafter.beam)
         _cache_states(pair, data, drafter, pad, progress)
         return data
     prompts = prompt_ids_of(pair, Path(cfg.prompts), cfg.limit_prompts)
@@ -324,23 +325,36 @@ def _cache_states(pair, data: TrainData, drafter: DrafterTrainConfig, pad: int,
     bar.close()
 
 
-def shard_data(directory: Path, limit_tokens: int, every: int) -> TrainData:
+def shard_data(directory: Path, limit_tokens: int, every: int, vocab: int,
+               beam: bool = False) -> TrainData:
     """Examples from token shards (the feature trainer's data, engine.training.selfgen):
-    sequences in shard order up to about `limit_tokens` (0 = all), every `every`-th held out;
-    the held-out greedy sequences are the evaluation set (all of them when none is greedy)."""
-    from engine.training.feature_data import read_shards, split  # feature_data imports us
+    sequences in shard order up to about `limit_tokens` (0 = all). Every `every`-th PROMPT is
+    held out with all its sequences (a held-out greedy sequence's sampled and beam siblings
+    would otherwise train the drafter on its answer); the held-out greedy sequences are the
+    evaluation set (all held-out ones when none is greedy). `beam`: train on the beam rows
+    only (the beam objectives, AtSpeed's D' = TopK(M_p(x)))."""
+    from engine.training.feature_data import read_shards  # feature_data imports us
 
-    shards = read_shards(directory, limit_tokens)
-    tokens = 0
-    for sh in shards:  # read_shards keeps whole shards: cut at the sequence
-        keep = []
+    seqs, tokens = [], 0
+    for sh in read_shards(directory, limit_tokens):  # whole shards: cut at the sequence
         for seq in sh.sequences:
             if limit_tokens and tokens >= limit_tokens:
                 break
-            keep.append(seq)
+            seqs.append(seq)
             tokens += len(seq.ids)
-        sh.sequences = keep
-    train, held = split(shards, every)
+    bad = next((q for q in seqs if max(q.ids) >= vocab or min(q.ids) < 0), None)
+    if bad is not None:
+        raise ConfigError(f"token shards in {directory} hold ids outside this target's "
+                          f"vocabulary of {vocab} (made for another model?)")
+    order: dict[tuple[int, ...], int] = {}
+    for q in seqs:
+        order.setdefault(tuple(q.ids[: q.start]), len(order))
+    held_out = [order[tuple(q.ids[: q.start])] % every == every - 1 for q in seqs]
+    train = [q for q, h in zip(seqs, held_out) if not h and (q.kind == "beam" or not beam)]
+    held = [q for q, h in zip(seqs, held_out) if h]
+    if not train or not held:
+        raise ConfigError(f"need at least {every} prompts with sequences in {directory} "
+                          "(one held out in every)")
     greedy = [q for q in held if q.kind == "greedy"] or held
     return TrainData([Example(q.ids, q.start, q.kind) for q in train],
                      [Example(q.ids, q.start, q.kind) for q in greedy])

@@ -139,12 +139,24 @@ def test_early_exit_trained_path_spec_loads_that_file_or_refuses_in_one_line(tmp
     pair = engine.load_pair(target=target, draft=f"early-exit-trained:{path}", device="cpu")
     assert pair.drafter.trained and pair.drafter.n_layers == 2
     assert pair.drafter.source == str(path)
-    with pytest.raises(ConfigError, match="no early-exit weights"):
+    with pytest.raises(ConfigError, match="early-exit weights not found"):
         engine.load_pair(target=target, draft=f"early-exit-trained:{tmp_path / 'none'}",
                          device="cpu")
-    other = tiny_pair(layers=4, early_exit_layers=2, seed=1).target  # made for another target
-    with pytest.raises(ConfigError, match="no early-exit weights"):
+    other = tiny_pair(layers=4, early_exit_layers=2, seed=1).target
+    with pytest.raises(ConfigError, match="made for another target"):
         engine.load_pair(target=other, draft=f"early-exit-trained:{path}", device="cpu")
+    with pytest.raises(ConfigError, match="have 2 layers, not 3"):
+        engine.load_pair(target=target, draft=f"early-exit-trained:{path}", device="cpu",
+                         early_exit_layers=3)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(ConfigError, match="cannot read early-exit weights"):
+        engine.load_pair(target=target, draft=f"early-exit-trained:{junk}", device="cpu")
+    from engine.feature import FeatureParts, save_feature
+
+    feat = save_feature(tmp_path / "feature.safetensors", target, FeatureParts(target))
+    with pytest.raises(ConfigError, match="not an early-exit drafter's weight file"):
+        engine.load_pair(target=target, draft=f"early-exit-trained:{feat}", device="cpu")
 
 
 def test_shortlist_head_gives_q_zero_off_the_list():
@@ -212,20 +224,28 @@ def _write_shard(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_shard_data_holds_out_every_nth_sequence_and_evaluates_its_greedy_ones(tmp_path):
+def test_shard_data_holds_out_every_nth_prompt_with_all_its_sequences(tmp_path):
     from engine.training.data import shard_data
 
-    rows = [{"ids": [3, 4, 5, 6 + i], "start": 2, "kind": "greedy" if i % 2 else "sample"}
-            for i in range(8)]
-    _write_shard(tmp_path / "shard-00000.jsonl", rows[:5])
-    _write_shard(tmp_path / "shard-00001.jsonl", rows[5:])
-    data = shard_data(tmp_path, 0, 4)  # sequences 3 and 7 held out (both greedy)
-    assert [e.ids[-1] for e in data.heldout] == [9, 13]
-    assert [e.ids[-1] for e in data.train] == [6, 7, 8, 10, 11, 12]
-    assert {e.kind for e in data.train} == {"greedy", "sample"}
-    cut = shard_data(tmp_path, 20, 2)  # 4 tokens each: stops after 5 sequences
-    assert [e.ids[-1] for e in cut.train] == [6, 8, 10]
-    assert [e.ids[-1] for e in cut.heldout] == [7, 9]
+    def row(prompt, last, kind):
+        return {"ids": [3, prompt, 5, last], "start": 2, "kind": kind}
+
+    rows = [row(p, 10 * p + j, kind) for p in range(1, 7)
+            for j, kind in enumerate(("greedy", "sample", "beam"))]
+    _write_shard(tmp_path / "shard-00000.jsonl", rows[:8])
+    _write_shard(tmp_path / "shard-00001.jsonl", rows[8:])
+    data = shard_data(tmp_path, 0, 3, vocab=100)  # prompts 3 and 6 held out, all 3 rows each
+    assert [e.ids[-1] for e in data.heldout] == [30, 60]  # their greedy rows are evaluated
+    assert [e.ids[1] for e in data.train] == [1] * 3 + [2] * 3 + [4] * 3 + [5] * 3
+    beams = shard_data(tmp_path, 0, 3, vocab=100, beam=True)  # beam objectives: beam rows
+    assert [e.ids[-1] for e in beams.train] == [12, 22, 42, 52]
+    cut = shard_data(tmp_path, 28, 3, vocab=100)  # 4 tokens a row: the first 7 rows
+    assert [e.ids[-1] for e in cut.train] == [10, 11, 12, 20, 21, 22]
+    assert [e.ids[-1] for e in cut.heldout] == [30]
+    with pytest.raises(ConfigError, match="one held out"):
+        shard_data(tmp_path, 8, 3, vocab=100)  # two rows of one prompt: nothing held out
+    with pytest.raises(ConfigError, match="outside this target's vocabulary"):
+        shard_data(tmp_path, 0, 3, vocab=50)
 
 
 def test_train_draft_trains_from_token_shards(tmp_path):
@@ -243,6 +263,7 @@ def test_train_draft_trains_from_token_shards(tmp_path):
     assert code == 0
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["data"]["train_sequences"] == 18 and recipe["data"]["heldout_sequences"] == 6
+    assert "--limit-tokens 0" in recipe["command"]
     assert recipe["losses"][-1] < recipe["losses"][0]
     assert f"--shards {tmp_path}" in recipe["command"]
     target = engine.load_pair(target=spec, device="cpu", early_exit_layers=2).target

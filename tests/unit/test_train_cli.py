@@ -104,8 +104,18 @@ def test_the_command_leaves_out_where_files_go_and_writes_repository_paths_relat
     assert command.split(" ")[4:6] == ["--alpha", "0.5"]  # flags sorted
 
 
+def test_a_shards_command_round_trips_and_names_its_shards():
+    cfg = build_config(_parse(["--shards", "/data/shards", "--limit-tokens", "600000"]))
+    command = command_of(cfg)
+    assert "--shards /data/shards" in command and "--limit-tokens 600000" in command
+    prefix = "python -m engine train-draft "
+    assert command_of(build_config(_parse(command[len(prefix):].split(" ")))) == command
+    assert "--shards" not in command_of(build_config(_parse([])))  # prompts: as before
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--predictor-only", "--no-predictor"], "exclude each other"),
+    (["--limit-tokens", "10"], "give shards too"),
     (["--epochs", "0"], "epochs must be >= 1"),
     (["--predictor-epochs", "0"], "predictor epochs must be >= 1"),
 ])
