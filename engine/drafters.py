@@ -33,6 +33,7 @@ from engine.weights import (
     WEIGHTS_FILE,
     file_digest,
     load_tensors,
+    read_weight_file,
     same_target,
     save_tensors,
     target_fingerprint,
@@ -280,12 +281,7 @@ def _load_early_exit_file(target: nn.Module, path: Path,
                           n_layers: int | None) -> EarlyExitDrafter:
     """The early exit stored in `path`; ConfigError (one line) when the file is missing, not
     an early-exit weight file, made for another target, or of another depth than asked."""
-    if not path.is_file():
-        raise ConfigError(f"early-exit weights not found: {path}")
-    try:
-        _, meta = load_tensors(path)
-    except Exception as e:  # noqa: BLE001 - any unreadable file becomes one line
-        raise ConfigError(f"cannot read early-exit weights {path}: {e}") from e
+    _, meta = read_weight_file(path, "early-exit")
     if "n_layers" not in meta or meta.get("kind", "early-exit") != "early-exit":
         raise ConfigError(f"{path} is not an early-exit drafter's weight file")
     trained = load_trained(target, path)

@@ -49,7 +49,7 @@ from engine.drafters import ShortlistHead, _decoder, _stock_model, set_layer_ind
 from engine.errors import ConfigError
 from engine.forest import ROOT
 from engine.paths import ASSETS
-from engine.weights import load_tensors, same_target, save_tensors, target_fingerprint
+from engine.weights import read_weight_file, same_target, save_tensors, target_fingerprint
 
 FEATURE_DIR = ASSETS / "feature_drafter"
 FEATURE_FILE = "feature.safetensors"  # fc.*, layer.*, shortlist
@@ -293,12 +293,7 @@ def load_feature(target: nn.Module, path: Path) -> FeatureDrafter:
     """The feature drafter stored in a file; ConfigError (one line) when the file is missing,
     not a feature drafter, or made for another target."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"feature drafter weights not found: {path}")
-    try:
-        tensors, meta = load_tensors(path)
-    except Exception as e:  # noqa: BLE001 - any unreadable file becomes one line
-        raise ConfigError(f"cannot read feature drafter weights {path}: {e}") from e
+    tensors, meta = read_weight_file(path, "feature drafter")
     if meta.get("kind") != "feature":
         raise ConfigError(f"{path} is not a feature drafter's weight file")
     if not same_target(json.loads(meta.get("fingerprint", "{}")), target_fingerprint(target)):

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.errors import ConfigError
 from engine.paths import ASSETS
 
 DRAFTER_DIR = ASSETS / "drafter"  # the shipped drafter, its predictor and their recipe
@@ -67,3 +68,15 @@ def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
     with safe_open(str(path), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+
+
+def read_weight_file(path: Path, what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of a drafter's weight file; ConfigError (one line) when it is
+    missing or unreadable. `what` names the drafter in the message."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} weights not found: {path}")
+    try:
+        return load_tensors(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable file becomes one line
+        raise ConfigError(f"cannot read {what} weights {path}: {e}") from e

@@ -41,6 +41,7 @@ from engine.training.data import (  # noqa: E402
     shard_data,
 )
 from engine.training.drafter import ExitHead, evaluate  # noqa: E402
+from engine.weights import load_tensors  # noqa: E402
 
 CONTEXT = 192  # cached tokens before the timed step
 REPS = 40
@@ -109,21 +110,17 @@ def main() -> None:
     print(f"target step {1e3 * t_target:.1f} ms; verify of g tokens / target step: "
           + ", ".join(f"{g}: {c:.2f}" for g, c in c_verify.items()), flush=True)
     rows = []
-    trained_short: dict[str, torch.Tensor | None] = {}
     for path in args.weights:
         trained = load_trained(target, path, shortlist=False)
-        with_short = load_trained(target, path)
-        head = with_short.model.lm_head if with_short is not None else None
-        trained_short[str(path)] = head.ids if hasattr(head, "ids") else None
         if trained is None:
             raise SystemExit(f"{path}: not an early-exit weight file for this target")
+        own = load_tensors(path)[0].get("shortlist")  # (S,) the head it was trained with
         n = trained.n_layers
         norm = trained.model.model.norm
         for e in data.heldout:
             e.h_exit = None
         cache_hidden(target, n, data.heldout, pad=pad, teacher=False)
         for size in sizes:
-            own = trained_short.get(str(path))
             if own is not None and size == len(own):
                 short = own  # the file's own shortlist, as trained
             else:

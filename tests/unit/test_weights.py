@@ -60,3 +60,18 @@ def test_tensors_and_metadata_round_trip_and_the_digest_is_sha1(tmp_path):
     assert not list((tmp_path / "sub").glob("*.tmp"))  # written atomically
     (tmp_path / "b").write_bytes(b"abc")
     assert file_digest(tmp_path / "b") == "a9993e364706816aba3e25717850c26c9cd0d89d"
+
+
+def test_read_weight_file_refuses_a_missing_or_unreadable_file_in_one_line(tmp_path):
+    from engine.errors import ConfigError
+    from engine.weights import read_weight_file, save_tensors
+
+    with pytest.raises(ConfigError, match="some drafter weights not found"):
+        read_weight_file(tmp_path / "none.safetensors", "some drafter")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not safetensors")
+    with pytest.raises(ConfigError, match="cannot read some drafter weights"):
+        read_weight_file(junk, "some drafter")
+    good = save_tensors(tmp_path / "w.safetensors", {"a": torch.ones(2)}, {"k": "v"})
+    tensors, meta = read_weight_file(good, "some drafter")
+    assert tensors["a"].tolist() == [1.0, 1.0] and meta == {"k": "v"}
