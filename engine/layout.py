@@ -1,22 +1,22 @@
 """CPU matrix products for the few-token forwards of speculative decoding.
 
-A verify pass feeds a handful of tokens (a draft chain, a tree, K beams). On this CPU build
-(MKL, fp32, one thread) ``F.linear`` over a row-major weight re-reads the weight for every
-three input rows until 16: the 49,152 x 576 LM head costs 13 ms for 1-3 rows, 25 ms for 4-6,
-40 ms for 7-9, 55 ms for 10-12, 64 ms for 13-15 and 33 ms for 16 (measured, single thread).
-Over a column-major weight (same values, transposed strides) it runs one streaming GEMM from
-4 rows on but pays a pass per row below that. Measured per 1536 x 576 weight streamed from
-memory (90 of them in turn, as a forward does): row-major 0.46 / 0.44 / 0.52 / 0.87 / 1.29 ms
-for 1 / 2 / 3 / 4 / 8 rows, column-major 0.36 / 0.69 / 0.75 / 0.74 / 0.85 ms.
+A verify pass feeds a handful of tokens (a draft chain, a tree, K x N beams). On this CPU build
+(fp32, one thread) ``F.linear`` over the stock row-major weight repacks the weight for every
+call, and the cost grows with the rows until 16: a 1536 x 576 weight streamed from memory costs
+0.38 / 0.41 / 0.70 / 0.88 / 0.78 / 0.98 / 1.56 ms for 1 / 2 / 4 / 8 / 16 / 32 / 64 rows, the
+49,152 x 576 LM head 12 / 12 / 24 / 38 / 25 / 43 / 46 ms. The same product over a weight that
+oneDNN packed once (``torch.ops.mkldnn._reorder_linear_weight``) costs 0.44 / 0.44 / 0.41 /
+0.47 / 0.58 / 1.11 / 1.22 ms, the head 11 / 12 / 12 / 13 / 18 / 24 / 37 ms (measured, one
+thread, median of 4 passes over 90 weights): from 4 rows on it is nearly the price of one.
 
-So a CPU model keeps both layouts of every decoder linear weight (:func:`prepare`; the tied
-embedding / LM head excepted) and a forward of ``rows`` rows runs under :func:`layout_for`:
-column-major from GEMM_ROWS rows on, the stock row-major layout otherwise and outside (so
+So a CPU fp32 model keeps a packed copy of every decoder linear weight and of the LM head
+(:func:`prepare`), and a forward of ``rows`` rows runs under :func:`layout_for`: from GEMM_ROWS
+rows on its linear modules use the packed copy, the stock weight otherwise and outside (so
 ``generate()``, training and saving see the stock model). The LM head, which the engine applies
-itself, runs as ``(W @ h^T)^T`` from GEMM_ROWS rows on (:func:`head_logits`). Nothing in a
-modeling file or a value changes; only the order of floating-point sums does, as with any
-change of batch shape, and the exactness tests run with it. Models whose linear weights exceed
-DUAL_LIMIT_BYTES keep one layout (the copy would cost that much memory again).
+itself, does the same (:func:`head_logits`). Nothing in a modeling file or a value changes;
+only the order of floating-point sums does, as with any change of batch shape, and the
+exactness tests run with it. Models whose weights exceed DUAL_LIMIT_BYTES keep one copy (the
+packed copy would cost that much memory again); a torch without oneDNN keeps the stock path.
 """
 
 from __future__ import annotations
@@ -27,59 +27,105 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-GEMM_ROWS = 4  # from this many rows on, column-major weights and the head as one GEMM
-DUAL_LIMIT_BYTES = 2 * 1024**3  # at most this much linear weight gets a second layout
+GEMM_ROWS = 4  # from this many rows on, the packed weights
+PACK_HINT = 8  # the row count oneDNN packs for (flat cost from 1 to 16 rows, measured)
+DUAL_LIMIT_BYTES = 2 * 1024**3  # at most this much weight gets a packed copy
 
-_LAYOUTS: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear -> (row-major, column-major)
-_MODELS: WeakKeyDictionary = WeakKeyDictionary()  # model -> its nn.Linear with both layouts
+_PACKED: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear -> its oneDNN-packed weight
+_MODELS: WeakKeyDictionary = WeakKeyDictionary()  # model -> its nn.Linear with a packed copy
+
+
+def _can_pack() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
+                                                            "_reorder_linear_weight")
+
+
+def _packable(m: nn.Module) -> bool:
+    return (type(m) is nn.Linear and m.weight.device.type == "cpu"
+            and m.weight.dtype == torch.float32 and m.weight.dim() == 2)
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
+    """The decoder linear modules (the tied embedding / LM head excepted)."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied = embed.weight if embed is not None else None
-    return [m for m in model.modules() if isinstance(m, nn.Linear)
-            and m.weight is not tied and m.weight.device.type == "cpu" and m.weight.dim() == 2]
+    return [m for m in model.modules() if _packable(m) and m.weight is not tied]
+
+
+def _pack(m: nn.Linear) -> None:
+    if m not in _PACKED:
+        _PACKED[m] = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), PACK_HINT)
 
 
 def prepare(model: nn.Module) -> nn.Module:
-    """Give every decoder linear weight of a CPU model a column-major twin (the module keeps
-    its row-major weight); models over DUAL_LIMIT_BYTES are left as they are."""
+    """Give every decoder linear weight and the LM head of a CPU fp32 model a packed copy (the
+    modules keep their stock weights); models over DUAL_LIMIT_BYTES are left as they are."""
+    if not _can_pack():
+        return model
     mods = _linears(model)
-    new = [m for m in mods if m not in _LAYOUTS]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and _packable(head) and head.bias is None:
+        mods_and_head = [*mods, head]
+    else:
+        mods_and_head = mods
+    new = [m for m in mods_and_head if m not in _PACKED]
     if sum(m.weight.numel() * m.weight.element_size() for m in new) > DUAL_LIMIT_BYTES:
         return model
-    for m in new:
-        row = m.weight.data.contiguous()  # (out, in), strides (in, 1)
-        m.weight.data = row
-        _LAYOUTS[m] = (row, row.t().contiguous().t())  # twin: strides (1, out)
-    _MODELS[model] = [m for m in mods if m in _LAYOUTS]
+    with torch.no_grad():
+        for m in new:
+            _pack(m)
+    _MODELS[model] = mods
     return model
+
+
+def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None,
+                   x: torch.Tensor) -> torch.Tensor:
+    """x (..., in) @ W^T + b through W's packed copy -> (..., out)."""
+    flat = x.reshape(-1, x.shape[-1])  # (R, in)
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")  # (R, out)
+    return out.reshape(*x.shape[:-1], out.shape[-1])  # (..., out)
+
+
+class _Packed:
+    """An nn.Linear's forward through its packed copy (stock F.linear when grad is needed)."""
+
+    def __init__(self, m: nn.Linear):
+        self.m = m
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+            return nn.functional.linear(x, m.weight, m.bias)
+        return _packed_linear(_PACKED[m], m.bias, x)
+
+
+def packed_active(m: nn.Module) -> bool:
+    """Whether m's forward runs through its packed copy right now (for tests)."""
+    return isinstance(m.__dict__.get("forward"), _Packed)
 
 
 @contextmanager
 def layout_for(model: nn.Module, rows: int):
-    """Within the block, the prepared model's linear weights are column-major when a forward
-    of ``rows`` rows (batch x tokens) gains from it; stock row-major again after."""
+    """Within the block, the prepared model's linear modules use their packed copies when a
+    forward of ``rows`` rows (batch x tokens) gains from it; the stock forward again after."""
     mods = _MODELS.get(model)
     if not mods or rows < GEMM_ROWS:
         yield
         return
     for m in mods:
-        m.weight.data = _LAYOUTS[m][1]
+        m.forward = _Packed(m)  # an instance attribute over nn.Linear.forward
     try:
         yield
     finally:
         for m in mods:
-            m.weight.data = _LAYOUTS[m][0]
+            m.__dict__.pop("forward", None)
 
 
 def head_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head on (..., d) hidden states -> (..., V) logits, as one streaming GEMM for
-    GEMM_ROWS rows or more on a CPU nn.Linear head without bias; else head(hidden)."""
+    """The LM head on (..., d) hidden states -> (..., V) logits, through the head's packed copy
+    for GEMM_ROWS rows or more on a prepared CPU head outside autograd; else head(hidden)."""
     rows = hidden.numel() // hidden.shape[-1]
-    if (type(head) is not nn.Linear or head.bias is not None or rows < GEMM_ROWS
-            or hidden.device.type != "cpu"):
+    if (rows < GEMM_ROWS or head not in _PACKED or torch.is_grad_enabled()
+            or hidden.dtype != torch.float32):
         return head(hidden)
-    flat = hidden.reshape(rows, hidden.shape[-1])  # (R, d)
-    out = torch.mm(head.weight, flat.t()).t()  # (R, V)
-    return out.reshape(*hidden.shape[:-1], out.shape[-1])  # (..., V)
+    return _packed_linear(_PACKED[head], None, hidden)

@@ -1,13 +1,17 @@
-"""engine.layout: a CPU model's column-major twin weights are used only inside forwards of
-GEMM_ROWS rows or more, hold the same values, and the stock layout is back afterwards."""
+"""engine.layout: a CPU model's linear modules run through their oneDNN-packed copies only
+inside forwards of GEMM_ROWS rows or more, give the stock logits, and the stock forward is back
+afterwards."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from engine.layout import GEMM_ROWS, head_logits, layout_for, prepare
+from engine.layout import GEMM_ROWS, _can_pack, head_logits, layout_for, packed_active, prepare
 from engine.models import model_from_config, tiny_config
+
+pytestmark = pytest.mark.skipif(not _can_pack(), reason="this torch has no oneDNN")
 
 
 def _tiny():
@@ -19,41 +23,70 @@ def _linears(model):
     return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight is not tied]
 
 
-def test_column_major_twins_only_inside_a_forward_of_enough_rows():
+def test_packed_copies_only_inside_a_forward_of_enough_rows():
     model = _tiny()
     before = [m.weight.detach().clone() for m in _linears(model)]
-    assert all(m.weight.stride(1) == 1 for m in _linears(model))  # stock row-major
+    assert not any(packed_active(m) for m in _linears(model))
     with layout_for(model, GEMM_ROWS - 1):
-        assert all(m.weight.stride(1) == 1 for m in _linears(model))
+        assert not any(packed_active(m) for m in _linears(model))
     with layout_for(model, GEMM_ROWS):
-        mods = _linears(model)
-        assert all(m.weight.stride(0) == 1 for m in mods)  # column-major
-        assert all(torch.equal(m.weight, w) for m, w in zip(mods, before))
-    assert all(m.weight.stride(1) == 1 for m in _linears(model))  # restored
+        assert all(packed_active(m) for m in _linears(model))
+    assert not any(packed_active(m) for m in _linears(model))  # restored
+    assert all(torch.equal(m.weight, w) for m, w in zip(_linears(model), before))
 
 
-def test_the_stock_layout_is_restored_when_the_forward_fails():
+def test_the_stock_forward_is_restored_when_the_forward_fails():
     model = _tiny()
-    try:
+    with pytest.raises(RuntimeError, match="forward failed"):
         with layout_for(model, 2 * GEMM_ROWS):
             raise RuntimeError("forward failed")
-    except RuntimeError:
-        pass
-    assert all(m.weight.stride(1) == 1 for m in _linears(model))
+    assert not any(packed_active(m) for m in _linears(model))
 
 
-def test_a_forward_gives_the_same_logits_in_either_layout():
+def test_a_forward_gives_the_same_logits_through_the_packed_copies():
     model = _tiny()
+    ids = torch.randint(0, 64, (2, 9))
+    with torch.no_grad():
+        stock = model(input_ids=ids).logits  # (2, 9, V), stock weights
+        with layout_for(model, ids.numel()):
+            packed = model(input_ids=ids).logits
+    assert not torch.equal(stock, torch.zeros_like(stock))
+    assert torch.allclose(stock, packed, atol=1e-5)
+
+
+def test_a_packed_forward_with_a_wrong_copy_would_differ():
+    """Negative control: the comparison above sees the packed path (a corrupted copy shows)."""
+    from engine import layout
+
+    model = _tiny()
+    lin = _linears(model)[0]
+    layout._PACKED[lin] = torch.ops.mkldnn._reorder_linear_weight(
+        torch.zeros_like(lin.weight), layout.PACK_HINT)
     ids = torch.randint(0, 64, (1, 9))
     with torch.no_grad():
-        stock = model(input_ids=ids).logits  # (1, 9, V), row-major weights
+        stock = model(input_ids=ids).logits
         with layout_for(model, ids.numel()):
-            twin = model(input_ids=ids).logits
-    assert torch.allclose(stock, twin, atol=1e-5)
+            packed = model(input_ids=ids).logits
+    assert not torch.allclose(stock, packed, atol=1e-3)
+
+
+def test_grad_mode_uses_the_stock_weights():
+    model = _tiny()
+    ids = torch.randint(0, 64, (1, 9))
+    with layout_for(model, ids.numel()):
+        loss = model(input_ids=ids).logits.sum()
+    loss.backward()
+    assert all(m.weight.grad is not None for m in _linears(model))
 
 
 def test_head_logits_equal_the_head_for_few_and_many_rows():
-    head = nn.Linear(16, 50, bias=False)
-    for rows in (1, GEMM_ROWS - 1, GEMM_ROWS, 13):
-        h = torch.randn(1, rows, 16)
-        assert torch.allclose(head_logits(head, h), head(h), atol=1e-5)
+    model = _tiny()
+    head = model.get_output_embeddings()
+    for rows in (1, GEMM_ROWS - 1, GEMM_ROWS, 13, 40):
+        h = torch.randn(1, rows, head.weight.shape[1])
+        with torch.no_grad():
+            assert torch.allclose(head_logits(head, h), head(h), atol=1e-5)
+    other = nn.Linear(16, 50, bias=False)  # never prepared: the stock head
+    h = torch.randn(1, 13, 16)
+    with torch.no_grad():
+        assert torch.allclose(head_logits(other, h), other(h), atol=1e-6)
