@@ -325,6 +325,16 @@ def _cache_states(pair, data: TrainData, drafter: DrafterTrainConfig, pad: int,
     bar.close()
 
 
+def held_out_by_prompt(seqs, every: int) -> list[bool]:
+    """Whether each sequence (``.ids``, ``.start``: prompt = ids[:start]) is held out: every
+    `every`-th distinct prompt, in order of first appearance, with all its sequences (its
+    sampled and beam siblings would otherwise train a drafter on a held-out answer)."""
+    order: dict[tuple[int, ...], int] = {}
+    for q in seqs:
+        order.setdefault(tuple(q.ids[: q.start]), len(order))
+    return [order[tuple(q.ids[: q.start])] % every == every - 1 for q in seqs]
+
+
 def shard_data(directory: Path, limit_tokens: int, every: int, vocab: int,
                beam: bool = False) -> TrainData:
     """Examples from token shards (the feature trainer's data, engine.training.selfgen):
@@ -346,10 +356,7 @@ def shard_data(directory: Path, limit_tokens: int, every: int, vocab: int,
     if bad is not None:
         raise ConfigError(f"token shards in {directory} hold ids outside this target's "
                           f"vocabulary of {vocab} (made for another model?)")
-    order: dict[tuple[int, ...], int] = {}
-    for q in seqs:
-        order.setdefault(tuple(q.ids[: q.start]), len(order))
-    held_out = [order[tuple(q.ids[: q.start])] % every == every - 1 for q in seqs]
+    held_out = held_out_by_prompt(seqs, every)
     train = [q for q, h in zip(seqs, held_out) if not h and (q.kind == "beam" or not beam)]
     held = [q for q, h in zip(seqs, held_out) if h]
     if not train or not held:

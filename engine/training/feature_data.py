@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.training.data import in_batches  # noqa: F401 (the one batching rule; re-exported)
+from engine.training.data import held_out_by_prompt, in_batches  # noqa: F401 (re-exported)
 from engine.weights import target_fingerprint
 
 
@@ -117,12 +117,14 @@ def cache_features(target: nn.Module, shards: list[Shard], cache_dir: Path, *,
 
 
 def split(shards: list[Shard], every: int) -> tuple[list[Sequence], list[Sequence]]:
-    """(train, held out): every `every`-th sequence (counted over all shards) is held out."""
+    """(train, held out): every `every`-th prompt (counted over all shards) is held out with
+    all its sequences (engine.training.data.held_out_by_prompt, the early-exit trainer's rule)."""
     seqs = [s for sh in shards for s in sh.sequences]
-    held = [s for i, s in enumerate(seqs) if i % every == every - 1]
-    train = [s for i, s in enumerate(seqs) if i % every != every - 1]
+    held_out = held_out_by_prompt(seqs, every)
+    held = [s for s, h in zip(seqs, held_out) if h]
+    train = [s for s, h in zip(seqs, held_out) if not h]
     if not train or not held:
-        raise ConfigError(f"need at least {every} sequences (one held out in {every})")
+        raise ConfigError(f"need at least {every} prompts (one held out in {every})")
     return train, held
 
 

@@ -6,6 +6,7 @@ input is one error line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,6 +123,19 @@ def _split(cfg):
     shards = read_shards(cfg.data)
     cache_features(_target(), shards, f"{cfg.work_dir}/features")
     return split(shards, cfg.heldout_every)
+
+
+def test_the_held_out_split_takes_every_nth_prompt_with_all_its_sequences():
+    from engine.training.feature_data import Sequence, Shard, split
+
+    seqs = [Sequence([3, p, 5, 10 * p + j], 2, kind) for p in range(1, 7)
+            for j, kind in enumerate(("greedy", "sample", "beam"))]
+    shards = [Shard(Path("a.jsonl"), seqs[:8]), Shard(Path("b.jsonl"), seqs[8:])]
+    train, held = split(shards, 3)  # prompts 3 and 6, each with its 3 sequences
+    assert [s.ids[-1] for s in held] == [30, 31, 32, 60, 61, 62]
+    assert {s.ids[1] for s in train} == {1, 2, 4, 5} and len(train) == 12
+    with pytest.raises(ConfigError, match="one held out in 3"):
+        split([Shard(Path("a.jsonl"), seqs[:6])], 3)  # 2 prompts: none held out
 
 
 def test_a_malformed_shard_line_is_one_config_error(tmp_path):
