@@ -16,6 +16,7 @@ The draft forest, verdict and trace helpers live in ``engine.methods.beam_forest
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -29,12 +30,13 @@ from engine.methods.beam_forest import (
     BEAMS,
     DEAD,
     DRAFT_BEAMS,
+    FILL,
     GAMMA,
-    AtSpeedConfig,
     BeamStart,
     BeamWidthConfig,
     NewBeam,
     Pos,
+    StrictConfig,
     beam_verdict,
     children_of,
     draft_forest,
@@ -67,22 +69,45 @@ class Replay:
 class BeamSearch(BeamStart):
     """Beam search (gamma = 0) or AtSpeed strict top-K verification (gamma >= 1)."""
 
-    def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0):
-        self.start_width, self.n, self.gamma = beams, draft_beams, gamma
+    def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0, fill: bool = False):
+        self.start_width, self.n, self.gamma, self.fill = beams, draft_beams, gamma, fill
 
     def propose(self, ctx) -> Forest:
         depth = min(self.gamma, ctx.remaining - 1)  # the round's bonus step always fits
         if depth < 1:
             return empty_forest(ctx.width)
-        return draft_forest(ctx, self.state.scores.tolist(), depth, self._top_n)
+        return draft_forest(ctx, self.state.scores.tolist(), depth, self._top_n,
+                            self._fill if self.fill else None)
 
-    def _top_n(self, joint: torch.Tensor) -> tuple[list[int], None]:
-        """The draft's beam-search step: top N unfinished continuations (EOS is never drafted)."""
+    def _draftable(self, joint: torch.Tensor) -> torch.Tensor:
+        """(B, V) joint scores with EOS at -inf (EOS is never drafted)."""
         joint = joint.clone()
         joint[:, list(self.cfg.eos_token_ids)] = float("-inf")
-        flat = joint.reshape(-1)  # (B*V,)
+        return joint
+
+    def _top_n(self, joint: torch.Tensor) -> tuple[list[int], None]:
+        """The draft's beam-search step: top N unfinished continuations."""
+        flat = self._draftable(joint).reshape(-1)  # (B*V,)
         n = min(self.n, int((flat > DEAD).sum()))
         return torch.topk(flat, n).indices.tolist(), None
+
+    def _fill(self, joint: torch.Tensor, picks: list[int], rows: list[int]) -> list[int]:
+        """Each row's best unpicked continuations, until it holds as many nodes as the row
+        with the most picks (the forward pads every row to that width anyway)."""
+        V = joint.shape[1]
+        flat = self._draftable(joint).reshape(-1)  # (B*V,)
+        count = Counter(rows[i // V] for i in picks)
+        widest, taken, extra = max(count.values()), set(picks), []
+        for row in sorted(set(rows)):
+            need = widest - count[row]
+            if need <= 0:
+                continue
+            mine = torch.tensor([b for b, r in enumerate(rows) if r == row])  # parents in row
+            cand = (mine[:, None] * V + torch.arange(V)).reshape(-1)  # (b_r*V,) flat indices
+            k = min(need + count[row], int((flat[cand] > DEAD).sum()))
+            best = cand[torch.topk(flat[cand], k).indices].tolist()
+            extra += [i for i in best if i not in taken][:need]
+        return extra
 
     def verify(self, ctx, forest, scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
@@ -248,9 +273,10 @@ register(MethodSpec(
     family="beam",
     exactness="identical to beam search / generate(num_beams=K, do_sample=False), EOS and "
               "finished hypotheses included (the target's beam search is replayed exactly)",
-    params=(BEAMS, DRAFT_BEAMS, GAMMA),
-    config=AtSpeedConfig,
-    build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma),
+    params=(BEAMS, DRAFT_BEAMS, GAMMA, FILL),
+    config=StrictConfig,
+    build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma,
+                                 fill=cfg.fill),
     reference="beam",
     samples=False,
 ))

@@ -25,6 +25,7 @@ from engine.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)
 DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows
 Select = Callable[[torch.Tensor], tuple[list[int], torch.Tensor | None]]
+Fill = Callable[[torch.Tensor, list[int], list[int]], list[int]]
 
 
 # ------------------------------------------------------------------ draft forest (propose)
@@ -40,7 +41,8 @@ class Level:
     q_beam: torch.Tensor | None  # (B_prev, V) law the nodes were drawn from (sampled drafts)
 
 
-def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> Forest:
+def draft_forest(ctx, root_scores: list[float], depth: int, select: Select,
+                 fill: Fill | None = None) -> Forest:
     """The draft's beam search / beam sampling over ``depth`` steps from the W live rows.
 
     One draft forward per depth scores all trees (a node's parent is a node of its own row;
@@ -50,6 +52,9 @@ def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> F
         root_scores: (W,) prior log-weight of each root (the target's running scores).
         select: (B, V) joint draft log-scores -> (flat indices of the drafted nodes in draft
             order, (B, V) law they were drawn from or None).
+        fill: for deterministic selections only: ((B, V) joint scores, the picks, (B,) row of
+            each parent) -> more flat indices, drafted after the picks (the slots a row would
+            otherwise pad: every forward's shape is the widest row's anyway).
     """
     W = ctx.width
     toks: list[list[int]] = [[] for _ in range(W)]
@@ -65,6 +70,8 @@ def draft_forest(ctx, root_scores: list[float], depth: int, select: Select) -> F
         picks, q_beam = select(joint)
         if not picks:
             break
+        if fill is not None and q_beam is None:
+            picks = picks + fill(joint, picks, [r for r, _ in pos])
         start = len(toks[0])
         level = _add_level(picks, joint.shape[1], pos, lq, q_beam, toks, pars, qtok)
         levels.append(level)
@@ -261,6 +268,11 @@ class BeamWidthConfig:
     beams: int
 
 
+FILL = ParamSpec("fill", bool, False, "draft each row's next-best continuations into the "
+                 "slots the widest row pads (same forward shape, more drafted beams)",
+                 advanced=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AtSpeedConfig:
     """atspeed_strict and atspeed_relaxed: K target beams, N >= K draft beams, gamma draft
@@ -274,3 +286,10 @@ class AtSpeedConfig:
         if self.draft_beams < self.beams:
             raise ConfigError(f"draft_beams must be >= beams ({self.draft_beams} < "
                               f"{self.beams})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrictConfig(AtSpeedConfig):
+    """atspeed_strict: AtSpeedConfig and whether pad slots hold drafted beams (FILL)."""
+
+    fill: bool = False

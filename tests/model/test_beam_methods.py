@@ -150,7 +150,7 @@ def test_beam_and_strict_match_generate_with_eos(k, early_stopping, length_penal
 
 
 @lru_cache(maxsize=None)
-def strict_runs(k: int):
+def strict_runs(k: int, fill: bool = False):
     """atspeed_strict with a partially agreeing draft and an EOS, on several prompts."""
     target = tiny(2)
     pair = pair_of(target, perturbed(2, 0.05))
@@ -158,11 +158,12 @@ def strict_runs(k: int):
     set_generation(target, eos)
     return target, eos, [(prompt(20 + s), generate(
         pair, prompt(20 + s), "atspeed_strict", beams=k, draft_beams=2 * k, gamma=3,
-        max_new_tokens=12)) for s in range(3)]
+        fill=fill, max_new_tokens=12)) for s in range(3)]
 
 
-def test_strict_partial_acceptance_is_still_identical_to_generate():
-    target, eos, runs = strict_runs(2)
+@pytest.mark.parametrize("fill", [True, False])
+def test_strict_partial_acceptance_is_still_identical_to_generate(fill):
+    target, eos, runs = strict_runs(2, fill)
     set_generation(target, eos)
     partial = 0
     for ids, tr in runs:
@@ -171,12 +172,31 @@ def test_strict_partial_acceptance_is_still_identical_to_generate():
     assert partial  # some rounds accepted a few steps, then failed
     total = sum(tr.stats["target_calls"] for _, tr in runs)
     steps = sum(len(tr.rounds[-1].beams_after[0].token_ids) for _, tr in runs)
-    print(f"atspeed_strict K=2 N=4 gamma=3, perturbed draft: {total} target calls for "
-          f"{steps} beam steps")
+    print(f"atspeed_strict K=2 N=4 gamma=3 fill={fill}, perturbed draft: {total} target calls "
+          f"for {steps} beam steps")
+
+
+def test_filled_pad_slots_make_every_tree_as_wide_as_the_widest_at_each_depth():
+    """fill: a row with fewer of the N picks drafts its next-best continuations up to the
+    widest row's count (the forward is that wide anyway); without fill, N nodes a depth."""
+    widened = 0
+    for fill in (False, True):
+        for _, tr in strict_runs(2, fill)[2]:
+            for r in tr.rounds:
+                for d in range(1, r.drafted + 1):
+                    per_tree = Counter(n.tree for n in r.nodes if n.q is not None
+                                       and n.depth == d)
+                    if not fill:
+                        assert sum(per_tree.values()) == 4  # N nodes per drafted depth
+                    else:
+                        assert sum(per_tree.values()) >= 4
+                        assert len(set(per_tree.values())) == 1  # live trees: equal
+                        widened += sum(per_tree.values()) > 4
+    assert widened  # some depth gained nodes
 
 
 def test_strict_traces_record_target_topk_hits_and_node_statuses():
-    _, _, runs = strict_runs(2)
+    _, _, runs = strict_runs(2, False)
     for _, tr in runs:
         for r in tr.rounds:
             steps = r.extras["steps"]
@@ -255,7 +275,9 @@ def check_strict_matches(model, ids: list[int], r, k: int, n: int) -> int:
                 (m.tree, m.node) for m in s.drafted if m.rank}
         if s.kind == "drafted":
             checked += 1
-            assert len(s.drafted) == n  # the N drafted nodes of this depth
+            drafted_here = [x for x in r.nodes if x.q is not None and x.depth == s.depth]
+            assert len(s.drafted) == len(drafted_here) >= n  # every drafted node of the
+            # depth: the N picks, and with fill the pad slots' next-best continuations
             assert s.accepted == all(drafted)
             if not s.accepted:
                 assert "was not drafted" in s.reason
@@ -266,7 +288,8 @@ def check_strict_matches(model, ids: list[int], r, k: int, n: int) -> int:
     return checked
 
 
-def test_strict_beam_steps_agree_with_the_target_top_k_recomputed_from_log_probs():
+@pytest.mark.parametrize("fill", [True, False])
+def test_strict_beam_steps_agree_with_the_target_top_k_recomputed_from_log_probs(fill):
     target = tiny(2)
     pair = pair_of(target, perturbed(2, 0.05))
     set_generation(target)
@@ -274,7 +297,7 @@ def test_strict_beam_steps_agree_with_the_target_top_k_recomputed_from_log_probs
     for s in range(2):
         ids = prompt(30 + s)
         tr = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=3, gamma=3,
-                      max_new_tokens=10)
+                      fill=fill, max_new_tokens=10)
         for r in tr.rounds:
             assert [s.depth for s in r.beam_steps] == list(range(1, len(r.beam_steps) + 1))
             assert r.accepted == sum(s.accepted for s in r.beam_steps)

@@ -59,10 +59,10 @@ def test_a_packed_forward_with_a_wrong_copy_would_differ():
     from engine import layout
 
     model = _tiny()
-    lin = _linears(model)[0]
-    layout._PACKED[lin] = torch.ops.mkldnn._reorder_linear_weight(
-        torch.zeros_like(lin.weight), layout.PACK_HINT)
-    ids = torch.randint(0, 64, (1, 9))
+    for lin in _linears(model):  # every decoder linear's packed copy scaled by 2
+        layout._PACKED[lin] = torch.ops.mkldnn._reorder_linear_weight(
+            2 * lin.weight.detach(), layout.PACK_HINT)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         stock = model(input_ids=ids).logits
         with layout_for(model, ids.numel()):
