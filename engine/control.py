@@ -1,4 +1,5 @@
-"""Draft-length controllers: fixed, heuristic, Beta-TS and Cali-TS (EESD, Liu et al. 2024).
+"""Draft-length controllers: fixed, heuristic, Beta-TS and Cali-TS (EESD, Liu et al. 2024),
+and the draft-confidence rule of transformers' assisted decoding.
 
 The round loop drafts one token at a time and, after each drafted token, asks
 :meth:`Controller.should_continue` (EESD Alg. 1 steps 6-11: draft first, then sample theta, then
@@ -40,7 +41,7 @@ from engine.sampling import Chooser, as_chooser
 
 Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing
 Predictor = Callable[[Features], float]  # features -> theta_M in [0, 1] (EESD Eq. 5)
-CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts")
+CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts", "confidence")
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -66,6 +67,9 @@ CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kind; advanced: cap, 
               choices=THETA_HAT_RULES, advanced=True),
     ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
               "is used", min=0.0, max=1.0, advanced=True),
+    ParamSpec("confidence", float, 0.4, "confidence controller: draft on while the drafter "
+              "gave its newest token at least this probability (temperature 1)", min=0.0,
+              max=1.0, advanced=True),
 )
 
 
@@ -85,6 +89,7 @@ class ControlConfig:
     theta_hat0: float  # Cali-TS theta_hat_0 (EESD Eq. 8) and its rule, one of THETA_HAT_RULES
     theta_hat_rule: str
     theta_m: float  # Cali-TS constant theta_M when no trained predictor is given (Eq. 5)
+    confidence: float  # confidence controller: least q of the newest draft token to go on
 
 
 check_config_fields(ControlConfig, CONTROL_PARAMS)
@@ -267,6 +272,45 @@ class HeuristicController(_LengthController):
         return self.length
 
 
+class ConfidenceController(_RoundRecorder):
+    """Draft on while the drafter is sure: after each drafted token, continue iff the draft
+    gave that token probability >= ``confidence`` (at temperature 1), up to ``cap`` (the rule
+    of transformers' ``assistant_confidence_threshold``). The length depends on the draft
+    side only, so every verification rule stays exact."""
+
+    name = "confidence"
+    reads = ("confidence", "cap")
+    reads_confidence = True  # should_continue's features: the newest token's q (a float)
+
+    def __init__(self, config: ControlConfig) -> None:
+        self.config = config
+        super().__init__()
+
+    def should_continue(
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
+    ) -> bool:
+        if self._at_limit(drafted, "cap"):
+            return False
+        if features is None:
+            raise ValueError("the confidence controller needs the newest token's probability")
+        q = float(features)
+        go = q >= self.config.confidence
+        self._steps.append({"step": drafted, "theta": None, "uniform": None, "q": q,
+                            "continue": go})
+        if not go:
+            self._stop_reason = "confidence"
+        return go
+
+    def _params(self) -> dict[str, Any]:
+        return {"threshold": self.config.confidence}
+
+    def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
+        return {}
+
+    def max_len(self) -> int:
+        return self.config.cap
+
+
 class BetaTSController(_RoundRecorder):
     """Beta-TS (EESD Sec. 3.3, Alg. 2): theta ~ Beta(alpha, beta) afresh per draft step,
     chi ~ Bernoulli(theta); the posterior is updated by Eq. 3-4 (`beta_update`)."""
@@ -390,4 +434,6 @@ def make_controller(config: ControlConfig, *, gamma: int) -> Controller:
         return BetaTSController(config)
     if kind == "cali_ts":
         return CaliTSController(config)
+    if kind == "confidence":
+        return ConfidenceController(config)
     raise ConfigError(f"unknown controller '{kind}' (choose from {', '.join(CONTROLLER_KINDS)})")

@@ -104,15 +104,19 @@ class TreeSpeculation(SingleStart):
         q_tok: list[float] = []
         frontier = [(ROOT, root.root_logits[0], root.root_hidden[0])]  # (V,), (d,)
         depth = 0
+        wants_conf = getattr(self.controller, "reads_confidence", False)
         while frontier:
             k = self._branching(depth, levels)
-            new = []
+            new, conf = [], 0.0
             for node, logits, _ in frontier:
                 n_kids = min(k, support(logits))  # a node may propose fewer (n-gram: none)
                 if n_kids == 0:
                     continue
                 q, cands = draft_dist(logits, n_kids, self.cfg.scheme, ctx)
                 q_at[node] = q
+                if wants_conf:  # the draft's own probability of its surest new token
+                    q1 = torch.softmax(logits.float(), dim=-1)  # (V,) temperature 1
+                    conf = max(conf, max(float(q1[c]) for c in cands))
                 for c in cands:
                     tokens.append(c)
                     parents.append(node)
@@ -121,7 +125,8 @@ class TreeSpeculation(SingleStart):
             if not new:
                 break
             depth += 1
-            if not self._go_deeper(depth, levels, budget, ctx, frontier[-1]):
+            if not self._go_deeper(depth, levels, budget, ctx, frontier[-1],
+                                   conf if wants_conf else None):
                 break
             fed = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
                                  torch.tensor([[parents[i] for i in new]]))
@@ -135,14 +140,18 @@ class TreeSpeculation(SingleStart):
     def _branching(self, depth: int, levels: list[int] | None) -> int:
         return 1 if levels is None else levels[depth]
 
-    def _go_deeper(self, depth: int, levels, budget: int, ctx, newest) -> bool:
-        """Draft another level? `newest`: (node, logits, hidden) that made the newest token."""
+    def _go_deeper(self, depth: int, levels, budget: int, ctx, newest,
+                   confidence: float | None = None) -> bool:
+        """Draft another level? `newest`: (node, logits, hidden) that made the newest token;
+        `confidence`: the draft's temperature-1 probability of the newest level's surest
+        token, for a controller that reads it."""
         if levels is not None:
             if depth >= len(levels) or not self.cfg.depth_control:
                 return depth < len(levels)
         elif depth >= budget:
             return False
-        features = self._features(depth, newest[1], newest[2])
+        features = (confidence if confidence is not None
+                    else self._features(depth, newest[1], newest[2]))
         return self.controller.should_continue(depth, ctx.chooser, features)
 
     def _features(self, depth: int, logits: torch.Tensor, hidden: torch.Tensor):

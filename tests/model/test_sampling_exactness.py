@@ -66,6 +66,7 @@ def pair_size(law, models):
     ("mcsd", {"k_config": "2x2", "verifier": "naive"}),
     ("greedy_drafts", {"k_config": "3x2"}),
     ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
+    ("sd", {"controller": "confidence", "confidence": 0.3, "cap": 3}),  # cut by draft q
 ])
 def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, runs,
                                                                  method, params, stats_summary):

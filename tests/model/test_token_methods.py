@@ -20,6 +20,8 @@ METHODS = [
     ("greedy_drafts", {"k_config": "3x2x2"}),
     ("mcsd", {"k_config": "2x2x2x2", "controller": "beta_ts"}),
     ("mcsd", {"k_config": "2x2x2", "controller": "heuristic"}),
+    ("sd", {"controller": "confidence", "confidence": 0.02, "cap": 6}),
+    ("mcsd", {"k_config": "2x2x2", "controller": "confidence", "confidence": 0.02}),
 ]
 
 
@@ -117,6 +119,32 @@ def test_optimal_acceptance_is_recorded_per_verified_position(method, params, sc
     eff = trace.stats["verifier_efficiency"]
     assert eff == pytest.approx(sum(r["achieved"] for r in recs)
                                 / sum(r["alpha_star"] for r in recs))
+
+
+def test_the_confidence_controller_stops_a_chain_at_the_first_unsure_draft():
+    """sd's chain goes on exactly while the draft gave its newest token q >= the threshold
+    (temperature 1 of the draft logits), and stops at the cap otherwise."""
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    trace = engine.generate(pair, [3, 4, 5, 6], "sd", controller="confidence", confidence=0.02,
+                            cap=5, max_new_tokens=40)
+    assert list(trace.token_ids) == _ref(pair, [3, 4, 5, 6], 40)
+    reasons = set()
+    for r in trace.rounds:
+        if not r.drafted:
+            continue
+        steps, state = r.controller["steps"], r.controller
+        assert [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+        if state["stop_reason"] is None:  # the token budget ended the chain (the run's end)
+            assert len(steps) == r.drafted - 1 and all(s["continue"] for s in steps)
+            continue
+        assert len(steps) == r.drafted
+        assert all(s["q"] >= 0.02 for s in steps[:-1] if s["q"] is not None)
+        last = steps[-1]
+        assert (last["continue"] is False) and (
+            (state["stop_reason"] == "confidence" and last["q"] < 0.02)
+            or (state["stop_reason"] == "cap" and r.drafted == 5))
+        reasons.add(state["stop_reason"])
+    assert reasons == {"confidence", "cap"}  # both ways of ending a chain were seen
 
 
 @pytest.mark.parametrize("controller", ["beta_ts", "heuristic", "cali_ts"])

@@ -15,6 +15,7 @@ from engine.control import (
     CONTROL_PARAMS,
     BetaTSController,
     CaliTSController,
+    ConfidenceController,
     ConstantPredictor,
     ControlConfig,
     FixedController,
@@ -431,7 +432,7 @@ def test_control_params_declare_every_control_config_field_once():
     rows = {p.name: p for p in CONTROL_PARAMS}
     assert len(rows) == len(CONTROL_PARAMS)
     assert list(rows) == [f.name for f in fields(ControlConfig)]
-    assert rows["controller"].choices == tuple(KINDS)
+    assert rows["controller"].choices == (*KINDS, "confidence")  # KINDS: the feature-free ones
     assert rows["update"].choices == BETA_RULES and rows["update"].default == "paper"
     assert rows["theta_hat_rule"].choices == THETA_HAT_RULES
     assert rows["theta_hat_rule"].default == "accepted"
@@ -493,7 +494,7 @@ def test_fixed_and_heuristic_lengths_are_checked():
 
 NOT_DEFAULT = {  # a value other than the default for every controller parameter
     "cap": 3, "alpha0": 2.5, "beta0": 0.5, "update": "clean", "sigma_m": 0.3, "sigma_s": 0.2,
-    "theta_hat0": 0.7, "theta_hat_rule": "paper", "theta_m": 0.8,
+    "theta_hat0": 0.7, "theta_hat_rule": "paper", "theta_m": 0.8, "confidence": 0.6,
 }
 
 
@@ -503,7 +504,7 @@ def _method(name: str, **given):
 
 
 @pytest.mark.parametrize("method", ["sd", "mcsd", "eesd"])
-@pytest.mark.parametrize("kind", ["heuristic", "beta_ts", "cali_ts"])
+@pytest.mark.parametrize("kind", ["heuristic", "beta_ts", "cali_ts", "confidence"])
 def test_every_controller_parameter_reaches_the_controller_unchanged(method, kind):
     rows = {p.name: p for p in METHODS[method].params}
     assert all(rows[p.name] == p or p.name == "controller" for p in CONTROL_PARAMS)
@@ -534,3 +535,34 @@ def test_observe_rejects_impossible_counts_and_should_continue_needs_a_drafted_t
         ctl.observe(2, -1)
     with pytest.raises(ValueError):
         ctl.should_continue(0, make_generator(0))
+
+
+# ------------------------------------------------------------------------ confidence
+
+
+def test_confidence_controller_drafts_on_while_the_newest_token_is_likely_enough():
+    ctl = ConfidenceController(control_config(controller="confidence", confidence=0.4, cap=4))
+    rng = make_generator(0)
+    ctl.begin_round()
+    assert ctl.should_continue(1, rng, 0.9)
+    assert ctl.should_continue(2, rng, 0.4)  # at the threshold: go on
+    assert not ctl.should_continue(3, rng, 0.39)
+    st = ctl.state()
+    assert [s["q"] for s in st["steps"]] == [0.9, 0.4, 0.39]
+    assert [s["continue"] for s in st["steps"]] == [True, True, False]
+    assert st["stop_reason"] == "confidence" and not st["cap_hit"]
+    ctl.observe(3, 1)
+    ctl.begin_round()  # a sure drafter still stops at the cap
+    assert all(ctl.should_continue(k, rng, 1.0) for k in (1, 2, 3))
+    assert not ctl.should_continue(4, rng, 1.0)
+    assert ctl.state()["cap_hit"]
+    with pytest.raises(ValueError, match="probability"):
+        ctl.should_continue(1, rng, None)
+
+
+def test_confidence_is_the_controller_the_config_names():
+    ctl = make_controller(control_config(controller="confidence", confidence=0.25), gamma=3)
+    assert isinstance(ctl, ConfidenceController) and ctl.max_len() == 16
+    assert ctl.state()["config"] == {"confidence": 0.25, "cap": 16}
+    with pytest.raises(ConfigError, match="confidence"):
+        control_config(confidence=1.5)
