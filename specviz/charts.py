@@ -113,6 +113,12 @@ def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
         return empty_figure("no draft-length controller recorded for this method",
                             POSTERIOR_HEIGHT)
     kind = seen[-1].controller.get("kind", "?")
+    if kind == "confidence":  # no posterior: the draft's q per step against the threshold
+        st = seen[-1].controller
+        qs = ", ".join(f"{s['q']:.2f}" for s in st.get("steps", []) if s.get("q") is not None)
+        t = st.get("before", {}).get("threshold")
+        return empty_figure(f"controller 'confidence' (threshold {t}): round {seen[-1].index} "
+                            f"drafted on q = {qs or 'nothing'}", POSTERIOR_HEIGHT)
     if kind not in ("beta_ts", "cali_ts"):
         cap = seen[-1].controller.get("before", {}).get("length")
         return empty_figure(f"controller '{kind}' has no posterior (length {cap})",

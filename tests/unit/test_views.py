@@ -233,6 +233,16 @@ def test_posterior_figure_draws_gaussian_for_cali_ts():
     assert list(_by_name(fig, "predictor theta_M").x) == [0.62, 0.35]
 
 
+def test_posterior_figure_shows_the_confidence_controllers_q_per_step():
+    ctl = {"kind": "confidence", "before": {"threshold": 0.5},
+           "steps": [{"step": 1, "theta": None, "uniform": None, "q": 0.93, "continue": True},
+                     {"step": 2, "theta": None, "uniform": None, "q": 0.31, "continue": False}]}
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=ctl),), (), "",
+                 (), {})
+    text = charts.posterior_figure(t, 0).layout.annotations[0].text
+    assert "threshold 0.5" in text and "q = 0.93, 0.31" in text
+
+
 def test_posterior_figure_explains_when_no_controller_ran(trace):
     fig = charts.posterior_figure(RunTrace("sd", {}, "t", "d", "cpu", "", (),
                                            (_baseline_round(),), (), "", (), {}), 0)
