@@ -16,7 +16,9 @@ rows on its linear modules use the packed copy, the stock weight otherwise and o
 itself, does the same (:func:`head_logits`). Nothing in a modeling file or a value changes;
 only the order of floating-point sums does, as with any change of batch shape, and the
 exactness tests run with it. Models whose weights exceed DUAL_LIMIT_BYTES keep one copy (the
-packed copy would cost that much memory again); a torch without oneDNN keeps the stock path.
+packed copy would cost that much memory again); a torch without oneDNN keeps the stock path. A
+weight replaced or changed in place after packing (its storage or version counter moved) is
+used stock from then on, never through a stale copy.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ GEMM_ROWS = 4  # from this many rows on, the packed weights
 PACK_HINT = 8  # the row count oneDNN packs for (flat cost from 1 to 16 rows, measured)
 DUAL_LIMIT_BYTES = 2 * 1024**3  # at most this much weight gets a packed copy
 
-_PACKED: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear -> its oneDNN-packed weight
+_PACKED: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear -> (packed weight, stamp)
 _MODELS: WeakKeyDictionary = WeakKeyDictionary()  # model -> its nn.Linear with a packed copy
 
 
@@ -52,9 +54,22 @@ def _linears(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if _packable(m) and m.weight is not tied]
 
 
+def _stamp(m: nn.Linear) -> tuple[int, int]:
+    """What changes when the weight does: its storage and its in-place version counter."""
+    return (m.weight.data_ptr(), m.weight._version)
+
+
 def _pack(m: nn.Linear) -> None:
     if m not in _PACKED:
-        _PACKED[m] = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), PACK_HINT)
+        _PACKED[m] = (torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), PACK_HINT),
+                      _stamp(m))
+
+
+def _packed_weight(m: nn.Module) -> torch.Tensor | None:
+    """m's packed copy while it still holds m's weight (None: never packed, or the weight was
+    replaced or changed in place since: the stock weight is then the only truth)."""
+    entry = _PACKED.get(m)
+    return entry[0] if entry is not None and entry[1] == _stamp(m) else None
 
 
 def prepare(model: nn.Module) -> nn.Module:
@@ -64,7 +79,7 @@ def prepare(model: nn.Module) -> nn.Module:
         return model
     mods = _linears(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and _packable(head) and head.bias is None:
+    if head is not None and _packable(head) and head not in mods:
         mods_and_head = [*mods, head]
     else:
         mods_and_head = mods
@@ -94,9 +109,11 @@ class _Packed:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.m
-        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+        packed = _packed_weight(m)
+        if (packed is None or torch.is_grad_enabled() or x.dtype != torch.float32
+                or x.device.type != "cpu"):
             return nn.functional.linear(x, m.weight, m.bias)
-        return _packed_linear(_PACKED[m], m.bias, x)
+        return _packed_linear(packed, m.bias, x)
 
 
 def packed_active(m: nn.Module) -> bool:
@@ -112,12 +129,13 @@ def layout_for(model: nn.Module, rows: int):
     if not mods or rows < GEMM_ROWS:
         yield
         return
-    for m in mods:
+    mine = [m for m in mods if "forward" not in m.__dict__]  # an outer block's or a hook's
+    for m in mine:  # own instance-level forward is left alone
         m.forward = _Packed(m)  # an instance attribute over nn.Linear.forward
     try:
         yield
     finally:
-        for m in mods:
+        for m in mine:
             m.__dict__.pop("forward", None)
 
 
@@ -125,7 +143,8 @@ def head_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head on (..., d) hidden states -> (..., V) logits, through the head's packed copy
     for GEMM_ROWS rows or more on a prepared CPU head outside autograd; else head(hidden)."""
     rows = hidden.numel() // hidden.shape[-1]
-    if (rows < GEMM_ROWS or head not in _PACKED or torch.is_grad_enabled()
-            or hidden.dtype != torch.float32):
+    packed = _packed_weight(head) if rows >= GEMM_ROWS else None
+    if (packed is None or torch.is_grad_enabled() or hidden.dtype != torch.float32
+            or hidden.device.type != "cpu"):
         return head(hidden)
-    return _packed_linear(_PACKED[head], None, hidden)
+    return _packed_linear(packed, head.bias, hidden)

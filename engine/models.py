@@ -396,7 +396,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     device_used = next(tmodel.parameters()).device
     for model in (tmodel, getattr(drafter, "model", None)):
         if model is not None and device_used.type == "cpu":
-            prepare(model)  # engine.layout: both weight layouts for few-token forwards
+            prepare(model)  # engine.layout: packed weights for few-token forwards
     return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
 
 

@@ -8,6 +8,7 @@ branch of a rule with its exact probability, so exactness proofs run the product
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -101,7 +102,7 @@ class TorchChooser:
         p = probs.detach().double().cpu().clamp_min(0).reshape(-1)  # (n,)
         cdf = torch.cumsum(p, 0)  # (n,)
         total = float(cdf[-1]) if p.numel() else 0.0
-        if not total > 0.0:  # also NaN
+        if not 0.0 < total < math.inf:  # also NaN
             raise ValueError("categorical needs a positive, finite mass")
         u = torch.rand((), dtype=torch.float64, generator=self.generator) * total
         i = int(torch.searchsorted(cdf, u, right=True))

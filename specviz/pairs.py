@@ -207,7 +207,8 @@ def check_run_limits(prompt: str, params: dict[str, Any]) -> None:
 
 def check_forest_budget(method: str, params: dict[str, Any]) -> None:
     """Refuse, before any model work, beam drafts whose forest (draft_beams nodes per depth,
-    gamma depths) exceeds the per-round UI limit."""
+    or up to beams x draft_beams with atspeed_strict's fill; gamma depths) exceeds the
+    per-round UI limit."""
     spec = engine.METHODS.get(method)
     if spec is None:
         return
@@ -215,8 +216,12 @@ def check_forest_budget(method: str, params: dict[str, Any]) -> None:
     full.update({k: v for k, v in params.items() if v is not None})
     if "draft_beams" in full and "gamma" in full:
         size = _as_number(full["draft_beams"]) * _as_number(full["gamma"])
+        what = "draft_beams x gamma"
+        if str(full.get("fill", False)).lower() in ("true", "1", "yes", "on"):
+            size *= _as_number(full.get("beams", 1))  # every tree as wide as the widest
+            what = "beams x draft_beams x gamma (fill)"
         if size > MAX_FOREST_NODES:
-            raise ConfigError(f"draft_beams x gamma = {size:.0f} forest nodes per round; the UI "
+            raise ConfigError(f"{what} = {size:.0f} forest nodes per round; the UI "
                               f"limit is {MAX_FOREST_NODES}")
 
 

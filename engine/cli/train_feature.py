@@ -18,7 +18,7 @@ HELP = {
     "target": "model spec: embedded | local dir | hub id | tiny",
     "threads": "torch threads (0 = leave as configured)",
     "limit_tokens": "use shards (name order) up to about this many tokens (0 = all)",
-    "heldout_every": "every n-th sequence is held out",
+    "heldout_every": "every n-th prompt is held out with all its sequences",
     "w_cls": "weight of the token cross-entropy (EAGLE: 0.1)",
     "noise": "uniform noise on input features, in units of the features' RMS",
     "batch_tokens": "padded tokens per optimiser step",

@@ -93,7 +93,9 @@ class BeamSearch(BeamStart):
 
     def _fill(self, joint: torch.Tensor, picks: list[int], rows: list[int]) -> list[int]:
         """Each row's best unpicked continuations, until it holds as many nodes as the row
-        with the most picks (the forward pads every row to that width anyway)."""
+        with the most picks (the forward pads every row to that width anyway). Fill nodes are
+        drafted nodes like the picks: at the next depth they are parents too, so the draft's
+        beam search runs over them and the forest need not contain the no-fill forest."""
         V = joint.shape[1]
         flat = self._draftable(joint).reshape(-1)  # (B*V,)
         count = Counter(rows[i // V] for i in picks)
@@ -195,6 +197,7 @@ class BeamSearch(BeamStart):
             stop_reason=stop_reason(ctx, last) if done else "",
             final_beams=self.final() if done else (),
             extras={"steps": rp.steps, "first_failing_step": failing, "draft_beams": self.n,
+                    "fill": self.fill,
                     "beams": self.start_width, "depth": depth},
             beam_steps=tuple(rp.matches),
         )

@@ -138,7 +138,7 @@ class FeatureTrainConfig:
     seed: int = 0
     threads: int = 1  # torch threads (0 = leave as configured)
     limit_tokens: int = 0  # use shards (in name order) up to about this many tokens (0 = all)
-    heldout_every: int = 20  # every n-th sequence is held out
+    heldout_every: int = 20  # every n-th prompt is held out with all its sequences
     epochs: int = 6
     lr: float = 5e-4
     weight_decay: float = 0.0
@@ -162,7 +162,7 @@ class FeatureTrainConfig:
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.heldout_every < 2:
-            raise ConfigError("heldout_every must be >= 2 (one held-out sequence in n)")
+            raise ConfigError("heldout_every must be >= 2 (one held-out prompt in n)")
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ConfigError(f"unknown weight dtype '{self.weight_dtype}' "
                               f"(choose from {', '.join(WEIGHT_DTYPES)})")

@@ -159,7 +159,8 @@ def load_frozen_target(cfg: FeatureTrainConfig):
 def run_key(cfg: FeatureTrainConfig, shards) -> dict:
     """What a checkpoint must match to be resumed: the settings and the shards' sizes."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_RUN}
-    return {"cfg": settings, "shards": [[s.path.name, len(s.sequences)] for s in shards]}
+    return {"cfg": settings, "shards": [[s.path.name, len(s.sequences)] for s in shards],
+            "heldout": "prompt"}  # the split rule (a by-sequence checkpoint is not resumed)
 
 
 def _schedule(opt, total: int):

@@ -60,8 +60,8 @@ def test_a_packed_forward_with_a_wrong_copy_would_differ():
 
     model = _tiny()
     for lin in _linears(model):  # every decoder linear's packed copy scaled by 2
-        layout._PACKED[lin] = torch.ops.mkldnn._reorder_linear_weight(
-            2 * lin.weight.detach(), layout.PACK_HINT)
+        layout._PACKED[lin] = (torch.ops.mkldnn._reorder_linear_weight(
+            2 * lin.weight.detach(), layout.PACK_HINT), layout._stamp(lin))
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         stock = model(input_ids=ids).logits
@@ -90,3 +90,39 @@ def test_head_logits_equal_the_head_for_few_and_many_rows():
     h = torch.randn(1, 13, 16)
     with torch.no_grad():
         assert torch.allclose(head_logits(other, h), other(h), atol=1e-6)
+
+
+def test_a_weight_changed_after_packing_is_used_stock_never_stale():
+    model = _tiny()
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for lin in _linears(model):
+            lin.weight.mul_(1.5)  # in place: the packed copies no longer hold these weights
+        model.get_output_embeddings().weight.add_(0.01)
+        stock = model(input_ids=ids).logits
+        with layout_for(model, ids.numel()):
+            packed = model(input_ids=ids).logits
+        h = torch.randn(1, 9, model.config.hidden_size)
+        head = model.get_output_embeddings()
+        assert torch.allclose(head_logits(head, h), head(h), atol=1e-6)
+    assert torch.allclose(stock, packed, atol=1e-5)
+
+
+def test_nested_blocks_leave_the_outer_block_packed_and_restore_everything():
+    model = _tiny()
+    with layout_for(model, GEMM_ROWS):
+        with layout_for(model, GEMM_ROWS):
+            pass
+        assert all(packed_active(m) for m in _linears(model))  # the outer block's still on
+    assert not any(packed_active(m) for m in _linears(model))
+
+
+def test_head_logits_keep_a_heads_bias():
+    head = nn.Linear(16, 50, bias=True)
+    holder = nn.Module()
+    holder.lm_head = head
+    holder.get_output_embeddings = lambda: head
+    prepare(holder)
+    h = torch.randn(1, 13, 16)
+    with torch.no_grad():
+        assert torch.allclose(head_logits(head, h), head(h), atol=1e-5)

@@ -114,3 +114,11 @@ def test_every_model_handler_refuses_a_typed_model_when_custom_models_are_off(pr
         list(check_tab.check("hi", "sd", "", 1.0, 0, 1.0, 8, "tiny", "gpt2"))
     with pytest.raises(models.ConfigError, match=re.escape(refused)):
         list(pairs.decode_stream('tiny:{"layers": 9}', "", "hi", "greedy", {}))
+
+
+def test_the_forest_budget_counts_every_tree_when_strict_fills_its_pad_slots():
+    params = {"beams": 8, "draft_beams": 16, "gamma": 4}  # 64 nodes; 512 with fill
+    pairs.check_forest_budget("atspeed_strict", params)
+    pairs.check_forest_budget("atspeed_strict", {**params, "fill": True, "gamma": 8})  # 1024
+    with pytest.raises(models.ConfigError, match=r"beams x draft_beams x gamma \(fill\) = 2048"):
+        pairs.check_forest_budget("atspeed_strict", {**params, "fill": "true", "gamma": 16})

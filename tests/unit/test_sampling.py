@@ -54,6 +54,7 @@ def test_the_same_seed_replays_the_same_draws_and_a_large_vocabulary_works():
 
 
 @pytest.mark.parametrize("bad", [torch.zeros(5), torch.tensor([float("nan"), 1.0]),
+                                 torch.tensor([float("inf"), 1.0]),
                                  torch.tensor([-1.0, 0.0]), torch.zeros(0)])
 def test_a_vector_without_mass_is_refused(bad):
     with pytest.raises(ValueError, match="positive, finite mass"):
