@@ -102,18 +102,17 @@ def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None,
 
 
 class _Packed:
-    """An nn.Linear's forward through its packed copy (stock F.linear when grad is needed)."""
+    """An nn.Linear's forward through its packed copy (checked fresh when the block began;
+    stock F.linear when grad is needed)."""
 
-    def __init__(self, m: nn.Linear):
-        self.m = m
+    def __init__(self, m: nn.Linear, packed: torch.Tensor):
+        self.m, self.packed = m, packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.m
-        packed = _packed_weight(m)
-        if (packed is None or torch.is_grad_enabled() or x.dtype != torch.float32
-                or x.device.type != "cpu"):
+        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
             return nn.functional.linear(x, m.weight, m.bias)
-        return _packed_linear(packed, m.bias, x)
+        return _packed_linear(self.packed, m.bias, x)
 
 
 def packed_active(m: nn.Module) -> bool:
@@ -129,9 +128,12 @@ def layout_for(model: nn.Module, rows: int):
     if not mods or rows < GEMM_ROWS:
         yield
         return
-    mine = [m for m in mods if "forward" not in m.__dict__]  # an outer block's or a hook's
-    for m in mine:  # own instance-level forward is left alone
-        m.forward = _Packed(m)  # an instance attribute over nn.Linear.forward
+    mine = []  # an outer block's or a hook's own instance-level forward is left alone
+    for m in mods:
+        packed = _packed_weight(m)  # None: the weight changed since packing, stays stock
+        if packed is not None and "forward" not in m.__dict__:
+            m.forward = _Packed(m, packed)  # an instance attribute over nn.Linear.forward
+            mine.append(m)
     try:
         yield
     finally:

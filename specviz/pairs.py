@@ -217,12 +217,22 @@ def check_forest_budget(method: str, params: dict[str, Any]) -> None:
     if "draft_beams" in full and "gamma" in full:
         size = _as_number(full["draft_beams"]) * _as_number(full["gamma"])
         what = "draft_beams x gamma"
-        if str(full.get("fill", False)).lower() in ("true", "1", "yes", "on"):
+        if _as_bool(spec, "fill", full.get("fill", False)):
             size *= _as_number(full.get("beams", 1))  # every tree as wide as the widest
             what = "beams x draft_beams x gamma (fill)"
         if size > MAX_FOREST_NODES:
             raise ConfigError(f"{what} = {size:.0f} forest nodes per round; the UI "
                               f"limit is {MAX_FOREST_NODES}")
+
+
+def _as_bool(spec, name: str, v: Any) -> bool:
+    """A bool parameter as the method's ParamSpec parses it (False when it has no such
+    parameter or the value is bad: the engine reports that itself)."""
+    row = next((p for p in spec.all_params if p.name == name), None)
+    try:
+        return bool(row.parse(v)) if row is not None else False
+    except ConfigError:
+        return False
 
 
 def _as_number(v: Any) -> float:
