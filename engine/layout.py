@@ -9,11 +9,17 @@ oneDNN packed once (``torch.ops.mkldnn._reorder_linear_weight``) costs 0.44 / 0.
 0.47 / 0.58 / 1.11 / 1.22 ms, the head 11 / 12 / 12 / 13 / 18 / 24 / 37 ms (measured, one
 thread, median of 4 passes over 90 weights): from 4 rows on it is nearly the price of one.
 
+Session 9 measured the small end on this machine's AMD EPYC (Zen 4; same kind of run): stock
+0.30 / 0.48 / 0.57 / 0.40 ms for 1 / 2 / 3 / 4 rows, the head 9.7 / 22 / 33 / 16 ms; packed
+0.23 / 0.27 / 0.20 / 0.17 ms, the head 6.7 / 8.3 / 5.5 / 5.1 ms: packed is cheaper at every row
+count, and oneDNN's kernel for 1-3 rows is slower than for 4, so fewer rows are padded to
+PAD_ROWS (zero rows, their outputs dropped): 0.20 / 0.19 / 0.19 ms, the head 5.3 / 5.1 / 4.9 ms.
+
 So a CPU fp32 model keeps a packed copy of every decoder linear weight and of the LM head
 (:func:`prepare`), and a forward of ``rows`` rows runs under :func:`layout_for`: from GEMM_ROWS
-rows on its linear modules use the packed copy, the stock weight otherwise and outside (so
-``generate()``, training and saving see the stock model). The LM head, which the engine applies
-itself, does the same (:func:`head_logits`). Nothing in a modeling file or a value changes;
+rows on (now every forward) its linear modules use the packed copy, the stock weight outside
+(so ``generate()``, training and saving see the stock model). The LM head, which the engine
+applies itself, does the same (:func:`head_logits`). Nothing in a modeling file or a value changes;
 only the order of floating-point sums does, as with any change of batch shape, and the
 exactness tests run with it. Models whose weights exceed DUAL_LIMIT_BYTES keep one copy (the
 packed copy would cost that much memory again); a torch without oneDNN keeps the stock path. A
@@ -29,8 +35,9 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-GEMM_ROWS = 4  # from this many rows on, the packed weights
+GEMM_ROWS = 1  # from this many rows on, the packed weights (measured: every row count gains)
 PACK_HINT = 8  # the row count oneDNN packs for (flat cost from 1 to 16 rows, measured)
+PAD_ROWS = 4  # fewer rows are padded with zero rows to this many (cheaper kernel, measured)
 DUAL_LIMIT_BYTES = 2 * 1024**3  # at most this much weight gets a packed copy
 
 _PACKED: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear -> (packed weight, stamp)
@@ -95,10 +102,15 @@ def prepare(model: nn.Module) -> nn.Module:
 
 def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None,
                    x: torch.Tensor) -> torch.Tensor:
-    """x (..., in) @ W^T + b through W's packed copy -> (..., out)."""
+    """x (..., in) @ W^T + b through W's packed copy -> (..., out). Under PAD_ROWS rows the
+    input is padded with zero rows (oneDNN's kernel for 1-3 rows is slower than for 4), the
+    padding's outputs dropped: each row's product does not depend on the other rows."""
     flat = x.reshape(-1, x.shape[-1])  # (R, in)
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")  # (R, out)
-    return out.reshape(*x.shape[:-1], out.shape[-1])  # (..., out)
+    rows = flat.shape[0]
+    if 0 < rows < PAD_ROWS:
+        flat = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])  # (PAD_ROWS, in)
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")  # (R', out)
+    return out[:rows].reshape(*x.shape[:-1], out.shape[-1])  # (..., out)
 
 
 class _Packed:

@@ -1,6 +1,6 @@
 """engine.layout: a CPU model's linear modules run through their oneDNN-packed copies only
-inside forwards of GEMM_ROWS rows or more, give the stock logits, and the stock forward is back
-afterwards."""
+inside forwards of GEMM_ROWS rows or more, give the stock logits (fewer than PAD_ROWS rows
+padded and the padding dropped), and the stock forward is back afterwards."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from engine.layout import GEMM_ROWS, _can_pack, head_logits, layout_for, packed_active, prepare
+from engine.layout import (
+    GEMM_ROWS,
+    PAD_ROWS,
+    _can_pack,
+    head_logits,
+    layout_for,
+    packed_active,
+    prepare,
+)
 from engine.models import model_from_config, tiny_config
 
 pytestmark = pytest.mark.skipif(not _can_pack(), reason="this torch has no oneDNN")
@@ -54,6 +62,32 @@ def test_a_forward_gives_the_same_logits_through_the_packed_copies():
     assert torch.allclose(stock, packed, atol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", range(1, PAD_ROWS + 1))
+def test_few_row_forwards_are_padded_and_give_the_stock_logits(tokens):
+    model = _tiny()
+    ids = torch.randint(0, 64, (1, tokens), generator=torch.Generator().manual_seed(tokens))
+    with torch.no_grad():
+        stock = model(input_ids=ids).logits  # (1, tokens, V)
+        with layout_for(model, ids.numel()):
+            assert all(packed_active(m) for m in _linears(model))
+            packed = model(input_ids=ids).logits
+    assert packed.shape == stock.shape
+    assert torch.allclose(stock, packed, atol=1e-5)
+
+
+def test_a_padded_product_keeps_each_row_and_drops_the_padding():
+    from engine import layout
+
+    w, b = torch.randn(7, 5), torch.randn(7)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, layout.PACK_HINT)
+    for rows in (1, 2, 3):
+        x = torch.randn(rows, 5)
+        out = layout._packed_linear(packed, b, x)
+        assert out.shape == (rows, 7)
+        assert torch.allclose(out, x @ w.T + b, atol=1e-5)
+        assert not torch.allclose(out, x @ w.T, atol=1e-3)  # the bias counts (not zeros)
+
+
 def test_a_packed_forward_with_a_wrong_copy_would_differ():
     """Negative control: the comparison above sees the packed path (a corrupted copy shows)."""
     from engine import layout
@@ -82,7 +116,7 @@ def test_grad_mode_uses_the_stock_weights():
 def test_head_logits_equal_the_head_for_few_and_many_rows():
     model = _tiny()
     head = model.get_output_embeddings()
-    for rows in (1, GEMM_ROWS - 1, GEMM_ROWS, 13, 40):
+    for rows in (1, 2, PAD_ROWS - 1, PAD_ROWS, 13, 40):
         h = torch.randn(1, rows, head.weight.shape[1])
         with torch.no_grad():
             assert torch.allclose(head_logits(head, h), head(h), atol=1e-5)
