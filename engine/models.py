@@ -394,8 +394,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         drafter = ModelDrafter(dmodel, dname)
         tok = tok or dtok
     device_used = next(tmodel.parameters()).device
-    feature = getattr(drafter, "feature", None)  # the hybrid's feature drafter
-    for model in (tmodel, getattr(drafter, "model", None), getattr(feature, "model", None)):
+    for model in (tmodel, getattr(drafter, "model", None)):
         if model is not None and device_used.type == "cpu":
             prepare(model)  # engine.layout: packed weights for few-token forwards
     return ModelPair(tmodel, drafter, tok, device_used, tname, dname)

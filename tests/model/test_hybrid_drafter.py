@@ -158,3 +158,18 @@ def test_sd_with_the_hybrid_drafter_keeps_the_target_law(pair, stats_summary):
     counts = sample_counts(pair, "sd", {"gamma": 2}, range(n), prompt=PROMPT)
     stat, threshold = chi_square(counts, law, n)
     assert stat < threshold, (n, stat, threshold)
+
+
+def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(pair):
+    """load_pair prepares the hybrid's feature drafter as it does a plain drafter's model."""
+    from torch import nn
+
+    from engine.layout import _can_pack, layout_for, packed_active
+
+    if not _can_pack():
+        pytest.skip("this torch has no oneDNN")
+    model = pair.drafter.feature.model
+    layer = [m for m in model.modules() if type(m) is nn.Linear]
+    assert layer
+    with layout_for(model, 1):
+        assert all(packed_active(m) for m in layer)
