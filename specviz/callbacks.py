@@ -286,13 +286,18 @@ def _imported_params(state: SessionState | None, method: str) -> dict[str, Any]:
 
 def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:
     @guarded
-    def method_change(method: str, state: SessionState | None = None) -> list[Any]:
+    def method_change(method: str, state: SessionState | None = None, target: str = "",
+                      draft: str = "") -> list[Any]:
+        """The method's about line and widgets: an imported trace's parameters, else the
+        pair's measured best (its preset's params), else the method's defaults."""
         spec = METHODS.get(method)
         if spec is None:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         about = (f"**{spec.name}** ({spec.family}) — {spec.summary}\n\n"
                  f"<small>exactness: {spec.exactness}</small>")
-        return [about, *pool.updates(method, _imported_params(state, method))]
+        values = {**pairs.tuned_params(target, draft, method),
+                  **_imported_params(state, method)}
+        return [about, *pool.updates(method, values)]
 
     return method_change
 

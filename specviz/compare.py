@@ -13,7 +13,7 @@ plain decode's (temperature 0; in law, proved by the test suite, above it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import pandas as pd
 
@@ -111,13 +111,22 @@ def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
     return case.method, case.params
 
 
-def plan(entries: list[str], common: dict[str, Any]) -> tuple[list[Job], dict[str, tuple]]:
+def plan(entries: list[str], common: dict[str, Any],
+         tuned: Mapping[str, Mapping[str, Any]] | None = None
+         ) -> tuple[list[Job], dict[str, tuple]]:
     """Jobs to run (chosen entries, then missing references and the baseline, each decode
     once) and the reference job key of each chosen entry. An entry is a method name or
-    'method:key=value:...' (the bench syntax), so one method can run with several settings."""
+    'method:key=value:...' (the bench syntax), so one method can run with several settings.
+
+    tuned: method -> the pair's measured best parameters (its preset's params), used where
+    an entry does not set a parameter itself (then the method's defaults)."""
+    tuned = tuned or {}
     roles: dict[tuple, set[str]] = {}
     titles: dict[tuple, str] = {}
-    parsed = {e: parse_entry(e) for e in entries}
+    parsed = {}
+    for e in entries:
+        m, params = parse_entry(e)
+        parsed[e] = m, {**tuned.get(m, {}), **params}
     for e, (m, params) in parsed.items():
         key = _key(m, {**common, **params})
         roles.setdefault(key, set()).add("chosen")
@@ -190,7 +199,8 @@ def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature:
     _validate(prompt, methods, max_new_tokens)
     common = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature or 0),
               "seed": int(seed or 0)}
-    jobs, refs = plan(methods, common)
+    tuned = {m: pairs.tuned_params(target, draft, m) for m in METHODS}
+    jobs, refs = plan(methods, common, tuned)
     _check_jobs(jobs)
     traces: dict[tuple, RunTrace] = {}
     for k, job in enumerate(jobs):

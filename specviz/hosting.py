@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass, replace
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
 
 from engine.errors import ConfigError
 from engine.models import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec, resolve_device
@@ -45,6 +45,10 @@ class Preset:
     target: str
     draft: str = ""
     needs_gpu: bool = False
+    # method -> the parameters measured best on this pair (README "Measured numbers"); the
+    # UI fills them in where a method's ParamSpec default would go
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False,
+                                                    hash=False)
 
 
 def all_presets() -> tuple[Preset, ...]:

@@ -118,6 +118,19 @@ def _pair_key(target: str, draft: str) -> tuple:
     return _spec_key(parse_model_spec(target)), _spec_key(parse_model_spec(draft, draft=True))
 
 
+def tuned_params(target: str, draft: str, method: str) -> dict[str, Any]:
+    """The parameters measured best for a method on this pair: the "params" of the preset
+    whose target and draft are this pair's, {} for a pair that is no preset or a spec that
+    does not parse."""
+    target = (target or "").strip() or engine.EMBEDDED
+    try:
+        key = _pair_key(target, (draft or "").strip())
+        match = next((p for p in presets() if _pair_key(p.target, p.draft) == key), None)
+    except ConfigError:
+        return {}
+    return dict(match.params.get(method, {})) if match is not None else {}
+
+
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
     """Normalised (target, draft) strings, read by the engine's spec parser (a bad spec fails
     here, before any model work); with custom models off, only the host's pairs (returned as

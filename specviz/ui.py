@@ -76,7 +76,8 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
     trace0: the opening trace; its prompt and parameters fill the fields, so Run repeats it.
     """
     c: dict[str, Any] = {}
-    values = trace0.get("params", {}) if trace0.get("method") == method0 else {}
+    values = {**pairs.tuned_params(target, draft, method0),
+              **(trace0.get("params", {}) if trace0.get("method") == method0 else {})}
     c["prompt"] = gr.Textbox(label="Prompt", lines=2,
                              value=trace0.get("prompt") or _examples()[0],
                              max_length=pairs.MAX_PROMPT_CHARS, elem_id="sv-prompt")
@@ -219,10 +220,13 @@ def _wire(c: dict, o: dict, k: dict, h: dict, state: gr.State, timer: gr.Timer) 
     o["play"].click(cb.toggle_play, [o["play"], state], outs + [timer, o["play"]],
                     api_name="play", **QUICK)
     timer.tick(cb.tick, [state], outs + [timer, o["play"]], api_visibility="private", **QUICK)
-    c["method"].change(cb.make_method_change(pool), [c["method"], state],
+    method_change = cb.make_method_change(pool)
+    c["method"].change(method_change, [c["method"], state, c["target"], c["draft"]],
                        [c["about"], *pool.widgets.values()], api_name="method", **QUICK)
     c["preset"].change(cb.preset_change, [c["preset"]], [c["target"], c["draft"]],
-                       api_name="preset", **QUICK)
+                       api_name="preset", **QUICK).then(
+        method_change, [c["method"], state, c["target"], c["draft"]],
+        [c["about"], *pool.widgets.values()], api_visibility="private", **QUICK)
     h["go"].click(check_tab.check, [h["prompt"], h["method"], h["params"], h["temperature"],
                   h["top_k"], h["top_p"], h["max_new"], c["target"], c["draft"]],
                   [h["report"], h["plot"]], api_name="check", show_progress="minimal",

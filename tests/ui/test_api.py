@@ -203,6 +203,15 @@ def test_method_change_shows_that_methods_parameters_with_defaults(client):
     assert hidden  # e.g. mcsd's k_config
 
 
+def test_method_change_fills_in_the_pairs_measured_best_settings(client):
+    def shown(target, draft):
+        out = client.predict("sd", target, draft, api_name="/method")
+        return [u.get("value") for u in out[1:] if u.get("visible")]
+
+    assert 2 in shown("embedded", "ngram+feature")  # the embedded preset's sd gamma
+    assert 4 in shown(TINY, "") and 2 not in shown(TINY, "")  # sd's own default
+
+
 def test_preset_fills_the_model_pair_fields(client):
     target, draft = client.predict("Qwen2.5-7B-Instruct / 0.5B-Instruct draft (GPU)",
                                    api_name="/preset")

@@ -142,3 +142,29 @@ def test_gpu_presets_are_refused_when_the_host_runs_on_the_cpu(host):
     host(HostConfig(device="cpu"))
     with pytest.raises(ModelLoadError, match="is a GPU preset"):
         pairs.check_pair_spec("HuggingFaceTB/SmolLM2-1.7B-Instruct", "")
+
+
+def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
+    from engine import METHODS
+    from engine.config import validate_params
+
+    tuned = [(p, m, params) for p in all_presets() for m, params in p.params.items()]
+    assert tuned  # the embedded pair ships its measured best settings
+    for preset, method, params in tuned:
+        assert method in METHODS, (preset.id, method)
+        checked = validate_params(METHODS[method].all_params, dict(params), method)
+        assert {k: checked[k] for k in params} == dict(params), (preset.id, method)
+        METHODS[method].make(checked)  # cross-parameter checks too
+
+
+def test_tuned_params_are_the_matching_presets_and_nothing_for_other_pairs(host):
+    host(HostConfig())
+    embedded = next(p for p in all_presets() if p.id == "embedded")
+    assert pairs.tuned_params("embedded", "ngram+feature", "sd") == dict(embedded.params["sd"])
+    assert pairs.tuned_params("", "n-gram+feature", "sd") == dict(embedded.params["sd"])  # aliases
+    assert pairs.tuned_params("embedded", "ngram+feature", "greedy") == {}  # nothing tuned
+    assert pairs.tuned_params("embedded", "feature", "sd") == {}  # another drafter
+    assert pairs.tuned_params(TINY, "", "sd") == {}
+    assert pairs.tuned_params("tiny:{not json", "", "sd") == {}  # a bad spec: the defaults
+    host(HostConfig(presets=("tiny",)))  # a preset this server does not offer tunes nothing
+    assert pairs.tuned_params("embedded", "ngram+feature", "sd") == {}

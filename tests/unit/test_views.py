@@ -486,3 +486,17 @@ def test_the_app_opens_the_demo_at_its_first_most_accepted_round_with_the_larges
     opened = rounds[state.round]
     assert opened.accepted == best and len(opened.nodes) == widest
     assert all((r.accepted, len(r.nodes)) < (best, widest) for r in rounds[: state.round])
+
+
+def test_compare_plan_takes_the_pairs_tuned_params_where_an_entry_sets_none():
+    from specviz import compare
+
+    common = {"max_new_tokens": 8, "temperature": 0.0, "seed": 0}
+    tuned = {"sd": {"gamma": 2}, "atspeed_strict": {"draft_beams": 4, "gamma": 1}}
+    jobs, refs = compare.plan(["sd", "sd:gamma=5", "atspeed_strict"], common, tuned)
+    params = {j.label: dict(j.params) for j in jobs}
+    assert params["sd"]["gamma"] == 2 and params["sd:gamma=5"]["gamma"] == 5
+    assert (params["atspeed_strict"]["draft_beams"], params["atspeed_strict"]["gamma"]) == (4, 1)
+    assert jobs[0].own_params.startswith("gamma=2")
+    untuned, _ = compare.plan(["sd"], common)
+    assert dict(untuned[0].params)["gamma"] == 4  # sd's own default
