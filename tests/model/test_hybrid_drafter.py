@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import engine
+import engine.feature
 import engine.hybrid
 from engine.cached_model import CachedModel
 from engine.errors import ConfigError
@@ -94,6 +95,14 @@ def root_sources(monkeypatch):
         return plain(ngram, feature)
 
     monkeypatch.setattr(engine.hybrid, "hybrid_logits", spy)
+    lookup_only = engine.hybrid.HybridRunner._lookup_only
+
+    def deferred(self, n):  # a feed the lookup covered: its root (if any) is the n-gram's
+        if n.root_logits is not None:
+            seen["ngram"] += int(n.root_logits.shape[0])
+        return lookup_only(self, n)
+
+    monkeypatch.setattr(engine.hybrid.HybridRunner, "_lookup_only", deferred)
     return seen
 
 
@@ -113,6 +122,79 @@ def test_temperature_zero_with_the_hybrid_drafter_equals_greedy_generate(method,
         drafted += sum(r.drafted for r in trace.rounds)
     assert drafted > 0
     assert root_sources["ngram"] > 0 and root_sources["feature"] > 0, root_sources
+
+
+def _decisions(trace) -> list:
+    """What a run decided, round by round (every field but the timings)."""
+    rounds = [{k: v for k, v in r.items() if k != "timings"} for r in trace.to_dict()["rounds"]]
+    return [list(trace.token_ids), rounds]
+
+
+def _same(a, b, path="run") -> None:
+    """Equal decisions: equal structure, ids, tokens and statuses; floats (q, laws) equal to
+    rounding (the feature runner may feed the same tokens in other batch shapes)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"gamma": 4}),
+    ("sd", {"controller": "confidence", "confidence": 0.3, "cap": 6}),
+    ("mcsd", {"k_config": "3x2x2", "temperature": 1.0, "seed": 3}),
+    ("greedy_drafts", {"k_config": "3x2x2"}),
+    ("atspeed_strict", {"beams": 2, "draft_beams": 3, "gamma": 2}),
+    ("dsbd", {"draft_beams": 3, "gamma": 2, "temperature": 1.0, "seed": 5}),
+])
+def test_the_lazy_hybrid_decides_as_feeding_both_runners_every_time(method, params,
+                                                                    monkeypatch):
+    pair = tiny_pair(draft="ngram+feature")
+    feeds = {"n": 0}
+    plain = engine.feature.FeatureRunner.feed
+
+    def counted(self, *a, **kw):
+        feeds["n"] += 1
+        return plain(self, *a, **kw)
+
+    monkeypatch.setattr(engine.feature.FeatureRunner, "feed", counted)
+    runs = {}
+    for lazy in (False, True):
+        pair.drafter.lazy = lazy
+        feeds["n"] = 0
+        runs[lazy] = [_decisions(engine.generate(pair, prompt, method, max_new_tokens=20,
+                                                 **params)) for prompt in REPEATING]
+        runs[lazy, "feeds"] = feeds["n"]
+    _same(runs[True], runs[False], f"{method} {params}")
+    assert runs[True, "feeds"] < runs[False, "feeds"]  # lookups saved feature forwards
+
+
+def test_a_round_the_lookup_covers_runs_no_feature_forward():
+    pair = tiny_pair(draft="ngram+feature")
+    runner = pair.drafter.runner()
+    prompt = torch.tensor([[3, 4, 5, 6, 7, 3, 4]])  # "3 4" recurs: 5 6 7 3 4 follow
+    runner.start(prompt)
+    target = CachedModel(pair.target)
+    target.start(prompt)
+    root = runner.feed()
+    node = runner.feed(torch.tensor([[5]]), torch.tensor([[ROOT]]))  # "4 5" recurs -> 6
+    assert runner.feature_feeds == 0 and len(runner.deferred) == 2
+    assert support(root.root_logits[0]) == 1 and support(node.node_logits[0, 0]) == 1
+    blind = runner.feed(torch.tensor([[9]]), torch.tensor([[0]]))  # "5 9": the features
+    assert runner.feature_feeds == 3 and runner.deferred == []  # two deferred, then this one
+    assert blind.node_logits.shape == (1, 1, pair.vocab_size)
+    runner.commit(torch.tensor([0]), torch.zeros((1, 0), dtype=torch.long),
+                  torch.zeros((1, 0), dtype=torch.long), torch.tensor([[5]]),
+                  target=target.feed())
+    assert runner.deferred == [] and runner.feature.tail.shape == (1, 8)  # unfed tail kept
 
 
 # ------------------------------------------------------- temperature 1: chi-square, end to end
