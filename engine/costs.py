@@ -6,10 +6,13 @@ width W (the engine's own greedy round for W = 1, its beam-search round for W = 
 - ``c_draft`` = propose seconds per draft call / t_step (a draft step);
 - ``c_verify`` = score seconds per round / t_step (one target forward over the forest);
 - chains (one drafted path per round; Leviathan et al. 2023, Eq. 1 and Thm 3.8 with measured
-  costs): E(alpha) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at per-token acceptance
-  alpha (accepted over tested drafts, :func:`chain_acceptance`) and g drafts per round,
-  predicted speedup = E / (g c_draft + c_verify), and break-even is the alpha where that
-  equals 1 (derivation in docs/derivations.md, Cost model);
+  costs): E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at per-token
+  acceptance alpha (accepted over tested drafts, :func:`chain_acceptance`) and g drafts,
+  predicted speedup = mean_r E(alpha, g_r) / (mean g x c_draft + c_verify), each round with
+  its own chain length g_r (an adaptive controller or a lookup that drafts 0 or 8: E is
+  concave in g, so E at the mean length would overstate such a run; for a fixed g it is the
+  same), and break-even is the alpha where that equals 1 at the mean length (derivation in
+  docs/derivations.md, Cost model);
 - trees and beams: predicted speedup = tokens per round / (draft calls per round x c_draft +
   c_verify);
 - measured speedup against plain decoding = committed tokens x t_step / engine seconds, and
@@ -142,11 +145,11 @@ def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace
     if _is_chain(later) and drafted:
         alpha = chain_acceptance(later)
         gamma = drafted / n
+        expected = sum(expected_tokens(alpha, r.drafted) for r in later) / n  # each round's g
         chain_cost = gamma * c_draft + c_verify
         be = break_even_acceptance(gamma, c_draft, c_verify)
         out.update(kind="chain", gamma=gamma, acceptance=alpha, break_even_acceptance=be,
-                   expected_tokens=expected_tokens(alpha, gamma),
-                   predicted_speedup=expected_tokens(alpha, gamma) / chain_cost)
+                   expected_tokens=expected, predicted_speedup=expected / chain_cost)
         need = ("no acceptance breaks even at these costs" if be is None
                 else f"break-even needs acceptance {be:.2f}")
         out["summary"] = (f"draft steps cost {c_draft:.2f} of a target step and verifying "

@@ -53,6 +53,26 @@ def test_chain_cost_model_from_measured_phases():
     assert "draft steps cost 0.20 of a target step" in out["summary"]
 
 
+def test_a_chain_of_varying_length_is_predicted_round_by_round():
+    pair = tiny_pair()
+    costs.record_step(pair.target, 1, 0.1)
+    t = {"propose": 0.0, "score": 0.1}
+    long = RoundTrace(1, nodes=tuple(_node(i, i + 1, ACCEPTED) for i in range(4)),
+                      committed=tuple(CommittedToken(7, "x", "accepted") for _ in range(5)),
+                      drafted=4, accepted=4, target_calls=1, draft_calls=4, timings=t)
+    none = RoundTrace(2, committed=(CommittedToken(8, "y", "target"),), target_calls=1,
+                      timings=t)  # the lookup found nothing: a plain step
+    half = _chain_round(3, 1, t)  # 2 drafted, 1 accepted
+    rounds = [_chain_round(0, 0, {"propose": 9.0}), long, none, half]
+    out = costs.cost_model(pair, "sd", {}, rounds, {})
+    alpha = 5 / 6  # tested: 4 accepted, then 1 accepted + 1 rejected
+    assert out["kind"] == "chain" and out["acceptance"] == pytest.approx(alpha)
+    want = (costs.expected_tokens(alpha, 4) + 1 + costs.expected_tokens(alpha, 2)) / 3
+    assert out["expected_tokens"] == pytest.approx(want)
+    assert want < costs.expected_tokens(alpha, 2)  # E at the mean length (2) would overstate
+    assert out["predicted_speedup"] == pytest.approx(want / 1.0)  # drafts free, verify 1 step
+
+
 def test_chain_acceptance_counts_only_tested_drafts():
     t = {"score": 0.1}
     rounds = [_chain_round(1, 0, t), _chain_round(2, 0, t), _chain_round(3, 1, t)]
