@@ -16,8 +16,10 @@ round that never needs it skips them (a chain copied from the prompt costs no dr
 forward). The feature runner's commit crops every drafted node and keeps an unfed tail, so a
 skipped round leaves it as a fed one would (the committed tokens are fed, with their true
 features, next time it is needed). The choice at a node depends only on its context, so q is
-a deterministic function of the context and every verification rule stays exact; the logits
-returned are those of feeding both runners every time.
+a deterministic function of the context and every verification rule stays exact; at every
+real node (PAD padding aside) the logits returned are those of feeding both runners every
+time. A draft call of this drafter may therefore run no forward (or several, when deferred
+feeds are replayed): the cost model's c_draft is its mean per call.
 """
 
 from __future__ import annotations

@@ -295,7 +295,7 @@ def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         about = (f"**{spec.name}** ({spec.family}) — {spec.summary}\n\n"
                  f"<small>exactness: {spec.exactness}</small>")
-        values = {**pairs.tuned_params(target, draft, method),
+        values = {**pairs.tuned_params(target, draft).get(method, {}),
                   **_imported_params(state, method)}
         return [about, *pool.updates(method, values)]
 

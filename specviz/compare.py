@@ -199,8 +199,7 @@ def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature:
     _validate(prompt, methods, max_new_tokens)
     common = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature or 0),
               "seed": int(seed or 0)}
-    tuned = {m: pairs.tuned_params(target, draft, m) for m in METHODS}
-    jobs, refs = plan(methods, common, tuned)
+    jobs, refs = plan(methods, common, pairs.tuned_params(target, draft))
     _check_jobs(jobs)
     traces: dict[tuple, RunTrace] = {}
     for k, job in enumerate(jobs):

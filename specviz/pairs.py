@@ -118,17 +118,17 @@ def _pair_key(target: str, draft: str) -> tuple:
     return _spec_key(parse_model_spec(target)), _spec_key(parse_model_spec(draft, draft=True))
 
 
-def tuned_params(target: str, draft: str, method: str) -> dict[str, Any]:
-    """The parameters measured best for a method on this pair: the "params" of the preset
-    whose target and draft are this pair's, {} for a pair that is no preset or a spec that
-    does not parse."""
+def tuned_params(target: str, draft: str) -> dict[str, dict[str, Any]]:
+    """method -> the parameters measured best on this pair: the "params" of the preset whose
+    target and draft are this pair's; {} for a pair that is no preset or a spec that does not
+    parse (the handlers that load the pair say why in one line)."""
     target = (target or "").strip() or engine.EMBEDDED
     try:
         key = _pair_key(target, (draft or "").strip())
         match = next((p for p in presets() if _pair_key(p.target, p.draft) == key), None)
-    except ConfigError:
+    except (ConfigError, OSError, RuntimeError, ValueError):  # e.g. '~nobody/x', a long name
         return {}
-    return dict(match.params.get(method, {})) if match is not None else {}
+    return {m: dict(v) for m, v in match.params.items()} if match is not None else {}
 
 
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:

@@ -76,7 +76,7 @@ def _controls(method0: str, target: str, draft: str, trace0: dict) -> dict[str, 
     trace0: the opening trace; its prompt and parameters fill the fields, so Run repeats it.
     """
     c: dict[str, Any] = {}
-    values = {**pairs.tuned_params(target, draft, method0),
+    values = {**pairs.tuned_params(target, draft).get(method0, {}),
               **(trace0.get("params", {}) if trace0.get("method") == method0 else {})}
     c["prompt"] = gr.Textbox(label="Prompt", lines=2,
                              value=trace0.get("prompt") or _examples()[0],
@@ -224,7 +224,7 @@ def _wire(c: dict, o: dict, k: dict, h: dict, state: gr.State, timer: gr.Timer) 
     c["method"].change(method_change, [c["method"], state, c["target"], c["draft"]],
                        [c["about"], *pool.widgets.values()], api_name="method", **QUICK)
     c["preset"].change(cb.preset_change, [c["preset"]], [c["target"], c["draft"]],
-                       api_name="preset", **QUICK).then(
+                       api_name="preset", **QUICK).success(
         method_change, [c["method"], state, c["target"], c["draft"]],
         [c["about"], *pool.widgets.values()], api_visibility="private", **QUICK)
     h["go"].click(check_tab.check, [h["prompt"], h["method"], h["params"], h["temperature"],

@@ -156,7 +156,9 @@ class TreeSpeculation(SingleStart):
 
     def _features(self, depth: int, logits: torch.Tensor, hidden: torch.Tensor):
         """What a Cali-TS predictor sees after `depth` drafted tokens, the newest one drawn from
-        the draft logits (V,) at the draft state hidden (d,) (None: nothing)."""
+        the draft logits (V,) at the draft state hidden (d,) (None: nothing). Only eesd reads
+        the hidden state, with its own early-exit drafter: the hybrid drafter's is zero where
+        its feature forward was deferred (engine/hybrid.py)."""
         return None
 
     # -------------------------------------------------------------- verify

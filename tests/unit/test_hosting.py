@@ -160,11 +160,12 @@ def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
 def test_tuned_params_are_the_matching_presets_and_nothing_for_other_pairs(host):
     host(HostConfig())
     embedded = next(p for p in all_presets() if p.id == "embedded")
-    assert pairs.tuned_params("embedded", "ngram+feature", "sd") == dict(embedded.params["sd"])
-    assert pairs.tuned_params("", "n-gram+feature", "sd") == dict(embedded.params["sd"])  # aliases
-    assert pairs.tuned_params("embedded", "ngram+feature", "greedy") == {}  # nothing tuned
-    assert pairs.tuned_params("embedded", "feature", "sd") == {}  # another drafter
-    assert pairs.tuned_params(TINY, "", "sd") == {}
-    assert pairs.tuned_params("tiny:{not json", "", "sd") == {}  # a bad spec: the defaults
+    want = {m: dict(v) for m, v in embedded.params.items()}
+    assert pairs.tuned_params("embedded", "ngram+feature") == want
+    assert pairs.tuned_params("", "n-gram+feature") == want  # aliases
+    assert pairs.tuned_params("embedded", "feature") == {}  # another drafter
+    assert pairs.tuned_params(TINY, "") == {}
+    for bad in ("tiny:{not json", "~nosuchuser9/x", "x" * 300):  # the defaults, no traceback
+        assert pairs.tuned_params(bad, "") == {}
     host(HostConfig(presets=("tiny",)))  # a preset this server does not offer tunes nothing
-    assert pairs.tuned_params("embedded", "ngram+feature", "sd") == {}
+    assert pairs.tuned_params("embedded", "ngram+feature") == {}
