@@ -100,12 +100,14 @@ def lookup_covers(n: Scored, parents: torch.Tensor | None) -> bool:
         n: the n-gram runner's Scored of one feed.
         parents: (W, m) the fed nodes' parents (None: the tail alone).
     """
-    low = torch.finfo(torch.float32).min
-    if n.root_logits is not None and not bool((as_float(n.root_logits) > low).any(-1).all()):
+    def proposes(x: torch.Tensor) -> torch.Tensor:  # (..., V) -> (...): any law at all
+        return (x > torch.finfo(x.dtype).min).any(-1)
+
+    if n.root_logits is not None and not bool(proposes(n.root_logits).all()):
         return False
     if n.node_logits.shape[1] == 0:
         return True
-    has = (as_float(n.node_logits) > low).any(-1)  # (W, m)
+    has = proposes(n.node_logits)  # (W, m)
     real = parents.to(has.device) != PAD  # (W, m)
     return bool((has | ~real).all())
 
