@@ -30,6 +30,7 @@ from engine.methods.beam_forest import (
     BEAMS,
     DEAD,
     DRAFT_BEAMS,
+    DRAFT_CONFIDENCE,
     FILL,
     GAMMA,
     BeamStart,
@@ -69,15 +70,31 @@ class Replay:
 class BeamSearch(BeamStart):
     """Beam search (gamma = 0) or AtSpeed strict top-K verification (gamma >= 1)."""
 
-    def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0, fill: bool = False):
+    def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0, fill: bool = False,
+                 draft_confidence: float = 0.0):
         self.start_width, self.n, self.gamma, self.fill = beams, draft_beams, gamma, fill
+        self.draft_confidence = draft_confidence
+        self.gate_info: dict | None = None
 
     def propose(self, ctx) -> Forest:
+        self.gate_info = None
         depth = min(self.gamma, ctx.remaining - 1)  # the round's bonus step always fits
         if depth < 1:
             return empty_forest(ctx.width)
         return draft_forest(ctx, self.state.scores.tolist(), depth, self._top_n,
-                            self._fill if self.fill else None)
+                            self._fill if self.fill else None, self._gate)
+
+    def _gate(self, lq: torch.Tensor, scores: torch.Tensor) -> bool:
+        """Draft this round iff every live beam's likeliest draftable token (EOS is never
+        drafted) has q >= the threshold. The draft's law decides, never the target's: the
+        replayed beam search is the same either way (a skipped round is a plain beam step)."""
+        live = scores > DEAD  # (W,) unfinished, not placeholder rows
+        top = self._draftable(lq)[live].max(dim=-1).values.exp()  # (live,) top q per beam
+        confidence = float(top.min()) if top.numel() else 0.0
+        drafted = confidence >= self.draft_confidence
+        self.gate_info = {"threshold": self.draft_confidence,
+                          "confidence": round(confidence, 6), "drafted": drafted}
+        return drafted
 
     def _draftable(self, joint: torch.Tensor) -> torch.Tensor:
         """(B, V) joint scores with EOS at -inf (EOS is never drafted)."""
@@ -110,6 +127,14 @@ class BeamSearch(BeamStart):
             best = cand[torch.topk(flat[cand], k).indices].tolist()
             extra += [i for i in best if i not in taken][:need]
         return extra
+
+    def _gate_extras(self) -> dict:
+        """The round's gate record (strict only): threshold, the least top q over live beams
+        (None: no draft step fitted), whether the round drafted."""
+        if not self.gamma:
+            return {}
+        return {"gate": self.gate_info or {"threshold": self.draft_confidence,
+                                           "confidence": None, "drafted": False}}
 
     def verify(self, ctx, forest, scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
@@ -197,7 +222,7 @@ class BeamSearch(BeamStart):
             stop_reason=stop_reason(ctx, last) if done else "",
             final_beams=self.final() if done else (),
             extras={"steps": rp.steps, "first_failing_step": failing, "draft_beams": self.n,
-                    "fill": self.fill,
+                    "fill": self.fill, **self._gate_extras(),
                     "beams": self.start_width, "depth": depth},
             beam_steps=tuple(rp.matches),
         )
@@ -276,10 +301,10 @@ register(MethodSpec(
     family="beam",
     exactness="identical to beam search / generate(num_beams=K, do_sample=False), EOS and "
               "finished hypotheses included (the target's beam search is replayed exactly)",
-    params=(BEAMS, DRAFT_BEAMS, GAMMA, FILL),
+    params=(BEAMS, DRAFT_BEAMS, GAMMA, FILL, DRAFT_CONFIDENCE),
     config=StrictConfig,
     build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma,
-                                 fill=cfg.fill),
+                                 fill=cfg.fill, draft_confidence=cfg.draft_confidence),
     reference="beam",
     samples=False,
 ))

@@ -26,6 +26,7 @@ Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest comm
 DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows
 Select = Callable[[torch.Tensor], tuple[list[int], torch.Tensor | None]]
 Fill = Callable[[torch.Tensor, list[int], list[int]], list[int]]
+Gate = Callable[[torch.Tensor, torch.Tensor], bool]
 
 
 # ------------------------------------------------------------------ draft forest (propose)
@@ -42,7 +43,7 @@ class Level:
 
 
 def draft_forest(ctx, root_scores: list[float], depth: int, select: Select,
-                 fill: Fill | None = None) -> Forest:
+                 fill: Fill | None = None, gate: Gate | None = None) -> Forest:
     """The draft's beam search / beam sampling over ``depth`` steps from the W live rows.
 
     One draft forward per depth scores all trees (a node's parent is a node of its own row;
@@ -55,6 +56,8 @@ def draft_forest(ctx, root_scores: list[float], depth: int, select: Select,
         fill: for deterministic selections only: ((B, V) joint scores, the picks, (B,) row of
             each parent) -> more flat indices, drafted after the picks (the slots a row would
             otherwise pad: every forward's shape is the widest row's anyway).
+        gate: ((W, V) the roots' draft log-probs, (W,) root scores) -> whether to draft this
+            round at all (False: no node; the round is a plain step of the target).
     """
     W = ctx.width
     toks: list[list[int]] = [[] for _ in range(W)]
@@ -66,6 +69,8 @@ def draft_forest(ctx, root_scores: list[float], depth: int, select: Select,
     levels: list[Level] = []
     for d in range(depth):
         lq = torch.log_softmax(logits.float().cpu(), dim=-1)  # (B, V)
+        if d == 0 and gate is not None and not gate(lq, scores):
+            break
         joint = scores[:, None] + lq  # (B, V) cumulative draft log-scores
         picks, q_beam = select(joint)
         if not picks:
@@ -268,6 +273,9 @@ class BeamWidthConfig:
     beams: int
 
 
+DRAFT_CONFIDENCE = ParamSpec(
+    "draft_confidence", float, 0.0, "draft a round only when every live beam's likeliest draft "
+    "token has q >= this (else a plain beam step; 0: every round)", min=0.0, max=1.0)
 FILL = ParamSpec("fill", bool, False, "draft each row's next-best continuations into the "
                  "slots the widest row pads (same forward shape, more drafted beams)",
                  advanced=True)
@@ -290,6 +298,8 @@ class AtSpeedConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class StrictConfig(AtSpeedConfig):
-    """atspeed_strict: AtSpeedConfig and whether pad slots hold drafted beams (FILL)."""
+    """atspeed_strict: AtSpeedConfig, whether pad slots hold drafted beams (FILL) and the
+    draft-confidence gate (DRAFT_CONFIDENCE)."""
 
     fill: bool = False
+    draft_confidence: float = 0.0

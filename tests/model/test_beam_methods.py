@@ -176,6 +176,58 @@ def test_strict_partial_acceptance_is_still_identical_to_generate(fill):
           f"for {steps} beam steps")
 
 
+@lru_cache(maxsize=None)
+def gated_runs(confidence: float):
+    """atspeed_strict K=2 N=4 gamma=2 with the draft-confidence gate, perturbed draft, EOS."""
+    target = tiny(2)
+    pair = pair_of(target, perturbed(2, 0.05))
+    eos = frequent_token(target, prompt(20))
+    set_generation(target, eos)
+    return target, eos, [(prompt(20 + s), generate(
+        pair, prompt(20 + s), "atspeed_strict", beams=2, draft_beams=4, gamma=2,
+        draft_confidence=confidence, max_new_tokens=12)) for s in range(3)]
+
+
+def top_q(r) -> list[float]:
+    """Per tree, the draft probability of its likeliest depth-1 node (the root's top q)."""
+    best: dict[int, float] = {}
+    for n in r.nodes:
+        if n.q is not None and n.depth == 1:
+            best[n.tree] = max(best.get(n.tree, 0.0), n.q)
+    return list(best.values())
+
+
+@pytest.mark.parametrize("confidence", [0.2, 0.35, 1.0])
+def test_the_confidence_gate_keeps_strict_identical_to_generate(confidence):
+    target, eos, runs = gated_runs(confidence)
+    set_generation(target, eos)
+    for ids, tr in runs:
+        assert_same_beams(tr, hf_beams(target, ids, 2, 12), eos)
+
+
+def test_the_confidence_gate_drafts_only_rounds_whose_every_beam_is_confident():
+    """A drafted round's every live tree has a depth-1 node of q >= the threshold (its top
+    draftable token, when the N picks reach it); some
+    rounds of the ungated run are not that confident, and the gated run skips them (a plain
+    beam step: no nodes, one target call for one token)."""
+    skipped = drafted = 0
+    for (_, free), (_, gated) in zip(gated_runs(0.0)[2], gated_runs(0.2)[2]):
+        assert any(min(top_q(r)) < 0.2 for r in free.rounds if top_q(r))
+        for r in gated.rounds:
+            info = r.extras["gate"]
+            assert info["threshold"] == 0.2
+            if info["drafted"]:
+                drafted += 1
+                assert min(top_q(r)) >= 0.2 and info["confidence"] >= 0.2
+            else:
+                skipped += 1
+                assert not any(n.q is not None for n in r.nodes) and r.drafted == 0
+                assert r.target_calls == 1
+    assert skipped and drafted
+    never = [r for _, tr in gated_runs(1.0)[2] for r in tr.rounds[1:]]
+    assert not any(r.extras["gate"]["drafted"] for r in never)  # a tiny draft is never sure
+
+
 def test_filled_pad_slots_make_every_tree_as_wide_as_the_widest_at_each_depth():
     """fill: a row with fewer of the N picks drafts its next-best continuations up to the
     widest row's count (the forward is that wide anyway); without fill, N nodes a depth."""
