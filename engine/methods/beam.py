@@ -40,8 +40,10 @@ from engine.methods.beam_forest import (
     StrictConfig,
     beam_verdict,
     children_of,
+    confidence_gate,
     draft_forest,
     forest_depth,
+    gate_extras,
     level_nodes,
     node_target_probs,
     node_traces,
@@ -88,13 +90,9 @@ class BeamSearch(BeamStart):
         """Draft this round iff every live beam's likeliest draftable token (EOS is never
         drafted) has q >= the threshold. The draft's law decides, never the target's: the
         replayed beam search is the same either way (a skipped round is a plain beam step)."""
-        live = scores > DEAD  # (W,) unfinished, not placeholder rows
-        top = self._draftable(lq)[live].max(dim=-1).values.exp()  # (live,) top q per beam
-        confidence = float(top.min()) if top.numel() else 0.0
-        drafted = confidence >= self.draft_confidence
-        self.gate_info = {"threshold": self.draft_confidence,
-                          "confidence": round(confidence, 6), "drafted": drafted}
-        return drafted
+        self.gate_info = confidence_gate(self.draft_confidence, self._draftable(lq),
+                                         scores > DEAD)
+        return self.gate_info["drafted"]
 
     def _draftable(self, joint: torch.Tensor) -> torch.Tensor:
         """(B, V) joint scores with EOS at -inf (EOS is never drafted)."""
@@ -127,14 +125,6 @@ class BeamSearch(BeamStart):
             best = cand[torch.topk(flat[cand], k).indices].tolist()
             extra += [i for i in best if i not in taken][:need]
         return extra
-
-    def _gate_extras(self) -> dict:
-        """The round's gate record (strict only): threshold, the least top q over live beams
-        (None: no draft step fitted), whether the round drafted."""
-        if not self.gamma:
-            return {}
-        return {"gate": self.gate_info or {"threshold": self.draft_confidence,
-                                           "confidence": None, "drafted": False}}
 
     def verify(self, ctx, forest, scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
@@ -222,7 +212,7 @@ class BeamSearch(BeamStart):
             stop_reason=stop_reason(ctx, last) if done else "",
             final_beams=self.final() if done else (),
             extras={"steps": rp.steps, "first_failing_step": failing, "draft_beams": self.n,
-                    "fill": self.fill, **self._gate_extras(),
+                    "fill": self.fill, **gate_extras(self.draft_confidence, self.gate_info),
                     "beams": self.start_width, "depth": depth},
             beam_steps=tuple(rp.matches),
         )

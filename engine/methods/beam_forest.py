@@ -111,6 +111,28 @@ def _add_level(picks, vocab, pos, lq, q_beam, toks, pars, qtok) -> Level:
     return level
 
 
+def confidence_gate(threshold: float, lq: torch.Tensor, live: torch.Tensor) -> dict:
+    """A round's draft-confidence gate: draft iff every live beam's likeliest token has
+    q >= threshold. The draft's law decides, never the target's, so any rule stays exact (a
+    round that does not draft is the method's plain target step).
+
+    Args:
+        lq: (W, V) the roots' draft log-probs (tokens the method never drafts at -inf).
+        live: (W,) bool, the unfinished, non-placeholder rows.
+    Returns:
+        {"threshold", "confidence": the least top q over live rows, "drafted"}.
+    """
+    top = lq[live].max(dim=-1).values.exp()  # (live,) top draft probability per beam
+    confidence = float(top.min()) if top.numel() else 0.0
+    return {"threshold": threshold, "confidence": round(confidence, 6),
+            "drafted": confidence >= threshold}
+
+
+def gate_extras(threshold: float, info: dict | None) -> dict:
+    """The round's gate record for its extras (None: no draft step fitted this round)."""
+    return {"gate": info or {"threshold": threshold, "confidence": None, "drafted": False}}
+
+
 def forest_depth(forest: Forest) -> int:
     return len(forest.extras.get("levels", ()))
 
@@ -273,7 +295,7 @@ class BeamWidthConfig:
     beams: int
 
 
-DRAFT_CONFIDENCE = ParamSpec(
+DRAFT_CONFIDENCE = ParamSpec(  # atspeed_strict and dsbd
     "draft_confidence", float, 0.0, "draft a round only when every live beam's likeliest draft "
     "token has q >= this (else a plain beam step; 0: every round)", min=0.0, max=1.0)
 FILL = ParamSpec("fill", bool, False, "draft each row's next-best continuations into the "

@@ -36,6 +36,7 @@ from engine.methods.beam_forest import (
     BEAMS,
     DEAD,
     DRAFT_BEAMS,
+    DRAFT_CONFIDENCE,
     GAMMA,
     AtSpeedConfig,
     BeamStart,
@@ -43,8 +44,10 @@ from engine.methods.beam_forest import (
     NewBeam,
     Pos,
     beam_verdict,
+    confidence_gate,
     draft_forest,
     forest_depth,
+    gate_extras,
     level_nodes,
     node_target_probs,
     node_traces,
@@ -96,6 +99,8 @@ class SampledBeams(BeamStart):
         self.start_width, self.n, self.gamma = width, draft_beams, gamma
         self.keep = width
         self.need = "K"  # the name of the accepts a layer needs, as the reasons say it
+        self.draft_confidence = 0.0  # the draft-confidence gate (dsbd's parameter; 0: off)
+        self.gate_info: dict | None = None
 
     def start(self, ctx) -> None:
         super().start(ctx)
@@ -103,10 +108,17 @@ class SampledBeams(BeamStart):
 
     # ------------------------------------------------------------- propose
     def propose(self, ctx) -> Forest:
+        self.gate_info = None
         depth = min(self.gamma, ctx.remaining - 1)  # the correction / bonus layer always fits
         if depth < 1:
             return empty_forest(ctx.width)
-        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx))
+        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx), gate=self._gate)
+
+    def _gate(self, lq: torch.Tensor, scores: torch.Tensor) -> bool:
+        """Draft this round iff every live beam's likeliest draft token has q >= the
+        threshold (else the round is a plain beam-sampling step of the method's width)."""
+        self.gate_info = confidence_gate(self.draft_confidence, lq, scores > DEAD)
+        return self.gate_info["drafted"]
 
     def _select(self, ctx):
         """(B, V) joint draft scores -> draws from q_beam = beam_law(joint), and q_beam."""
@@ -241,10 +253,11 @@ class Dsbd(SampledBeams):
     """DSBD: i.i.d. beam-sampling drafts, dynamic-width layer verification (DSBD §3.1-3.4)."""
 
     def __init__(self, *, draft_beams: int, gamma: int, threshold: float, min_width: int,
-                 one_cache: bool):
+                 one_cache: bool, draft_confidence: float = 0.0):
         super().__init__(width=1 if one_cache else draft_beams, draft_beams=draft_beams,
                          gamma=gamma)
         self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
+        self.draft_confidence = draft_confidence
         self.keep, self.need = draft_beams, "width"
 
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
@@ -284,6 +297,7 @@ class Dsbd(SampledBeams):
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
         v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
                              if "decision" in L]
+        v.extras.update(gate_extras(self.draft_confidence, self.gate_info))
         return v
 
 
@@ -315,13 +329,14 @@ class Relaxed(SampledBeams):
 @dataclass(frozen=True, kw_only=True)
 class DsbdConfig:
     """dsbd: W_S draft beams per layer, gamma layers per round, the width threshold t and
-    W_min <= W_S (DSBD Eq. 6-7), and one-cache mode (DSBD §3.4)."""
+    W_min <= W_S (DSBD Eq. 6-7), one-cache mode (DSBD §3.4) and the draft-confidence gate."""
 
     draft_beams: int
     gamma: int
     threshold: float
     min_width: int
     one_cache: bool
+    draft_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if self.min_width > self.draft_beams:
@@ -331,7 +346,8 @@ class DsbdConfig:
 
 def build_dsbd(cfg: DsbdConfig) -> Dsbd:
     return Dsbd(draft_beams=cfg.draft_beams, gamma=cfg.gamma, threshold=cfg.threshold,
-                min_width=cfg.min_width, one_cache=cfg.one_cache)
+                min_width=cfg.min_width, one_cache=cfg.one_cache,
+                draft_confidence=cfg.draft_confidence)
 
 
 def build_relaxed(cfg: AtSpeedConfig) -> Relaxed:
@@ -359,6 +375,7 @@ register(MethodSpec(
                   advanced=True),
         ParamSpec("one_cache", bool, False, "keep one beam after each round (§3.4)",
                   advanced=True),
+        DRAFT_CONFIDENCE,
     ),
     config=DsbdConfig,
     build=build_dsbd,

@@ -526,6 +526,7 @@ def test_atspeed_relaxed_runs_end_to_end_with_complete_records():
 # ------------------------------------------------------------------ laws (exact enumeration)
 
 LAW_VOCAB, LAW_TOPK = 6, 3
+GATE = 0.5  # a draft-confidence threshold some states of law_pair's draft pass, some not
 
 
 def law_pair():
@@ -534,21 +535,28 @@ def law_pair():
     return pair_of(target, perturbed(1, 0.05, LAW_VOCAB, 1, 0.5))
 
 
-def engine_law(pair, method: str, key=tuple, **params) -> tuple[dict, Counter]:
-    """Exact law of the final beam rows (every branch of every random choice, float64)."""
+def engine_law(pair, method: str, key=tuple, new: int = 2, gates: Counter | None = None,
+               top_k: int = LAW_TOPK, **params) -> tuple[dict, Counter]:
+    """Exact law of the final beam rows (every branch of every random choice, float64);
+    gates, when given, collects the weight of drafted / skipped rounds after round 0."""
     law, outcomes = defaultdict(float), Counter()
 
     def run(chooser):
-        dec, _, _ = make_decoder(pair, [2, 3, 4], method, max_new_tokens=2, top_k=LAW_TOPK,
+        dec, _, _ = make_decoder(pair, [2, 3, 4], method, max_new_tokens=new, top_k=top_k,
                                  **params)
         dec.ctx.chooser = chooser
         rounds = list(dec.rounds())
         first = rounds[0].extras.get("layers", [{}])[0].get("outcome")
-        return key(tuple(s) for s in dec.ctx.seqs), first
+        gated = tuple(r.extras["gate"]["drafted"] for r in rounds[1:]
+                      if r.extras.get("gate", {}).get("confidence") is not None)
+        return key(tuple(s) for s in dec.ctx.seqs), first, gated
 
-    for w, (seqs, first) in enumerate_outcomes(run):
+    for w, (seqs, first, gated) in enumerate_outcomes(run):
         law[seqs] += w
         outcomes[first] += w
+        if gates is not None:
+            for g in gated:
+                gates[g] += w
     return dict(law), outcomes
 
 
@@ -568,6 +576,21 @@ def test_dsbd_constant_width_output_law_equals_beam_sampling_end_to_end():
     law, outcomes = engine_law(pair, "dsbd", draft_beams=2, min_width=2, gamma=1)
     assert abs(sum(law.values()) - 1) < 1e-9
     assert outcomes["accepted"] > 0.1 and outcomes["corrected"] > 0.1  # both paths weigh
+    assert gap(law, ref) < 1e-5, gap(law, ref)
+
+
+def test_gated_dsbd_output_law_still_equals_beam_sampling_end_to_end():
+    """The draft-confidence gate reads the draft's law only: rounds it skips are plain
+    beam-sampling steps, rounds it lets draft are DSBD rounds, and the law of three steps is
+    beam sampling's either way (K = W_S = 2, gamma 1, top-2 warp; both kinds of round
+    weigh)."""
+    pair = law_pair()
+    ref, _ = engine_law(pair, "beam_sample", new=3, top_k=2, beams=2)
+    gates: Counter = Counter()
+    law, _ = engine_law(pair, "dsbd", new=3, gates=gates, top_k=2, draft_beams=2, min_width=2,
+                        gamma=1, draft_confidence=GATE)
+    assert gates[True] > 0.05 and gates[False] > 0.05, gates  # both branches weigh
+    assert abs(sum(law.values()) - 1) < 1e-9
     assert gap(law, ref) < 1e-5, gap(law, ref)
 
 
