@@ -158,6 +158,18 @@ def _width(extras: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def gate_markdown(gate: Any) -> str:
+    """The beam methods' draft-confidence gate: why the round drafted or ran a plain step."""
+    if not isinstance(gate, dict) or gate.get("confidence") is None:
+        return ""
+    c, least = _num(gate.get("threshold")), _num(gate.get("confidence"))
+    if gate.get("drafted"):
+        return (f"**Draft gate**: drafted: every live beam's likeliest draft token has q >= {c}"
+                f" (least {least})")
+    return (f"**Draft gate**: not drafted: a live beam's likeliest draft token has q = {least}"
+            f" < {c}, so the round is a plain target step")
+
+
 def _short(v: Any, limit: int = 120) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -170,8 +182,8 @@ def extras_markdown(trace: RunTrace | None, index: int) -> str:
         return ""
     r = _round(trace, index)
     ex = dict(r.extras or {})
-    parts = [p for p in (beam_match_markdown(trace, index), _width(ex),
-                         _optimal(ex.pop("optimal", None))) if p]
+    parts = [p for p in (gate_markdown(ex.pop("gate", None)), beam_match_markdown(trace, index),
+                         _width(ex), _optimal(ex.pop("optimal", None))) if p]
     rest = {k: v for k, v in ex.items() if "width" not in k.lower()}
     inline = {k: v for k, v in rest.items() if not _is_table(v)}
     if inline:

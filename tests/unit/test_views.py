@@ -461,6 +461,23 @@ def test_beam_match_table_leads_the_round_extras_and_is_absent_elsewhere(trace):
     assert "Beam match" not in round_panel.extras_markdown(trace, 0)
 
 
+def test_the_draft_gate_says_why_a_beam_round_drafted_or_not():
+    said = {}
+    for drafted, least in ((True, 0.62), (False, 0.12)):
+        gate = {"threshold": 0.3, "confidence": least, "drafted": drafted}
+        r = RoundTrace(0, extras={"gate": gate})
+        t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+        said[drafted] = round_panel.extras_markdown(t, 0)
+    assert said[True] == ("**Draft gate**: drafted: every live beam's likeliest draft token "
+                          "has q >= 0.3 (least 0.62)")
+    assert said[False].startswith("**Draft gate**: not drafted: a live beam's likeliest draft "
+                                  "token has q = 0.12 < 0.3")
+    no_step = RoundTrace(0, extras={"gate": {"threshold": 0.3, "confidence": None,
+                                             "drafted": False}})
+    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (no_step,), (), "", (), {})
+    assert round_panel.extras_markdown(t, 0) == ""  # no draft step fitted: nothing to say
+
+
 def test_sampling_beam_steps_show_the_target_law_next_to_the_score():
     t = _strict_trace()
     step = BeamStep(1, "bonus", (TargetBeam(1, 0, -1, 110, " x", -0.5, -1, 0.25),),
