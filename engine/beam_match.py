@@ -82,10 +82,13 @@ def layer_reason(outcome: str, accepted: int, drafts: int, width: int, need: str
     """DSBD / AtSpeed relaxed: why a layer passed or stopped, in one line.
 
     Args:
-        outcome: "accepted" | "corrected" | "bonus" (engine.verify.beam.LayerVerdict).
+        outcome: "accepted" | "corrected" | "bonus" (engine.verify.beam.LayerVerdict), or
+            "plain": the round drafted nothing and the target drew the layer alone.
         accepted: drafts the rule accepted; drafts: drafts tested; width: accepts needed
-            (or, for a bonus layer, beams drawn); need: the name of that width.
+            (or, for a bonus or plain layer, beams drawn); need: the name of that width.
     """
+    if outcome == "plain":
+        return f"no draft this round: {width} beams drawn from the target's beam law"
     if outcome == "bonus":
         return (f"bonus layer: every drafted layer passed; {width} beams drawn from the "
                 f"target's beam law")

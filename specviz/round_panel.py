@@ -164,10 +164,10 @@ def gate_markdown(gate: Any) -> str:
         return ""
     c, least = _num(gate.get("threshold")), _num(gate.get("confidence"))
     if gate.get("drafted"):
-        return (f"**Draft gate**: drafted: every live beam's likeliest draft token has q >= {c}"
-                f" (least {least})")
-    return (f"**Draft gate**: not drafted: a live beam's likeliest draft token has q = {least}"
-            f" < {c}, so the round is a plain target step")
+        return (f"**Draft gate**: drafted: every live beam's likeliest draftable token has "
+                f"q >= {c} (least {least})")
+    return (f"**Draft gate**: not drafted: a live beam's likeliest draftable token has "
+            f"q = {least} < {c}, so the round is a plain target step")
 
 
 def _short(v: Any, limit: int = 120) -> str:

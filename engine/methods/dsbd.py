@@ -112,11 +112,13 @@ class SampledBeams(BeamStart):
         depth = min(self.gamma, ctx.remaining - 1)  # the correction / bonus layer always fits
         if depth < 1:
             return empty_forest(ctx.width)
-        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx), gate=self._gate)
+        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx),
+                            gate=self._gate if self.draft_confidence > 0 else None)
 
     def _gate(self, lq: torch.Tensor, scores: torch.Tensor) -> bool:
         """Draft this round iff every live beam's likeliest draft token has q >= the
-        threshold (else the round is a plain beam-sampling step of the method's width)."""
+        threshold (else the round is a plain beam-sampling step of the method's width). The
+        decision is fixed before the round draws anything, so the law is kept."""
         self.gate_info = confidence_gate(self.draft_confidence, lq, scores > DEAD)
         return self.gate_info["drafted"]
 
@@ -176,8 +178,11 @@ class SampledBeams(BeamStart):
         vocab = p.shape[1]
         top = [(i // vocab, i % vocab) for i in torch.topk(flat, k).indices.tolist()]
         width = len(v.beams) if v.outcome == "bonus" else v.width
-        reason = layer_reason(v.outcome, v.accepted, len(drafted), width, self.need)
-        return match_step(j, "bonus" if v.outcome == "bonus" else "drafted", st.pos, joint, top,
+        plain = v.outcome == "bonus" and forest_depth(forest) == 0  # nothing drafted
+        reason = layer_reason("plain" if plain else v.outcome, v.accepted, len(drafted), width,
+                              self.need)
+        kind = "target" if plain else "bonus" if v.outcome == "bonus" else "drafted"
+        return match_step(j, kind, st.pos, joint, top,
                           drafted, lambda pos, t: path_text(ctx, forest, pos, t), law=p,
                           accepted=v.step_accepted, reason=reason)
 
@@ -297,7 +302,8 @@ class Dsbd(SampledBeams):
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
         v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
                              if "decision" in L]
-        v.extras.update(gate_extras(self.draft_confidence, self.gate_info))
+        if self.draft_confidence > 0:
+            v.extras.update(gate_extras(self.draft_confidence, self.gate_info))
         return v
 
 
@@ -364,7 +370,9 @@ register(MethodSpec(
               "(Theorem 3.1, exact enumeration); with min_width = draft_beams the run has the "
               "law of beam sampling of width W_S (exact end-to-end check); a dynamic width "
               "gives beam sampling with that random width schedule; one-cache mode is a "
-              "different decoder",
+              "different decoder; a round the draft-confidence gate skips is a plain beam-"
+              "sampling step of width W_S (with a dynamic width, part of the random width "
+              "schedule; one-cache: one beam)",
     params=(
         ParamSpec("draft_beams", int, 4, "draft beams W_S per layer (also the output width)",
                   min=1, max=64),

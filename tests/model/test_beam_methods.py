@@ -216,13 +216,16 @@ def test_the_confidence_gate_drafts_only_rounds_whose_every_beam_is_confident():
         for r in gated.rounds:
             info = r.extras["gate"]
             assert info["threshold"] == 0.2
+            if info["confidence"] is None:  # the last token: no draft step fits
+                continue
             if info["drafted"]:
                 drafted += 1
                 assert min(top_q(r)) >= 0.2 and info["confidence"] >= 0.2
             else:
                 skipped += 1
+                assert info["confidence"] < 0.2
                 assert not any(n.q is not None for n in r.nodes) and r.drafted == 0
-                assert r.target_calls == 1
+                assert [s.kind for s in r.beam_steps] == ["target"]
     assert skipped and drafted
     never = [r for _, tr in gated_runs(1.0)[2] for r in tr.rounds[1:]]
     assert not any(r.extras["gate"]["drafted"] for r in never)  # a tiny draft is never sure
@@ -471,6 +474,10 @@ def test_dsbd_beam_steps_rank_drafts_by_the_target_beam_law_and_give_the_layer_r
             assert 1 <= len(s.target_beams) <= 4  # the W_S most probable target beams
             law = [b.p for b in s.target_beams]
             assert law == sorted(law, reverse=True) and all(x > 0 for x in law)
+            if layer["outcome"] == "bonus" and not any(n.q is not None for n in r.nodes):
+                assert s.kind == "target" and not s.drafted  # a round that drafted nothing
+                assert s.reason.startswith("no draft this round")
+                continue
             if layer["outcome"] == "bonus":
                 assert s.kind == "bonus" and not s.drafted and s.reason.startswith("bonus")
                 continue
@@ -592,6 +599,19 @@ def test_gated_dsbd_output_law_still_equals_beam_sampling_end_to_end():
     assert gates[True] > 0.05 and gates[False] > 0.05, gates  # both branches weigh
     assert abs(sum(law.values()) - 1) < 1e-9
     assert gap(law, ref) < 1e-5, gap(law, ref)
+
+
+def test_a_round_gated_dsbd_skips_is_a_plain_layer_and_says_so():
+    pair = law_pair()
+    tr = generate(pair, [2, 3, 4], "dsbd", draft_beams=2, min_width=2, gamma=1,
+                  draft_confidence=GATE, temperature=1.0, max_new_tokens=8, seed=3)
+    kinds = {r.extras["gate"]["drafted"]: [s.kind for s in r.beam_steps] for r in tr.rounds
+             if r.extras["gate"]["confidence"] is not None}
+    assert kinds[False] == ["target"] and kinds[True][0] == "drafted"
+    skipped = next(r for r in tr.rounds if r.extras["gate"]["confidence"] is not None
+                   and not r.extras["gate"]["drafted"])
+    assert skipped.drafted == 0 and not any(n.q is not None for n in skipped.nodes)
+    assert skipped.beam_steps[0].reason.startswith("no draft this round")
 
 
 def test_atspeed_relaxed_distance_from_beam_sampling_is_measured():

@@ -88,6 +88,8 @@ def test_layer_reasons_state_accepts_against_the_width_needed():
                                                           "min(1, p/q): width = 2 reached")
     assert layer_reason("corrected", 1, 3, 2, "K") == ("only 1 of 3 drafts accepted (K = 2 "
                                                        "needed): the rest drawn from the residual")
+    assert layer_reason("plain", 0, 0, 4, "width") == ("no draft this round: 4 beams drawn "
+                                                       "from the target's beam law")
     assert layer_reason("bonus", 0, 0, 4, "width") == ("bonus layer: every drafted layer "
                                                        "passed; 4 beams drawn from the target's "
                                                        "beam law")

@@ -468,10 +468,10 @@ def test_the_draft_gate_says_why_a_beam_round_drafted_or_not():
         r = RoundTrace(0, extras={"gate": gate})
         t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
         said[drafted] = round_panel.extras_markdown(t, 0)
-    assert said[True] == ("**Draft gate**: drafted: every live beam's likeliest draft token "
-                          "has q >= 0.3 (least 0.62)")
-    assert said[False].startswith("**Draft gate**: not drafted: a live beam's likeliest draft "
-                                  "token has q = 0.12 < 0.3")
+    assert said[True] == ("**Draft gate**: drafted: every live beam's likeliest draftable "
+                          "token has q >= 0.3 (least 0.62)")
+    assert said[False].startswith("**Draft gate**: not drafted: a live beam's likeliest "
+                                  "draftable token has q = 0.12 < 0.3")
     no_step = RoundTrace(0, extras={"gate": {"threshold": 0.3, "confidence": None,
                                              "drafted": False}})
     t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (no_step,), (), "", (), {})
