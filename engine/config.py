@@ -8,6 +8,7 @@ defaults, help and ranges stay in the rows), built by :func:`config_from_params`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar, get_type_hints
@@ -45,6 +46,8 @@ class ParamSpec:
             v = _convert(self.type, value)
         except (TypeError, ValueError):
             raise ConfigError(f"{self.name}: expected {self.type.__name__}, got {value!r}")
+        if isinstance(v, float) and not math.isfinite(v):  # nan passes every comparison
+            raise ConfigError(f"{self.name} must be a finite number, got {v}")
         if self.choices and v not in self.choices:
             raise ConfigError(f"{self.name} must be one of {', '.join(map(str, self.choices))}")
         if self.min is not None and (v < self.min or (self.min_exclusive and v == self.min)):

@@ -34,10 +34,21 @@ def test_bad_k_config_is_refused(bad):
     ("top_p", 0, "top_p must be > 0.0"),
     ("top_p", 1.01, "top_p must be <= 1.0"),
     ("seed", "x", "seed: expected int"),
+    ("temperature", "nan", "temperature must be a finite number, got nan"),
+    ("top_p", float("nan"), "top_p must be a finite number"),
+    ("temperature", "inf", "temperature must be a finite number"),
 ])
 def test_common_params_are_validated_with_one_line_messages(name, value, msg):
     with pytest.raises(ConfigError, match=msg):
         validate_params(COMMON_PARAMS, {name: value}, "greedy")
+
+
+def test_a_method_float_parameter_refuses_nan():
+    from engine.methods import METHODS
+
+    spec = next(p for p in METHODS["dsbd"].params if p.name == "draft_confidence")
+    with pytest.raises(ConfigError, match="draft_confidence must be a finite number"):
+        spec.parse("nan")
 
 
 def test_unknown_parameter_names_the_method():
