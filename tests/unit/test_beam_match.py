@@ -93,3 +93,18 @@ def test_layer_reasons_state_accepts_against_the_width_needed():
     assert layer_reason("bonus", 0, 0, 4, "width") == ("bonus layer: every drafted layer "
                                                        "passed; 4 beams drawn from the target's "
                                                        "beam law")
+
+
+def test_the_draft_gate_reads_the_least_top_q_of_the_live_beams_only():
+    from engine.methods.beam_forest import confidence_gate
+
+    q = torch.tensor([[0.7, 0.2, 0.1],   # live, sure
+                      [0.4, 0.3, 0.3],   # live, least sure of the live rows
+                      [0.34, 0.33, 0.33]])  # finished / placeholder: not read
+    live = torch.tensor([True, True, False])
+    info = confidence_gate(0.4, q.log(), live)
+    assert info == {"threshold": 0.4, "confidence": 0.4, "drafted": True}
+    assert not confidence_gate(0.41, q.log(), live)["drafted"]
+    assert confidence_gate(0.3, q.log(), torch.tensor([False, False, True]))["confidence"] == 0.34
+    none = confidence_gate(0.1, q.log(), torch.tensor([False, False, False]))
+    assert none == {"threshold": 0.1, "confidence": 0.0, "drafted": False}
