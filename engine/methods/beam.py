@@ -40,10 +40,8 @@ from engine.methods.beam_forest import (
     StrictConfig,
     beam_verdict,
     children_of,
-    confidence_gate,
     draft_forest,
     forest_depth,
-    gate_extras,
     level_nodes,
     node_target_probs,
     node_traces,
@@ -76,23 +74,17 @@ class BeamSearch(BeamStart):
                  draft_confidence: float = 0.0):
         self.start_width, self.n, self.gamma, self.fill = beams, draft_beams, gamma, fill
         self.draft_confidence = draft_confidence
-        self.gate_info: dict | None = None
 
     def propose(self, ctx) -> Forest:
-        self.gate_info = None
+        gate = self.round_gate()  # a skipped round is a plain beam step: the same replay
         depth = min(self.gamma, ctx.remaining - 1)  # the round's bonus step always fits
         if depth < 1:
             return empty_forest(ctx.width)
         return draft_forest(ctx, self.state.scores.tolist(), depth, self._top_n,
-                            self._fill if self.fill else None, self._gate)
+                            self._fill if self.fill else None, gate)
 
-    def _gate(self, lq: torch.Tensor, scores: torch.Tensor) -> bool:
-        """Draft this round iff every live beam's likeliest draftable token (EOS is never
-        drafted) has q >= the threshold. The draft's law decides, never the target's: the
-        replayed beam search is the same either way (a skipped round is a plain beam step)."""
-        self.gate_info = confidence_gate(self.draft_confidence, self._draftable(lq),
-                                         scores > DEAD)
-        return self.gate_info["drafted"]
+    def gate_law(self, lq: torch.Tensor) -> torch.Tensor:
+        return self._draftable(lq)  # EOS is never drafted
 
     def _draftable(self, joint: torch.Tensor) -> torch.Tensor:
         """(B, V) joint scores with EOS at -inf (EOS is never drafted)."""
@@ -212,7 +204,7 @@ class BeamSearch(BeamStart):
             stop_reason=stop_reason(ctx, last) if done else "",
             final_beams=self.final() if done else (),
             extras={"steps": rp.steps, "first_failing_step": failing, "draft_beams": self.n,
-                    "fill": self.fill, **gate_extras(self.draft_confidence, self.gate_info),
+                    "fill": self.fill, **self.gate_extras(),
                     "beams": self.start_width, "depth": depth},
             beam_steps=tuple(rp.matches),
         )

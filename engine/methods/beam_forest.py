@@ -128,11 +128,6 @@ def confidence_gate(threshold: float, lq: torch.Tensor, live: torch.Tensor) -> d
             "drafted": confidence >= threshold}
 
 
-def gate_extras(threshold: float, info: dict | None) -> dict:
-    """The round's gate record for its extras (None: no draft step fitted this round)."""
-    return {"gate": info or {"threshold": threshold, "confidence": None, "drafted": False}}
-
-
 def forest_depth(forest: Forest) -> int:
     return len(forest.extras.get("levels", ()))
 
@@ -264,6 +259,30 @@ class BeamStart:
     """W rows of the prompt with scores [0, -1e9, ...] (generate's beam initialisation)."""
 
     start_width = 1
+    draft_confidence = 0.0  # the draft-confidence gate's threshold (0: off)
+    gate_info: dict | None = None  # this round's gate record (None: the gate did not run)
+
+    def round_gate(self) -> Gate | None:
+        """The gate for this round's draft_forest (None when off); clears the last record."""
+        self.gate_info = None
+        return self._gate if self.draft_confidence > 0 else None
+
+    def _gate(self, lq: torch.Tensor, scores: torch.Tensor) -> bool:
+        self.gate_info = confidence_gate(self.draft_confidence, self.gate_law(lq),
+                                         scores > DEAD)
+        return self.gate_info["drafted"]
+
+    def gate_law(self, lq: torch.Tensor) -> torch.Tensor:
+        """(W, V) the draft log-probs the gate reads (a method masks what it never drafts)."""
+        return lq
+
+    def gate_extras(self) -> dict:
+        """The round's gate record for its extras ({} when the gate is off; confidence None:
+        no draft step fitted this round)."""
+        if self.draft_confidence <= 0:
+            return {}
+        return {"gate": self.gate_info or {"threshold": self.draft_confidence,
+                                           "confidence": None, "drafted": False}}
 
     def start(self, ctx) -> None:
         w = self.start_width

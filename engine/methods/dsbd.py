@@ -44,10 +44,8 @@ from engine.methods.beam_forest import (
     NewBeam,
     Pos,
     beam_verdict,
-    confidence_gate,
     draft_forest,
     forest_depth,
-    gate_extras,
     level_nodes,
     node_target_probs,
     node_traces,
@@ -99,8 +97,6 @@ class SampledBeams(BeamStart):
         self.start_width, self.n, self.gamma = width, draft_beams, gamma
         self.keep = width
         self.need = "K"  # the name of the accepts a layer needs, as the reasons say it
-        self.draft_confidence = 0.0  # the draft-confidence gate (dsbd's parameter; 0: off)
-        self.gate_info: dict | None = None
 
     def start(self, ctx) -> None:
         super().start(ctx)
@@ -108,19 +104,13 @@ class SampledBeams(BeamStart):
 
     # ------------------------------------------------------------- propose
     def propose(self, ctx) -> Forest:
-        self.gate_info = None
+        # the gate decides before the round draws anything, so the law is kept (a skipped
+        # round is a plain beam-sampling step of the method's width)
+        gate = self.round_gate()
         depth = min(self.gamma, ctx.remaining - 1)  # the correction / bonus layer always fits
         if depth < 1:
             return empty_forest(ctx.width)
-        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx),
-                            gate=self._gate if self.draft_confidence > 0 else None)
-
-    def _gate(self, lq: torch.Tensor, scores: torch.Tensor) -> bool:
-        """Draft this round iff every live beam's likeliest draft token has q >= the
-        threshold (else the round is a plain beam-sampling step of the method's width). The
-        decision is fixed before the round draws anything, so the law is kept."""
-        self.gate_info = confidence_gate(self.draft_confidence, lq, scores > DEAD)
-        return self.gate_info["drafted"]
+        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx), gate=gate)
 
     def _select(self, ctx):
         """(B, V) joint draft scores -> draws from q_beam = beam_law(joint), and q_beam."""
@@ -302,8 +292,7 @@ class Dsbd(SampledBeams):
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
         v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
                              if "decision" in L]
-        if self.draft_confidence > 0:
-            v.extras.update(gate_extras(self.draft_confidence, self.gate_info))
+        v.extras.update(self.gate_extras())
         return v
 
 
