@@ -10,7 +10,7 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
   sequential decoding (both from :func:`engine.forest.attention_inputs`);
 - :meth:`feed` returns a :class:`Scored`: logits and hidden states of what it fed;
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
-  kept path (index_select / gather on the sequence axis), and reorders or duplicates rows.
+  kept path (one index_select over row, head and slot), and reorders or duplicates rows.
 """
 
 from __future__ import annotations
@@ -240,8 +240,11 @@ class CachedModel:
 
 
 def _select(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor."""
-    x = x.index_select(0, rows)  # (W', H, S, D)
-    H, D = x.shape[1], x.shape[3]
-    gather_idx = idx[:, None, :, None].expand(-1, H, -1, D)  # (W', H, S', D)
-    return x.gather(2, gather_idx)
+    """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor, as one copy: a single
+    index_select over (row, head, slot) triples of the flattened cache (a row reorder then a
+    gather on the sequence axis copied the cache twice and read a cache-sized index)."""
+    W, H, S, D = x.shape
+    heads = torch.arange(H, device=x.device)  # (H,)
+    flat = (rows[:, None, None] * H + heads[None, :, None]) * S + idx[:, None, :]  # (W', H, S')
+    out = x.reshape(W * H * S, D).index_select(0, flat.reshape(-1))  # (W' * H * S', D)
+    return out.view(idx.shape[0], H, idx.shape[1], D)  # (W', H, S', D)

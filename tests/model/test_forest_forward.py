@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cached_model import CachedModel, check_supported
+from engine.cached_model import CachedModel, _select, check_supported
 from engine.errors import UnsupportedModelError
 from engine.forest import PAD, ROOT
 from engine.models import model_from_config, tiny_config
@@ -169,3 +169,17 @@ def test_lm_head_runs_only_on_the_newest_tail_token_and_the_nodes():
     out = cached.feed(torch.tensor([[10, 12]]), torch.tensor([[ROOT, 0]]))
     assert seen["head"] == [(1, 3)]  # not the 6 older prompt tokens
     assert out.node_logits.shape[:2] == (1, 2) and out.root_logits.shape[0] == 1
+
+
+def test_cache_select_takes_each_new_rows_parent_and_slots_in_one_copy():
+    x = torch.randn(3, 2, 7, 4)  # (W, H, S, D)
+    rows = torch.tensor([2, 2, 0, 1])  # a duplicated row, a reorder and one row more
+    idx = torch.tensor([[0, 1, 5], [0, 1, 6], [0, 1, 2], [0, 1, 4]])  # (W', S')
+    out = _select(x, rows, idx)
+    assert out.shape == (4, 2, 3, 4)
+    for r in range(4):
+        for s in range(3):
+            assert torch.equal(out[r, :, s], x[rows[r], :, idx[r, s]])
+    # a non-contiguous cache view selects the same
+    view = torch.randn(3, 2, 9, 4)[:, :, :7]
+    assert torch.equal(_select(view, rows, idx), _select(view.contiguous(), rows, idx))
