@@ -27,6 +27,7 @@ from torch import nn
 
 from engine.cached_model import CachedModel
 from engine.errors import ConfigError
+from engine.layout import weight_product
 from engine.weights import (
     DRAFTER_DIR,
     PREDICTOR_FILE,
@@ -189,7 +190,7 @@ class ShortlistHead(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d) hidden states -> (..., V) logits."""
         out = h.new_full((*h.shape[:-1], self.vocab_size), torch.finfo(h.dtype).min)
-        out[..., self.ids] = h @ self.weight.T  # (..., S)
+        out[..., self.ids] = weight_product(self, h)  # (..., S): packed on CPU (engine.layout)
         return out
 
 

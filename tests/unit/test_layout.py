@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from engine.drafters import ShortlistHead
 from engine.layout import (
     GEMM_ROWS,
     PAD_ROWS,
     _can_pack,
+    _packed_weight,
     head_logits,
     layout_for,
     packed_active,
@@ -160,3 +162,25 @@ def test_head_logits_keep_a_heads_bias():
     h = torch.randn(1, 13, 16)
     with torch.no_grad():
         assert torch.allclose(head_logits(head, h), head(h), atol=1e-5)
+
+
+def test_a_shortlisted_head_uses_a_packed_copy_and_repacks_a_changed_weight():
+    gen = torch.Generator().manual_seed(3)
+    head = nn.Linear(16, 64, bias=False)
+    short = ShortlistHead(head, torch.randperm(64, generator=gen)[:24])
+
+    def stock(h):  # (..., V): the shortlist's logits, the dtype's minimum elsewhere
+        out = torch.full((*h.shape[:-1], 64), torch.finfo(h.dtype).min)
+        out[..., short.ids] = h @ short.weight.T
+        return out
+
+    with torch.no_grad():
+        for rows in (1, 3, 9):
+            h = torch.randn(rows, 16, generator=gen)
+            assert torch.allclose(short(h), stock(h), atol=1e-5)
+        assert _packed_weight(short) is not None  # the product ran through a packed copy
+        # the engine's head_logits reads such a head whole (V logits), not its packed copy
+        assert torch.allclose(head_logits(short, h), stock(h), atol=1e-5)
+        short.weight.mul_(2.0)  # in place: the packed copy is stale now
+        h = torch.randn(5, 16, generator=gen)
+        assert torch.allclose(short(h), stock(h), atol=1e-5)
