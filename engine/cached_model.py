@@ -229,6 +229,9 @@ class CachedModel:
                         layer.keys = layer.keys[:, :, :prefix]
                         layer.values = layer.values[:, :, :prefix]
             return
+        if f and not bool(((node_slots >= prefix) & (node_slots < length)).all()):
+            raise ValueError("a kept node's cache slot is outside the fed forest")  # the flat
+            # index_select below would read another row's or head's KV instead of failing
         idx = torch.cat(
             [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
         )  # (W', prefix + f)

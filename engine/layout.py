@@ -26,7 +26,7 @@ only the order of floating-point sums does, as with any change of batch shape, a
 exactness tests run with it. Models whose weights exceed DUAL_LIMIT_BYTES keep one copy (the
 packed copy would cost that much memory again); a torch without oneDNN keeps the stock path. A
 weight replaced or changed in place after packing (its storage or version counter moved) is
-used stock from then on, never through a stale copy.
+used stock from then on, never through a stale copy (a shortlisted head's is packed afresh).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ PACK_HINT = 8  # the row count oneDNN packs for (flat cost from 1 to 16 rows, me
 PAD_ROWS = 4  # fewer rows are padded with zero rows to this many (cheaper kernel, measured)
 DUAL_LIMIT_BYTES = 2 * 1024**3  # at most this much weight gets a packed copy
 
-_PACKED: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear -> (packed weight, stamp)
+_PACKED: WeakKeyDictionary = WeakKeyDictionary()  # nn.Linear or a head -> (packed, stamp)
 _MODELS: WeakKeyDictionary = WeakKeyDictionary()  # model -> its nn.Linear with a packed copy
 
 
