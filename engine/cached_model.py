@@ -235,19 +235,34 @@ class CachedModel:
         idx = torch.cat(
             [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
         )  # (W', prefix + f)
+        flats: dict[tuple[int, ...], torch.Tensor] = {}  # one index per cache shape (H, S)
         for layer in self.cache.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
-            layer.keys = _select(layer.keys, rows, idx)
-            layer.values = _select(layer.values, rows, idx)
+            shape = tuple(layer.keys.shape[1:3])
+            if shape not in flats:
+                flats[shape] = _flat_index(rows, idx, *shape)
+            layer.keys = _take(layer.keys, flats[shape], idx.shape)
+            layer.values = _take(layer.values, flats[shape], idx.shape)
+
+
+def _flat_index(rows: torch.Tensor, idx: torch.Tensor, H: int, S: int) -> torch.Tensor:
+    """(W' * H * S',) positions of x[rows[r], h, idx[r, s]] in a (W, H, S, D) cache tensor
+    flattened to (W * H * S, D)."""
+    heads = torch.arange(H, device=idx.device)  # (H,)
+    flat = (rows[:, None, None] * H + heads[None, :, None]) * S + idx[:, None, :]  # (W', H, S')
+    return flat.reshape(-1)
+
+
+def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The (W', H, S', D) selection of a (W, H, S, D) cache tensor as one copy: a single
+    index_select over its flattened (row, head, slot) axis (a row reorder then a gather on
+    the sequence axis copied the cache twice and read a cache-sized index)."""
+    W, H, S, D = x.shape
+    out = x.reshape(W * H * S, D).index_select(0, flat)  # (W' * H * S', D)
+    return out.view(shape[0], H, shape[1], D)  # (W', H, S', D)
 
 
 def _select(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor, as one copy: a single
-    index_select over (row, head, slot) triples of the flattened cache (a row reorder then a
-    gather on the sequence axis copied the cache twice and read a cache-sized index)."""
-    W, H, S, D = x.shape
-    heads = torch.arange(H, device=x.device)  # (H,)
-    flat = (rows[:, None, None] * H + heads[None, :, None]) * S + idx[:, None, :]  # (W', H, S')
-    out = x.reshape(W * H * S, D).index_select(0, flat.reshape(-1))  # (W' * H * S', D)
-    return out.view(idx.shape[0], H, idx.shape[1], D)  # (W', H, S', D)
+    """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor (what a commit does per layer)."""
+    return _take(x, _flat_index(rows, idx, x.shape[1], x.shape[2]), idx.shape)

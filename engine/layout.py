@@ -158,10 +158,13 @@ def layout_for(model: nn.Module, rows: int):
 def weight_product(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ m.weight^T for a module with a 2-D weight that is not an nn.Linear (a
     shortlisted head): through a packed copy made on first use (CPU fp32 outside autograd,
-    with oneDNN; re-made when the weight changes), the stock product otherwise."""
+    with oneDNN, at most DUAL_LIMIT_BYTES; re-made when the weight changes), the stock product
+    otherwise."""
+    w = m.weight
     if (not _can_pack() or torch.is_grad_enabled() or x.dtype != torch.float32
-            or x.device.type != "cpu" or m.weight.dtype != torch.float32):
-        return x @ m.weight.T  # (..., out)
+            or x.device.type != "cpu" or w.dtype != torch.float32 or w.device.type != "cpu"
+            or w.numel() * w.element_size() > DUAL_LIMIT_BYTES):
+        return x @ w.T  # (..., out)
     packed = _packed_weight(m)
     if packed is None:  # never packed, or the weight changed since: pack it afresh
         _PACKED.pop(m, None)

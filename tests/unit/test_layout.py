@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import engine.layout as layout
 from engine.drafters import ShortlistHead
 from engine.layout import (
     GEMM_ROWS,
@@ -184,3 +185,13 @@ def test_a_shortlisted_head_uses_a_packed_copy_and_repacks_a_changed_weight():
         short.weight.mul_(2.0)  # in place: the packed copy is stale now
         h = torch.randn(5, 16, generator=gen)
         assert torch.allclose(short(h), stock(h), atol=1e-5)
+
+
+def test_a_shortlisted_head_over_the_memory_cap_keeps_one_copy(monkeypatch):
+    head = ShortlistHead(nn.Linear(16, 64, bias=False), torch.arange(0, 64, 2))
+    monkeypatch.setattr(layout, "DUAL_LIMIT_BYTES", head.weight.numel() * 4 - 1)
+    h = torch.randn(3, 16)
+    with torch.no_grad():
+        out = head(h)
+    assert _packed_weight(head) is None  # no second copy of a weight over the cap
+    assert torch.allclose(out[:, head.ids], h @ head.weight.T, atol=1e-6)
