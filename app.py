@@ -19,7 +19,7 @@ if importlib.util.find_spec("spaces") is not None:
 
 import specviz  # noqa: E402
 from engine.cli.flags import OneLineParser  # noqa: E402
-from engine.errors import SpecvizError  # noqa: E402
+from engine.core.errors import SpecvizError  # noqa: E402
 from specviz import pairs  # noqa: E402
 from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
 

@@ -6,12 +6,12 @@ trace / config types.
 
 from __future__ import annotations
 
-from engine.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
-from engine.config import ParamSpec, RunConfig
-from engine.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
+from engine.core.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
+from engine.core.config import ParamSpec, RunConfig
+from engine.core.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
+from engine.core.models import EMBEDDED, ModelPair, load_pair
+from engine.core.trace import RoundTrace, RunTrace
 from engine.methods import METHODS, MethodSpec
-from engine.models import EMBEDDED, ModelPair, load_pair
-from engine.trace import RoundTrace, RunTrace
 
 __all__ = [
     "EMBEDDED", "METHODS", "Run", "ConfigError", "MethodSpec", "ModelLoadError", "ModelPair",

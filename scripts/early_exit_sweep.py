@@ -1,4 +1,4 @@
-"""Early-exit drafter sweep (issue 13): depth N x head shortlist size S.
+"""Early-exit drafter sweep: depth N x head shortlist size S.
 
 For each trained weight file (``train-draft --shards ... --layers N``) and each shortlist size,
 reports the teacher-forced greedy acceptance on sequences no run trained on (the greedy rows
@@ -30,10 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.drafters import EarlyExitDrafter, load_trained, save_trained  # noqa: E402
-from engine.eos import eos_ids  # noqa: E402
-from engine.layout import head_logits, layout_for, prepare  # noqa: E402
-from engine.models import load_model  # noqa: E402
+from engine.core.cached_model import cache_kwarg  # noqa: E402
+from engine.core.eos import eos_ids  # noqa: E402
+from engine.core.layout import head_logits, layout_for, prepare  # noqa: E402
+from engine.core.models import load_model  # noqa: E402
+from engine.core.weights import load_tensors  # noqa: E402
+from engine.drafters.early_exit import EarlyExitDrafter, load_trained, save_trained  # noqa: E402
 from engine.training.data import (  # noqa: E402
     Example,
     build_shortlist,
@@ -41,7 +43,6 @@ from engine.training.data import (  # noqa: E402
     shard_data,
 )
 from engine.training.drafter import ExitHead, evaluate  # noqa: E402
-from engine.weights import load_tensors  # noqa: E402
 
 CONTEXT = 192  # cached tokens before the timed step
 REPS = 40
@@ -49,7 +50,7 @@ REPS = 40
 
 def step_seconds(model: torch.nn.Module, new: int) -> float:
     """Median seconds of one cached forward of `new` tokens after a CONTEXT-token prefill,
-    through the engine's weight layout and head (engine.layout, as CachedModel runs it)."""
+    through the engine's weight layout and head (engine.core.layout, as CachedModel runs it)."""
     from transformers import DynamicCache
 
     prepare(model)
@@ -57,12 +58,12 @@ def step_seconds(model: torch.nn.Module, new: int) -> float:
     ids = torch.randint(10, 1000, (1, CONTEXT + new), generator=gen)  # (1, L + new)
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        model(input_ids=ids[:, :CONTEXT], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, :CONTEXT], **cache_kwarg(model, cache), use_cache=True)
         times = []
         for _ in range(REPS):
             t0 = time.perf_counter()
             with layout_for(model, new):
-                h = model.model(input_ids=ids[:, CONTEXT:], past_key_values=cache,
+                h = model.model(input_ids=ids[:, CONTEXT:], **cache_kwarg(model.model, cache),
                                 use_cache=True).last_hidden_state  # (1, new, d)
                 head_logits(model.lm_head, h)  # (1, new, V)
             times.append(time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU runbook: the CUDA exactness tests (tests/cuda, fp32 and bf16) and the GPU benchmark
-# with random-initialised models of real sizes (engine/gpu_bench.py: a SmolLM2-1.7B-sized
+# with random-initialised models of real sizes (engine/bench/gpu.py: a SmolLM2-1.7B-sized
 # target, a 135M-sized drafter; no download). Needs no network and no pip: it uses
 # ./.venv/bin/python when present, else the system python3 (torch >= 2.11 and
 # transformers >= 5.17 preinstalled; pytest for the tests). Results go to $OUT
@@ -33,6 +33,6 @@ else
   echo "pytest is not installed for $PY: the CUDA tests did not run" | tee "$OUT/cuda_tests.log"
   status=1
 fi
-"$PY" -m engine.gpu_bench "${BENCH[@]}" --out "$OUT/gpu_bench.json" | tee "$OUT/gpu_bench.md"
+"$PY" -m engine.bench.gpu "${BENCH[@]}" --out "$OUT/gpu_bench.json" | tee "$OUT/gpu_bench.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit "$status"

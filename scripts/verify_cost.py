@@ -1,5 +1,5 @@
 """What a forward of n tokens costs, in plain 1-token steps: stock weights against the
-oneDNN-packed copies of engine.layout ("Few-token forwards" in docs/measurements.md, session 8).
+oneDNN-packed copies of engine.core.layout (docs/benchmarks.md).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verify_cost.py [--context 200] [--reps 15]
 
@@ -19,8 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import layout  # noqa: E402
-from engine.models import load_model  # noqa: E402
+from engine.core import layout  # noqa: E402
+from engine.core.cached_model import cache_kwarg  # noqa: E402
+from engine.core.models import load_model  # noqa: E402
 
 
 def main() -> None:
@@ -40,13 +41,13 @@ def main() -> None:
     cache = DynamicCache()
     with torch.no_grad():
         model.model(input_ids=torch.randint(0, vocab, (1, args.context), generator=gen),
-                    past_key_values=cache, use_cache=True)
+                    **cache_kwarg(model.model, cache), use_cache=True)
 
     def once(n: int, packed: bool) -> float:
         ids = torch.randint(0, vocab, (1, n), generator=gen)  # (1, n)
         t = time.perf_counter()
         with torch.no_grad(), layout.layout_for(model, n if packed else 1):
-            h = model.model(input_ids=ids, past_key_values=cache,
+            h = model.model(input_ids=ids, **cache_kwarg(model.model, cache),
                             use_cache=True).last_hidden_state  # (1, n, d)
             (layout.head_logits(head, h) if packed else head(h))  # (1, n, V)
         seconds = time.perf_counter() - t

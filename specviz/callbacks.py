@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from engine import METHODS
-from engine.errors import SpecvizError
+from engine.core.errors import SpecvizError
 from specviz import pairs, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live

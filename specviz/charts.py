@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from engine.posterior import beta_pdf, gaussian_pdf
-from engine.trace import RoundTrace, RunTrace
+from engine.control.posterior import beta_pdf, gaussian_pdf
+from engine.core.trace import RoundTrace, RunTrace
 from specviz.forest_view import empty_figure
 
 PROGRESS_HEIGHT = 430
@@ -210,7 +210,7 @@ CHECK_HEIGHT = 380
 
 
 def check_figure(plot: tuple[tuple[str, float, float], ...]) -> go.Figure:
-    """Observed against expected frequency per cell of an exactness check (engine/check.py):
+    """Observed against expected frequency per cell of an exactness check (engine/check/run.py):
     the likeliest cells under the target's law, then one "other" bar."""
     if not plot:
         return empty_figure("The law check (temperature > 0) draws observed vs expected here",

@@ -1,4 +1,4 @@
-"""Check tab: is a method exact on this prompt and pair? engine/check.py on the model thread,
+"""Check tab: is a method exact on this prompt and pair? engine/check/run.py on the model thread,
 its progress streamed as status lines, refused on ZeroGPU (a check is many runs)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import queue
 from typing import Any, Iterator
 
 from engine import METHODS
-from engine.check import CheckConfig, CheckResult, run_check
-from engine.errors import ConfigError
+from engine.check.result import CheckConfig, CheckResult
+from engine.check.run import run_check
+from engine.core.errors import ConfigError
 from specviz import charts, pairs
 from specviz.callbacks import guarded
 

@@ -5,7 +5,7 @@ a *chosen* row is an entry the user asked for; its *plain* decode is the target-
 it is measured and checked against (greedy or beam search of the same width at temperature
 0, sampling or beam sampling above; added when not chosen); the *baseline* is plain beam
 search, the time line's yardstick. Each row shows its own parameters, the engine's
-statistics, the speedup its cost model predicts (engine.costs), the speedup measured
+statistics, the speedup its cost model predicts (engine.core.costs), the speedup measured
 against its plain decode in this process, their ratio, and whether its output equals its
 plain decode's (temperature 0; in law, proved by the test suite, above it).
 """
@@ -18,9 +18,9 @@ from typing import Any, Iterator, Mapping
 import pandas as pd
 
 from engine import METHODS
-from engine.config import COMMON_PARAMS, validate_params
-from engine.errors import ConfigError
-from engine.trace import RunTrace
+from engine.core.config import COMMON_PARAMS, validate_params
+from engine.core.errors import ConfigError
+from engine.core.trace import RunTrace
 from specviz import charts, pairs
 from specviz.callbacks import guarded
 
@@ -103,7 +103,7 @@ def _key(method: str, params: dict[str, Any]) -> tuple:
 
 def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
     """'method' or 'method:key=value:key=value' -> (method, parameters as typed)."""
-    from engine.bench import parse_methods
+    from engine.bench.interleaved import parse_methods
 
     case = parse_methods(entry)[0]
     if case.method not in METHODS:

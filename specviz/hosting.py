@@ -7,7 +7,7 @@ engine and ZeroGPU must patch torch first.
 
 | variable | values | default |
 |---|---|---|
-| SPECVIZ_TARGET | a target spec (engine.models.parse_model_spec) | embedded |
+| SPECVIZ_TARGET | a target spec (engine.core.models.parse_model_spec) | embedded |
 | SPECVIZ_DRAFT | a draft spec; empty = the target's default (see default_draft) | (empty) |
 | SPECVIZ_DEVICE | auto, cpu, cuda | auto |
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
@@ -25,9 +25,14 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from engine.errors import ConfigError
-from engine.models import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec, resolve_device
-from engine.paths import ASSETS
+from engine.core.errors import ConfigError
+from engine.core.models import (
+    EMBEDDED_DEFAULT_DRAFT,
+    default_draft,
+    parse_model_spec,
+    resolve_device,
+)
+from engine.core.paths import ASSETS
 
 PRESETS_FILE = ASSETS / "presets.json"
 DEVICES = ("auto", "cpu", "cuda")

@@ -2,7 +2,7 @@
 model work, and the streaming decode that a Run event consumes.
 
 Models are loaded once per process, keyed by (target, draft). Every load and every forward
-runs on ``WORKER``, one dedicated thread with the engine's thread rule (engine/threads.py):
+runs on ``WORKER``, one dedicated thread with the engine's thread rule (engine/core/threads.py):
 sessions queue for it, never share weights at the same time, and torch keeps one OpenMP team.
 A decode runs there to its end while the event handler renders what has arrived, so the UI's
 rendering overlaps the engine instead of adding to it; a handler that goes away (a client
@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import engine
-from engine import threads
-from engine.errors import ConfigError, ModelLoadError
-from engine.models import ModelSpec, parse_model_spec, resolve_device
+from engine.core import threads
+from engine.core.errors import ConfigError, ModelLoadError
+from engine.core.models import ModelSpec, parse_model_spec, resolve_device
 from specviz.hosting import HostConfig, Preset
 
 MAX_PROMPT_CHARS = 2000
@@ -193,9 +193,9 @@ def preload(target: str, draft: str = "") -> engine.ModelPair:
     pair = get_pair(target, draft)
     if HOST.config.zero_gpu:
         return pair
-    from engine import costs
+    from engine.core.api import plain_step_s
 
-    WORKER.call(costs.plain_step_s, pair, 1)
+    WORKER.call(plain_step_s, pair, 1)
     return pair
 
 

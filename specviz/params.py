@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from engine import METHODS
-from engine.config import COMMON_PARAMS, ParamSpec
+from engine.core.config import COMMON_PARAMS, ParamSpec
 
 COMMON = tuple(p.name for p in COMMON_PARAMS)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.trace import RoundTrace, RunTrace
+from engine.core.trace import RoundTrace, RunTrace
 from specviz.forest_view import token_label, vocab_of
 
 TEST_HEADERS = ["#", "tree", "depth", "node", "token", "p (target)", "q (draft)",
@@ -229,7 +229,7 @@ def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -
 
 
 def cost_markdown(cost: dict[str, Any] | None) -> str:
-    """The run's cost model (engine.costs): predicted vs measured speedup and why."""
+    """The run's cost model (engine.core.costs): predicted vs measured speedup and why."""
     if not cost or not cost.get("summary"):
         return ""
     return f"\n\n**Cost model**: {cost['summary']}."

@@ -15,15 +15,15 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from engine.errors import ConfigError
-from engine.paths import ASSETS
-from engine.trace import RunTrace
+from engine.core.errors import ConfigError
+from engine.core.paths import ASSETS
+from engine.core.trace import RunTrace
 
 DEMO_TRACE = ASSETS / "demo_trace.json"
 # A parsed trace holds about 6.5 kB of Python objects per round (its beams, committed tokens,
 # target top-k, timings, controller and extras) and about 340 B per forest node, verification
 # test or beam match (tracemalloc around RunTrace.from_json on imports at the caps: the n-gram
-# demo's rounds of ~3 nodes and session 4's rounds of ~21 nodes; README "Memory"). So a round
+# demo's rounds of ~3 nodes and mcsd rounds of ~21 nodes; docs/hosting.md). So a round
 # counts as 19 records, and the budget is 3,500,000 x 340 B = 1.19 GB of parsed traces.
 ROUND_RECORDS = 19  # record-equivalents of a round's own fields (6.5 kB / 340 B)
 MAX_HELD_RECORDS = 3_500_000  # weight() of every session's trace together: about 1.2 GB

@@ -4,7 +4,7 @@ exports into the app's own temp folder.
 An upload is user input: it is read as UTF-8 JSON and nothing else (no pickle), refused
 beyond ``MAX_IMPORT_BYTES`` (Gradio refuses larger uploads first: ``max_file_size`` in
 specviz.ui.launch_options), and checked before any view sees it: finite numbers, nesting
-depth, string length, the RunTrace schema (engine.trace; fields added later have defaults, so
+depth, string length, the RunTrace schema (engine.core.trace; fields added later have defaults, so
 older traces still import), the node count a run in the app may reach, and the size of the
 beam-match records. Every refusal is one line.
 """
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError, SpecvizError
-from engine.trace import RoundTrace, RunTrace
+from engine.core.errors import ConfigError, SpecvizError
+from engine.core.trace import RoundTrace, RunTrace
 from specviz import pairs
 from specviz.state import HELD, weight
 

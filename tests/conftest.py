@@ -16,7 +16,7 @@ def tiny_pair(family="llama", vocab_size=64, layers=4, draft=None, early_exit_la
               seed=0, **kw):
     """A tiny random target (and drafter) built from a config: fast, deterministic."""
     import engine
-    from engine.models import model_from_config, tiny_config
+    from engine.core.models import model_from_config, tiny_config
 
     target = model_from_config(tiny_config(family, vocab_size=vocab_size, layers=layers, **kw),
                                seed=seed)
@@ -27,7 +27,7 @@ def tiny_pair(family="llama", vocab_size=64, layers=4, draft=None, early_exit_la
 def perturbed_exit_layer(target, n_layers, seed=0, scale=0.05):
     """An early-exit extra layer that differs from the target's last one (a stand-in for a
     trained Transformer^e): its init plus scale * N(0, 1) noise from a seeded generator."""
-    from engine.drafters import init_extra_layer
+    from engine.drafters.early_exit import init_extra_layer
 
     layer = init_extra_layer(target, n_layers)
     gen = torch.Generator().manual_seed(seed)
@@ -66,7 +66,7 @@ def near_perfect_feature_parts(target, eps=0.0, seed=0):
     is the target's pre-norm state, whose argmax under the head is the target's (an RMSNorm
     with unit weight only rescales): every greedy draft is accepted. eps > 0 lets the
     (true or predicted) feature move the draft: some drafts fail."""
-    from engine.feature import FeatureParts
+    from engine.drafters.feature import FeatureParts
 
     parts = FeatureParts(target)
     d = int(target.config.hidden_size)

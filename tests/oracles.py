@@ -20,10 +20,10 @@ import torch
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from engine.beamsample import beam_sample_step
-from engine.beamsearch import BeamConfig, Hypothesis, StepInfo, beam_step, finalize, init_beams
-from engine.optimal import _dist, _inputs, _q_without
-from engine.sampling import Chooser, Warp
+from engine.beams.sample import beam_sample_step
+from engine.beams.search import BeamConfig, Hypothesis, StepInfo, beam_step, finalize, init_beams
+from engine.core.sampling import Chooser, Warp
+from engine.verify.optimal import _dist, _inputs, _q_without
 from engine.verify.token import greedy_top, without
 
 LogprobFn = Callable[[torch.Tensor], torch.Tensor]  # (K, L) running sequences -> (K, V)

@@ -4,7 +4,7 @@ A law is a dict cell -> probability. The test merges every cell whose expected c
 5 into one cell and compares Pearson's statistic with the 1 - ALPHA quantile of chi2(dof).
 Under a wrong law w the statistic is approximately noncentral chi2(dof, lam) with
 lam = n * sum_cells (w_c - p_c)^2 / p_c over the same merged cells, which gives the power.
-The statistic, the cells and the noncentral power are engine/check.py's (the product's
+The statistic, the cells and the noncentral power are engine/check/run.py's (the product's
 exactness check uses them too); this module adds the suite's rates, the simulated power and
 the sample sizes.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import chi2
 
-from engine import check
-from engine.check import merged_cells, mixture_at_tv, tv
+from engine.check import stats as check
+from engine.check.stats import merged_cells, mixture_at_tv, tv
 
 ALPHA = 1e-6  # false-alarm probability of each test (its seeds are fixed: a deterministic test)
 POWER = 0.99  # the probability each test rejects the wrong law it is sized against

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from engine.cli import bench, check, generate, methods, optimal, train_draft, train_feature
 from engine.cli.flags import OneLineParser
-from engine.errors import SpecvizError
+from engine.core.errors import SpecvizError
 
 COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
     ("methods", "list methods with their parameters", methods),
@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse argv, apply the thread rule (engine/threads.py), run the subcommand."""
+    """Parse argv, apply the thread rule (engine/core/threads.py), run the subcommand."""
     args = build_parser().parse_args(argv)
     try:
-        from engine import threads
+        from engine.core import threads
 
         threads.configure()  # the same thread rule as the app
         return int(args.run(args) or 0)

@@ -1,5 +1,5 @@
-"""bench: engine methods interleaved with transformers' generate() (engine/bench.py); writes
-bench.md and bench.json."""
+"""bench: engine methods interleaved with transformers' generate()
+(engine/bench/interleaved.py); writes bench.md and bench.json."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from engine.cli.flags import add_model_flags, add_prompt_flags, pair_from_flags, read_prompts
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,13 +20,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", default="0")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="bench-out")
-    p.add_argument("--optimal", action="store_true", help="also time engine.optimal")
+    p.add_argument("--optimal", action="store_true", help="also time engine.verify.optimal")
     add_model_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
     import engine
-    from engine.bench import case_summaries, interleaved_runs, markdown_table, parse_methods
+    from engine.bench.interleaved import (
+        case_summaries,
+        interleaved_runs,
+        markdown_table,
+        parse_methods,
+    )
 
     cases = parse_methods(args.methods)
     for c in cases:
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     summary = case_summaries(rows, cases)
     extra = {}
     if args.optimal:
-        from engine.optimal_bench import bench_optimal
+        from engine.bench.optimal import bench_optimal
 
         extra["optimal_ms"] = bench_optimal()
     md = markdown_table(summary, pair.device_name, meta)

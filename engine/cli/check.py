@@ -1,4 +1,4 @@
-"""check: is a method exact on this prompt and pair? (engine/check.py). Exit code 0 pass (or
+"""check: is a method exact on this prompt and pair? (engine/check/run.py). Exit code 0 pass (or
 a measured distance for an approximate method), 1 fail, 2 bad input."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from engine.cli.flags import (
     pair_from_flags,
     read_prompt,
 )
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.check import ALPHA, MAX_RUNS, MIN_RUNS
+    from engine.check.stats import ALPHA, MAX_RUNS, MIN_RUNS
 
     p.add_argument("--method", required=True)
     add_prompt_flags(p)
@@ -41,8 +41,9 @@ def _progress(done: int, total: int, message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import engine
-    from engine.check import CheckConfig, run_check
-    from engine.config import validate_params
+    from engine.check.result import CheckConfig
+    from engine.check.run import run_check
+    from engine.core.config import validate_params
 
     if args.method not in engine.METHODS:
         raise ConfigError(

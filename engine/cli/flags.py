@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -22,7 +22,7 @@ class OneLineParser(argparse.ArgumentParser):
 # ------------------------------------------------------------------------------ models
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """--target / --draft specs (engine.models.parse_model_spec), device, dtype, layers."""
+    """--target / --draft specs (engine.core.models.parse_model_spec), device, dtype, layers."""
     p.add_argument("--target", default="embedded",
                    help="embedded | tiny | tiny:{json} | local dir | hub id")
     p.add_argument("--draft", default=None,

@@ -15,7 +15,7 @@ from engine.cli.flags import (
     pair_from_flags,
     read_prompt,
 )
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import engine
-    from engine.config import validate_params
+    from engine.core.config import validate_params
 
     params = method_params(args)
     if args.method not in engine.METHODS:

@@ -10,15 +10,15 @@ import statistics
 import torch
 
 from engine.cli.flags import add_model_flags, add_prompt_flags, pair_from_flags, read_prompts
-from engine.errors import ConfigError
-from engine.optimal import (
+from engine.core.errors import ConfigError
+from engine.core.sampling import Warp, probs_from_logits
+from engine.verify.optimal import (
     alpha_star,
     greedy_drafts_acceptance,
     kseq_acceptance,
     rrs_wr_acceptance,
     tv_distance,
 )
-from engine.sampling import Warp, probs_from_logits
 
 SCHEMES = ("with_replacement", "without_replacement", "greedy")
 COLUMNS = ("tv", "opt_wr", "opt_wor", "opt_greedy", "rrs_wr", "rrs_wor", "kseq", "greedy")

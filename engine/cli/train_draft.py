@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.paths import ASSETS
+from engine.core.paths import ASSETS
 from engine.training.config import (
     FEATURES,
     OBJECTIVES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from engine.paths import ASSETS
+from engine.core.paths import ASSETS
 from engine.training.config import WEIGHT_DTYPES, FeatureTrainConfig
 
 HELP = {

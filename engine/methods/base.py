@@ -8,11 +8,11 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from engine.cached_model import Scored
-from engine.config import COMMON_PARAMS, ParamSpec, check_config_fields, config_from_params
-from engine.errors import ConfigError
-from engine.forest import Forest
-from engine.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
+from engine.core.cached_model import Scored
+from engine.core.config import COMMON_PARAMS, ParamSpec, check_config_fields, config_from_params
+from engine.core.errors import ConfigError
+from engine.core.forest import Forest
+from engine.core.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
 
 
 @dataclass

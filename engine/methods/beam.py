@@ -1,8 +1,8 @@
 """Beam search and beam sampling with the target only, and AtSpeed strict top-K verification.
 
-- ``beam``: transformers' beam search replayed step by step (``engine.beamsearch.beam_step``),
+- ``beam``: transformers' beam search replayed step by step (``engine.beams.search.beam_step``),
   one target call per token: the same beams and scores as ``generate(num_beams=K)``.
-- ``beam_sample``: DSBD's beam sampling (DSBD Eq. 1, ``engine.beamsample.beam_sample_step``),
+- ``beam_sample``: DSBD's beam sampling (DSBD Eq. 1, ``engine.beams.sample.beam_sample_step``),
   reproducible from the seed.
 - ``atspeed_strict``: AtSpeed Alg. 1 (AtSpeed §2). The draft runs a width-N beam search for
   gamma steps from the K beams; one target forward scores the forest; the target's beam search
@@ -21,10 +21,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.beam_match import match_step, strict_reason
-from engine.beamsample import beam_sample_step
-from engine.beamsearch import beam_step
-from engine.forest import ROOT, Forest, empty_forest
+from engine.beams.match import match_step, strict_reason
+from engine.beams.sample import beam_sample_step
+from engine.beams.search import beam_step
+from engine.core.forest import ROOT, Forest, empty_forest
+from engine.core.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, BeamStep, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.beam_forest import (
     BEAMS,
@@ -50,7 +51,6 @@ from engine.methods.beam_forest import (
     stop_reason,
     target_logprobs,
 )
-from engine.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, BeamStep, TestRecord
 
 # ------------------------------------------------------------------ beam search / strict
 

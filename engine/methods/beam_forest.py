@@ -15,12 +15,12 @@ from typing import Callable
 
 import torch
 
-from engine.beamsearch import NEG_SCORE, BeamConfig, finalize, init_beams
-from engine.config import ParamSpec
-from engine.errors import ConfigError
-from engine.forest import PAD, ROOT, Forest, path_to
+from engine.beams.search import NEG_SCORE, BeamConfig, finalize, init_beams
+from engine.core.config import ParamSpec
+from engine.core.errors import ConfigError
+from engine.core.forest import PAD, ROOT, Forest, path_to
+from engine.core.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 from engine.methods.base import RoundVerdict
-from engine.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 
 Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)
 DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows

@@ -3,7 +3,7 @@
 Both draft by beam *sampling* from the current beams (``engine.methods.beam_forest.draft_forest``),
 score the whole forest with one target forward, then verify layer by layer with the pure rules of
 ``engine.verify.beam``. The target law at layer l is the beam law over the target's own beams of
-layer l-1 (DSBD Eq. 1, ``engine.beamsample.beam_law``, as in ``beam_sample_step``):
+layer l-1 (DSBD Eq. 1, ``engine.beams.sample.beam_law``, as in ``beam_sample_step``):
 p_beam = softmax(warp(score(parent) + log p(token | parent))), zero on other parents.
 
 - ``dsbd`` (Qin et al., AAAI'25; DSBD §3.1-3.4): W_S i.i.d. drafts per layer, width
@@ -25,12 +25,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.beam_match import layer_reason, match_step
-from engine.beamsample import beam_law
-from engine.beamsearch import NEG_SCORE
-from engine.config import ParamSpec
-from engine.errors import ConfigError
-from engine.forest import ROOT, Forest, empty_forest
+from engine.beams.match import layer_reason, match_step
+from engine.beams.sample import beam_law
+from engine.beams.search import NEG_SCORE
+from engine.core.config import ParamSpec
+from engine.core.errors import ConfigError
+from engine.core.forest import ROOT, Forest, empty_forest
+from engine.core.sampling import EPS, draw_without_replacement
+from engine.core.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.beam_forest import (
     BEAMS,
@@ -54,8 +56,6 @@ from engine.methods.beam_forest import (
     stop_reason,
     target_logprobs,
 )
-from engine.sampling import EPS, draw_without_replacement
-from engine.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.verify.beam import (
     LayerVerdict,
     acceptance_alphas,

@@ -8,7 +8,7 @@ greedy match at temperature 0 (Alg. 1 step 15) -- the chain of :mod:`engine.meth
 not a copy. Observe: the posterior update; every round's trace holds ``controller.state()``.
 
 Cali-TS (``controller=cali_ts``) takes theta_M from the predictor trained for the drafter
-(engine.predictor; ``predictor=auto`` uses it when one ships beside the drafter's weights,
+(engine.control.predictor; ``predictor=auto`` uses it when one ships beside the drafter's weights,
 else the constant ``theta_m``). Its features (Eq. 5): the target's final hidden state that
 produced the round's root (kept from the last verify; none in round 0) and the drafter's final
 hidden state that produced the newest draft token. Timing against ``generate()`` is the job of
@@ -22,14 +22,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.config import ParamSpec
-from engine.control import CONTROL_PARAMS, CaliTSController, ControlConfig
-from engine.drafters import EarlyExitDrafter, early_exit_drafter
-from engine.errors import ConfigError
+from engine.control.controllers import CONTROL_PARAMS, CaliTSController, ControlConfig
+from engine.control.predictor import CaliFeatures, draft_confidence
+from engine.core.config import ParamSpec
+from engine.core.errors import ConfigError
+from engine.drafters.early_exit import EarlyExitDrafter, early_exit_drafter
+from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.token import EXACT, TreeSpeculation, build_chain
-from engine.predictor import CaliFeatures, draft_confidence
-from engine.shared import SharedDrafter, SharedSide, SharedTrunk
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
 PREDICTOR_CHOICES = ("auto", "trained", "constant")
@@ -78,7 +78,7 @@ class EESD(TreeSpeculation):
         super().start(ctx)
         drafter = drafter_for(ctx.pair, self.exit_drafter)
         ctx.drafter = drafter
-        if self.share_kv:  # one cache for the first N layers (engine.shared)
+        if self.share_kv:  # one cache for the first N layers (engine.drafters.shared)
             trunk = SharedTrunk(ctx.pair.target, drafter)
             ctx.target = SharedSide(trunk, "target")
             ctx.drafter = SharedDrafter(drafter, trunk)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.forest import Forest, empty_forest
+from engine.core.forest import Forest, empty_forest
+from engine.core.sampling import probs_from_logits
+from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, register
-from engine.sampling import probs_from_logits
-from engine.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 
 
 def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int | None,

@@ -14,21 +14,18 @@ from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
 
-from engine.cached_model import Scored
-from engine.config import ParamSpec, parse_k_config
-from engine.control import (
+from engine.control.controllers import (
     CONTROL_PARAMS,
     ControlConfig,
     Controller,
     FixedController,
     make_controller,
 )
-from engine.forest import ROOT, Forest, depths, empty_forest
-from engine.methods.base import MethodSpec, RoundVerdict, register
-from engine.methods.single import SingleStart, finish_single, target_token
-from engine.ngram import support
-from engine.sampling import probs_from_logits
-from engine.trace import (
+from engine.core.cached_model import Scored
+from engine.core.config import ParamSpec, parse_k_config
+from engine.core.forest import ROOT, Forest, depths, empty_forest
+from engine.core.sampling import probs_from_logits
+from engine.core.trace import (
     ACCEPTED,
     BONUS,
     NOT_REACHED,
@@ -41,6 +38,9 @@ from engine.trace import (
     NodeTrace,
     TestRecord,
 )
+from engine.drafters.ngram import support
+from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.single import SingleStart, finish_single, target_token
 from engine.verify.optimality import position_record
 from engine.verify.token import RULES, SCHEME, draw_candidates
 
@@ -158,7 +158,7 @@ class TreeSpeculation(SingleStart):
         """What a Cali-TS predictor sees after `depth` drafted tokens, the newest one drawn from
         the draft logits (V,) at the draft state hidden (d,) (None: nothing). Only eesd reads
         the hidden state, with its own early-exit drafter: the hybrid drafter's is zero where
-        its feature forward was deferred (engine/hybrid.py)."""
+        its feature forward was deferred (engine/drafters/hybrid.py)."""
         return None
 
     # -------------------------------------------------------------- verify

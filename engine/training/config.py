@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import ConfigError
-from engine.paths import ASSETS
+from engine.core.errors import ConfigError
+from engine.core.paths import ASSETS
 
 OBJECTIVES = ("ce", "wordkd", "tvdkd", "seqkd", "atspeed_s", "atspeed_r")
 BEAM_OBJECTIVES = ("seqkd", "atspeed_s", "atspeed_r")  # trained on the target's top-K beams

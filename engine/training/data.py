@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +21,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.drafters import build_early_exit_model
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
+from engine.core.weights import target_fingerprint
+from engine.drafters.early_exit import build_early_exit_model
+from engine.training.batches import held_out_by_prompt, in_batches
 from engine.training.config import DataConfig, DrafterTrainConfig
-from engine.weights import target_fingerprint
+from engine.training.feature_data import read_shards
 
 Progress = Callable[[int, str], Any]  # (total, description) -> a tqdm-like bar
 
@@ -144,20 +146,6 @@ def _right_padded(seqs: list[list[int]], pad: int) -> torch.Tensor:
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs])  # (B, width)
 
 
-def in_batches(examples: list, max_tokens: int) -> Iterator[list]:
-    """Length-sorted groups of sequences (anything with .ids: an Example, a feature trainer's
-    Sequence) with at most max_tokens padded tokens each."""
-    order = sorted(examples, key=lambda e: len(e.ids))
-    group: list[Example] = []
-    for e in order:
-        if group and (len(group) + 1) * len(e.ids) > max_tokens:
-            yield group
-            group = []
-        group.append(e)
-    if group:
-        yield group
-
-
 def exit_model(target: nn.Module, n_layers: int) -> nn.Module:
     """The target's first N layers with no final norm: last_hidden_state = H^N."""
     return build_early_exit_model(target, n_layers, None, norm=nn.Identity())
@@ -210,7 +198,7 @@ def build_shortlist(examples: list[Example], vocab: int, size: int,
 
 def prompt_ids_of(pair, path: Path, limit: int) -> list[list[int]]:
     """Token ids of the prompts in a file, one per non-empty line (chat template applied)."""
-    from engine.api import encode_prompt
+    from engine.core.api import encode_prompt
 
     if not path.is_file():
         raise ConfigError(f"prompt file not found: {path}")
@@ -325,16 +313,6 @@ def _cache_states(pair, data: TrainData, drafter: DrafterTrainConfig, pad: int,
     bar.close()
 
 
-def held_out_by_prompt(seqs, every: int) -> list[bool]:
-    """Whether each sequence (``.ids``, ``.start``: prompt = ids[:start]) is held out: every
-    `every`-th distinct prompt, in order of first appearance, with all its sequences (its
-    sampled and beam siblings would otherwise train a drafter on a held-out answer)."""
-    order: dict[tuple[int, ...], int] = {}
-    for q in seqs:
-        order.setdefault(tuple(q.ids[: q.start]), len(order))
-    return [order[tuple(q.ids[: q.start])] % every == every - 1 for q in seqs]
-
-
 def shard_data(directory: Path, limit_tokens: int, every: int, vocab: int,
                beam: bool = False) -> TrainData:
     """Examples from token shards (the feature trainer's data, engine.training.selfgen):
@@ -343,8 +321,6 @@ def shard_data(directory: Path, limit_tokens: int, every: int, vocab: int,
     would otherwise train the drafter on its answer); the held-out greedy sequences are the
     evaluation set (all held-out ones when none is greedy). `beam`: train on the beam rows
     only (the beam objectives, AtSpeed's D' = TopK(M_p(x)))."""
-    from engine.training.feature_data import read_shards  # feature_data imports us
-
     seqs, tokens = [], 0
     for sh in read_shards(directory, limit_tokens):  # whole shards: cut at the sequence
         for seq in sh.sequences:

@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.drafters import build_exit_tail, init_extra_layer, save_trained
+from engine.core.weights import WEIGHTS_FILE
+from engine.drafters.early_exit import build_exit_tail, init_extra_layer, save_trained
+from engine.training.batches import in_batches
 from engine.training.config import DrafterTrainConfig
 from engine.training.data import (
     Example,
@@ -29,10 +31,8 @@ from engine.training.data import (
     TrainData,
     build_shortlist,
     data_stats,
-    in_batches,
 )
 from engine.training.losses import objective_loss
-from engine.weights import WEIGHTS_FILE
 
 # --------------------------------------------------------------------------- drafter parts
 

@@ -1,6 +1,6 @@
 """Train the feature (EAGLE-style) drafter: fc + one decoder layer over the target's features.
 
-EAGLE (Li et al. 2024) §4 loss, in engine/feature.py's slot notation (slot j takes
+EAGLE (Li et al. 2024) §4 loss, in engine/drafters/feature.py's slot notation (slot j takes
 fc(e(t_j), f_{j-1}) and outputs f'_j):
 
     L = SmoothL1(f'_j, f_j) + w_cls * CE(lm_head(f'_j), t_{j+1})
@@ -30,23 +30,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cached_model import check_supported
-from engine.eos import eos_ids
-from engine.feature import FEATURE_FILE, FeatureParts, build_feature_model, save_feature
-from engine.models import _quiet_transformers, cache_root, load_model, resolve_device
+from engine.core.cached_model import check_supported
+from engine.core.eos import eos_ids
+from engine.core.models import _quiet_transformers, cache_root, load_model, resolve_device
+from engine.core.weights import RECIPE_FILE
+from engine.drafters.feature import FEATURE_FILE, FeatureParts, build_feature_model, save_feature
+from engine.training.batches import in_batches
 from engine.training.config import FeatureTrainConfig
 from engine.training.data import build_shortlist
 from engine.training.feature_data import (
     Sequence,
     cache_features,
     data_stats,
-    in_batches,
     read_shards,
     split,
 )
 from engine.training.feature_eval import evaluate
 from engine.training.losses import objective_loss
-from engine.weights import RECIPE_FILE
 
 CHECKPOINT = "feature-checkpoint.pt"
 # settings that do not change the result (not in the checkpoint key nor the recipe command)

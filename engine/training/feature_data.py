@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.errors import ConfigError
-from engine.training.data import held_out_by_prompt, in_batches  # noqa: F401 (re-exported)
-from engine.weights import target_fingerprint
+from engine.core.errors import ConfigError
+from engine.core.weights import target_fingerprint
+from engine.training.batches import held_out_by_prompt, in_batches
 
 
 @dataclass
@@ -118,7 +118,8 @@ def cache_features(target: nn.Module, shards: list[Shard], cache_dir: Path, *,
 
 def split(shards: list[Shard], every: int) -> tuple[list[Sequence], list[Sequence]]:
     """(train, held out): every `every`-th prompt (counted over all shards) is held out with
-    all its sequences (engine.training.data.held_out_by_prompt, the early-exit trainer's rule)."""
+    all its sequences (engine.training.batches.held_out_by_prompt, the early-exit trainer's
+    rule)."""
     seqs = [s for sh in shards for s in sh.sequences]
     held_out = held_out_by_prompt(seqs, every)
     held = [s for s, h in zip(seqs, held_out) if h]

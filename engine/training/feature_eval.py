@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from engine.core.cached_model import cache_kwarg
+from engine.training.batches import in_batches
 from engine.training.drafter import replay_chain
-from engine.training.feature_data import Sequence, in_batches
+from engine.training.feature_data import Sequence
 
 
 def chain_mask(T: int, step: int) -> torch.Tensor:
@@ -73,9 +75,9 @@ def chain_agreements(student, group: list[Sequence], steps: int) -> list[list[li
         mask = torch.zeros(allowed.shape, device=dev).masked_fill(~allowed,
                                                                   torch.finfo(f.dtype).min)
         x = student.parts.inputs(embeds, prev)  # (B, T, d)
-        out = student.model.model(inputs_embeds=x, attention_mask=mask.expand(B, 1, -1, -1),
-                                  position_ids=pos, past_key_values=cache,
-                                  use_cache=True).last_hidden_state  # (B, T, d)
+        inner = student.model.model
+        out = inner(inputs_embeds=x, attention_mask=mask.expand(B, 1, -1, -1), position_ids=pos,
+                    use_cache=True, **cache_kwarg(inner, cache)).last_hidden_state  # (B, T, d)
         outs.append(out)  # f' of step k at every slot
         prev = torch.cat([f.new_zeros((B, 1, student.d)), out[:, :-1]], dim=1)  # (B, T, d)
     result = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 from engine.training.config import OBJECTIVES
 
 

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.drafters import load_trained
-from engine.errors import ConfigError
-from engine.predictor import MAX_STEP, CaliPredictor, draft_confidence, save_predictor
+from engine.control.predictor import MAX_STEP, CaliPredictor, draft_confidence, save_predictor
+from engine.core.errors import ConfigError
+from engine.core.weights import PREDICTOR_FILE, WEIGHTS_FILE, file_digest, target_fingerprint
+from engine.drafters.early_exit import load_trained
 from engine.training.config import DataConfig, PredictorTrainConfig
 from engine.training.data import Example, Progress, TrainData, predictor_examples
-from engine.weights import PREDICTOR_FILE, WEIGHTS_FILE, file_digest, target_fingerprint
 
 
 @dataclass

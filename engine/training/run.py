@@ -12,14 +12,20 @@ from pathlib import Path
 
 import torch
 
-from engine.cached_model import check_supported
-from engine.eos import eos_ids
-from engine.models import ModelPair, _quiet_transformers, cache_root, load_model, resolve_device
+from engine.core.cached_model import check_supported
+from engine.core.eos import eos_ids
+from engine.core.models import (
+    ModelPair,
+    _quiet_transformers,
+    cache_root,
+    load_model,
+    resolve_device,
+)
+from engine.core.weights import RECIPE_FILE
 from engine.training.config import TrainDraftConfig
 from engine.training.data import Progress, build_data
 from engine.training.drafter import train_drafter
 from engine.training.predictor import train_for_drafter
-from engine.weights import RECIPE_FILE
 
 
 def progress_bars(enabled: bool) -> Progress:

@@ -220,7 +220,7 @@ def shingles(text: str, n: int = 6) -> set[tuple[str, ...]]:
 
 def heldout_texts(directory: Path | None = None) -> list[str]:
     """Every prompt of the held-out sets (assets/heldout/*.jsonl)."""
-    from engine.paths import ASSETS
+    from engine.core.paths import ASSETS
 
     d = Path(directory) if directory else ASSETS / "heldout"
     return [json.loads(ln) for f in sorted(d.glob("*.jsonl"))
@@ -251,7 +251,7 @@ def synth_prompts(n: int, *, target: str = "embedded", device: str = "cpu", batc
     counts of what was dropped."""
     import torch
 
-    from engine.eos import eos_ids
+    from engine.core.eos import eos_ids
     from engine.training.data import hf_generate
     from engine.training.run import TrainDraftConfig, load_frozen_target
 
@@ -312,8 +312,8 @@ def generate_shards(cfg: SelfGenConfig, *, log=print) -> dict:
     """Fill cfg.out with shard-NNNNN.jsonl files; returns token counts of this run."""
     import torch
 
-    from engine.api import encode_prompt
-    from engine.eos import eos_ids
+    from engine.core.api import encode_prompt
+    from engine.core.eos import eos_ids
     from engine.training.data import generate_examples
     from engine.training.run import TrainDraftConfig, load_frozen_target
 

@@ -2,7 +2,7 @@
 
 Pure functions, no model. A candidate is a ``(parent, token)`` pair: ``parent`` indexes the rows
 of the step's ``(B, V)`` distributions (the draft's parent beams), ``token`` the vocabulary.
-p = target, q = draft; both are beam laws (DSBD Eq. 1, ``engine.beamsample.beam_law``). Every
+p = target, q = draft; both are beam laws (DSBD Eq. 1, ``engine.beams.sample.beam_law``). Every
 random draw goes through ``as_chooser(rng)``; inputs are never mutated (all arithmetic runs on
 float64 copies).
 
@@ -12,7 +12,7 @@ float64 copies).
 - AtSpeed: "Efficient Inference for LLM-based Generative Recommendation" (Lin et al., ICLR'25):
   ``relaxed_verify_step`` and ``relaxed_bonus_step`` (§3.2, Alg. 2 as its released code
   resolves it). AtSpeed's strict top-K verification (Alg. 1) needs no rule here: the
-  ``atspeed_strict`` method replays the target's beam search (``engine.beamsearch``).
+  ``atspeed_strict`` method replays the target's beam search (``engine.beams.search``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import trace
-from engine.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
+from engine.core import trace
+from engine.core.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
 
 Pair = tuple[int, int]  # (parent row, token id)
 Rng = torch.Generator | Chooser
@@ -53,7 +53,7 @@ class BeamTest:
 
     @property
     def status(self) -> str:
-        """Forest-node status (engine.trace constant) for this decision."""
+        """Forest-node status (engine.core.trace constant) for this decision."""
         return _STATUS[self.decision]
 
     def record(self, node: int, tree: int, depth: int) -> trace.TestRecord:

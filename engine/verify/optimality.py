@@ -12,14 +12,14 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.optimal import (
+from engine.verify.enumerate import exact_acceptance
+from engine.verify.optimal import (
     alpha_star,
     greedy_drafts_acceptance,
     kseq_acceptance,
     rrs_wr_acceptance,
     tv_distance,
 )
-from engine.verify.enumerate import exact_acceptance
 from engine.verify.token import SCHEME
 
 CLOSED_FORMS = {

@@ -4,7 +4,7 @@ Every rule has the signature ``rule(p, q, candidates, rng) -> TokenVerdict`` whe
 target distribution at the parent and q the draft distribution at the parent (both already
 warped, (V,)), and ``candidates`` are the drafted child tokens in draw order. Rules work on
 float64 copies (the inputs are never mutated) and make every random decision through a
-:class:`~engine.sampling.Chooser`, so the enumerating chooser (``engine/verify/enumerate.py``)
+:class:`~engine.core.sampling.Chooser`, so the enumerating chooser (``engine/verify/enumerate.py``)
 proves them exact by running this very code.
 
 Rules and the papers they implement:
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
-from engine.trace import TestRecord
+from engine.core.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
+from engine.core.trace import TestRecord
 
 ACCEPT = "accept"
 REJECT = "reject"

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import engine
-from engine.cached_model import CachedModel
-from engine.forest import PAD, ROOT
-from engine.models import load_pair, model_from_config, tiny_config
+from engine.core.cached_model import CachedModel
+from engine.core.forest import PAD, ROOT
+from engine.core.models import load_pair, model_from_config, tiny_config
 
 pytestmark = [
     pytest.mark.cuda,

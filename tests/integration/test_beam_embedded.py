@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import encode_prompt, generate, load_pair
-from engine.drafters import ModelDrafter
-from engine.models import ModelPair
+from engine.core.models import ModelPair
+from engine.drafters.base import ModelDrafter
 
 pytestmark = pytest.mark.embedded
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.check import CheckConfig, run_check
+from engine.check.result import CheckConfig
+from engine.check.run import run_check
 
 pytestmark = pytest.mark.embedded
 PROMPT = "What is the capital of France?"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import engine
-from engine.weights import DRAFTER_DIR, WEIGHTS_FILE
+from engine.core.weights import DRAFTER_DIR, WEIGHTS_FILE
 
 pytestmark = pytest.mark.embedded
 

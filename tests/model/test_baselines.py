@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import engine
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 from tests.conftest import tiny_pair
 
 PROMPTS = [[3, 4, 5, 6], [10, 2, 7], [9, 9, 9, 9, 9, 1, 3]]
@@ -61,7 +61,7 @@ def test_iter_rounds_yields_one_round_per_token_for_greedy():
 
 
 def test_mismatched_vocabularies_are_refused_naming_both_sizes():
-    from engine.models import tiny_config
+    from engine.core.models import tiny_config
 
     with pytest.raises(ConfigError, match="target vocab size 64, draft 32"):
         engine.load_pair(target=tiny_config(vocab_size=64), draft=tiny_config(vocab_size=32),

@@ -16,11 +16,11 @@ from functools import lru_cache
 import pytest
 import torch
 
-from engine.api import generate, make_decoder
-from engine.beamsearch import BeamConfig
-from engine.models import load_pair, model_from_config, tiny_config
-from engine.sampling import Warp, make_generator
-from engine.trace import STATUSES, RunTrace
+from engine.beams.search import BeamConfig
+from engine.core.api import generate, make_decoder
+from engine.core.models import load_pair, model_from_config, tiny_config
+from engine.core.sampling import Warp, make_generator
+from engine.core.trace import STATUSES, RunTrace
 from engine.verify.enumerate import enumerate_outcomes
 from tests.oracles import run_beam_sampling
 

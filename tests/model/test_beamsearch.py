@@ -1,5 +1,5 @@
-"""engine.beamsearch against transformers' own beam search, on tiny random models (CPU), and
-engine.beamsample's beam sampling against its exact law.
+"""engine.beams.search against transformers' own beam search, on tiny random models (CPU), and
+engine.beams.sample's beam sampling against its exact law.
 
 The oracle (tests.oracles.naive_beam_search) runs full forwards without a KV cache. generate()
 uses the cache, so the logits differ by float noise only. Tokens must match exactly and scores
@@ -17,8 +17,8 @@ import torch
 from torch.testing import assert_close
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from engine.beamsample import beam_law, beam_sample_step
-from engine.beamsearch import (
+from engine.beams.sample import beam_law, beam_sample_step
+from engine.beams.search import (
     BeamConfig,
     Hypothesis,
     StepInfo,
@@ -26,7 +26,7 @@ from engine.beamsearch import (
     finalize,
     init_beams,
 )
-from engine.sampling import Warp, make_generator
+from engine.core.sampling import Warp, make_generator
 from tests.oracles import naive_beam_search, run_beam_sampling
 
 VOCAB = 48

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.bench import parse_methods
-from engine.errors import ConfigError
+from engine.bench.interleaved import parse_methods
+from engine.core.errors import ConfigError
 
 
 def test_method_list_parses_parameters():

@@ -1,4 +1,4 @@
-"""engine/check.py, the product's exactness check: every exact method passes it on a tiny
+"""engine/check/run.py, the product's exactness check: every exact method passes it on a tiny
 pair at temperature 0 and 1, a rule that ignores p fails it, an approximate method gets a
 distance; the CLI's output and exit codes; the Check tab's handler."""
 
@@ -11,7 +11,9 @@ import pytest
 import engine
 import engine.methods.token as token_method
 import engine.verify.token as token_rules
-from engine.check import CheckConfig, mixture_at_tv, power_against, run_check, runs_for_power
+from engine.check.result import CheckConfig
+from engine.check.run import run_check
+from engine.check.stats import mixture_at_tv, power_against, runs_for_power
 from engine.cli import main
 from engine.methods import METHODS
 

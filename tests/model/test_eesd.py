@@ -9,16 +9,16 @@ import pytest
 import torch
 
 import engine
-from engine.drafters import (
+from engine.control.predictor import draft_confidence
+from engine.core.errors import ConfigError
+from engine.drafters.early_exit import (
     EarlyExitDrafter,
     ShortlistHead,
     early_exit_drafter,
     load_trained,
     save_trained,
 )
-from engine.errors import ConfigError
 from engine.methods.eesd import drafter_for
-from engine.predictor import draft_confidence
 from tests.conftest import perturbed_exit_layer, tiny_pair
 
 CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts"]
@@ -152,7 +152,7 @@ def test_early_exit_trained_path_spec_loads_that_file_or_refuses_in_one_line(tmp
     junk.write_bytes(b"not a safetensors file")
     with pytest.raises(ConfigError, match="cannot read early-exit weights"):
         engine.load_pair(target=target, draft=f"early-exit-trained:{junk}", device="cpu")
-    from engine.feature import FeatureParts, save_feature
+    from engine.drafters.feature import FeatureParts, save_feature
 
     feat = save_feature(tmp_path / "feature.safetensors", target, FeatureParts(target))
     with pytest.raises(ConfigError, match="not an early-exit drafter's weight file"):
@@ -271,7 +271,7 @@ def test_train_draft_trains_from_token_shards(tmp_path):
 
 
 def test_training_runs_the_drafters_own_assembly_over_cached_first_n_states():
-    from engine.drafters import build_exit_tail
+    from engine.drafters.early_exit import build_exit_tail
     from engine.training.data import exit_model
     from engine.training.drafter import ExitHead
 

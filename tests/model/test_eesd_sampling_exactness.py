@@ -17,7 +17,7 @@ from tests.stats import chi_square, exactness_size
 def exit_pair():
     """Two-layer vocab-8 target whose early exit (layer 1 + a perturbed copy of layer 2, the
     stand-in for a trained Transformer^e) drafts: eesd's own drafter, KV cache shared."""
-    from engine.drafters import EarlyExitDrafter
+    from engine.drafters.early_exit import EarlyExitDrafter
 
     p = engine.load_pair(target=tiny_model(2, seed=7), device="cpu", early_exit_layers=1)
     p.drafter = EarlyExitDrafter(p.target, 1, perturbed_exit_layer(p.target, 1, 8, 0.3))

@@ -1,4 +1,4 @@
-"""The feature-level (EAGLE-style) drafter, engine/feature.py: temperature 0 is
+"""The feature-level (EAGLE-style) drafter, engine/drafters/feature.py: temperature 0 is
 token-identical to greedy generate() for every token method, the draft law at every round's
 root is the law recomputed from scratch with the target's true features (so crops and re-feeds
 keep the right feature at every committed slot), the trace names the drafter, and its weight
@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import engine
-from engine.cached_model import Scored
 from engine.cli import main
-from engine.errors import ConfigError
-from engine.feature import (
+from engine.core.cached_model import Scored
+from engine.core.errors import ConfigError
+from engine.core.models import parse_model_spec
+from engine.drafters.feature import (
     FeatureDrafter,
     FeatureParts,
     FeatureRunner,
@@ -21,7 +22,6 @@ from engine.feature import (
     load_feature,
     save_feature,
 )
-from engine.models import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
 
@@ -160,8 +160,8 @@ def test_a_near_perfect_feature_drafter_commits_long_chains_and_still_equals_gre
 
 
 def test_the_exactness_check_sizes_against_the_feature_drafters_law_with_true_features():
-    from engine.check import exact_laws
-    from engine.sampling import Warp
+    from engine.check.laws import exact_laws
+    from engine.core.sampling import Warp
 
     pair = tiny_pair(draft="feature")
     _, q_law, _ = exact_laws(pair, [3, 4, 5], Warp(temperature=1.0), 1, set())
@@ -170,7 +170,7 @@ def test_the_exactness_check_sizes_against_the_feature_drafters_law_with_true_fe
 
 
 def test_plain_feature_uses_shipped_weights_only_when_made_for_the_target(tmp_path, monkeypatch):
-    import engine.feature as feature
+    import engine.drafters.feature as feature
 
     a, b = tiny_pair(seed=0).target, tiny_pair(seed=1).target
     save_feature(tmp_path / feature.FEATURE_FILE, a, FeatureParts(a, seed=4))
@@ -186,8 +186,8 @@ def test_the_runner_feeds_true_features_after_a_commit_crops_drafts_and_refeeds_
     0; the commit keeps slots 0..3 (fed with true features), crops all three drafts and
     re-feeds the accepted token and the correction in round 2 with f_3 = 13 (the target's
     tail) and f_4 = 20 (the target's state at node 0)."""
-    from engine.forest import ROOT
-    from engine.ngram import support
+    from engine.core.forest import ROOT
+    from engine.drafters.ngram import support
 
     target = tiny_pair().target
     d = int(target.config.hidden_size)

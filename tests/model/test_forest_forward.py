@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cached_model import CachedModel, _select, check_supported
-from engine.errors import UnsupportedModelError
-from engine.forest import PAD, ROOT
-from engine.models import model_from_config, tiny_config
+from engine.core.cached_model import CachedModel, _select, check_supported
+from engine.core.errors import UnsupportedModelError
+from engine.core.forest import PAD, ROOT
+from engine.core.models import model_from_config, tiny_config
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 

@@ -1,4 +1,4 @@
-"""The hybrid drafter 'ngram+feature', engine/hybrid.py: per node the n-gram law where the
+"""The hybrid drafter 'ngram+feature', engine/drafters/hybrid.py: per node the n-gram law where the
 lookup proposes, the feature drafter's elsewhere; temperature 0 is token-identical to greedy
 generate() with both branches used, and at temperature 1 sd keeps the target's law."""
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import engine
-import engine.feature
-import engine.hybrid
-from engine.cached_model import CachedModel
-from engine.errors import ConfigError
-from engine.forest import ROOT
-from engine.models import parse_model_spec
-from engine.ngram import ngram_law, support
+import engine.drafters.feature
+import engine.drafters.hybrid
+from engine.core.cached_model import CachedModel
+from engine.core.errors import ConfigError
+from engine.core.forest import ROOT
+from engine.core.models import parse_model_spec
+from engine.drafters.ngram import ngram_law, support
 from tests.conftest import tiny_pair
 from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
 from tests.model.test_token_methods import _ref
@@ -84,7 +84,7 @@ def test_the_trace_names_both_drafters():
 def root_sources(monkeypatch):
     """Counts the round roots whose law came from the lookup and from the feature drafter."""
     seen = {"ngram": 0, "feature": 0}
-    plain = engine.hybrid.hybrid_logits
+    plain = engine.drafters.hybrid.hybrid_logits
 
     def spy(ngram, feature):
         if ngram.dim() == 2:  # (W, V): a round's root
@@ -94,15 +94,15 @@ def root_sources(monkeypatch):
             seen["feature"] += int((~has & alive).sum())
         return plain(ngram, feature)
 
-    monkeypatch.setattr(engine.hybrid, "hybrid_logits", spy)
-    lookup_only = engine.hybrid.HybridRunner._lookup_only
+    monkeypatch.setattr(engine.drafters.hybrid, "hybrid_logits", spy)
+    lookup_only = engine.drafters.hybrid.HybridRunner._lookup_only
 
     def deferred(self, n):  # a feed the lookup covered: its root (if any) is the n-gram's
         if n.root_logits is not None:
             seen["ngram"] += int(n.root_logits.shape[0])
         return lookup_only(self, n)
 
-    monkeypatch.setattr(engine.hybrid.HybridRunner, "_lookup_only", deferred)
+    monkeypatch.setattr(engine.drafters.hybrid.HybridRunner, "_lookup_only", deferred)
     return seen
 
 
@@ -159,13 +159,13 @@ def test_the_lazy_hybrid_decides_as_feeding_both_runners_every_time(method, para
                                                                     monkeypatch):
     pair = tiny_pair(draft="ngram+feature")
     feeds = {"n": 0}
-    plain = engine.feature.FeatureRunner.feed
+    plain = engine.drafters.feature.FeatureRunner.feed
 
     def counted(self, *a, **kw):
         feeds["n"] += 1
         return plain(self, *a, **kw)
 
-    monkeypatch.setattr(engine.feature.FeatureRunner, "feed", counted)
+    monkeypatch.setattr(engine.drafters.feature.FeatureRunner, "feed", counted)
     runs = {}
     for lazy in (False, True):
         pair.drafter.lazy = lazy
@@ -246,7 +246,7 @@ def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(pair):
     """load_pair prepares the hybrid's feature drafter as it does a plain drafter's model."""
     from torch import nn
 
-    from engine.layout import _can_pack, layout_for, packed_active
+    from engine.core.layout import _can_pack, layout_for, packed_active
 
     if not _can_pack():
         pytest.skip("this torch has no oneDNN")

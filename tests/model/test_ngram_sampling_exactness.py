@@ -30,7 +30,7 @@ def pair():
 def lookup_law(target) -> dict[tuple[int, ...], float]:
     """The law of always accepting the lookup's drafts: token i from the n-gram q after
     prompt + x_<i where it proposes, else from p."""
-    from engine.ngram import ngram_law
+    from engine.drafters.ngram import ngram_law
 
     p = position_probs(target, PROMPT)
     law = {}

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.cli.optimal import rrs_wor_acceptance
-from engine.optimal import alpha_star
 from engine.verify.enumerate import exact_expected_acceptance
+from engine.verify.optimal import alpha_star
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

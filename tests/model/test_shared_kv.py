@@ -1,5 +1,5 @@
-"""First-N-layer KV sharing between the early exit and the target (engine.shared, EESD §1.2):
-same rounds and probabilities as separate caches, layers 1..N run once per position, and
+"""First-N-layer KV sharing between the early exit and the target (engine.drafters.shared,
+EESD §1.2): same rounds and probabilities as separate caches, layers 1..N run once per position, and
 refusals for what it does not cover."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import engine
-from engine import costs
-from engine.drafters import EarlyExitDrafter
-from engine.errors import ConfigError
-from engine.shared import SharedSide, SharedTrunk
+from engine.core.api import calibrate
+from engine.core.errors import ConfigError
+from engine.drafters.early_exit import EarlyExitDrafter
+from engine.drafters.shared import SharedSide, SharedTrunk
 from tests.conftest import perturbed_exit_layer, tiny_pair
 
 
@@ -50,7 +50,7 @@ def test_shared_cache_gives_the_rounds_and_probabilities_of_separate_caches(fami
 @pytest.mark.parametrize("trained", [True, False])
 def test_layers_one_to_n_run_once_per_position_when_shared(trained):
     pair = _pair(trained=trained)
-    costs.calibrate(pair, 1)  # the cost model's one-off plain-step calibration, not counted
+    calibrate(pair, 1)  # the cost model's one-off plain-step calibration, not counted
     layers = pair.target.model.layers
     counts = {}
 

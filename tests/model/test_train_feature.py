@@ -13,14 +13,14 @@ import torch
 
 import engine
 from engine.cli import main
-from engine.errors import ConfigError
-from engine.feature import FeatureDrafter, FeatureParts, feature_drafter
-from engine.models import load_model
+from engine.core.errors import ConfigError
+from engine.core.models import load_model
+from engine.core.weights import load_tensors
+from engine.drafters.feature import FeatureDrafter, FeatureParts, feature_drafter
 from engine.training.config import FeatureTrainConfig
 from engine.training.feature import FeatureStudent, train_feature
 from engine.training.feature_data import read_shards
 from engine.training.feature_eval import evaluate
-from engine.weights import load_tensors
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 
 TARGET = 'tiny:{"layers": 2, "vocab_size": 64}'

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import EMBEDDED_DEFAULT_DRAFT, cache_root
+from engine.core.models import EMBEDDED_DEFAULT_DRAFT, cache_root
 from specviz.render import OUTPUTS
 from tests.ui.helpers import free_port
 

@@ -10,7 +10,7 @@ import torch
 from gradio_client.exceptions import AppError
 from transformers import GenerationMixin
 
-from engine import threads
+from engine.core import threads
 from specviz import pairs
 from specviz.render import OUTPUTS
 from tests.ui.helpers import TINY

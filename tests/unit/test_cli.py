@@ -114,7 +114,7 @@ def test_methods_lists_every_method_with_parameters(capsys):
     assert "--k-config" in out and "--gamma" in out
 
 
-# ----------------------------------------------------------------- CLI bugs of issue 12
+# ----------------------------------------------------------------- CLI input checks
 
 CODE_PROMPT = b'def add(a, b):\r\n    """Sum of a and b."""\n\n    return a + b\n  \n'
 
@@ -193,7 +193,7 @@ def test_a_bad_jsonl_line_is_named_by_its_number(tmp_path, capsys, line, message
 
 def test_the_shipped_bench_prompts_are_jsonl():
     from engine.cli.flags import read_prompts_jsonl
-    from engine.paths import ASSETS
+    from engine.core.paths import ASSETS
 
     assert len(read_prompts_jsonl(ASSETS / "bench_prompts.jsonl")) == 3
     assert len(read_prompts_jsonl(ASSETS / "eesd_bench_prompts.jsonl")) == 6

@@ -5,7 +5,7 @@ from typing import get_type_hints
 
 import pytest
 
-from engine.config import (
+from engine.core.config import (
     COMMON_PARAMS,
     ParamSpec,
     check_config_fields,
@@ -13,7 +13,7 @@ from engine.config import (
     parse_k_config,
     validate_params,
 )
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 from engine.methods import METHODS
 
 

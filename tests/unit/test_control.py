@@ -1,5 +1,5 @@
-"""Draft-length controllers (engine/control.py) and their math (engine/posterior.py):
-EESD Beta-TS / Cali-TS, fixed and heuristic."""
+"""Draft-length controllers (engine/control/controllers.py) and their math
+(engine/control/posterior.py): EESD Beta-TS / Cali-TS, fixed and heuristic."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from dataclasses import fields, replace
 import pytest
 import torch
 
-from engine.config import validate_params
-from engine.control import (
+from engine.control.controllers import (
     CONTROL_PARAMS,
     BetaTSController,
     CaliTSController,
@@ -23,9 +22,7 @@ from engine.control import (
     control_config,
     make_controller,
 )
-from engine.errors import ConfigError
-from engine.methods import METHODS
-from engine.posterior import (
+from engine.control.posterior import (
     BETA_RULES,
     THETA_HAT_RULES,
     beta_pdf,
@@ -36,7 +33,10 @@ from engine.posterior import (
     sample_normal,
     theta_hat_update,
 )
-from engine.sampling import TorchChooser, make_generator
+from engine.core.config import validate_params
+from engine.core.errors import ConfigError
+from engine.core.sampling import TorchChooser, make_generator
+from engine.methods import METHODS
 from tests.choosers import ScriptedChooser
 
 KINDS = ["fixed", "heuristic", "beta_ts", "cali_ts"]

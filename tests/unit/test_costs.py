@@ -1,11 +1,12 @@
-"""The cost model (engine.costs) on literal numbers."""
+"""The cost model (engine.core.costs) on literal numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import costs
-from engine.trace import ACCEPTED, REJECTED, RESAMPLED, CommittedToken, NodeTrace, RoundTrace
+from engine.core import costs
+from engine.core.api import plain_step_s
+from engine.core.trace import ACCEPTED, REJECTED, RESAMPLED, CommittedToken, NodeTrace, RoundTrace
 from tests.conftest import tiny_pair
 
 
@@ -36,11 +37,10 @@ def _chain_round(index, accepted, timings):
 
 def test_chain_cost_model_from_measured_phases():
     pair = tiny_pair()
-    costs.record_step(pair.target, 1, 0.1)
     t = {"propose": 0.04, "score": 0.12, "verify": 0.01, "commit": 0.01, "observe": 0.0}
     rounds = [_chain_round(0, 0, {"propose": 9.0}), _chain_round(1, 1, t),
               _chain_round(2, 1, t)]  # round 0 (prefill) is left out
-    out = costs.cost_model(pair, "sd", {}, rounds, {})
+    out = costs.cost_model(pair, "sd", {}, rounds, {}, False, lambda w: 0.1)
     assert out["kind"] == "chain"
     assert out["c_draft"] == pytest.approx(0.2) and out["c_verify"] == pytest.approx(1.2)
     # each round tested 2 drafts (accepted the 1st, rejected the 2nd): alpha = 2 / 4
@@ -64,7 +64,7 @@ def test_a_chain_of_varying_length_is_predicted_round_by_round():
                       timings=t)  # the lookup found nothing: a plain step
     half = _chain_round(3, 1, t)  # 2 drafted, 1 accepted
     rounds = [_chain_round(0, 0, {"propose": 9.0}), long, none, half]
-    out = costs.cost_model(pair, "sd", {}, rounds, {})
+    out = costs.cost_model(pair, "sd", {}, rounds, {}, False, lambda w: 0.1)
     alpha = 5 / 6  # tested: 4 accepted, then 1 accepted + 1 rejected
     assert out["kind"] == "chain" and out["acceptance"] == pytest.approx(alpha)
     want = (costs.expected_tokens(alpha, 4) + 1 + costs.expected_tokens(alpha, 2)) / 3
@@ -86,12 +86,12 @@ def test_a_plain_run_records_its_step_for_later_runs():
     pair = tiny_pair()
     rounds = [RoundTrace(i, committed=(CommittedToken(1, "a", "target"),), target_calls=1,
                          timings={"score": 0.05 + 0.01 * i}) for i in range(4)]
-    out = costs.cost_model(pair, "greedy", {}, rounds, {})
+    out = costs.cost_model(pair, "greedy", {}, rounds, {}, True, lambda w: 1 / 0)
     assert out["kind"] == "plain" and out["t_step_s"] == pytest.approx(0.07)
-    assert costs.plain_step_s(pair, 1) == pytest.approx(0.07)
+    assert plain_step_s(pair, 1) == pytest.approx(0.07)
 
 
 def test_calibration_measures_a_plain_step_when_none_is_known():
     pair = tiny_pair(seed=5)
-    step = costs.plain_step_s(pair, 2)
-    assert step > 0 and costs.plain_step_s(pair, 2) == step  # measured once
+    step = plain_step_s(pair, 2)
+    assert step > 0 and plain_step_s(pair, 2) == step  # measured once

@@ -1,13 +1,13 @@
-"""The feature drafter's bookkeeping (engine/feature.py): which target feature goes with which
-slot, what a commit of k accepted tokens keeps, and what the next round re-feeds. Features
-are d = 1 vectors holding literal values, so every placement is visible."""
+"""The feature drafter's bookkeeping (engine/drafters/feature.py): which target feature goes
+with which slot, what a commit of k accepted tokens keeps, and what the next round re-feeds.
+Features are d = 1 vectors holding literal values, so every placement is visible."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.cached_model import Scored
-from engine.feature import committed_features, previous_features
+from engine.core.cached_model import Scored
+from engine.drafters.feature import committed_features, previous_features
 
 
 def _feats(*values: float) -> torch.Tensor:

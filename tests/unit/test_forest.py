@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.forest import PAD, ROOT, ancestors, attention_inputs, children, depths, path_to
+from engine.core.forest import PAD, ROOT, ancestors, attention_inputs, children, depths, path_to
 
 
 def test_depths_paths_and_children_follow_parent_pointers():

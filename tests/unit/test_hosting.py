@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import app
-from engine.errors import ConfigError, ModelLoadError
-from engine.models import resolve_dtype
+from engine.core.errors import ConfigError, ModelLoadError
+from engine.core.models import resolve_dtype
 from specviz import pairs
 from specviz.hosting import HostConfig, all_presets, parse_presets
 
@@ -146,7 +146,7 @@ def test_gpu_presets_are_refused_when_the_host_runs_on_the_cpu(host):
 
 def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
     from engine import METHODS
-    from engine.config import validate_params
+    from engine.core.config import validate_params
 
     tuned = [(p, m, params) for p in all_presets() for m, params in p.params.items()]
     assert tuned  # the embedded pair ships its measured best settings

@@ -1,4 +1,4 @@
-"""engine.layout: a CPU model's linear modules run through their oneDNN-packed copies only
+"""engine.core.layout: a CPU model's linear modules run through their oneDNN-packed copies only
 inside forwards of GEMM_ROWS rows or more, give the stock logits (fewer than PAD_ROWS rows
 padded and the padding dropped), and the stock forward is back afterwards."""
 
@@ -8,9 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-import engine.layout as layout
-from engine.drafters import ShortlistHead
-from engine.layout import (
+import engine.core.layout as layout
+from engine.core.layout import (
     GEMM_ROWS,
     PAD_ROWS,
     _can_pack,
@@ -20,7 +19,8 @@ from engine.layout import (
     packed_active,
     prepare,
 )
-from engine.models import model_from_config, tiny_config
+from engine.core.models import model_from_config, tiny_config
+from engine.drafters.early_exit import ShortlistHead
 
 pytestmark = pytest.mark.skipif(not _can_pack(), reason="this torch has no oneDNN")
 
@@ -79,7 +79,7 @@ def test_few_row_forwards_are_padded_and_give_the_stock_logits(tokens):
 
 
 def test_a_padded_product_keeps_each_row_and_drops_the_padding():
-    from engine import layout
+    from engine.core import layout
 
     w, b = torch.randn(7, 5), torch.randn(7)
     packed = torch.ops.mkldnn._reorder_linear_weight(w, layout.PACK_HINT)
@@ -93,7 +93,7 @@ def test_a_padded_product_keeps_each_row_and_drops_the_padding():
 
 def test_a_packed_forward_with_a_wrong_copy_would_differ():
     """Negative control: the comparison above sees the packed path (a corrupted copy shows)."""
-    from engine import layout
+    from engine.core import layout
 
     model = _tiny()
     for lin in _linears(model):  # every decoder linear's packed copy scaled by 2
@@ -134,7 +134,7 @@ def test_a_weight_changed_after_packing_is_used_stock_never_stale():
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         for lin in _linears(model):
-            lin.weight.mul_(1.5)  # in place: the packed copies no longer hold these weights
+            lin.weight.mul_(1.5)  # in place: the packed copies do not hold these weights
         model.get_output_embeddings().weight.add_(0.01)
         stock = model(input_ids=ids).logits
         with layout_for(model, ids.numel()):

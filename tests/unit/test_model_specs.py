@@ -1,12 +1,13 @@
-"""One reading of model specs (engine.models.parse_model_spec) for the CLI, the API and the UI."""
+"""One reading of model specs (engine.core.models.parse_model_spec) for the CLI, the API and
+the UI."""
 
 from __future__ import annotations
 
 import pytest
 
 import engine
-from engine.errors import ConfigError, ModelLoadError
-from engine.models import parse_model_spec
+from engine.core.errors import ConfigError, ModelLoadError
+from engine.core.models import parse_model_spec
 
 
 @pytest.mark.parametrize("text,kind", [

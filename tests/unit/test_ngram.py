@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import ConfigError
-from engine.forest import PAD, ROOT
-from engine.models import parse_model_spec
-from engine.ngram import RECENCY, NGramDrafter, ngram_law, support
+from engine.core.errors import ConfigError
+from engine.core.forest import PAD, ROOT
+from engine.core.models import parse_model_spec
+from engine.drafters.ngram import RECENCY, NGramDrafter, ngram_law, support
 
 
 def law(ctx, **kw):
@@ -102,7 +102,7 @@ def test_ngram_specs_parse_for_drafts_only():
 def test_ngram_logits_land_on_the_drafter_device():
     import torch
 
-    from engine.ngram import NGramDrafter
+    from engine.drafters.ngram import NGramDrafter
 
     runner = NGramDrafter(16, device="meta").runner()  # any device but the CPU
     runner.start(torch.tensor([[1, 2, 3, 1, 2]]))

@@ -1,4 +1,4 @@
-"""alpha* of multi-draft speculative decoding (engine/optimal.py; Hu et al. 2025).
+"""alpha* of multi-draft speculative decoding (engine/verify/optimal.py; Hu et al. 2025).
 
 The ground truth is the brute-force transport LP (Hu et al. Eq. 9, tests/oracles.py) over every
 draft tuple, and
@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from engine.optimal import (
+from engine.bench.optimal import bench_optimal
+from engine.verify.optimal import (
     ENUM_LIMIT,
     SCHEMES,
     OptimalResult,
@@ -30,7 +31,6 @@ from engine.optimal import (
     scan_certificate,
     tv_distance,
 )
-from engine.optimal_bench import bench_optimal
 from engine.verify.token import kseq_rho
 from tests.oracles import draft_prob_of_set, draft_tuple_probs, lp_alpha_star, lp_value
 

@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 
 from engine import METHODS
-from engine.config import COMMON_PARAMS
+from engine.core.config import COMMON_PARAMS
 from specviz.params import COMMON, ParamPool, param_key
 
 ADVANCED = ("cap", "alpha0", "beta0", "update", "sigma_m", "sigma_s", "theta_hat0",

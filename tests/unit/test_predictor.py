@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.errors import ConfigError
-from engine.predictor import (
+from engine.control.predictor import (
     MAX_STEP,
     CaliFeatures,
     CaliPredictor,
@@ -17,6 +16,8 @@ from engine.predictor import (
     load_predictor,
     save_predictor,
 )
+from engine.core.errors import ConfigError
+from engine.core.weights import file_digest
 from engine.training.config import PredictorTrainConfig
 from engine.training.predictor import (
     PredictorData,
@@ -26,7 +27,6 @@ from engine.training.predictor import (
     round_rows,
     train_predictor,
 )
-from engine.weights import file_digest
 
 
 def _hand_model(d=2):

@@ -1,4 +1,4 @@
-"""engine.sampling.TorchChooser: categorical draws by inverse CDF follow the given law, never
+"""engine.core.sampling.TorchChooser: categorical draws by inverse CDF follow the given law, never
 pick an index of zero mass, replay from the seed, and refuse a vector without mass."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from engine.sampling import TorchChooser, make_generator
+from engine.core.sampling import TorchChooser, make_generator
 
 
 def _counts(p: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 import json
 
-from engine.paths import ASSETS
+from engine.core.paths import ASSETS
 from engine.training.selfgen import build_prompts, sampled_prompts
 
 

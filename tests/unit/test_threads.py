@@ -1,11 +1,11 @@
-"""The thread rule shared by the CLI and the app (engine.threads)."""
+"""The thread rule shared by the CLI and the app (engine.core.threads)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import threads
-from engine.errors import ConfigError
+from engine.core import threads
+from engine.core.errors import ConfigError
 
 
 def test_small_machines_get_one_thread(monkeypatch):

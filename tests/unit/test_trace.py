@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from engine.trace import (
+from engine.core.trace import (
     ACCEPTED,
     BONUS,
     BeamStep,

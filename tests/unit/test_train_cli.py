@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from engine.cli.train_draft import FLAGS, add_arguments, build_config, command_of
-from engine.errors import ConfigError
-from engine.paths import ASSETS, ROOT
+from engine.core.errors import ConfigError
+from engine.core.paths import ASSETS, ROOT
 from engine.training.config import (
     DataConfig,
     DrafterTrainConfig,
@@ -22,7 +22,7 @@ from engine.training.config import (
     TrainDraftConfig,
 )
 
-# the argparse defaults of `python -m engine train-draft` before the move (engine/train.py)
+# the argparse defaults of `python -m engine train-draft`
 OLD_DEFAULTS = {
     "target": "embedded", "device": "cpu", "layers": 4, "objective": "ce", "alpha": 0.5,
     "topk": 8, "prompts": str(ASSETS / "train_prompts.txt"), "limit_prompts": 0,

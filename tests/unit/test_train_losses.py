@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 from engine.training.data import Example, build_shortlist
 from engine.training.drafter import replay_chain
 from engine.training.losses import (

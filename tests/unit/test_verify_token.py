@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from engine.sampling import Warp, as_chooser, make_generator, probs_from_logits, residual
+from engine.core.sampling import Warp, as_chooser, make_generator, probs_from_logits, residual
 from engine.verify.enumerate import (
     EnumeratingChooser,
     enumerate_outcomes,

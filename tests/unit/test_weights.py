@@ -1,4 +1,4 @@
-"""Weight files and fingerprints (engine/weights.py): the one module both the drafters and the
+"""Weight files and fingerprints (engine/core/weights.py): the one module both the drafters and the
 predictor use, so that neither imports the other."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import ast
 import pytest
 import torch
 
-from engine.paths import ROOT
-from engine.weights import file_digest, load_tensors, same_target, save_tensors
+from engine.core.paths import ROOT
+from engine.core.weights import file_digest, load_tensors, same_target, save_tensors
 
 FP = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 8, "vocab_size": 64,
       "embed_abs_sum_256": 100.0}
@@ -38,11 +38,12 @@ def _module_level_closure(module: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("module,other", [("engine.drafters", "engine.predictor"),
-                                          ("engine.predictor", "engine.drafters")])
+@pytest.mark.parametrize("module,other", [
+    ("engine.drafters.early_exit", "engine.control.predictor"),
+    ("engine.control.predictor", "engine.drafters.early_exit")])
 def test_drafters_and_predictor_do_not_import_each_other(module, other):
     assert other not in _module_level_closure(module)
-    assert "engine.weights" in _engine_imports(module)
+    assert "engine.core.weights" in _engine_imports(module)
 
 
 def test_same_target_compares_shapes_exactly_and_the_checksum_within_rtol():
@@ -63,8 +64,8 @@ def test_tensors_and_metadata_round_trip_and_the_digest_is_sha1(tmp_path):
 
 
 def test_read_weight_file_refuses_a_missing_or_unreadable_file_in_one_line(tmp_path):
-    from engine.errors import ConfigError
-    from engine.weights import read_weight_file, save_tensors
+    from engine.core.errors import ConfigError
+    from engine.core.weights import read_weight_file, save_tensors
 
     with pytest.raises(ConfigError, match="some drafter weights not found"):
         read_weight_file(tmp_path / "none.safetensors", "some drafter")

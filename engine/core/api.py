@@ -1,0 +1,217 @@
+"""Public entry points: start() (a streaming run), generate(), iter_rounds(), prompt encoding.
+
+``run = start(pair, prompt, method, **params)`` validates everything and builds the round
+loop; ``for rnd in run`` steps it one round at a time; ``run.trace()`` is the RunTrace of the
+rounds so far at any point (the whole trace once ``run.done``). Statistics accumulate per
+round; run-level extras (the cost model, :mod:`engine.core.costs`) are computed once, when the
+last round is in.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Iterator
+
+from engine.core import costs
+from engine.core.config import RunConfig, validate_params
+from engine.core.errors import ConfigError
+from engine.core.loop import Decoder
+from engine.core.models import ModelPair
+from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
+from engine.methods import METHODS
+
+
+class IdTokenizer:
+    """Fallback for models without a tokenizer (tiny test models): characters -> ids."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % self.vocab_size for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+
+def tokenizer_of(pair: ModelPair):
+    return pair.tokenizer or IdTokenizer(pair.vocab_size)
+
+
+def encode_prompt(pair: ModelPair, prompt: str | list[int], raw: bool = False) -> list[int]:
+    """Token ids of the prompt; instruction models get their chat template unless raw."""
+    if isinstance(prompt, (list, tuple)):
+        ids = [int(i) for i in prompt]
+    else:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ConfigError("prompt is empty")
+        tok = tokenizer_of(pair)
+        if not raw and getattr(tok, "chat_template", None):
+            enc = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                          add_generation_prompt=True, tokenize=True)
+            ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        else:
+            ids = list(tok.encode(prompt))
+    if not ids:
+        raise ConfigError("prompt is empty")
+    if any(i < 0 or i >= pair.vocab_size for i in ids):
+        raise ConfigError(f"prompt token ids must be in [0, {pair.vocab_size})")
+    return ids
+
+
+def _check_length(pair: ModelPair, n_prompt: int, max_new: int) -> None:
+    limit = getattr(pair.target.config, "max_position_embeddings", None)
+    if limit and n_prompt + max_new > limit:
+        raise ConfigError(
+            f"prompt has {n_prompt} tokens; with max_new_tokens {max_new} it exceeds the "
+            f"context window of {limit}"
+        )
+
+
+def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+                 **params: Any) -> tuple[Decoder, dict[str, Any], list[int]]:
+    """Validate everything up front, then build the round loop."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
+    spec = METHODS[method]
+    full = validate_params(spec.all_params, params, method)
+    ids = encode_prompt(pair, prompt, raw)
+    _check_length(pair, len(ids), full["max_new_tokens"])
+    tok = tokenizer_of(pair)
+    decoder = Decoder(pair, ids, spec.make(full), RunConfig.from_params(full),
+                      decode=lambda i: tok.decode([i]))
+    return decoder, full, ids
+
+
+class Run:
+    """One run in progress (see module docstring). Not thread-safe: step it from one thread.
+
+    ``wall_s`` counts only time spent inside the engine's rounds, never the caller's time
+    between rounds (a UI rendering, a client reading).
+    """
+
+    def __init__(self, pair: ModelPair, prompt, method: str, raw: bool = False,
+                 **params: Any) -> None:
+        self.pair, self.method, self.prompt = pair, method, prompt
+        self._decoder, self.params, ids = make_decoder(pair, prompt, method, raw, **params)
+        self.prompt_ids: tuple[int, ...] = tuple(ids)
+        self._steps = self._decoder.rounds()
+        self._rounds: list[RoundTrace] = []
+        self._stats = RunStats()
+        self._extras: dict[str, Any] = {}
+        self.wall_s = 0.0
+        self.done = False
+
+    def __iter__(self) -> Run:
+        return self
+
+    def __next__(self) -> RoundTrace:
+        if self.done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        r = next(self._steps, None)
+        self.wall_s += time.perf_counter() - t0
+        if r is None:  # a method that stops without a final round
+            self._finish()
+            raise StopIteration
+        self._rounds.append(r)
+        self._stats.add(r)
+        if self._decoder.done:
+            self._finish()
+        return r
+
+    @property
+    def rounds(self) -> int:
+        return len(self._rounds)
+
+    @property
+    def stop_reason(self) -> str:
+        return self._decoder.stop_reason
+
+    def to_end(self) -> RunTrace:
+        """Step the remaining rounds and return the whole trace."""
+        for _ in self:
+            pass
+        return self.trace()
+
+    def _finish(self) -> None:
+        self.done = True
+        stats = self._stats.result(len(self._best()[0]))
+        stats["wall_s"] = self.wall_s
+        plain = not METHODS[self.method].uses_draft
+        self._extras = {"cost": costs.cost_model(
+            self.pair, self.method, stats, self._rounds, self.params, plain,
+            lambda width: plain_step_s(self.pair, width))}
+
+    def _best(self) -> tuple[list[int], tuple[BeamTrace, ...], list]:
+        ctx = self._decoder.ctx
+        beams = self._decoder.final_beams or tuple(
+            BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores))
+        best = list(beams[0].token_ids)
+        origins = ctx.finished_origins.get(tuple(best)) or (
+            ctx.origins[0] if ctx.seqs and ctx.seqs[0] == best else [])
+        return best, beams, origins
+
+    def trace(self, with_rounds: bool = True) -> RunTrace:
+        """The RunTrace of the rounds so far (best beam first); ``with_rounds=False`` gives
+        the head only (text, origins, stats): cheap enough to take after any round."""
+        best, beams, origins = self._best()
+        tok = tokenizer_of(self.pair)
+        stats = self._stats.result(len(best))
+        stats["wall_s"] = self.wall_s
+        stats["tokens_per_s"] = len(best) / self.wall_s if self.wall_s > 0 else None
+        stats.update(self._extras)
+        return RunTrace(
+            method=self.method, params=self.params, target=self.pair.target_name,
+            draft=self.pair.draft_name if METHODS[self.method].uses_draft else "",
+            device=self.pair.device_name,
+            prompt=self.prompt if isinstance(self.prompt, str) else "",
+            prompt_ids=self.prompt_ids, rounds=tuple(self._rounds) if with_rounds else (),
+            token_ids=tuple(best), text=tok.decode(best), beams=tuple(beams), stats=stats,
+            stop_reason=self._decoder.stop_reason,
+            token_origins=tuple(o for o, _ in origins),
+            token_rounds=tuple(r for _, r in origins),
+            prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),
+        )
+
+
+def start(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+          **params: Any) -> Run:
+    """A streaming run: iterate it for RoundTrace records; ``trace()`` at any point."""
+    return Run(pair, prompt, method, raw, **params)
+
+
+def iter_rounds(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+                **params: Any) -> Iterator[RoundTrace]:
+    """Step through a run one round at a time (``start`` without the trace)."""
+    yield from start(pair, prompt, method, raw, **params)
+
+
+def generate(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+             **params: Any) -> RunTrace:
+    """Run a method to the end and return its full trace."""
+    return start(pair, prompt, method, raw, **params).to_end()
+
+
+CALIBRATION_PROMPT = 16  # tokens
+CALIBRATION_STEPS = 4
+
+
+def plain_step_s(pair: ModelPair, width: int) -> float:
+    """Seconds of one plain target step of width W: the latest plain run's of this width on
+    this target in this process, else a calibration (measured once)."""
+    known = costs.known_step_s(pair.target, width)
+    return known if known is not None else calibrate(pair, width)
+
+
+def calibrate(pair: ModelPair, width: int = 1) -> float:
+    """Measure a plain step: the engine's greedy (W = 1) or beam search (W = K) decode of
+    CALIBRATION_STEPS tokens on a fixed prompt; median of its rounds after the prefill."""
+    ids = [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]
+    method, kw = ("greedy", {}) if width == 1 else ("beam", {"beams": width})
+    rounds = list(start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS, **kw))
+    later = rounds[1:] or rounds
+    seconds = statistics.median(costs.round_seconds(r) for r in later)
+    costs.record_step(pair.target, width, seconds)
+    return seconds

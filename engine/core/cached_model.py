@@ -1,0 +1,283 @@
+"""A KV-cached model: forest forward on stock transformers models, with cache surgery.
+
+A :class:`CachedModel` owns one model's ``DynamicCache`` for a set of beam rows. Its cache
+always holds a committed prefix of every row; committed tokens not yet in the cache form the
+row's *tail* (at least the newest token). One round feeds the tail plus forest nodes:
+
+- every fed token sees the row's cached prefix, its ancestors and itself, through a
+  full-width additive float 4D mask (transformers 5 uses a 4D mask as given);
+- position_ids = cached length + depth, so a node gets the position it would have in
+  sequential decoding (both from :func:`engine.core.forest.attention_inputs`);
+- :meth:`feed` returns a :class:`Scored`: logits and hidden states of what it fed;
+- :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
+  kept path (one index_select over row, head and slot), and reorders or duplicates rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from engine.core.errors import UnsupportedModelError
+from engine.core.forest import attention_inputs
+from engine.core.layout import head_logits, layout_for
+
+# Families whose forest forward is verified against sequential decoding in tests.
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@functools.cache
+def _cache_name(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(module: torch.nn.Module, cache) -> dict:
+    """The keyword a stock module's forward takes its KV cache by: ``cache`` in the
+    transformers releases that name it so, else ``past_key_values`` (read from the forward's
+    signature once per class, so no deprecated keyword is passed)."""
+    return {_cache_name(type(module)): cache}
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Refuse architectures whose forest forward is not verified."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", "?")
+    if kind not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"architecture '{kind}' is not supported (tree attention is verified for "
+            f"{', '.join(SUPPORTED_FAMILIES)})"
+        )
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        raise UnsupportedModelError(f"sliding-window attention ('{kind}') is not supported")
+
+
+@dataclass(frozen=True, eq=False)
+class Scored:
+    """What one :meth:`CachedModel.feed` returns: the score step's logits and final (normed)
+    hidden states (the Cali-TS features, EESD Eq. 5)."""
+
+    node_logits: torch.Tensor  # (W, m, V) at the nodes fed by this call
+    node_hidden: torch.Tensor  # (W, m, d)
+    root_logits: torch.Tensor | None = None  # (W, V) after the newest committed token
+    root_hidden: torch.Tensor | None = None  # (W, d); both None unless the call fed the tail
+    tail_hidden: torch.Tensor | None = None  # (W, t, d) at every tail token this call fed
+
+
+class CachedModel:
+    """One model + its KV cache over W beam rows (see module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache: DynamicCache | None = None
+        self.base = 0  # cached committed length (same for every row)
+        self.tail = torch.zeros((1, 0), dtype=torch.long)  # (W, t) committed, not cached
+        self._reset_round()
+
+    # ----------------------------------------------------------------- state
+    def _reset_round(self) -> None:
+        self.round_par: torch.Tensor | None = None  # (W, f) parents of fed forest nodes
+        self.tail_fed = 0  # tail tokens fed this round
+        self.forest_fed = 0  # forest nodes fed this round
+
+    def start(self, ids: torch.Tensor) -> None:
+        """Begin a sequence: nothing cached, the whole prompt is the tail.
+
+        Args:
+            ids: (W, L) committed token ids.
+        """
+        try:
+            self.cache = DynamicCache(config=self.model.config)
+        except TypeError:  # older signatures
+            self.cache = DynamicCache()
+        self.base = 0
+        self.tail = ids.to(self.device)
+        self._reset_round()
+
+    @property
+    def width(self) -> int:
+        return int(self.tail.shape[0])
+
+    # --------------------------------------------------------------- forward
+    def feed(self, tokens: torch.Tensor | None = None,
+             parents: torch.Tensor | None = None) -> Scored:
+        """Score the tail (first call of a round) and/or new forest nodes in one forward.
+
+        Args:
+            tokens: (W, m) forest node tokens, or None to score only the tail.
+            parents: (W, m) forest node ids of the same row already fed (or in this call,
+                earlier), ROOT for children of the newest committed token, PAD for padding.
+        Returns:
+            the new nodes' logits and hidden states (m may be 0), and on the round's first
+            call those after the newest committed token (the root).
+        """
+        W = self.width
+        if tokens is None:
+            tokens = torch.zeros((W, 0), dtype=torch.long, device=self.device)
+            parents = tokens.clone()
+        tokens, parents = tokens.to(self.device), parents.to(self.device)
+        if self._shared_prompt():
+            return self._feed_shared_prompt(tokens, parents)
+        return self._forward(tokens, parents)
+
+    def _shared_prompt(self) -> bool:
+        """The first call on a fresh cache whose W > 1 rows all hold the same prompt (every
+        beam method's start): its KV is computed once, not W times."""
+        return (type(self)._inputs is CachedModel._inputs  # token inputs only
+                and self.width > 1 and self.base == 0 and self.tail_fed == 0
+                and self.forest_fed == 0 and self.tail.shape[1] > 0
+                and bool((self.tail == self.tail[:1]).all()))
+
+    def _feed_shared_prompt(self, tokens: torch.Tensor, parents: torch.Tensor) -> Scored:
+        """Prefill one row, then give every row a copy of its cache; the nodes (if any) follow
+        in a second forward over all rows."""
+        W, tail = self.width, self.tail
+        self.tail = tail[:1]  # (1, L)
+        try:
+            first = self._forward(tokens[:1, :0], parents[:1, :0])
+        finally:
+            self.tail = tail
+        self.round_par = None  # the nodes' parents start with the all-row forward below
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys.expand(W, -1, -1, -1).contiguous()  # (W, H, L, D)
+                layer.values = layer.values.expand(W, -1, -1, -1).contiguous()
+        root = (first.root_logits.repeat(W, 1), first.root_hidden.repeat(W, 1),
+                first.tail_hidden.repeat(W, 1, 1))  # (W, V), (W, d), (W, L, d)
+        nodes = self._forward(tokens, parents)
+        return Scored(nodes.node_logits, nodes.node_hidden, *root)
+
+    def _forward(self, tokens: torch.Tensor, parents: torch.Tensor) -> Scored:
+        """One forward of the unfed tail and the new nodes; the LM head runs only where
+        logits are returned (the newest tail token and the nodes)."""
+        W = self.width
+        t_new = self.tail.shape[1] - self.tail_fed
+        par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
+        self.round_par = par  # (W, f) forest parents, forest index space
+        mask, pos = attention_inputs(cached=self.base, tail=self.tail.shape[1], new_tail=t_new,
+                                     parents=par, new_nodes=tokens.shape[1],
+                                     dtype=self.dtype)  # (W, 1, q, kv), (W, q)
+        ids = torch.cat([self.tail[:, self.tail.shape[1] - t_new:], tokens], 1)  # (W, q)
+        if ids.shape[1] == 0:
+            cfg = self.model.config
+            return Scored(torch.zeros((W, 0, cfg.vocab_size), device=self.device),
+                          torch.zeros((W, 0, cfg.hidden_size), device=self.device))
+        inputs = self._inputs(ids, t_new, parents)
+        with torch.no_grad(), layout_for(self.model, ids.numel()):  # split: hidden states kept
+            hidden = self.model.model(
+                **inputs,
+                attention_mask=mask,
+                position_ids=pos,
+                **cache_kwarg(self.model.model, self.cache),
+                use_cache=True,
+            ).last_hidden_state  # (W, t_new + m, d)
+            full, hidden = hidden, hidden[:, max(t_new - 1, 0):]  # (W, [1] + m, d): the head
+            # skips older tail rows
+            head = self.model.get_output_embeddings()
+            logits = head_logits(head, hidden)  # (W, [1] + m, V)
+        self.tail_fed += t_new
+        self.forest_fed += tokens.shape[1]
+        root = (None, None, None)
+        if t_new:  # the newest committed token was fed: (W, V) logits, (W, d) state
+            root = (logits[:, 0], hidden[:, 0], full[:, :t_new])  # + (W, t_new, d) tail states
+            logits, hidden = logits[:, 1:], hidden[:, 1:]
+        return Scored(logits, hidden, *root)
+
+    def _inputs(self, ids: torch.Tensor, t_new: int, parents: torch.Tensor) -> dict:
+        """The forward's token inputs for (W, t_new + m) fed ids (a feature drafter builds
+        inputs_embeds instead)."""
+        return {"input_ids": ids}
+
+    # ---------------------------------------------------------------- commit
+    def commit(
+        self,
+        rows: torch.Tensor,
+        path_nodes: torch.Tensor,
+        path_tokens: torch.Tensor,
+        new_tokens: torch.Tensor,
+        target: Scored | None = None,
+    ) -> None:
+        """Keep the chosen paths and start the next round.
+
+        Args:
+            rows: (W',) parent row of every new row (reorders / duplicates rows).
+            path_nodes: (W', k) forest node ids of the kept path, root side first.
+            path_tokens: (W', k) their tokens.
+            new_tokens: (W', a) tokens committed after the path (correction / bonus / target).
+            target: the target's Scored of this round (a drafter's runner may read the
+                target's states there; a model's cache does not need them).
+        """
+        rows = rows.to(self.device)
+        path_nodes = path_nodes.to(self.device)
+        t_all = self.tail.shape[1]
+        unfed_tail = self.tail[rows, self.tail_fed :]  # (W', t_all - tail_fed)
+        fed = (path_nodes < self.forest_fed).long()  # nodes whose KV is in the cache
+        f = int(fed.cumprod(1).sum(1).min()) if path_nodes.shape[1] else 0
+        if self.tail_fed < t_all:
+            f = 0  # nothing after an unfed tail token may stay cached
+        keep_slots = self.base + self.tail_fed  # cached prefix + fed tail
+        node_slots = self.base + t_all + path_nodes[:, :f]  # (W', f)
+        self._gather(rows, keep_slots, node_slots)
+        self.base = keep_slots + f
+        self.tail = torch.cat(
+            [unfed_tail, path_tokens[:, f:].to(self.device), new_tokens.to(self.device)], dim=1
+        )
+        self._reset_round()
+
+    def _gather(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
+        """Compact every layer's keys/values to [0, prefix) + node_slots of the parent rows."""
+        W2, f = node_slots.shape
+        length = self.cache.get_seq_length()
+        identity_rows = W2 == self.width and bool(
+            (rows == torch.arange(W2, device=self.device)).all()
+        )
+        if f == 0 and identity_rows:
+            if length > prefix:
+                for layer in self.cache.layers:
+                    if layer.keys is not None and layer.keys.numel():
+                        layer.keys = layer.keys[:, :, :prefix]
+                        layer.values = layer.values[:, :, :prefix]
+            return
+        if f and not bool(((node_slots >= prefix) & (node_slots < length)).all()):
+            raise ValueError("a kept node's cache slot is outside the fed forest")  # the flat
+            # index_select below would read another row's or head's KV instead of failing
+        idx = torch.cat(
+            [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
+        )  # (W', prefix + f)
+        flats: dict[tuple[int, ...], torch.Tensor] = {}  # one index per cache shape (H, S)
+        for layer in self.cache.layers:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            shape = tuple(layer.keys.shape[1:3])
+            if shape not in flats:
+                flats[shape] = _flat_index(rows, idx, *shape)
+            layer.keys = _take(layer.keys, flats[shape], idx.shape)
+            layer.values = _take(layer.values, flats[shape], idx.shape)
+
+
+def _flat_index(rows: torch.Tensor, idx: torch.Tensor, H: int, S: int) -> torch.Tensor:
+    """(W' * H * S',) positions of x[rows[r], h, idx[r, s]] in a (W, H, S, D) cache tensor
+    flattened to (W * H * S, D)."""
+    heads = torch.arange(H, device=idx.device)  # (H,)
+    flat = (rows[:, None, None] * H + heads[None, :, None]) * S + idx[:, None, :]  # (W', H, S')
+    return flat.reshape(-1)
+
+
+def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The (W', H, S', D) selection of a (W, H, S, D) cache tensor as one copy: a single
+    index_select over its flattened (row, head, slot) axis (a row reorder then a gather on
+    the sequence axis copied the cache twice and read a cache-sized index)."""
+    W, H, S, D = x.shape
+    out = x.reshape(W * H * S, D).index_select(0, flat)  # (W' * H * S', D)
+    return out.view(shape[0], H, shape[1], D)  # (W', H, S', D)
+
+
+def _select(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor (what a commit does per layer)."""
+    return _take(x, _flat_index(rows, idx, x.shape[1], x.shape[2]), idx.shape)

@@ -1,0 +1,156 @@
+"""The speculative-decoding cost model, filled from a run's own measured numbers.
+
+Every cost is relative to ``t_step``, the seconds of one *plain* target step of the run's
+width W (the engine's own greedy round for W = 1, its beam-search round for W = K):
+
+- ``c_draft`` = propose seconds per draft call / t_step (a draft step);
+- ``c_verify`` = score seconds per round / t_step (one target forward over the forest);
+- chains (one drafted path per round; Leviathan et al. 2023, Eq. 1 and Thm 3.8 with measured
+  costs): E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha) tokens per round at per-token
+  acceptance alpha (accepted over tested drafts, :func:`chain_acceptance`) and g drafts,
+  predicted speedup = mean_r E(alpha, g_r) / (mean g x c_draft + c_verify), each round with
+  its own chain length g_r (an adaptive controller or a lookup that drafts 0 or 8: E is
+  concave in g, so E at the mean length would overstate such a run; for a fixed g it is the
+  same), and break-even is the alpha where that equals 1 at the mean length (derivation in
+  docs/derivations.md, Cost model);
+- trees and beams: predicted speedup = tokens per round / (draft calls per round x c_draft +
+  c_verify);
+- measured speedup against plain decoding = committed tokens x t_step / engine seconds, and
+  ``efficiency`` = measured / predicted: what the verify rule, cache commit, controller and
+  Python overhead (everything the model leaves out) cost.
+
+Round 0 also prefills the prompt, so every average uses rounds 1.. when there are any.
+``t_step`` is the median plain round of the latest plain run of this width on this target in
+this process, or else a calibration: a plain decode of 4 steps on a fixed 16-token prompt,
+measured once per process and width (``engine.core.api.calibrate``). Context length barely
+moves a step of the small models this runs on the CPU; on a GPU or with long prompts it is an
+approximation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import weakref
+from typing import Any, Callable
+
+from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
+
+NOT_DRAFTED = (RESAMPLED, BONUS, TARGET)  # nodes the target chose, not the drafter
+_STEP_S: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {W: seconds}
+
+
+def record_step(target, width: int, seconds: float) -> None:
+    _STEP_S.setdefault(target, {})[width] = seconds
+
+
+def known_step_s(target, width: int) -> float | None:
+    """Seconds of one plain step of width W on this target, if a run has measured one."""
+    return _STEP_S.get(target, {}).get(width)
+
+
+def round_seconds(r: RoundTrace) -> float:
+    return sum(r.timings.values())
+
+
+def expected_tokens(alpha: float, gamma: float) -> float:
+    """Leviathan et al.'s expected tokens per round for i.i.d. acceptance alpha, gamma drafts."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+def break_even_acceptance(gamma: float, c_draft: float, c_verify: float) -> float | None:
+    """The acceptance at which a chain of gamma drafts pays exactly (None: not even at 1)."""
+    cost = gamma * c_draft + c_verify
+    if expected_tokens(1.0, gamma) < cost:
+        return None
+    if expected_tokens(0.0, gamma) >= cost:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):  # E is increasing in alpha
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, gamma) < cost else (lo, mid)
+    return hi
+
+
+def chain_acceptance(rounds: list[RoundTrace]) -> float:
+    """Per-token acceptance alpha of chains, as Leviathan et al. define it: accepted drafts
+    over tested drafts (a chain stops testing at its first rejection, so the drafts after
+    it never count; accepted / drafted would understate alpha)."""
+    accepted = sum(r.accepted for r in rounds)
+    rejected = sum(1 for r in rounds if r.accepted < r.drafted)
+    return accepted / (accepted + rejected) if accepted + rejected else 0.0
+
+
+def _is_chain(rounds: list[RoundTrace]) -> bool:
+    """Every round drafted one path (at most one drafted node per depth, one tree)."""
+    for r in rounds:
+        depths = [(n.tree, n.depth) for n in r.nodes if n.status not in NOT_DRAFTED]
+        if len(set(depths)) != len(depths) or len({t for t, _ in depths}) > 1:
+            return False
+    return True
+
+
+def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace],
+               params: dict[str, Any], plain: bool,
+               step_s: Callable[[int], float]) -> dict[str, Any]:
+    """The run's cost model (see module docstring) as JSON values. ``plain``: the method drafts
+    nothing (its own rounds are the plain step); ``step_s(W)``: seconds of a plain step of
+    width W (engine.core.api.plain_step_s: a recorded one, else a calibration)."""
+    width = int(params.get("beams") or params.get("draft_beams") or 1)  # as bench's reference
+    later = rounds[1:] or rounds
+    if not later:
+        return {}
+    wall = sum(round_seconds(r) for r in later)
+    tokens = sum(len(r.committed) for r in later)
+    if plain:
+        step = statistics.median(round_seconds(r) for r in later)
+        record_step(pair.target, width, step)
+    else:
+        step = step_s(width)
+    out: dict[str, Any] = {"width": width, "t_step_s": step, "rounds_used": len(later),
+                           "measured_speedup": tokens * step / wall if wall > 0 else None}
+    if plain:
+        out.update(kind="plain", predicted_speedup=1.0,
+                   summary=f"plain decoding: one target step per token ({1000 * step:.0f} ms "
+                           "a step)")
+        return _with_efficiency(out)
+    n = len(later)
+    draft_calls = sum(r.draft_calls for r in later)
+    propose = sum(r.timings.get("propose", 0.0) for r in later)
+    c_draft = propose / draft_calls / step if draft_calls else 0.0
+    c_verify = sum(r.timings.get("score", 0.0) for r in later) / n / step
+    calls_per_round = draft_calls / n
+    out.update(c_draft=c_draft, c_verify=c_verify, draft_calls_per_round=calls_per_round,
+               tokens_per_round=tokens / n)
+    cost = calls_per_round * c_draft + c_verify
+    drafted = sum(r.drafted for r in later)
+    if _is_chain(later) and drafted:
+        alpha = chain_acceptance(later)
+        gamma = drafted / n
+        expected = sum(expected_tokens(alpha, r.drafted) for r in later) / n  # each round's g
+        chain_cost = gamma * c_draft + c_verify
+        be = break_even_acceptance(gamma, c_draft, c_verify)
+        out.update(kind="chain", gamma=gamma, acceptance=alpha, break_even_acceptance=be,
+                   expected_tokens=expected, predicted_speedup=expected / chain_cost)
+        need = ("no acceptance breaks even at these costs" if be is None
+                else f"break-even needs acceptance {be:.2f}")
+        out["summary"] = (f"draft steps cost {c_draft:.2f} of a target step and verifying "
+                          f"{c_verify:.2f}; at {gamma:.1f} drafts per round {need}; this run "
+                          f"accepted {alpha:.2f}")
+    else:
+        out.update(kind="tree", predicted_speedup=(tokens / n) / cost if cost > 0 else None)
+        out["summary"] = (f"a round costs {cost:.2f} target steps (drafting "
+                          f"{calls_per_round * c_draft:.2f}, verifying {c_verify:.2f}) and "
+                          f"commits {tokens / n:.2f} tokens: break-even needs {cost:.2f} tokens "
+                          "per round")
+    return _with_efficiency(out)
+
+
+def _with_efficiency(out: dict[str, Any]) -> dict[str, Any]:
+    pred, meas = out.get("predicted_speedup"), out.get("measured_speedup")
+    out["efficiency"] = meas / pred if pred and meas is not None else None
+    if pred is not None and meas is not None:
+        out["summary"] += (f" · predicted {pred:.2f}x, measured {meas:.2f}x against plain "
+                           f"decoding (implementation efficiency {out['efficiency']:.0%})")
+    return out

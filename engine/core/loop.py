@@ -1,0 +1,171 @@
+"""The one round generator: propose, score, verify, commit, observe.
+
+Baselines are the same loop with an empty forest, so every method is timed by the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from engine.core.cached_model import CachedModel, Scored
+from engine.core.config import RunConfig
+from engine.core.eos import eos_ids
+from engine.core.models import ModelPair
+from engine.core.sampling import TorchChooser, make_generator
+from engine.core.trace import BeamTrace, CommittedToken, RoundTrace, TopK
+from engine.methods.base import Method, RoundVerdict
+
+TOPK = 10
+
+
+@dataclass
+class RunContext:
+    """Mutable state of one run (never shared between runs or sessions)."""
+
+    pair: ModelPair
+    cfg: RunConfig
+    prompt_ids: list[int]
+    eos: frozenset[int]
+    target: CachedModel
+    generator: torch.Generator
+    chooser: TorchChooser
+    decode: Any  # id -> text
+    seqs: list[list[int]] = field(default_factory=list)  # generated ids per live row
+    origins: list[list[tuple[str, int]]] = field(default_factory=list)  # (origin, round)
+    scores: list[float] = field(default_factory=list)
+    finished_origins: dict = field(default_factory=dict)  # beam token ids -> origins
+    round_index: int = 0
+    draft_calls: int = 0
+    drafter: object | None = None  # a method may set its own drafter in start()
+    _draft: CachedModel | None = None
+
+    @property
+    def width(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def remaining(self) -> int:
+        return self.cfg.max_new_tokens - len(self.seqs[0])
+
+    @property
+    def warp(self):
+        return self.cfg.warp
+
+    @property
+    def draft(self) -> CachedModel:
+        """The drafter's cache, started lazily on the committed sequences."""
+        if self._draft is None:
+            self._draft = (self.drafter or self.pair.drafter).runner()
+            self._draft.start(self.committed_ids())
+        return self._draft
+
+    def committed_ids(self) -> torch.Tensor:
+        rows = [self.prompt_ids + s for s in self.seqs]
+        return torch.tensor(rows, dtype=torch.long)
+
+    def draft_feed(self, tokens=None, parents=None) -> Scored:
+        """One draft forward (counted): the tail and/or (W, m) new nodes, see CachedModel."""
+        self.draft_calls += 1
+        return self.draft.feed(tokens, parents)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Decoder:
+    """Runs one method on one prompt, yielding a RoundTrace per round."""
+
+    def __init__(self, pair: ModelPair, prompt_ids: list[int], method: Method, cfg: RunConfig,
+                 decode=None):
+        target = CachedModel(pair.target)
+        gen = make_generator(cfg.seed)
+        self.ctx = RunContext(pair, cfg, list(prompt_ids), eos_ids(pair.target), target, gen,
+                              TorchChooser(gen), decode or str)
+        self.method = method
+        self.done = False
+        self.stop_reason = ""
+        self.final_beams: tuple[BeamTrace, ...] = ()
+
+    def rounds(self) -> Iterator[RoundTrace]:
+        ctx = self.ctx
+        self.method.start(ctx)
+        ctx.target.start(ctx.committed_ids())
+        while not self.done:
+            yield self._round()
+            ctx.round_index += 1
+
+    def _round(self) -> RoundTrace:
+        ctx, dev = self.ctx, self.ctx.target.device
+        t: dict[str, float] = {}
+        draft_calls0 = ctx.draft_calls
+        before = tuple(BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores))
+        _sync(dev)
+        t0 = time.perf_counter()
+        forest = self.method.propose(ctx)  # 1. propose
+        _sync(dev)
+        t1 = time.perf_counter()
+        scored = ctx.target.feed(forest.tokens, forest.parents)  # 2. score
+        _sync(dev)
+        t2 = time.perf_counter()
+        verdict = self.method.verify(ctx, forest, scored)  # 3. verify
+        _sync(dev)
+        t3 = time.perf_counter()
+        committed = self._commit(verdict, scored)  # 4. commit
+        _sync(dev)
+        t4 = time.perf_counter()
+        controller = self.method.observe(ctx, verdict)  # 5. observe
+        t5 = time.perf_counter()
+        t = {"propose": t1 - t0, "score": t2 - t1, "verify": t3 - t2, "commit": t4 - t3,
+             "observe": t5 - t4}
+        return RoundTrace(
+            index=ctx.round_index, nodes=verdict.nodes, tests=verdict.tests,
+            beams_before=before,
+            beams_after=tuple(BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores)),
+            committed=committed, drafted=verdict.drafted, accepted=verdict.accepted,
+            target_calls=1, draft_calls=ctx.draft_calls - draft_calls0, timings=t,
+            controller=controller, extras=verdict.extras,
+            p_top=_top_slices(scored, verdict), beam_steps=verdict.beam_steps,
+        )
+
+    def _commit(self, v: RoundVerdict, scored: Scored) -> tuple[CommittedToken, ...]:
+        """Step 4: caches compacted/reordered, sequences and origins extended; the drafter's
+        runner also gets the target's states of the round (a feature drafter's inputs)."""
+        ctx = self.ctx
+        ctx.target.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
+        if ctx._draft is not None:
+            ctx._draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens, target=scored)
+        appended = torch.cat([v.path_tokens.cpu(), v.new_tokens.cpu()], dim=1).tolist()
+        rows = v.rows.tolist()
+        ctx.seqs = [ctx.seqs[r] + a for r, a in zip(rows, appended)]
+        ctx.origins = [ctx.origins[r] + [(o, ctx.round_index) for o in org]
+                       for r, org in zip(rows, v.origins)]
+        ctx.scores = list(v.scores) if v.scores else [0.0] * len(rows)
+        if v.done:
+            self.done, self.stop_reason = True, v.stop_reason
+            self.final_beams = v.final_beams
+        path_nodes = v.path_nodes[0].tolist() if v.path_nodes.numel() else []
+        return tuple(
+            CommittedToken(tok, ctx.decode(tok), org, 0, path_nodes[i] if i < len(path_nodes)
+                           else -1)
+            for i, (tok, org) in enumerate(zip(appended[0], v.origins[0]))
+        )
+
+
+def _top_slices(scored: Scored, v: RoundVerdict) -> tuple[TopK, ...]:
+    """Target top-k at each committed position of beam 0's parent row."""
+    row = int(v.rows[0])
+    path = v.path_nodes[0].tolist()
+    logits = [scored.root_logits[row]] + [scored.node_logits[row, n] for n in path]  # (V,) each
+    out = []
+    for lg in logits[: v.path_tokens.shape[1] + v.new_tokens.shape[1]]:
+        probs = torch.softmax(lg.float(), dim=-1)
+        val, idx = torch.topk(probs, min(TOPK, probs.shape[-1]))
+        out.append(TopK(tuple(idx.tolist()), tuple(round(x, 6) for x in val.tolist())))
+    return tuple(out)
+

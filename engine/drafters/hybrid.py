@@ -1,0 +1,178 @@
+"""The hybrid drafter ``ngram+feature``: prompt lookup where the context repeats itself, the
+feature (EAGLE-style) drafter elsewhere.
+
+At every drafted node (and every round's root) q is the n-gram law
+(:func:`engine.drafters.ngram.ngram_law`) when the node's context (prompt + committed + drafted
+ancestors) ends in a recurring suffix, else the feature drafter's law. Where the feature
+drafter proposes nothing (round 0: no target feature yet) and the lookup has no match either,
+the node proposes nothing, as each drafter does alone.
+
+Start and commit go to both runners (the feature runner gets the target's Scored at commit,
+as alone). A feed goes to the n-gram runner first; the feature runner's forward is needed only
+where the lookup proposes nothing (a fed node, or the round's root, with no recurring
+suffix). A feed where every node has its n-gram law is deferred: the feature runner gets the
+deferred feeds, in order, just before the first feed of the round that needs its law, and a
+round that never needs it skips them (a chain copied from the prompt costs no drafter
+forward). The feature runner's commit crops every drafted node and keeps an unfed tail, so a
+skipped round leaves it as a fed one would (the committed tokens are fed, with their true
+features, next time it is needed). The choice at a node depends only on its context, so q is
+a deterministic function of the context and every verification rule stays exact; at every
+real node (PAD padding aside) the logits returned are those of feeding both runners every
+time. A draft call of this drafter may therefore run no forward (or several, when deferred
+feeds are replayed): the cost model's c_draft is its mean per call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.core.cached_model import Scored
+from engine.core.forest import PAD
+from engine.drafters.feature import FeatureDrafter, FeatureRunner
+from engine.drafters.ngram import NGramDrafter, NGramRunner, ngram_law
+
+HYBRID_SPECS = ("ngram+feature", "n-gram+feature", "ngram+eagle")
+
+
+def as_float(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in float32, the dtype's minimum ("proposes nothing") kept as float32's."""
+    low = logits <= torch.finfo(logits.dtype).min
+    return logits.float().masked_fill(low, torch.finfo(torch.float32).min)
+
+
+def hybrid_logits(ngram: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+    """Per node: the n-gram logits where the lookup proposes something, else the feature's.
+
+    Args:
+        ngram: (..., V) n-gram logits (all float32 minimum: no recurring suffix).
+        feature: (..., V) feature drafter logits (all its dtype's minimum: blind).
+    Returns:
+        (..., V) float32.
+    """
+    ngram, feature = as_float(ngram), as_float(feature.to(ngram.device))
+    has = (ngram > torch.finfo(torch.float32).min).any(-1, keepdim=True)  # (..., 1)
+    return torch.where(has, ngram, feature)  # (..., V)
+
+
+class HybridDrafter:
+    """n-gram where it matches, feature drafter elsewhere (see the module docstring).
+
+    Args:
+        ngram: the prompt-lookup drafter.
+        feature: the feature drafter (its model is this drafter's model: loaded, moved and
+            prepared like any drafter model).
+        lazy: its runners defer the feature forwards no node reads (see HybridRunner).
+    """
+
+    def __init__(self, ngram: NGramDrafter, feature: FeatureDrafter, lazy: bool = True):
+        self.ngram, self.feature, self.lazy = ngram, feature, lazy
+        self.model: nn.Module = feature.model
+        self.max_n, self.min_n = ngram.max_n, ngram.min_n
+        self.name = f"{ngram.name} + {feature.name}"
+
+    def runner(self) -> HybridRunner:
+        return HybridRunner(self.ngram.runner(), self.feature.runner(), lazy=self.lazy)
+
+    @torch.no_grad()
+    def context_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) float32 hybrid logits after every prefix: the
+        n-gram law where the prefix's suffix recurs, else the feature drafter's law with the
+        target's true features (the law q after each prefix, for check and optimal)."""
+        out = as_float(self.feature.context_logits(ids))  # (B, T, V)
+        rows = ids.cpu().numpy()
+        for b in range(rows.shape[0]):
+            for t in range(rows.shape[1]):
+                tokens, probs = ngram_law(rows[b, : t + 1], self.max_n, self.min_n)
+                if tokens.size:
+                    out[b, t] = torch.finfo(torch.float32).min
+                    out[b, t, torch.from_numpy(tokens)] = torch.from_numpy(
+                        np.log(probs)).float().to(out.device)
+        return out
+
+
+def lookup_covers(n: Scored, parents: torch.Tensor | None) -> bool:
+    """Whether the n-gram runner's Scored has a law at every real node it fed (PAD nodes
+    aside) and, on a round's first call, at every row's root: then no feature law is read.
+
+    Args:
+        n: the n-gram runner's Scored of one feed.
+        parents: (W, m) the fed nodes' parents (None: the tail alone).
+    """
+    def proposes(x: torch.Tensor) -> torch.Tensor:  # (..., V) -> (...): any law at all
+        return (x > torch.finfo(x.dtype).min).any(-1)
+
+    if n.root_logits is not None and not bool(proposes(n.root_logits).all()):
+        return False
+    if n.node_logits.shape[1] == 0:
+        return True
+    has = proposes(n.node_logits)  # (W, m)
+    real = parents.to(has.device) != PAD  # (W, m)
+    return bool((has | ~real).all())
+
+
+class HybridRunner:
+    """The lookup where it matches, the feature runner elsewhere; feed returns the n-gram's
+    logits at nodes where the lookup proposes, the feature runner's elsewhere (hidden states:
+    the feature runner's, zeros where its feed was deferred; see the module docstring).
+
+    lazy: defer the feature runner's feeds that no node reads (False: feed both every time).
+    """
+
+    def __init__(self, ngram: NGramRunner, feature: FeatureRunner, lazy: bool = True):
+        self.ngram, self.feature, self.lazy = ngram, feature, lazy
+        self.device, self.dtype = feature.device, torch.float32
+        self.deferred: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+        self.feature_feeds = 0  # feature runner forwards run (for tests and the curious)
+
+    @property
+    def width(self) -> int:
+        return self.feature.width
+
+    def start(self, ids: torch.Tensor) -> None:
+        """ids: (W, L) committed token ids."""
+        self.ngram.start(ids)
+        self.feature.start(ids)
+        self.deferred = []
+
+    def feed(self, tokens: torch.Tensor | None = None,
+             parents: torch.Tensor | None = None) -> Scored:
+        """As CachedModel.feed: the n-gram law at nodes where the lookup proposes, the
+        feature drafter's elsewhere."""
+        n = self.ngram.feed(tokens, parents)
+        if self.lazy and lookup_covers(n, parents):
+            self.deferred.append((tokens, parents))
+            return self._lookup_only(n)
+        for t, p in self.deferred:  # the feature runner catches up, feed by feed
+            self._feature_feed(t, p)
+        self.deferred = []
+        f = self._feature_feed(tokens, parents)
+        root = None  # the round's first call (a blind feature runner always returns one)
+        if n.root_logits is not None and f.root_logits is not None:
+            root = hybrid_logits(n.root_logits, f.root_logits)  # (W, V)
+        return Scored(hybrid_logits(n.node_logits, f.node_logits), f.node_hidden, root,
+                      f.root_hidden if root is not None else None, f.tail_hidden)
+
+    def _feature_feed(self, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> Scored:
+        self.feature_feeds += 1
+        return self.feature.feed(tokens, parents)
+
+    def _lookup_only(self, n: Scored) -> Scored:
+        """A deferred feed's Scored: the n-gram laws (every real node has one), zero hidden
+        states (read by no token or beam method's rule for this drafter)."""
+        W, m = n.node_logits.shape[:2]
+        d = self.feature.feats.shape[-1]
+        root = as_float(n.root_logits) if n.root_logits is not None else None  # (W, V)
+        return Scored(as_float(n.node_logits),
+                      torch.zeros((W, m, d), device=n.node_logits.device), root,
+                      torch.zeros((W, d), device=n.node_logits.device) if root is not None
+                      else None, None)
+
+    def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
+               new_tokens: torch.Tensor, target: Scored | None = None) -> None:
+        """Both runners commit; the feature runner reads the target's Scored (deferred feeds
+        are dropped: its commit crops every drafted node and keeps an unfed tail)."""
+        self.deferred = []
+        self.ngram.commit(rows, path_nodes, path_tokens, new_tokens)
+        self.feature.commit(rows, path_nodes, path_tokens, new_tokens, target=target)

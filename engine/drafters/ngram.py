@@ -1,0 +1,152 @@
+"""The n-gram (prompt lookup) drafter: draft laws read off the text itself, no model.
+
+At a node whose context (prompt + committed tokens + the node's drafted ancestors) ends in an
+n-gram that occurred earlier in that context, the draft law q is the empirical law of the tokens
+that followed the earlier occurrences of the LONGEST such suffix (n from max_n down to min_n).
+Where no suffix of length >= min_n recurs, the node proposes nothing: its draft logits are all
+the dtype's minimum, which the methods read as "support 0" and draft no child there (a round
+whose root proposes nothing is a plain target step).
+
+q is a deterministic function of the context, so it is a proper draft law: every verification
+rule that is exact for a model drafter is exact for it (the rules only need the law the
+candidates were drawn from). Several distinct continuations make a tree's children, drawn
+without replacement from q like any drafter's. Prompt lookup decoding (Saxena, 2023) and the
+n-gram drafters of transformers and vLLM propose the continuation of one match; here q keeps
+every match so sampling methods stay exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.core.cached_model import Scored
+from engine.core.errors import ConfigError
+from engine.core.forest import ROOT
+
+MAX_N = 4  # longest suffix looked up
+MIN_N = 2  # shortest suffix that may propose (a lone repeated token: right 29% of the time)
+RECENCY = 1e-3  # tie-break: among equal counts, the most recent follower weighs more
+
+
+def ngram_law(context: np.ndarray, max_n: int = MAX_N, min_n: int = MIN_N,
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The n-gram draft law after ``context``.
+
+    Args:
+        context: (L,) token ids, oldest first.
+    Returns:
+        ((k,) follower token ids, (k,) their probabilities), both empty when no suffix of
+        length in [min_n, max_n] occurred earlier with a follower. Probabilities are the
+        followers' counts over the occurrences of the longest recurring suffix, with a
+        RECENCY tie-break (a follower's weight is count + RECENCY * (1 + its latest
+        occurrence's index) / L), normalised.
+    """
+    L = len(context)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context[:L - 1], n)  # (L - n, n)
+        hits = np.flatnonzero((windows == context[L - n:]).all(axis=1))  # starts i, i + n < L
+        if hits.size == 0:
+            continue
+        followers = context[hits + n]  # (h,)
+        tokens, inverse, counts = np.unique(followers, return_inverse=True, return_counts=True)
+        latest = np.zeros(len(tokens))
+        np.maximum.at(latest, inverse, hits + 1)  # 1 + latest start of each follower
+        weight = counts + RECENCY * latest / L  # (k,)
+        return tokens, weight / weight.sum()
+    return np.zeros(0, dtype=np.int64), np.zeros(0)
+
+
+def support(logits: torch.Tensor) -> int:
+    """How many tokens a draft law can propose: logits above the dtype's minimum (a model's
+    V, a shortlist head's S, an n-gram node's followers; 0 = the node proposes nothing)."""
+    return int((logits > torch.finfo(logits.dtype).min).sum())
+
+
+class NGramDrafter:
+    """Prompt lookup over the context (see the module docstring)."""
+
+    model = None  # no model: nothing to load, move or train
+
+    def __init__(self, vocab_size: int, max_n: int = MAX_N, min_n: int = MIN_N,
+                 device: torch.device | str = "cpu"):
+        if not 1 <= min_n <= max_n:
+            raise ConfigError(f"n-gram drafter needs 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.vocab_size = vocab_size
+        self.max_n, self.min_n = max_n, min_n
+        self.device = torch.device(device)  # where its logits go: the target's device
+        self.name = f"n-gram (prompt lookup, n = {max_n}..{min_n})"
+
+    def runner(self) -> NGramRunner:
+        return NGramRunner(self.vocab_size, self.max_n, self.min_n, self.device)
+
+
+class NGramRunner:
+    """The CachedModel interface over token lists: start, feed (a Scored of draft logits per
+    fed node), commit. Rows are beams; node ids are the round's forest ids, as in
+    CachedModel."""
+
+    def __init__(self, vocab_size: int, max_n: int, min_n: int,
+                 device: torch.device | str = "cpu"):
+        self.vocab_size, self.max_n, self.min_n = vocab_size, max_n, min_n
+        self.device = torch.device(device)  # the lookup runs on the CPU; logits land here
+        self.dtype = torch.float32
+        self.rows: list[list[int]] = []
+        self._reset_round()
+
+    def _reset_round(self) -> None:
+        self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
+
+    @property
+    def width(self) -> int:
+        return len(self.rows)
+
+    def start(self, ids: torch.Tensor) -> None:
+        """ids: (W, L) committed token ids."""
+        self.rows = [list(r) for r in ids.tolist()]
+        self._reset_round()
+
+    def _context(self, row: int, node: int) -> np.ndarray:
+        path = []
+        while node != ROOT:
+            tok, node = self.nodes[row][node]
+            path.append(tok)
+        return np.asarray(self.rows[row] + path[::-1], dtype=np.int64)
+
+    def _logits(self, row: int, node: int) -> torch.Tensor:
+        """(V,) log q after a node (ROOT: after the committed tokens); all minimum: none."""
+        out = torch.full((self.vocab_size,), torch.finfo(self.dtype).min)  # (V,)
+        tokens, probs = ngram_law(self._context(row, node), self.max_n, self.min_n)
+        if tokens.size:
+            out[torch.from_numpy(tokens)] = torch.from_numpy(np.log(probs)).float()
+        return out
+
+    def feed(self, tokens: torch.Tensor | None = None,
+             parents: torch.Tensor | None = None) -> Scored:
+        """Draft logits at the root (first call of a round) and/or at new nodes (W, m)."""
+        W = self.width
+        first = all(not n for n in self.nodes)
+        m = 0 if tokens is None else int(tokens.shape[1])
+        node_logits = torch.empty((W, m, self.vocab_size))  # (W, m, V)
+        for r in range(W):
+            start = len(self.nodes[r])
+            if m:
+                self.nodes[r] += list(zip(tokens[r].tolist(), parents[r].tolist()))
+            for j in range(m):
+                if self.nodes[r][start + j][1] >= ROOT:  # PAD nodes: junk logits
+                    node_logits[r, j] = self._logits(r, start + j)
+                else:
+                    node_logits[r, j] = torch.finfo(self.dtype).min
+        dev = self.device
+        hidden = torch.zeros((W, m, 0), device=dev)  # (W, m, 0): no features
+        if not first:
+            return Scored(node_logits.to(dev), hidden)
+        root = torch.stack([self._logits(r, ROOT) for r in range(W)])  # (W, V)
+        return Scored(node_logits.to(dev), hidden, root.to(dev), torch.zeros((W, 0), device=dev))
+
+    def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
+               new_tokens: torch.Tensor, target=None) -> None:
+        """Row i of the next round = old row rows[i] + path_tokens[i] + new_tokens[i]."""
+        appended = torch.cat([path_tokens.cpu(), new_tokens.cpu()], dim=1).tolist()
+        self.rows = [self.rows[r] + a for r, a in zip(rows.tolist(), appended)]
+        self._reset_round()

@@ -1,8 +1,0 @@
-"""Where the repository's shipped files live (one definition for the engine and the UI)."""
-
-from __future__ import annotations
-
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "assets"  # shipped drafter weights, prompts, presets, the demo trace
