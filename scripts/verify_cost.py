@@ -1,5 +1,5 @@
 """What a forward of n tokens costs, in plain 1-token steps: stock weights against the
-oneDNN-packed copies of engine.core.layout (docs/benchmarks.md).
+oneDNN-packed copies of engine.core.layout ("Verify cost on the CPU" in docs/benchmarks.md).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verify_cost.py [--context 200] [--reps 15]
 
