@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 import engine
 from engine.core import threads
+from engine.core.api import tune_threads
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.models import ModelSpec, parse_model_spec, resolve_device
 from specviz.hosting import HostConfig, Preset
@@ -171,6 +172,8 @@ def _get_pair(target: str, draft: str) -> engine.ModelPair:
         return _PAIRS[key]
     cfg = HOST.config
     pair = engine.load_pair(target=target, draft=draft, device=cfg.device, dtype=cfg.dtype)
+    if not cfg.zero_gpu:
+        WORKER.threads = tune_threads(pair)  # this is the model thread
     _PAIRS[key] = pair
     while len(_PAIRS) > CACHE_SIZE and not cfg.zero_gpu:
         _PAIRS.popitem(last=False)

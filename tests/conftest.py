@@ -8,7 +8,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# one thread: tiny models gain nothing from OpenMP and lose a lot when the cores are busy
+# one thread, and no thread measurement (engine.core.threads): tiny models gain nothing from
+# OpenMP and lose a lot when the two pytest processes of make test share the cores
+os.environ.setdefault("SPECVIZ_THREADS", "1")
 torch.set_num_threads(1)
 
 

@@ -35,11 +35,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def pair_from_flags(args: argparse.Namespace):
-    """The ModelPair the model flags name."""
+    """The ModelPair the model flags name, with the thread rule applied for it."""
     import engine
+    from engine.core.api import tune_threads
 
-    return engine.load_pair(target=args.target, draft=args.draft, device=args.device,
+    pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
                             dtype=args.dtype, early_exit_layers=args.early_exit_layers)
+    tune_threads(pair)  # the thread rule: SPECVIZ_THREADS, else measured on this pair
+    return pair
 
 
 # ----------------------------------------------------------------------------- prompts

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from typing import Any, Iterator
 
-from engine.core import costs
+import torch
+
+from engine.core import costs, layout, threads
 from engine.core.config import RunConfig, validate_params
 from engine.core.errors import ConfigError
 from engine.core.loop import Decoder
@@ -215,3 +218,30 @@ def calibrate(pair: ModelPair, width: int = 1) -> float:
     seconds = statistics.median(costs.round_seconds(r) for r in later)
     costs.record_step(pair.target, width, seconds)
     return seconds
+
+
+_TUNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> thread count
+
+
+def tune_threads(pair: ModelPair) -> int:
+    """The thread rule (engine.core.threads) for this pair, on the calling thread:
+    SPECVIZ_THREADS when set; a CUDA pair keeps torch's count; else the faster of one thread
+    and every usable core for a plain step of this pair, measured once per target and process,
+    and then the layout rule and the cost model's plain step measured again under it."""
+    given = threads.thread_count()
+    if given is not None or pair.device.type != "cpu":
+        return threads.configure()
+    known = _TUNED.get(pair.target)
+    if known is not None:
+        torch.set_num_threads(known)
+        return known
+    counts = threads.candidates()
+    if len(counts) > 1:
+        calibrate(pair, 1)  # warm-up
+        best, _ = threads.fastest(lambda: calibrate(pair, 1), counts)
+        layout.measure_rule(pair.target)
+        calibrate(pair, 1)  # the cost model's plain step under the chosen count
+    else:
+        best = torch.get_num_threads()
+    _TUNED[pair.target] = best
+    return best

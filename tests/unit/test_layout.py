@@ -1,6 +1,7 @@
 """engine.core.layout: a CPU model's linear modules run through their oneDNN-packed copies only
-inside forwards of GEMM_ROWS rows or more, give the stock logits (fewer than PAD_ROWS rows
-padded and the padding dropped), and the stock forward is back afterwards."""
+inside forwards whose row count the machine's rule sends that way, give the stock logits (rows
+padded to SMALL_ROWS and the padding dropped), and the stock forward is back afterwards; the
+rule is the cheapest measured path per row count."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from torch import nn
 
 import engine.core.layout as layout
 from engine.core.layout import (
-    GEMM_ROWS,
-    PAD_ROWS,
+    SMALL_ROWS,
+    LayoutRule,
     _can_pack,
     _packed_weight,
     head_logits,
@@ -34,14 +35,24 @@ def _linears(model):
     return [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight is not tied]
 
 
-def test_packed_copies_only_inside_a_forward_of_enough_rows():
+@pytest.fixture(autouse=True)
+def default_rule():
+    """Each test starts from the default rule (padded under SMALL_ROWS) and leaves it."""
+    layout.set_rule(LayoutRule())
+    yield
+    layout.set_rule(LayoutRule())
+
+
+def test_packed_copies_only_inside_a_forward_the_rule_sends_there():
     model = _tiny()
+    layout.set_rule(LayoutRule(small=("stock", "packed", "padded")))
     before = [m.weight.detach().clone() for m in _linears(model)]
     assert not any(packed_active(m) for m in _linears(model))
-    with layout_for(model, GEMM_ROWS - 1):
+    with layout_for(model, 1):
         assert not any(packed_active(m) for m in _linears(model))
-    with layout_for(model, GEMM_ROWS):
-        assert all(packed_active(m) for m in _linears(model))
+    for rows in (2, 3, SMALL_ROWS, 40):
+        with layout_for(model, rows):
+            assert all(packed_active(m) for m in _linears(model))
     assert not any(packed_active(m) for m in _linears(model))  # restored
     assert all(torch.equal(m.weight, w) for m, w in zip(_linears(model), before))
 
@@ -49,7 +60,7 @@ def test_packed_copies_only_inside_a_forward_of_enough_rows():
 def test_the_stock_forward_is_restored_when_the_forward_fails():
     model = _tiny()
     with pytest.raises(RuntimeError, match="forward failed"):
-        with layout_for(model, 2 * GEMM_ROWS):
+        with layout_for(model, 2):
             raise RuntimeError("forward failed")
     assert not any(packed_active(m) for m in _linears(model))
 
@@ -65,7 +76,7 @@ def test_a_forward_gives_the_same_logits_through_the_packed_copies():
     assert torch.allclose(stock, packed, atol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", range(1, PAD_ROWS + 1))
+@pytest.mark.parametrize("tokens", range(1, SMALL_ROWS + 1))
 def test_few_row_forwards_are_padded_and_give_the_stock_logits(tokens):
     model = _tiny()
     ids = torch.randint(0, 64, (1, tokens), generator=torch.Generator().manual_seed(tokens))
@@ -85,7 +96,7 @@ def test_a_padded_product_keeps_each_row_and_drops_the_padding():
     packed = torch.ops.mkldnn._reorder_linear_weight(w, layout.PACK_HINT)
     for rows in (1, 2, 3):
         x = torch.randn(rows, 5)
-        out = layout._packed_linear(packed, b, x)
+        out = layout._packed_linear(packed, b, x, SMALL_ROWS)
         assert out.shape == (rows, 7)
         assert torch.allclose(out, x @ w.T + b, atol=1e-5)
         assert not torch.allclose(out, x @ w.T, atol=1e-3)  # the bias counts (not zeros)
@@ -119,7 +130,7 @@ def test_grad_mode_uses_the_stock_weights():
 def test_head_logits_equal_the_head_for_few_and_many_rows():
     model = _tiny()
     head = model.get_output_embeddings()
-    for rows in (1, 2, PAD_ROWS - 1, PAD_ROWS, 13, 40):
+    for rows in (1, 2, SMALL_ROWS - 1, SMALL_ROWS, 13, 40):
         h = torch.randn(1, rows, head.weight.shape[1])
         with torch.no_grad():
             assert torch.allclose(head_logits(head, h), head(h), atol=1e-5)
@@ -147,8 +158,8 @@ def test_a_weight_changed_after_packing_is_used_stock_never_stale():
 
 def test_nested_blocks_leave_the_outer_block_packed_and_restore_everything():
     model = _tiny()
-    with layout_for(model, GEMM_ROWS):
-        with layout_for(model, GEMM_ROWS):
+    with layout_for(model, 1):
+        with layout_for(model, 1):
             pass
         assert all(packed_active(m) for m in _linears(model))  # the outer block's still on
     assert not any(packed_active(m) for m in _linears(model))
@@ -195,3 +206,30 @@ def test_a_shortlisted_head_over_the_memory_cap_keeps_one_copy(monkeypatch):
         out = head(h)
     assert _packed_weight(head) is None  # no second copy of a weight over the cap
     assert torch.allclose(out[:, head.ids], h @ head.weight.T, atol=1e-6)
+
+
+def test_calibration_takes_the_cheapest_measured_path_at_each_row_count():
+    model = _tiny()
+    cost = {"stock": (1.0, 1.0, 9.0), "packed": (2.0, 0.5, 8.0), "padded": (3.0, 3.0, 1.0)}
+    rule = layout.calibrate(model, timer=lambda m, rows, path: cost[path][rows - 1])
+    assert rule.small == ("stock", "packed", "padded")
+    assert rule.path(1) == "stock" and rule.path(SMALL_ROWS) == "packed"
+    assert set(rule.measured_ms) == {f"{r} {p}" for r in (1, 2, 3) for p in layout.PATHS}
+
+
+def test_a_small_model_leaves_the_default_rule_and_a_measured_one_is_kept():
+    layout.measure_rule(_tiny())  # far under CALIBRATE_BYTES
+    assert layout.rule() == LayoutRule()
+
+
+def test_a_stock_path_gives_the_stock_logits_and_skips_the_packed_head():
+    model = _tiny()
+    layout.set_rule(LayoutRule(small=("stock", "stock", "stock")))
+    ids = torch.randint(0, 64, (1, 2))
+    with torch.no_grad():
+        stock = model(input_ids=ids).logits
+        with layout_for(model, ids.numel()):
+            assert not any(packed_active(m) for m in _linears(model))
+            h = model.model(input_ids=ids).last_hidden_state
+            assert torch.equal(head_logits(model.lm_head, h), model.lm_head(h))
+    assert torch.allclose(stock, model.lm_head(h), atol=1e-6)
