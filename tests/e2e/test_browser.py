@@ -147,3 +147,26 @@ def test_bad_parameter_shows_a_one_line_error_and_no_traceback(page):
     page.wait_for_timeout(800)  # let the toast finish sliding in
     _shot(page, "05-error-toast")
     assert "Traceback" not in page.content()
+
+
+def test_the_opening_page_steps_through_the_demo_forest(browser, app_url):
+    """The first thing a visitor sees: the recorded demo, stepped to a round with a branching
+    forest; the screenshot (1440 px wide) is the README's (docs/img/debugger.png)."""
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_url)
+    page.locator("#sv-forest .js-plotly-plot").wait_for()
+    expect(page.locator("#sv-run-md")).to_contain_text("recorded demo trace")
+    expect(page.locator("#sv-run-md")).to_contain_text("against plain decoding")
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    for k in (1, 2):
+        page.locator("#sv-step").click()
+        _wait_round(page, k)
+    expect(page.locator("#sv-forest")).to_contain_text("accepted")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "debugger.png"), full_page=True)
+    ctx.close()
