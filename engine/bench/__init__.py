@@ -1,1 +1,2 @@
-"""bench"""
+"""Measuring: interleaved benchmarks against generate() (interleaved.py), the alpha* timing
+(optimal.py) and the GPU benchmark of scripts/gpu_check.sh (gpu.py)."""
