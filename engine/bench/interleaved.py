@@ -105,6 +105,13 @@ def strip_pad(ids: list[int], pad: int | None, eos: set[int]) -> list[int]:
 
 def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str]) -> dict:
     """One interleaved pair of runs: the method, then its reference generate()."""
+    return measure_run(pair, prompt, case, raw=raw, common=common)[0]
+
+
+def measure_run(pair, prompt: str, case: Case, *, raw: bool,
+                common: dict[str, str]) -> tuple[dict, Any]:
+    """:func:`measure`'s row and the method's RunTrace (its rounds, for per-round
+    statistics)."""
     import engine
     from engine.core.config import validate_params
 
@@ -134,7 +141,7 @@ def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str])
         "target_calls": trace.stats["target_calls"], "identical": identical,
         "efficiency": (trace.stats.get("cost") or {}).get("efficiency"),
         "time_split_s": trace.stats.get("time_split_s", {}),  # phase -> seconds of the run
-    }
+    }, trace
 
 
 def _mmm(values: list[float]) -> str:
@@ -186,12 +193,17 @@ def markdown_table(summary: list[dict], device: str, meta: dict) -> str:
     return f"Device: {device}; {info}\n\n" + head + "\n".join(lines) + "\n"
 
 
+def warm_up(pair, prompt: str, cases: list[Case], *, raw: bool, common: dict[str, str]) -> None:
+    """One short run of every case and its reference (8 tokens), not recorded."""
+    for c in cases:
+        measure(pair, prompt, c, raw=raw, common={**common, "max_new_tokens": "8"})
+
+
 def interleaved_runs(pair, prompts: list[str], cases: list[Case], *, raw: bool,
                      common: dict[str, str], repeats: int, log=print) -> list[dict]:
     """Every case and its reference, per prompt, per repeat, after one short warm-up of each
     case (on the first prompt); one row per (repeat, prompt, case)."""
-    for c in cases:
-        measure(pair, prompts[0], c, raw=raw, common={**common, "max_new_tokens": "8"})
+    warm_up(pair, prompts[0], cases, raw=raw, common=common)
     rows = []
     for rep in range(repeats):
         for i, prompt in enumerate(prompts):

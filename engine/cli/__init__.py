@@ -1,5 +1,5 @@
-"""Command line: python -m engine {methods, generate, check, bench, optimal, train-draft,
-train-feature}.
+"""Command line: python -m engine {methods, generate, check, bench, bench-set, optimal,
+train-draft, train-feature}.
 
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
 Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``, listed
@@ -12,7 +12,16 @@ import argparse
 import sys
 from types import ModuleType
 
-from engine.cli import bench, check, generate, methods, optimal, train_draft, train_feature
+from engine.cli import (
+    bench,
+    bench_set,
+    check,
+    generate,
+    methods,
+    optimal,
+    train_draft,
+    train_feature,
+)
 from engine.cli.flags import OneLineParser
 from engine.core.errors import SpecvizError
 
@@ -21,6 +30,8 @@ COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
     ("generate", "run one method on a prompt", generate),
     ("check", "check a method's exactness on a prompt (0 pass, 1 fail)", check),
     ("bench", "time methods against generate() (markdown + JSON)", bench),
+    ("bench-set", "methods against generate() over a JSONL prompt set, resumable; summary "
+     "per category, --report for an HTML page", bench_set),
     ("optimal", "alpha* per position vs what RRS, K-SEQ and greedy drafts achieve", optimal),
     ("train-draft", "train the EESD early-exit drafter and its Cali-TS predictor", train_draft),
     ("train-feature", "train the feature (EAGLE-style) drafter on token shards", train_feature),
