@@ -1,9 +1,10 @@
 """Record the demo trace shipped in assets/demo_trace.json.
 
-    python -m specviz.record --method mcsd --param k_config=3x2x2 --param optimal=true
+    python -m specviz.record --method mcsd --param k_config=3x2x2 --param optimal=true \
+        --param controller=fixed
 
 The defaults are the shipped demo's: the app's default pair (the embedded model with its
-default drafter, engine.core.models.default_draft: ngram+feature) on a spelling fix whose typos
+default drafter, engine.core.specs.default_draft: ngram+feature) on a spelling fix whose typos
 the lookup copies from the prompt.
 """
 
@@ -13,7 +14,7 @@ import argparse
 import json
 
 import engine
-from engine.core.models import default_draft
+from engine.core.specs import default_draft
 from specviz.pairs import get_pair
 from specviz.state import DEMO_TRACE
 

@@ -106,11 +106,11 @@ def strip_pad(ids: list[int], pad: int | None, eos: set[int]) -> list[int]:
 def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str]) -> dict:
     """One interleaved pair of runs: the method, then its reference generate()."""
     import engine
-    from engine.core.config import validate_params
+    from engine.core.api import run_params
 
     spec = engine.METHODS[case.method]
     given = {**common, **case.params}
-    full = validate_params(spec.all_params, given, case.method)
+    full, _ = run_params(pair, case.method, given)  # what the run uses: tuned where not given
     trace = engine.generate(pair, prompt, case.method, raw=raw, **given)
     kind = reference_kind(spec, full)
     ids = list(trace.prompt_ids)
