@@ -9,7 +9,8 @@ from __future__ import annotations
 from engine.core.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
 from engine.core.config import ParamSpec, RunConfig
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
-from engine.core.models import EMBEDDED, ModelPair, load_pair
+from engine.core.models import ModelPair, load_pair
+from engine.core.specs import EMBEDDED
 from engine.core.trace import RoundTrace, RunTrace
 from engine.methods import METHODS, MethodSpec
 

@@ -147,8 +147,11 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
             **widgets: Any) -> Iterator[tuple[Any, ...]]:
         if method not in METHODS:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
-        params = pool.values(method, widgets)
-        pairs.check_run_limits(prompt, params)
+        values = pool.values(method, widgets)
+        pairs.check_run_limits(prompt, values)
+        # a value equal to the pair's tuned one is left to the engine, whose trace then
+        # names it as tuned (same run)
+        params = pairs.untuned(target, draft, method, values)
         HELD.admit()  # no run while the sessions' traces fill the server's budget
         rounds: list = []
         state = SessionState(source="run", live=True)

@@ -49,8 +49,9 @@ def check(prompt: str, method: str, params_text: str, temperature: float, top_k:
                               "temperature": float(temperature or 0),
                               "top_k": int(top_k or 0), "top_p": float(top_p or 1.0),
                               "max_new_tokens": int(max_new_tokens or 24)}
-    pairs.check_run_limits(prompt, params)
-    pairs.check_forest_budget(method, params)
+    full = pairs.with_tuned(target, draft, method, params)
+    pairs.check_run_limits(prompt, full)
+    pairs.check_forest_budget(method, full)
     pair = pairs.get_pair(target, draft)
     lines: queue.SimpleQueue = queue.SimpleQueue()
     job = pairs.WORKER.submit(run_check, pair, prompt, method,

@@ -7,7 +7,7 @@ engine and ZeroGPU must patch torch first.
 
 | variable | values | default |
 |---|---|---|
-| SPECVIZ_TARGET | a target spec (engine.core.models.parse_model_spec) | embedded |
+| SPECVIZ_TARGET | a target spec (engine.core.specs.parse_model_spec) | embedded |
 | SPECVIZ_DRAFT | a draft spec; empty = the target's default (see default_draft) | (empty) |
 | SPECVIZ_DEVICE | auto, cpu, cuda | auto |
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
@@ -21,20 +21,14 @@ ZeroGPU Spaces, together with an importable ``spaces`` package.
 from __future__ import annotations
 
 import importlib.util
-import json
-from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from dataclasses import dataclass, replace
+from typing import Mapping
 
 from engine.core.errors import ConfigError
-from engine.core.models import (
-    EMBEDDED_DEFAULT_DRAFT,
-    default_draft,
-    parse_model_spec,
-    resolve_device,
-)
-from engine.core.paths import ASSETS
+from engine.core.models import resolve_device
+from engine.core.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec
+from engine.core.tuned import preset_rows
 
-PRESETS_FILE = ASSETS / "presets.json"
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ZERO_GPU_ENV = "SPACES_ZERO_GPU"
@@ -43,22 +37,20 @@ TRUE, FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 
 @dataclass(frozen=True)
 class Preset:
-    """A model pair the UI offers (assets/presets.json)."""
+    """A model pair the UI offers (a row of assets/presets.json; the row's tuned method
+    settings are the engine's to read: engine.core.tuned)."""
 
     id: str
     name: str
     target: str
     draft: str = ""
     needs_gpu: bool = False
-    # method -> the parameters measured best on this pair (README "Measured numbers"); the
-    # UI fills them in where a method's ParamSpec default would go
-    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False,
-                                                    hash=False)
 
 
 def all_presets() -> tuple[Preset, ...]:
     """Every preset of assets/presets.json, in file order."""
-    return tuple(Preset(**row) for row in json.loads(PRESETS_FILE.read_text()))
+    return tuple(Preset(row["id"], row["name"], row["target"], row.get("draft", ""),
+                        row.get("needs_gpu", False)) for row in preset_rows())
 
 
 @dataclass(frozen=True)

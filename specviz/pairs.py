@@ -17,7 +17,6 @@ process, so their arguments, yields and results are pickled, and no model thread
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -30,7 +29,9 @@ import engine
 from engine.core import threads
 from engine.core.api import tune_threads
 from engine.core.errors import ConfigError, ModelLoadError
-from engine.core.models import ModelSpec, parse_model_spec, resolve_device
+from engine.core.models import resolve_device
+from engine.core.specs import pair_key
+from engine.core.tuned import tuned_settings
 from specviz.hosting import HostConfig, Preset
 
 MAX_PROMPT_CHARS = 2000
@@ -108,28 +109,37 @@ def presets() -> tuple[Preset, ...]:
     return HOST.config.offered()
 
 
-def _spec_key(spec: ModelSpec) -> tuple:
-    """What identifies a parsed spec (not how it was spelled: aliases, JSON spacing)."""
-    named = spec.kind in ("local", "hub")
-    return (spec.kind, spec.text if named else "", json.dumps(spec.tiny, sort_keys=True),
-            spec.early_exit, spec.layers, spec.weights)
-
-
-def _pair_key(target: str, draft: str) -> tuple:
-    return _spec_key(parse_model_spec(target)), _spec_key(parse_model_spec(draft, draft=True))
-
-
 def tuned_params(target: str, draft: str) -> dict[str, dict[str, Any]]:
-    """method -> the parameters measured best on this pair: the "params" of the preset whose
-    target and draft are this pair's; {} for a pair that is no preset or a spec that does not
-    parse (the handlers that load the pair say why in one line)."""
-    target = (target or "").strip() or engine.EMBEDDED
+    """method -> the parameters measured best on this pair, as the engine reads them
+    (engine.core.tuned, the same settings the loaded pair's runs start from); {} for a pair
+    with none or a spec that does not parse (the handlers that load the pair say why)."""
+    return tuned_settings(target, draft)
+
+
+def untuned(target: str, draft: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """params without the values equal to the pair's tuned ones: the engine fills those in
+    itself, and its trace then names them as the pair's tuned settings."""
+    spec = engine.METHODS.get(method)
+    tuned = tuned_params(target, draft).get(method, {})
+    rows = {p.name: p for p in spec.all_params} if spec is not None else {}
+    return {k: v for k, v in params.items()
+            if not (k in tuned and k in rows and _same(rows[k], v, tuned[k]))}
+
+
+def with_tuned(target: str, draft: str, method: str, params: dict[str, Any]
+               ) -> dict[str, Any]:
+    """params over the pair's tuned settings of the method: what the engine will run with,
+    short of the method's defaults (for the UI's limits, checked before any model work)."""
+    given = {k: v for k, v in params.items() if v is not None}
+    return {**tuned_params(target, draft).get(method, {}), **given}
+
+
+def _same(row: engine.ParamSpec, a: Any, b: Any) -> bool:
+    """Whether two values of a parameter parse to the same value (a bad one: not the same)."""
     try:
-        key = _pair_key(target, (draft or "").strip())
-        match = next((p for p in presets() if _pair_key(p.target, p.draft) == key), None)
-    except (ConfigError, OSError, RuntimeError, ValueError):  # e.g. '~nobody/x', a long name
-        return {}
-    return {m: dict(v) for m, v in match.params.items()} if match is not None else {}
+        return row.parse(a) == row.parse(b)
+    except ConfigError:
+        return False
 
 
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
@@ -138,10 +148,10 @@ def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
     the host spells them); GPU-only presets refused without a CUDA device."""
     target = (target or "").strip() or engine.EMBEDDED
     draft = (draft or "").strip()
-    key = _pair_key(target, draft)
+    key = pair_key(target, draft)
     cfg = HOST.config
     if not cfg.allow_custom_models:
-        match = next((p for p in cfg.allowed_pairs() if _pair_key(*p) == key), None)
+        match = next((p for p in cfg.allowed_pairs() if pair_key(*p) == key), None)
         if match is None:
             raise ConfigError(f"this server runs only its preset models "
                               f"(SPECVIZ_ALLOW_CUSTOM_MODELS=0): target '{target}', draft "
@@ -324,8 +334,9 @@ def decode_stream(target: str, draft: str, prompt: str, method: str,
     has ``final`` set and the head of the finished run. Closing the generator early cancels
     the decode after its current round. On ZeroGPU the run is one GPU call instead.
     """
-    check_run_limits(prompt, params)
-    check_forest_budget(method, params)
+    full = with_tuned(target, draft, method, params)
+    check_run_limits(prompt, full)
+    check_forest_budget(method, full)
     if HOST.gpu_stream is not None:
         yield from HOST.gpu_stream(target, draft, prompt, method, params)
         return
@@ -364,8 +375,9 @@ def run_trace(target: str, draft: str, prompt: str, method: str,
               params: dict[str, Any]) -> engine.RunTrace:
     """A whole run's RunTrace (used by the Compare tab), computed on the model thread (on
     ZeroGPU: in one GPU call)."""
-    check_run_limits(prompt, params)
-    check_forest_budget(method, params)
+    full = with_tuned(target, draft, method, params)
+    check_run_limits(prompt, full)
+    check_forest_budget(method, full)
     if HOST.gpu_trace is not None:
         return HOST.gpu_trace(target, draft, prompt, method, params)
     return WORKER.call(lambda: _start(target, draft, prompt, method, params).to_end())

@@ -216,7 +216,9 @@ def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -
     s = trace.stats or {}
     state = "running…" if live else (trace.stop_reason or "done")
     origin = {"demo": "recorded demo trace", "import": "imported trace"}.get(source, "")
-    params = ", ".join(f"{k}={v}" for k, v in (trace.params or {}).items())
+    tuned = set(trace.tuned_names)  # taken from the pair's measured best settings
+    params = ", ".join(f"{k}={v}" + (" (tuned)" if k in tuned else "")
+                       for k, v in (trace.params or {}).items())
     return (
         f"**{trace.method}** ({params}) · target `{trace.target}` · draft "
         f"`{trace.draft or '—'}` · {trace.device}" + (f" · *{origin}*" if origin else "")

@@ -41,9 +41,11 @@ def perturbed_exit_layer(target, n_layers, seed=0, scale=0.05):
 
 @pytest.fixture(scope="session")
 def embedded_pair():
+    """The embedded target with its early-exit drafter (the shipped trained one), named
+    explicitly: the target's default drafter is another (default_draft)."""
     import engine
 
-    return engine.load_pair(device="cpu")
+    return engine.load_pair(draft="early-exit", device="cpu")
 
 
 STATS_SUMMARY: list[str] = []  # sample sizes and powers of the statistical tests (tests/stats.py)

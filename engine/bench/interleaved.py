@@ -113,11 +113,11 @@ def measure_run(pair, prompt: str, case: Case, *, raw: bool,
     """:func:`measure`'s row and the method's RunTrace (its rounds, for per-round
     statistics)."""
     import engine
-    from engine.core.config import validate_params
+    from engine.core.api import run_params
 
     spec = engine.METHODS[case.method]
     given = {**common, **case.params}
-    full = validate_params(spec.all_params, given, case.method)
+    full, _ = run_params(pair, case.method, given)  # what the run uses: tuned where not given
     trace = engine.generate(pair, prompt, case.method, raw=raw, **given)
     kind = reference_kind(spec, full)
     ids = list(trace.prompt_ids)

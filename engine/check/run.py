@@ -35,17 +35,15 @@ def run_check(pair, prompt, method: str, *, raw: bool = False,
               **params: Any) -> CheckResult:
     """Check one method on one prompt and pair (see the module docstring).
 
-    params: the method's parameters as for engine.generate (validated here).
+    params: the method's parameters as for engine.generate (validated here; the pair's
+        tuned settings fill the ones not given, as in a run).
     """
     from engine.check.runs import check_identical, check_law
-    from engine.core.api import encode_prompt
-    from engine.core.config import validate_params
+    from engine.core.api import encode_prompt, run_params
     from engine.methods import METHODS
 
-    if method not in METHODS:
-        raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
+    full, _ = run_params(pair, method, params)
     spec = METHODS[method]
-    full = validate_params(spec.all_params, params, method)
     spec.make(full)  # cross-parameter checks (e.g. beam sampling needs temperature > 0)
     ids = encode_prompt(pair, prompt, raw)
     report = progress or (lambda done, total, message: None)

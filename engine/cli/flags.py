@@ -22,12 +22,14 @@ class OneLineParser(argparse.ArgumentParser):
 # ------------------------------------------------------------------------------ models
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """--target / --draft specs (engine.core.models.parse_model_spec), device, dtype, layers."""
+    """--target / --draft specs (engine.core.specs.parse_model_spec), device, dtype, layers."""
     p.add_argument("--target", default="embedded",
                    help="embedded | tiny | tiny:{json} | local dir | hub id")
     p.add_argument("--draft", default=None,
-                   help="early-exit (default) | early-exit:N | ngram[:N] | feature[:PATH] | "
-                        "ngram+feature[:N] | tiny | tiny:{json} | local dir | hub id")
+                   help="early-exit | early-exit:N | ngram[:N] | feature[:PATH] | "
+                        "ngram+feature[:N] | tiny | tiny:{json} | local dir | hub id "
+                        "(default: the target's default drafter, ngram+feature for embedded, "
+                        "else early-exit; early-exit when --early-exit-layers is given)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--early-exit-layers", type=int, default=None,
@@ -35,7 +37,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def pair_from_flags(args: argparse.Namespace):
-    """The ModelPair the model flags name, with the thread rule applied for it."""
+    """The ModelPair the model flags name (with its tuned settings, which runs start from),
+    with the thread rule applied for it."""
     import engine
     from engine.core.api import tune_threads
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -72,19 +72,37 @@ def _check_length(pair: ModelPair, n_prompt: int, max_new: int) -> None:
         )
 
 
-def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
-                 **params: Any) -> tuple[Decoder, dict[str, Any], list[int]]:
-    """Validate everything up front, then build the round loop."""
+def run_params(pair: ModelPair, method: str, params: Mapping[str, Any]
+               ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The validated parameters a run of ``method`` on ``pair`` starts from: the method's
+    defaults, over them the pair's tuned settings of the method (``pair.tuned``), over those
+    the explicit ``params`` (None = not given); and the names whose value is the tuned one."""
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
-    spec = METHODS[method]
-    full = validate_params(spec.all_params, params, method)
+    given = {k: v for k, v in params.items() if v is not None}
+    tuned = {k: v for k, v in pair.tuned.get(method, {}).items() if k not in given}
+    full = validate_params(METHODS[method].all_params, {**tuned, **given}, method)
+    return full, tuple(tuned)
+
+
+def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+                 **params: Any) -> tuple[Decoder, dict[str, Any], list[int]]:
+    """Validate everything up front (parameters as ``run_params`` fills them), then build
+    the round loop."""
+    full, _ = run_params(pair, method, params)
+    decoder, ids = _decoder(pair, prompt, method, raw, full)
+    return decoder, full, ids
+
+
+def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
+             full: dict[str, Any]) -> tuple[Decoder, list[int]]:
+    """The round loop of validated parameters, and the prompt's ids."""
     ids = encode_prompt(pair, prompt, raw)
     _check_length(pair, len(ids), full["max_new_tokens"])
     tok = tokenizer_of(pair)
-    decoder = Decoder(pair, ids, spec.make(full), RunConfig.from_params(full),
+    decoder = Decoder(pair, ids, METHODS[method].make(full), RunConfig.from_params(full),
                       decode=lambda i: tok.decode([i]))
-    return decoder, full, ids
+    return decoder, ids
 
 
 class Run:
@@ -97,7 +115,8 @@ class Run:
     def __init__(self, pair: ModelPair, prompt, method: str, raw: bool = False,
                  **params: Any) -> None:
         self.pair, self.method, self.prompt = pair, method, prompt
-        self._decoder, self.params, ids = make_decoder(pair, prompt, method, raw, **params)
+        self.params, self.tuned_names = run_params(pair, method, params)
+        self._decoder, ids = _decoder(pair, prompt, method, raw, self.params)
         self.prompt_ids: tuple[int, ...] = tuple(ids)
         self._steps = self._decoder.rounds()
         self._rounds: list[RoundTrace] = []
@@ -176,12 +195,16 @@ class Run:
             token_origins=tuple(o for o, _ in origins),
             token_rounds=tuple(r for _, r in origins),
             prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),
+            tuned_names=self.tuned_names,
         )
 
 
 def start(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
           **params: Any) -> Run:
-    """A streaming run: iterate it for RoundTrace records; ``trace()`` at any point."""
+    """A streaming run: iterate it for RoundTrace records; ``trace()`` at any point.
+
+    Parameters start from the method's defaults, then the pair's tuned settings
+    (``pair.tuned``); the ones given here win (see ``run_params``)."""
     return Run(pair, prompt, method, raw, **params)
 
 

@@ -1,35 +1,25 @@
 """Model loading: the embedded SmolLM2 (GGUF -> cached safetensors), hub ids, local
-directories and tiny random models built from a config; the target/draft :class:`ModelPair`.
+directories and tiny random models built from a config; the target/draft :class:`ModelPair`
+with the pair's tuned method settings (engine.core.tuned).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from engine.core.cached_model import check_supported
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.layout import prepare
+from engine.core.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
+from engine.core.tuned import Tuned, tuned_settings
 
-EMBEDDED = "embedded"
-EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
-# The app's default drafter of the embedded pair: the one measured fastest on held-out prompts
-# (README, "Measured numbers"). engine.load_pair's own default stays the early exit.
-EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
-
-
-def default_draft(target: str) -> str:
-    """The draft spec the app pairs with a target when none is given: EMBEDDED_DEFAULT_DRAFT
-    for the embedded model, else '' (the target's early exit)."""
-    return EMBEDDED_DEFAULT_DRAFT if target.strip().lower() in EMBEDDED_ALIASES else ""
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
 
@@ -197,94 +187,6 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-# ------------------------------------------------------------------------- model specs
-
-SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "feature", "ngram+feature", "local",
-              "hub")
-NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model spec string, read once (parse_model_spec) for the CLI, load_pair and the UI."""
-
-    kind: str  # one of SPEC_KINDS
-    text: str  # the spec as written (the display name of tiny, local and hub models)
-    tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
-    early_exit: str = ""  # early-exit: its name in engine.drafters.early_exit.EARLY_EXIT_SPECS
-    layers: int | None = None  # early-exit:N -> N first layers; ngram[+feature]:N -> max n
-    weights: str = ""  # feature:PATH / early-exit-trained:PATH -> the drafter's weight file
-
-
-def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
-    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias), exactly
-    'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
-    local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
-    layers), 'early-exit:N' (its first N), and the names of
-    engine.drafters.early_exit.EARLY_EXIT_SPECS, each with an optional ':N';
-    'early-exit-trained:PATH' (that trained weight file);
-    'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
-    engine.drafters.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter,
-    engine.drafters.feature:
-    the shipped weights when made for the target, else untrained; PATH: that weight file);
-    'ngram+feature' / 'ngram+feature:N' (engine.drafters.hybrid: the lookup where it matches, else
-    the feature drafter). Anything else that starts with 'tiny' is a path or hub id."""
-    from engine.drafters.early_exit import EARLY_EXIT_SPECS, TRAINED_SPECS
-    from engine.drafters.feature import FEATURE_SPECS
-    from engine.drafters.hybrid import HYBRID_SPECS
-
-    text = (text or "").strip()
-    if not text:
-        if draft:
-            return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
-        raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
-    head, colon, rest = text.partition(":")
-    if head.lower() in HYBRID_SPECS:
-        if not draft:
-            raise ConfigError(f"'{text}' is a drafter, not a target")
-        return ModelSpec("ngram+feature", text, layers=_positive(rest, "n-gram length")
-                         if colon else None)
-    if head.lower() in FEATURE_SPECS:
-        if not draft:
-            raise ConfigError(f"'{text}' is a drafter, not a target")
-        if colon and not rest.strip():
-            raise ConfigError("feature drafter weights: give a file after 'feature:'")
-        return ModelSpec("feature", text, weights=rest.strip())
-    if head.lower() in EARLY_EXIT_SPECS + NGRAM_SPECS:
-        ngram = head.lower() in NGRAM_SPECS
-        if not draft:
-            raise ConfigError(f"'{text}' is a drafter, not a target")
-        if head.lower() in TRAINED_SPECS and colon and rest.strip() \
-                and not rest.strip().isdigit():  # early-exit-trained:PATH
-            return ModelSpec("early-exit", text, early_exit=head.lower(), weights=rest.strip())
-        what = "n-gram length" if ngram else "early-exit layers" + (
-            " (or a weight file)" if head.lower() in TRAINED_SPECS else "")
-        layers = _positive(rest, what) if colon else None
-        if ngram:
-            return ModelSpec("ngram", text, layers=layers)
-        return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
-    if text.lower() in EMBEDDED_ALIASES:
-        return ModelSpec("embedded", text)
-    if text == "tiny" or (head == "tiny" and colon):
-        try:
-            kw = json.loads(rest) if colon else {}
-        except ValueError as e:
-            raise ConfigError(f"bad tiny model spec {text!r}: {e}") from e
-        if not isinstance(kw, dict):
-            raise ConfigError(f"bad tiny model spec {text!r}: use tiny:{{json object}}")
-        return ModelSpec("tiny", text, tiny=kw)
-    if Path(text).expanduser().exists():
-        return ModelSpec("local", text)
-    return ModelSpec("hub", text)
-
-
-def _positive(rest: str, what: str) -> int:
-    """N of a ':N' suffix, or ConfigError."""
-    if not rest.strip().isdigit() or int(rest) < 1:
-        raise ConfigError(f"{what} must be a positive integer, got '{rest}'")
-    return int(rest)
-
-
 def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
     """(model, tokenizer, display name) for a spec (a string or ModelSpec of a target, see
     parse_model_spec), a transformers config, or an already built model."""
@@ -322,6 +224,9 @@ class ModelPair:
     device: torch.device
     target_name: str
     draft_name: str
+    # method -> the parameters measured best on this pair (engine.core.tuned); runs start
+    # from them. Empty for a pair built from model objects or with no preset.
+    tuned: Tuned = field(default_factory=dict)
 
     @property
     def device_name(self) -> str:
@@ -345,14 +250,18 @@ def check_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
 
 def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_map=None,
               early_exit_layers: int | None = None) -> ModelPair:
-    """Load a target and its drafter.
+    """Load a target and its drafter, with the pair's tuned settings (``ModelPair.tuned``:
+    those of the preset whose target and draft specs are this pair's, else none).
 
     Args:
         target: a spec (see parse_model_spec: embedded, tiny, tiny:{json}, local dir, hub id),
             a transformers config or a model.
-        draft: the same kinds, or None / 'early-exit' / 'early-exit:N' for the target's own
+        draft: the same kinds, or '' / 'early-exit' / 'early-exit:N' for the target's own
             first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style),
             'ngram+feature[:N]' (the lookup where it matches, else the feature drafter).
+            None: the target's default drafter (default_draft: ngram+feature for the
+            embedded model) when the target is a spec string and early_exit_layers is not
+            given, else the target's early exit.
         device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
         device_map: e.g. 'auto' for a target larger than one GPU.
@@ -362,6 +271,10 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     from engine.drafters.base import ModelDrafter
     from engine.drafters.early_exit import early_exit_drafter
 
+    if draft is None and isinstance(target, str) and early_exit_layers is None:
+        draft = default_draft(target)
+    tuned = tuned_settings(target, draft) if isinstance(target, str) and (
+        draft is None or isinstance(draft, str)) else {}
     if draft is None or isinstance(draft, str):
         draft = parse_model_spec(draft, draft=True)
     if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
@@ -400,7 +313,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     for model in (tmodel, getattr(drafter, "model", None)):
         if model is not None and device_used.type == "cpu":
             prepare(model)  # engine.core.layout: packed weights for few-token forwards
-    return ModelPair(tmodel, drafter, tok, device_used, tname, dname)
+    return ModelPair(tmodel, drafter, tok, device_used, tname, dname, tuned)
 
 
 def _ngram_drafter(target: torch.nn.Module, max_n: int | None):

@@ -176,6 +176,9 @@ class RunTrace:
     token_origins: tuple[str, ...] = ()  # origin of each generated token of the best beam
     token_rounds: tuple[int, ...] = ()  # round that committed each generated token
     prompt_text: tuple[str, ...] = ()  # decoded prompt tokens (for the text view)
+    # names in params whose value came from the pair's tuned settings (ModelPair.tuned),
+    # not from the caller; the others are the caller's or the method's defaults
+    tuned_names: tuple[str, ...] = ()
     version: int = 1
 
     def to_dict(self) -> dict[str, Any]:

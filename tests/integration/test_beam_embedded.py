@@ -22,7 +22,7 @@ PROMPTS = [("What is the capital of France?", False, 40), ("The three primary co
 def pair():
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # a busy small CPU box is much faster on one thread
-    yield load_pair()
+    yield load_pair(draft="early-exit")  # the drafter the report below names
     torch.set_num_threads(n)
 
 

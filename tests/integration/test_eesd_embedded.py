@@ -22,7 +22,7 @@ def _ref(pair, prompt, n=N):
     return out[0, len(ids):].tolist()
 
 
-def test_the_shipped_trained_drafter_is_the_default(embedded_pair):
+def test_the_early_exit_spec_loads_the_shipped_trained_drafter(embedded_pair):
     drafter = embedded_pair.drafter
     assert drafter.trained, "assets/drafter/ weights missing or not made for this target"
     assert "trained" in embedded_pair.draft_name

@@ -13,7 +13,7 @@ import engine
 from engine.cli import main
 from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
-from engine.core.models import parse_model_spec
+from engine.core.specs import parse_model_spec
 from engine.drafters.feature import (
     FeatureDrafter,
     FeatureParts,

@@ -55,6 +55,7 @@ BAD = [
       'tiny:{"hidden_size": 8192, "layers": 64}'], "tiny models are toys of at most 50M"),
     (["generate", "--method", "greedy", "--prompt", "hi", "--target", 'tiny:{"vocab_size": -5}'],
      "sizes must be positive integers"),
+    (["methods", "--target", "tiny:{oops"], "bad tiny model spec"),
 ]
 
 
@@ -112,6 +113,41 @@ def test_methods_lists_every_method_with_parameters(capsys):
     for name in ("greedy", "sample", "sd", "mcsd", "greedy_drafts"):
         assert f"\n{name}  [" in "\n" + out
     assert "--k-config" in out and "--gamma" in out
+
+
+def _section(out: str, method: str) -> str:
+    """The lines `methods` prints for one method."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"{method}  ["))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
+def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys):
+    assert _main(["methods"]) == 0  # the embedded target with its default drafter
+    out = capsys.readouterr().out
+    assert "    --gamma (int, default 4, tuned 2): " in _section(out, "sd")
+    assert "    --k-config (str, default '4x2x2', tuned '2x2'): " in _section(out, "mcsd")
+    assert "    --top-p (float, default 1.0): " in _section(out, "sd")  # not tuned
+    assert "tuned" not in _section(out, "greedy")
+    assert _main(["methods", "--draft", "early-exit"]) == 0  # a pair with no preset
+    out = capsys.readouterr().out
+    assert "    --gamma (int, default 4): " in _section(out, "sd")
+    assert "no tuned values" in out.splitlines()[0]
+
+
+def test_methods_json_gives_the_tuned_value_beside_the_default(capsys):
+    def gamma_of_sd(argv):
+        assert _main(argv) == 0
+        sd = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == "sd")
+        row = next(p for p in sd["params"] if p["name"] == "gamma")
+        return row["default"], row["tuned"]
+
+    assert gamma_of_sd(["methods", "--json"]) == (4, 2)
+    assert gamma_of_sd(["methods", "--json", "--target", "default",
+                        "--draft", "n-gram+feature"]) == (4, 2)
+    assert gamma_of_sd(["methods", "--json", "--target", "tiny"]) == (4, None)
 
 
 # ----------------------------------------------------------------- CLI input checks

@@ -11,6 +11,7 @@ import torch
 import app
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.models import resolve_dtype
+from engine.core.tuned import tuned_settings
 from specviz import pairs
 from specviz.hosting import HostConfig, all_presets, parse_presets
 
@@ -125,6 +126,18 @@ def test_dtype_auto_is_bf16_only_on_a_gpu_that_runs_it(monkeypatch):
     assert resolve_dtype("float16", torch.device("cuda")) == torch.float16
 
 
+def test_the_run_handler_leaves_values_equal_to_the_tuned_ones_to_the_engine():
+    widgets = {"gamma": 2.0, "controller": "fixed", "temperature": 0.0}  # sd tuned gamma 2
+    assert pairs.untuned("embedded", "ngram+feature", "sd", widgets) == {
+        "controller": "fixed", "temperature": 0.0}
+    assert pairs.untuned("embedded", "ngram+feature", "sd", {"gamma": 3}) == {"gamma": 3}
+    assert pairs.untuned("embedded", "early-exit", "sd", {"gamma": 2}) == {"gamma": 2}
+    # the UI's limits see what the engine will run with
+    tuned = tuned_settings("embedded", "ngram+feature")["atspeed_strict"]
+    assert pairs.with_tuned("embedded", "ngram+feature", "atspeed_strict", {"beams": 2}) == {
+        **tuned, "beams": 2}
+
+
 def test_custom_models_off_accepts_the_host_pairs_only(host):
     host(HostConfig(target="embedded", draft="", presets=("tiny",), allow_custom_models=False))
     assert pairs.check_pair_spec("", "") == ("embedded", "")
@@ -144,28 +157,17 @@ def test_gpu_presets_are_refused_when_the_host_runs_on_the_cpu(host):
         pairs.check_pair_spec("HuggingFaceTB/SmolLM2-1.7B-Instruct", "")
 
 
-def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
-    from engine import METHODS
-    from engine.core.config import validate_params
-
-    tuned = [(p, m, params) for p in all_presets() for m, params in p.params.items()]
-    assert tuned  # the embedded pair ships its measured best settings
-    for preset, method, params in tuned:
-        assert method in METHODS, (preset.id, method)
-        checked = validate_params(METHODS[method].all_params, dict(params), method)
-        assert {k: checked[k] for k in params} == dict(params), (preset.id, method)
-        METHODS[method].make(checked)  # cross-parameter checks too
-
-
-def test_tuned_params_are_the_matching_presets_and_nothing_for_other_pairs(host):
+def test_the_app_tunes_a_pair_as_the_engine_does_whatever_presets_it_offers(host):
     host(HostConfig())
-    embedded = next(p for p in all_presets() if p.id == "embedded")
-    want = {m: dict(v) for m, v in embedded.params.items()}
+    want = tuned_settings("embedded", "ngram+feature")
+    assert want  # the embedded pair ships its measured best settings
     assert pairs.tuned_params("embedded", "ngram+feature") == want
     assert pairs.tuned_params("", "n-gram+feature") == want  # aliases
     assert pairs.tuned_params("embedded", "feature") == {}  # another drafter
     assert pairs.tuned_params(TINY, "") == {}
     for bad in ("tiny:{not json", "~nosuchuser9/x", "x" * 300):  # the defaults, no traceback
         assert pairs.tuned_params(bad, "") == {}
-    host(HostConfig(presets=("tiny",)))  # a preset this server does not offer tunes nothing
-    assert pairs.tuned_params("embedded", "ngram+feature") == {}
+    # the settings are the pair's, which the engine's runs on it start from, so a server
+    # that offers other presets shows the same ones
+    host(HostConfig(presets=("tiny",)))
+    assert pairs.tuned_params("embedded", "ngram+feature") == want

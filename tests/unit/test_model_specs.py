@@ -1,4 +1,4 @@
-"""One reading of model specs (engine.core.models.parse_model_spec) for the CLI, the API and
+"""One reading of model specs (engine.core.specs.parse_model_spec) for the CLI, the API and
 the UI."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 import engine
 from engine.core.errors import ConfigError, ModelLoadError
-from engine.core.models import parse_model_spec
+from engine.core.specs import parse_model_spec
 
 
 @pytest.mark.parametrize("text,kind", [
@@ -101,9 +101,3 @@ def test_the_ui_checks_specs_with_the_engine_parser():
     with pytest.raises(ConfigError, match="not a target"):
         check_pair_spec("early-exit:2", "")
 
-
-def test_the_app_keys_two_feature_weight_files_as_two_drafters():
-    from specviz.pairs import _pair_key
-
-    assert _pair_key("tiny", "feature:/a.safetensors") != _pair_key("tiny", "feature:/b.st")
-    assert _pair_key("tiny", "feature") == _pair_key("tiny", " feature ")

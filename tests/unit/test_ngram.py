@@ -9,7 +9,7 @@ import torch
 
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT
-from engine.core.models import parse_model_spec
+from engine.core.specs import parse_model_spec
 from engine.drafters.ngram import RECENCY, NGramDrafter, ngram_law, support
 
 

@@ -268,7 +268,7 @@ def test_every_view_renders_every_round_of_the_demo_trace():
 
 
 def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_forest():
-    from engine.core.models import EMBEDDED_DEFAULT_DRAFT
+    from engine.core.specs import EMBEDDED_DEFAULT_DRAFT
     from engine.drafters.ngram import NGramDrafter
 
     trace = demo_state().trace
@@ -280,6 +280,12 @@ def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_for
     assert {"accepted", "rejected"} <= statuses
     roots = [sum(n.parent == -1 for n in r.nodes if n.q is not None) for r in trace.rounds]
     assert max(roots) >= 2  # some round drafts more than one candidate at its root
+
+
+def test_the_run_summary_labels_the_parameters_taken_from_the_pairs_tuned_settings():
+    t = RunTrace("sd", {"gamma": 2, "seed": 0}, "t", "d", "cpu", "", (), (), (), "", (), {},
+                 tuned_names=("gamma",))
+    assert "**sd** (gamma=2 (tuned), seed=0)" in round_panel.run_markdown(t)
 
 
 def test_empty_state_renders_placeholders():
