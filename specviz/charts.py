@@ -175,6 +175,35 @@ def _theta_marks(fig: go.Figure, r: RoundTrace) -> None:
                        f"mu={s.get('mu', 0):.3f}" for s in preds], hoverinfo="text")
 
 
+def speedup_figure(rows: list[tuple[str, float, float | None]]) -> go.Figure:
+    """Measured speedup of each run against its plain decode (bars; the cost model's
+    predicted speedup as a marker), with the break-even line at 1."""
+    if not rows:
+        return empty_figure("Speedups appear as runs finish", TIMELINE_HEIGHT)
+    names = [r[0] for r in rows]
+    measured = [r[1] for r in rows]
+    fig = go.Figure()
+    fig.add_bar(y=names, x=measured, orientation="h", name="measured ×",
+                marker=dict(color=["#2e7d32" if m >= 1 else "#c62828" for m in measured]),
+                text=[f"{m:.2f}×" for m in measured], textposition="auto",
+                hovertemplate="%{y}: measured %{x:.2f}× against its plain decode<extra></extra>")
+    pred = [(r[0], r[2]) for r in rows if r[2] is not None]
+    if pred:
+        fig.add_scatter(y=[p[0] for p in pred], x=[p[1] for p in pred], mode="markers",
+                        name="predicted ×", marker=dict(symbol="diamond", size=10,
+                                                        color="#37474f"),
+                        hovertemplate="%{y}: cost model predicts %{x:.2f}×<extra></extra>")
+    fig.add_vline(x=1.0, line=dict(color="#555", dash="dash", width=1))
+    fig.update_layout(height=TIMELINE_HEIGHT, plot_bgcolor="white",
+                      margin=dict(l=10, r=10, t=40, b=40), bargap=0.35,
+                      title=dict(text="Speedup against the plain decode", font=dict(size=14),
+                                 x=0.01),
+                      xaxis=dict(title="× (1 = plain decode)", gridcolor="#eee",
+                                 rangemode="tozero"),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.18))
+    return fig
+
+
 def timeline_figure(runs: list[tuple[str, RunTrace]]) -> go.Figure:
     """Each run's rounds laid end to end on a time axis, one bar segment per phase."""
     if not runs:

@@ -7,7 +7,9 @@ it is measured and checked against (greedy or beam search of the same width at t
 search, the time line's yardstick. Each row shows its own parameters, the engine's
 statistics, the speedup its cost model predicts (engine.core.costs), the speedup measured
 against its plain decode in this process, their ratio, and whether its output equals its
-plain decode's (temperature 0; in law, proved by the test suite, above it).
+plain decode's (temperature 0; in law, proved by the test suite, above it). A chosen row's
+parameters start from the method's defaults, over them the pair's tuned settings, over those
+what its entry typed (``sd:gamma=3``); the parameters column marks the last two.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from specviz.callbacks import guarded
 HEADERS = ["run", "role", "parameters", "wall s", "tokens/s", "tokens", "target calls",
            "draft calls", "acceptance", "tau", "predicted ×", "measured ×", "efficiency",
            "equals plain decode", "output"]
+COLUMN_WIDTHS = ["8%", "7%", "15%", "4%", "5%", "5%", "5%", "5%", "7%", "4%", "6%", "6%", "6%",
+                 "7%", "10%"]  # of the table's width: every column wraps inside a 1440-px page
 MAX_METHODS = 8
+OUTPUT_CHARS = 48  # of a run's text in the table (the table fits a 1440-px page)
 MAX_COMPARE_TOKENS = 128
 COMMON = {p.name for p in COMMON_PARAMS}
 
@@ -65,6 +70,7 @@ class Job:
     params: tuple[tuple[str, Any], ...]
     roles: frozenset[str]
     title: str = ""  # the entry as the user wrote it (e.g. "eesd:controller=cali_ts")
+    sources: tuple[tuple[str, str], ...] = ()  # parameter -> "tuned" | "typed" (else default)
 
     @property
     def key(self) -> tuple:
@@ -88,11 +94,15 @@ class Job:
     def own_params(self) -> str:
         """The method's own parameters (not the shared budget / sampling ones): its everyday
         ones, and advanced ones where they differ from the default."""
-        given = dict(self.params)
-        shown = [f"{p.name}={given[p.name]}" for p in METHODS[self.method].params
-                 if p.name in given and p.name not in COMMON
-                 and (not p.advanced or given[p.name] != p.default)]
-        return ", ".join(shown) or "—"
+        given, source = dict(self.params), dict(self.sources)
+
+        def shown(name: str) -> str:
+            return f"{name}={given[name]}" + (f" ({source[name]})" if name in source else "")
+
+        out = [shown(p.name) for p in METHODS[self.method].params
+               if p.name in given and p.name not in COMMON
+               and (not p.advanced or given[p.name] != p.default or p.name in source)]
+        return ", ".join(out) or "—"
 
 
 def _key(method: str, params: dict[str, Any]) -> tuple:
@@ -123,14 +133,16 @@ def plan(entries: list[str], common: dict[str, Any],
     tuned = tuned or {}
     roles: dict[tuple, set[str]] = {}
     titles: dict[tuple, str] = {}
+    sources: dict[tuple, tuple] = {}
     parsed = {}
     for e in entries:
-        m, params = parse_entry(e)
-        parsed[e] = m, {**tuned.get(m, {}), **params}
-    for e, (m, params) in parsed.items():
-        key = _key(m, {**common, **params})
+        m, typed = parse_entry(e)
+        parsed[e] = m, {**tuned.get(m, {}), **typed}
+        key = _key(m, {**common, **parsed[e][1]})
         roles.setdefault(key, set()).add("chosen")
         titles.setdefault(key, e)
+        sources.setdefault(key, tuple(sorted(
+            {**{k: "tuned" for k in tuned.get(m, {})}, **{k: "typed" for k in typed}}.items())))
     refs: dict[str, tuple] = {}
     for e, (m, params) in parsed.items():
         ref = plain_of(m, common["temperature"])
@@ -140,7 +152,8 @@ def plan(entries: list[str], common: dict[str, Any],
             refs[e] = _key(ref, {**common, **shared_params(m, ref), **shared})
             roles.setdefault(refs[e], set()).add("reference")
     roles.setdefault(_key(baseline_of(), common), set()).add("baseline")
-    return [Job(k[0], k[1], frozenset(r), titles.get(k, "")) for k, r in roles.items()], refs
+    return [Job(k[0], k[1], frozenset(r), titles.get(k, ""), sources.get(k, ()))
+            for k, r in roles.items()], refs
 
 
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
@@ -159,7 +172,7 @@ def _row(job: Job, t: RunTrace, ref: RunTrace | None, verdict: str) -> list[str]
     measured = _speedup(t, ref) if ref is not None and ref is not t else None
     predicted = cost.get("predicted_speedup") if cost.get("kind") != "plain" else None
     eff = measured / predicted if measured and predicted else None
-    out = t.text if len(t.text) <= 80 else t.text[:79] + "…"
+    out = t.text if len(t.text) <= OUTPUT_CHARS else t.text[:OUTPUT_CHARS - 1] + "…"
     return [job.label, job.role, job.own_params, _num(s.get("wall_s"), "{:.2f}"),
             _num(s.get("tokens_per_s"), "{:.1f}"), str(len(t.token_ids)),
             str(s.get("target_calls", "—")), str(s.get("draft_calls", "—")),
@@ -189,8 +202,8 @@ def _check_jobs(jobs: list[Job]) -> None:
 @guarded
 def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature: float,
             seed: float, target: str, draft: str, more: str = ""
-            ) -> Iterator[tuple[Any, Any, str]]:
-    """Run each job in turn, yielding (table, time line, note) after each run.
+            ) -> Iterator[tuple[Any, Any, Any, str]]:
+    """Run each job in turn, yielding (table, time line, speedup bars, note) after each run.
 
     more: extra comma-separated entries with parameters, e.g. "eesd:controller=cali_ts".
     """
@@ -203,10 +216,11 @@ def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature:
     _check_jobs(jobs)
     traces: dict[tuple, RunTrace] = {}
     for k, job in enumerate(jobs):
-        yield (table(jobs, traces, refs), _timeline(jobs, traces),
+        yield (table(jobs, traces, refs), _timeline(jobs, traces), _bars(jobs, traces, refs),
                f"running {k + 1}/{len(jobs)}: {job.label} ({job.role}) …")
         traces[job.key] = pairs.run_trace(target, draft, prompt, job.method, dict(job.params))
-    yield table(jobs, traces, refs), _timeline(jobs, traces), _note(jobs, traces, refs, common)
+    yield (table(jobs, traces, refs), _timeline(jobs, traces), _bars(jobs, traces, refs),
+           _note(jobs, traces, refs, common))
 
 
 def _ref_key(job: Job, refs: dict[str, tuple]) -> tuple | None:
@@ -247,6 +261,27 @@ def _timeline(jobs: list[Job], traces: dict[tuple, RunTrace]):
     return charts.timeline_figure([(j.label, traces[j.key]) for j in jobs if j.key in traces])
 
 
+def speedups(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]
+             ) -> list[tuple[str, float, float | None]]:
+    """(label, measured ×, predicted ×) of each finished chosen row that has a finished plain
+    decode other than itself: the numbers of the table's measured and predicted columns."""
+    out = []
+    for j in jobs:
+        ref = _ref_key(j, refs)
+        if not j.chosen or j.key not in traces or ref is None or ref == j.key:
+            continue
+        measured = _speedup(traces[j.key], traces.get(ref))
+        if measured is not None:
+            cost = traces[j.key].stats.get("cost") or {}
+            predicted = cost.get("predicted_speedup") if cost.get("kind") != "plain" else None
+            out.append((j.label, measured, predicted))
+    return out
+
+
+def _bars(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]):
+    return charts.speedup_figure(speedups(jobs, traces, refs))
+
+
 def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple],
           common: dict[str, Any]) -> str:
     """What ran, and for each chosen speculative run where its time went (cost model)."""
@@ -255,9 +290,10 @@ def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]
              "process."]
     if extra:
         parts.append(f"Added: {', '.join(extra)}.")
-    parts.append("*predicted ×*: the speedup the run's own measured acceptance and costs "
-                 "predict; *measured ×*: tokens/s against its plain decode; *efficiency*: "
-                 "their ratio.")
+    parts.append("*parameters*: the method's defaults, with *(tuned)* the pair's tuned "
+                 "settings and *(typed)* what the entry set. *predicted ×*: the speedup the "
+                 "run's own measured acceptance and costs predict; *measured ×*: tokens/s "
+                 "against its plain decode; *efficiency*: their ratio.")
     if common["temperature"] > 0:
         parts.append("At temperature > 0 outputs are samples: equality is checked in law by "
                      "the engine's tests, not token by token here.")

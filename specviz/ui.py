@@ -151,7 +151,9 @@ def _views(v: dict[str, Any]) -> dict[str, Any]:
 def _compare_tab(methods0: list[str]) -> dict[str, Any]:
     c: dict[str, Any] = {}
     gr.Markdown("Run several methods on one prompt with the model pair of the Debugger tab. "
-                "Each method uses its default parameters.")
+                "Each run starts from its method's defaults, over them the pair's tuned "
+                "settings, over those what its entry sets (`sd:gamma=3` in More runs); the "
+                "parameters column marks *(tuned)* and *(typed)* values.")
     with gr.Row():
         c["prompt"] = gr.Textbox(_examples()[0], label="Prompt", lines=2, scale=3,
                                  max_length=pairs.MAX_PROMPT_CHARS)
@@ -168,8 +170,13 @@ def _compare_tab(methods0: list[str]) -> dict[str, Any]:
     c["go"] = gr.Button("Compare", variant="primary", elem_id="sv-compare")
     c["note"] = gr.Markdown()
     c["table"] = gr.Dataframe(pd.DataFrame(columns=compare.HEADERS), interactive=False,
-                              label="Results", wrap=True)
-    c["timeline"] = gr.Plot(compare.charts.timeline_figure([]), label="Time line")
+                              label="Results", wrap=True, elem_id="sv-compare-table",
+                              column_widths=compare.COLUMN_WIDTHS)
+    with gr.Row():
+        c["timeline"] = gr.Plot(compare.charts.timeline_figure([]), label="Time line",
+                                scale=3)
+        c["bars"] = gr.Plot(compare.charts.speedup_figure([]), label="Speedup", scale=2,
+                            elem_id="sv-compare-bars")
     return c
 
 
@@ -233,7 +240,7 @@ def _wire(c: dict, o: dict, k: dict, h: dict, state: gr.State, timer: gr.Timer) 
                   show_progress_on=[h["report"]], **MODEL)
     k["go"].click(compare.compare, [k["prompt"], k["methods"], k["max_new"], k["temperature"],
                   k["seed"], c["target"], c["draft"], k["more"]],
-                  [k["table"], k["timeline"], k["note"]],
+                  [k["table"], k["timeline"], k["bars"], k["note"]],
                   api_name="compare", show_progress="minimal",
                   show_progress_on=[k["note"], k["table"]], **MODEL)
 

@@ -170,3 +170,30 @@ def test_the_opening_page_steps_through_the_demo_forest(browser, app_url):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "debugger.png"), full_page=True)
     ctx.close()
+
+
+def test_compare_shows_speedup_bars_and_a_table_that_fits_the_page(browser, app_url):
+    """Compare on the embedded pair at 1440 px: the results table is no wider than the page
+    (its columns wrap), the speedup bar chart draws one bar per chosen run, and the intro
+    says where each row's settings come from."""
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_url)
+    page.get_by_role("tab", name="Compare").click()
+    expect(page.get_by_text("pair's tuned settings")).to_be_visible()
+    page.get_by_label("max_new_tokens").last.fill("8")
+    page.locator("#sv-compare").click()
+    bars = page.locator("#sv-compare-bars .js-plotly-plot")
+    expect(page.locator("#sv-compare-table")).to_contain_text("beams=4",  # the last row
+                                                              timeout=RUN_TIMEOUT_MS)
+    expect(bars.locator(".bars path")).to_have_count(2, timeout=RUN_TIMEOUT_MS)  # sd, mcsd
+    page_width = page.evaluate("document.documentElement.clientWidth")
+    table_box = page.locator("#sv-compare-table").bounding_box()
+    assert table_box["x"] + table_box["width"] <= page_width
+    assert page.evaluate("document.documentElement.scrollWidth") <= page_width
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-06-compare.png"), full_page=True)
+    ctx.close()

@@ -223,18 +223,19 @@ def test_preset_fills_the_model_pair_fields(client):
 
 
 def test_compare_checks_each_output_against_its_reference(client):
-    table, timeline, note = client.predict("hello world", ["sd", "mcsd"], 8, 0.0, 0, TINY, "",
-                                           "sd:gamma=1", api_name="/compare")
+    table, timeline, bars, note = client.predict("hello world", ["sd", "mcsd"], 8, 0.0, 0, TINY,
+                                                 "", "sd:gamma=1", api_name="/compare")
     rows = {r[0]: dict(zip(table["headers"], r)) for r in table["data"]}
     assert rows["sd"]["equals plain decode"] == "yes" == rows["mcsd"]["equals plain decode"]
     assert rows["sd:gamma=1"]["equals plain decode"] == "yes"  # the same method, other settings
-    assert rows["sd:gamma=1"]["parameters"].startswith("gamma=1,")
+    assert rows["sd:gamma=1"]["parameters"].startswith("gamma=1 (typed),")
     assert rows["greedy"]["role"] == "plain decode"
     assert rows["greedy"]["equals plain decode"] == "is the plain decode"
     assert rows["beam"]["role"] == "baseline" and rows["beam"]["parameters"] == "beams=4"
     assert float(rows["sd"]["predicted ×"]) > 0 and float(rows["sd"]["measured ×"]) > 0
     names = _plot_names(timeline)
     assert {"draft (propose)", "target forward (score)"} <= names
+    assert {"measured ×", "predicted ×"} <= _plot_names(bars)
     assert "Ran" in note and "- **sd**: draft steps cost" in note
 
 

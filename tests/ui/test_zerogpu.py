@@ -96,8 +96,8 @@ def test_a_run_streams_from_the_gpu_process_and_weights_load_once(zero):
 def test_compare_runs_each_method_in_a_gpu_call(zero):
     client, spaces, loads, _ = zero
     before = len(spaces.CALLS)
-    table, _, note = client.predict("hello world", ["greedy", "sd"], 8, 0.0, 0, TINY, "", "",
-                                    api_name="/compare")
+    table, _, _, note = client.predict("hello world", ["greedy", "sd"], 8, 0.0, 0, TINY, "", "",
+                                       api_name="/compare")
     assert len(table["data"]) >= 2 and len(spaces.CALLS) > before
     assert spaces.PICKLED["results"] >= 2
     assert _pids(loads) == [os.getpid()]

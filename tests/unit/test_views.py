@@ -520,6 +520,39 @@ def test_compare_plan_takes_the_pairs_tuned_params_where_an_entry_sets_none():
     params = {j.label: dict(j.params) for j in jobs}
     assert params["sd"]["gamma"] == 2 and params["sd:gamma=5"]["gamma"] == 5
     assert (params["atspeed_strict"]["draft_beams"], params["atspeed_strict"]["gamma"]) == (4, 1)
-    assert jobs[0].own_params.startswith("gamma=2")
+    assert jobs[0].own_params.startswith("gamma=2 (tuned)")
     untuned, _ = compare.plan(["sd"], common)
     assert dict(untuned[0].params)["gamma"] == 4  # sd's own default
+    assert untuned[0].own_params.startswith("gamma=4,")  # a default carries no mark
+
+
+def test_compare_marks_each_parameter_with_where_it_came_from():
+    from specviz import compare
+
+    common = {"max_new_tokens": 8, "temperature": 0.0, "seed": 0}
+    tuned = {"mcsd": {"k_config": "2x2", "controller": "confidence"}}
+    jobs, _ = compare.plan(["mcsd:controller=fixed"], common, tuned)
+    shown = jobs[0].own_params
+    assert "k_config=2x2 (tuned)" in shown and "controller=fixed (typed)" in shown
+    assert "(tuned)" not in shown.split("controller=")[1].split(",")[0]  # typed beats tuned
+    assert "verifier=rrs_wor," in shown + ","  # the method default, unmarked
+
+
+def test_compare_speedup_bars_hold_the_tables_measured_and_predicted_numbers():
+    from specviz import compare
+
+    common = {"max_new_tokens": 8, "temperature": 0.0, "seed": 0}
+    jobs, refs = compare.plan(["sd", "greedy"], common)
+    by = {j.label: j for j in jobs}
+
+    def trace(tps, predicted=None):
+        cost = {"kind": "chain", "predicted_speedup": predicted} if predicted else {}
+        return RunTrace("sd", {}, "t", "d", "cpu", "p", (), (), (), "", (),
+                        {"tokens_per_s": tps, "cost": cost})
+
+    traces = {by["sd"].key: trace(30.0, 1.8), by["greedy"].key: trace(20.0)}
+    assert compare.speedups(jobs, traces, refs) == [("sd", 1.5, 1.8)]  # greedy: its own
+    fig = compare._bars(jobs, traces, refs)
+    assert list(fig.data[0].x) == [1.5] and list(fig.data[1].x) == [1.8]
+    del traces[by["greedy"].key]
+    assert compare.speedups(jobs, traces, refs) == []  # no plain decode yet: no bar

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The README's benchmark table: every method at its default (the embedded pair's tuned)
+# settings over the held-out set (assets/heldout/heldout.jsonl, never tuned on), one torch
+# thread, each run interleaved with its matching generate() call; then the table is written
+# into README.md between its bench-table markers. About 10 minutes on a 2-core CPU.
+# Runs resume: delete bench-out/ to measure afresh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=(env SPECVIZ_THREADS=1 .venv/bin/python -m engine bench-set --set assets/heldout/heldout.jsonl
+   --report)
+"${S[@]}" --methods greedy,sd,mcsd --max-new-tokens 48 --out bench-out/token
+"${S[@]}" --draft early-exit --categories chat --methods eesd --max-new-tokens 48 --out bench-out/eesd
+"${S[@]}" --raw --categories code --methods beam,atspeed_strict --max-new-tokens 32 --repeats 2 \
+  --out bench-out/beam
+"${S[@]}" --categories code --temperature 1 --methods beam_sample,dsbd --max-new-tokens 32 \
+  --repeats 2 --out bench-out/beam-sample
+.venv/bin/python scripts/bench_table.py bench-out/token bench-out/eesd bench-out/beam \
+  bench-out/beam-sample --readme README.md
