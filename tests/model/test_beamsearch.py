@@ -26,6 +26,7 @@ from engine.beams.search import (
     finalize,
     init_beams,
 )
+from engine.core.cached_model import cache_kwarg
 from engine.core.sampling import Warp, make_generator
 from tests.oracles import naive_beam_search, run_beam_sampling
 
@@ -229,14 +230,14 @@ def test_step_parents_reorder_kv_cache():
     out = hf_beam(model, ids, k, n)
     cfg = BeamConfig.from_generation_config(model.generation_config, k, n, PROMPT_LEN)
     state, cache, steps = init_beams(ids, cfg), DynamicCache(), []
-    logits = model(input_ids=state.sequences, past_key_values=cache, use_cache=True).logits
+    logits = model(input_ids=state.sequences, **cache_kwarg(model, cache), use_cache=True).logits
     while True:
         state, info = beam_step(state, torch.log_softmax(logits[:, -1].float(), -1), cfg)
         steps.append(info)
         if state.done:
             break
         cache.reorder_cache(info.parents)
-        logits = model(input_ids=info.tokens[:, None], past_key_values=cache,
+        logits = model(input_ids=info.tokens[:, None], **cache_kwarg(model, cache),
                        use_cache=True).logits
     assert_same_as_generate(finalize(state, cfg), steps, out, eos)
 

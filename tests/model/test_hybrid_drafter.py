@@ -246,12 +246,12 @@ def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(pair):
     """load_pair prepares the hybrid's feature drafter as it does a plain drafter's model."""
     from torch import nn
 
-    from engine.core.layout import _can_pack, layout_for, packed_active
+    from engine.core.layout import SMALL_ROWS, _can_pack, layout_for, packed_active
 
     if not _can_pack():
         pytest.skip("this torch has no oneDNN")
     model = pair.drafter.feature.model
     layer = [m for m in model.modules() if type(m) is nn.Linear]
     assert layer
-    with layout_for(model, 1):
+    with layout_for(model, SMALL_ROWS):  # packed at every machine's rule
         assert all(packed_active(m) for m in layer)
