@@ -13,6 +13,8 @@ engine and ZeroGPU must patch torch first.
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
 | SPECVIZ_PRESETS | all, or preset ids from assets/presets.json, comma-separated | all |
 | SPECVIZ_ALLOW_CUSTOM_MODELS | 1 (users may type model specs), 0 (presets only) | 1; 0 on ZeroGPU |
+| SPECVIZ_BENCH_MAX_PROMPTS | prompts one Bench-tab run may take (>= 1) | 8 |
+| SPECVIZ_BENCH_MAX_SECONDS | seconds after which a Bench-tab run stops, rows kept (>= 1) | 120 |
 
 ZeroGPU is detected by ``SPACES_ZERO_GPU`` (true/1), the variable Hugging Face sets on
 ZeroGPU Spaces, together with an importable ``spaces`` package.
@@ -64,6 +66,9 @@ class HostConfig:
     presets: tuple[str, ...] = ()  # preset ids offered in the UI; () = all
     allow_custom_models: bool = True
     zero_gpu: bool = False
+    bench_max_prompts: int = 8  # the Bench tab's caps: while a set runs it holds the model
+    # thread, and other sessions' runs wait in the queue for it
+    bench_max_seconds: int = 120
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> HostConfig:
@@ -79,7 +84,9 @@ class HostConfig:
                    dtype=_choice(env, "SPECVIZ_DTYPE", DTYPES),
                    presets=parse_presets(env.get("SPECVIZ_PRESETS", "")),
                    allow_custom_models=_flag(env, "SPECVIZ_ALLOW_CUSTOM_MODELS", not zero),
-                   zero_gpu=zero)
+                   zero_gpu=zero,
+                   bench_max_prompts=_positive(env, "SPECVIZ_BENCH_MAX_PROMPTS", 8),
+                   bench_max_seconds=_positive(env, "SPECVIZ_BENCH_MAX_SECONDS", 120))
 
     def with_overrides(self, **flags: object) -> HostConfig:
         """This config with app.py's flags applied (None = flag not given)."""
@@ -143,6 +150,15 @@ def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     return value
+
+
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -14,8 +14,8 @@ import gradio as gr
 import pandas as pd
 
 from engine import METHODS
+from specviz import bench_tab, charts, check_tab, compare, pairs, trace_file
 from specviz import callbacks as cb
-from specviz import charts, check_tab, compare, pairs, trace_file
 from specviz.params import COMMON, ParamPool
 from specviz.render import OUTPUTS, views
 from specviz.state import ASSETS, SessionState, demo_state
@@ -180,6 +180,48 @@ def _compare_tab(methods0: list[str]) -> dict[str, Any]:
     return c
 
 
+def _bench_tab(methods0: list[str]) -> dict[str, Any]:
+    b: dict[str, Any] = {}
+    cfg = pairs.HOST.config
+    gr.Markdown("Run methods over a prompt set with the model pair of the Debugger tab, each "
+                "against its plain decode: tau, acceptance per draft position, speedup per "
+                f"category. At most {cfg.bench_max_prompts} prompts and "
+                f"{cfg.bench_max_seconds} s a run here; the full set runs from the command line "
+                "(`python -m engine bench-set`).")
+    with gr.Row():
+        with gr.Column(scale=2):
+            sets = bench_tab.shipped_sets()
+            b["set"] = gr.Dropdown(sets, value=sets[0] if sets else None, label="Prompt set")
+            b["upload"] = gr.File(label="or upload a JSONL set ({\"prompt\", \"category\"} "
+                                  "a line)", file_types=[".jsonl"], type="filepath")
+        with gr.Column(scale=3):
+            b["methods"] = gr.CheckboxGroup(list(METHODS), value=methods0, label="Methods",
+                                            elem_id="sv-bench-methods")
+            with gr.Row():
+                b["categories"] = gr.Textbox("", label="Categories (comma-separated; empty: all)",
+                                             max_lines=1)
+                b["limit"] = gr.Number(4, precision=0, minimum=1, label="prompts at most",
+                                       elem_id="sv-bench-limit")
+                b["max_new"] = gr.Number(24, precision=0, minimum=1, label="max_new_tokens",
+                                         elem_id="sv-bench-max-new")
+    with gr.Row():
+        b["go"] = gr.Button("Run set", variant="primary", elem_id="sv-bench")
+        b["cancel"] = gr.Button("Cancel", elem_id="sv-bench-cancel")
+    b["status"] = gr.Markdown(elem_id="sv-bench-status")
+    b["rows"] = gr.Dataframe(pd.DataFrame(columns=bench_tab.HEADERS), interactive=False,
+                             label="Runs (select one to open its prompt in the Debugger)",
+                             elem_id="sv-bench-rows")
+    with gr.Row():
+        b["acceptance"] = gr.Plot(label="Acceptance per draft position", elem_id="sv-bench-acc")
+        b["tau"] = gr.Plot(label="tau by category", elem_id="sv-bench-tau")
+        b["speedup"] = gr.Plot(label="Speedup", elem_id="sv-bench-speedup")
+    b["summary"] = gr.HTML()
+    b["files"] = gr.File(label="report.html and results.jsonl", file_count="multiple",
+                         elem_id="sv-bench-files")
+    b["prompts"] = gr.State({})
+    return b
+
+
 def _check_tab() -> dict[str, Any]:
     h: dict[str, Any] = {}
     gr.Markdown("Check a method's exactness on a prompt with the model pair of the Debugger "
@@ -245,6 +287,18 @@ def _wire(c: dict, o: dict, k: dict, h: dict, state: gr.State, timer: gr.Timer) 
                   show_progress_on=[k["note"], k["table"]], **MODEL)
 
 
+def _wire_bench(b: dict, c: dict, tabs: gr.Tabs) -> None:
+    b["go"].click(bench_tab.bench, [b["set"], b["upload"], b["methods"], b["categories"],
+                                    b["limit"], b["max_new"], c["target"], c["draft"]],
+                  [b["status"], b["rows"], b["acceptance"], b["tau"], b["speedup"],
+                   b["summary"], b["files"], b["prompts"]],
+                  api_name="bench", show_progress="minimal", show_progress_on=[b["status"]],
+                  **MODEL)
+    b["cancel"].click(bench_tab.cancel, None, b["status"], api_name="bench_cancel", **QUICK)
+    b["rows"].select(bench_tab.open_row, b["prompts"], [c["prompt"], c["method"], tabs],
+                     api_visibility="private", **QUICK)
+
+
 def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = True,
                method: str | None = None) -> gr.Blocks:
     """The specviz app. Models load lazily on the first Run (cached per process).
@@ -265,7 +319,7 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
         state = gr.State(state0, time_to_live=IDLE_STATE_S)
         timer = gr.Timer(PLAY_INTERVAL_S, active=False)
         gr.Markdown(HEADER, elem_classes="sv-header")
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Debugger", id="debugger"):
                 with gr.Row():
                     with gr.Column(scale=1, min_width=300, elem_classes="sv-controls"):
@@ -274,11 +328,14 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
                         o = _views(v)
             with gr.Tab("Compare", id="compare"):
                 k = _compare_tab([m for m in ("greedy", "sd", "mcsd") if m in METHODS])
+            with gr.Tab("Bench", id="bench"):
+                bt = _bench_tab([m for m in ("sd", "mcsd") if m in METHODS])
             with gr.Tab("Check", id="check"):
                 h = _check_tab()
             with gr.Tab("Methods", id="methods"):
                 gr.Markdown(_methods_markdown(), elem_classes="sv-methods")
         _wire(c, o, k, h, state, timer)
+        _wire_bench(bt, c, tabs)
         demo.load(cb.export_trace, [state], [c["download"]], api_visibility="private",
                   **QUICK)
     return demo

@@ -197,3 +197,39 @@ def test_compare_shows_speedup_bars_and_a_table_that_fits_the_page(browser, app_
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "e2e-06-compare.png"), full_page=True)
     ctx.close()
+
+
+def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browser, app_url):
+    """Bench: two shipped prompts with sd, rows and then the three plots; a selected row opens
+    its prompt in the Debugger; the exported report.html opens in Chromium without the app
+    and draws its four figures."""
+    from playwright.sync_api import expect
+
+    from specviz import bench_tab
+
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_url)
+    page.get_by_role("tab", name="Bench").click()
+    page.locator("#sv-bench-methods").get_by_text("mcsd", exact=True).click()  # sd alone
+    for elem, value in (("sv-bench-limit", "2"), ("sv-bench-max-new", "6")):
+        box = page.locator(f"#{elem} input")
+        box.fill(value)
+        box.press("Tab")
+    page.locator("#sv-bench").click()
+    expect(page.locator("#sv-bench-status")).to_contain_text("done: 2 / 2 runs",
+                                                             timeout=RUN_TIMEOUT_MS)
+    for elem in ("sv-bench-acc", "sv-bench-tau", "sv-bench-speedup"):
+        expect(page.locator(f"#{elem} .js-plotly-plot")).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-bench-tab.png"), full_page=True)
+
+    page.locator("#sv-bench-rows").get_by_text("chat-01", exact=True).last.click()
+    expect(page.get_by_role("tab", name="Debugger")).to_have_attribute("aria-selected", "true")
+
+    report = max(bench_tab.RUNS_DIR.glob("run-*/report.html"), key=lambda p: p.stat().st_mtime)
+    page.goto(report.as_uri())
+    expect(page.locator(".js-plotly-plot")).to_have_count(4)
+    page.screenshot(path=str(ARTIFACTS / "e2e-bench-report.png"), full_page=True)
+    ctx.close()

@@ -1,0 +1,186 @@
+"""Bench tab: methods over a prompt set, the numbers papers report (engine.bench.set_runner).
+
+A run takes a shipped set (assets/sets/*.jsonl) or an uploaded JSONL, runs every chosen method
+and its plain decode on each prompt on the model thread, and streams each row as it lands;
+at the end it shows the per-position acceptance curves, tau by category and the speedup
+boxes (engine.bench.report's figures), the summary table, and offers the self-contained
+report.html and results.jsonl. One run at a time in a process (another session is told so in
+one line); Cancel stops this session's run, keeping its rows; HostConfig's caps bound the
+prompts and seconds of a run. Selecting a row puts its prompt and method in the Debugger.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+import pandas as pd
+
+from engine import METHODS
+from engine.bench.report import (
+    acceptance_figure,
+    speedup_figure,
+    summary_table,
+    tau_figure,
+    write_report,
+)
+from engine.bench.set_runner import (
+    RESULTS,
+    SetSettings,
+    load_run,
+    plan_set,
+    run_set,
+    write_summary,
+)
+from engine.core.errors import ConfigError
+from engine.core.paths import ASSETS
+from specviz import pairs
+from specviz.callbacks import guarded
+
+SETS_DIR = ASSETS / "sets"
+MAX_UPLOAD_BYTES = 1_000_000
+KEEP_RUNS = 20  # newest run folders kept in the temp folder
+RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-bench"
+HEADERS = ["prompt", "category", "method", "speedup ×", "tau", "accepted / drafted",
+           "identical"]
+POLL_S = 0.25
+_BUSY = threading.Lock()  # one bench run per process: it holds the model thread for minutes
+_CANCEL: dict[str, threading.Event] = {}  # session -> its run's cancel flag
+
+
+def shipped_sets() -> list[str]:
+    return sorted(p.name for p in SETS_DIR.glob("*.jsonl"))
+
+
+def set_path(name: str | None, upload: str | None) -> str:
+    """The set a run reads: the uploaded file (size-capped) or a shipped set by name."""
+    if upload:
+        path = Path(upload)
+        if path.stat().st_size > MAX_UPLOAD_BYTES:
+            raise ConfigError(f"the uploaded set is over {MAX_UPLOAD_BYTES // 1000} kB")
+        return str(path)
+    if name not in shipped_sets():
+        raise ConfigError(f"pick a prompt set ({', '.join(shipped_sets())}) or upload one")
+    return str(SETS_DIR / name)
+
+
+def settings_of(path: str, methods: list[str], categories: str, limit: float | None,
+                max_new_tokens: float) -> SetSettings:
+    if not methods:
+        raise ConfigError("pick at least one method to benchmark")
+    cats = tuple(c.strip() for c in (categories or "").split(",") if c.strip())
+    return SetSettings(set_path=path, methods=",".join(methods), categories=cats,
+                       limit=int(limit) if limit else None,
+                       max_new_tokens=int(max_new_tokens or 0))
+
+
+def _run_dir() -> Path:
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    old = sorted(RUNS_DIR.iterdir(), key=lambda p: p.stat().st_mtime)
+    for stale in old[: max(0, len(old) - KEEP_RUNS + 1)]:
+        shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR))
+
+
+def row_cells(row: dict) -> list[str]:
+    speed = row.get("speedup")
+    return [row.get("prompt_id", ""), row.get("category", ""), row.get("case", ""),
+            "—" if speed is None else f"{speed:.2f}", f"{row.get('tau') or 0:.2f}",
+            f"{sum(row.get('accepted_depth') or [])} / {sum(row.get('drafted_depth') or [])}",
+            {True: "yes", False: "NO", None: "n/a"}.get(row.get("identical"), "n/a")]
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([row_cells(r) for r in rows], columns=HEADERS)
+
+
+def run_plan(target: str, draft: str, settings: SetSettings, out_dir: Path,
+             progress=None, cancelled=None, max_prompts: int | None = None):
+    """Plan and run a set on the app's model thread; returns the SetOutcome (the tab's and
+    the tests' one way in, so both get the CLI's numbers)."""
+    plan = plan_set(settings, max_prompts=max_prompts or pairs.HOST.config.bench_max_prompts)
+    pair = pairs.get_pair(target, draft)
+    return pairs.WORKER.call(run_set, pair, plan, out_dir, progress=progress,
+                             cancelled=cancelled)
+
+
+@guarded
+def bench(set_name: str, upload: str | None, methods: list[str], categories: str,
+          limit: float | None, max_new_tokens: float, target: str, draft: str,
+          request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+    """Stream (status, rows table, acceptance, tau, speedup, summary, files, prompts) while a
+    set runs on the model thread."""
+    cfg = pairs.HOST.config
+    if cfg.zero_gpu:
+        raise ConfigError("the Bench tab is off on ZeroGPU (a run holds the GPU for minutes)")
+    settings = settings_of(set_path(set_name, upload), methods, categories, limit,
+                           max_new_tokens)
+    plan = plan_set(settings, max_prompts=cfg.bench_max_prompts)  # bad input: one line, now
+    prompts = {p.id: p.prompt for p in plan.prompts}
+    if not _BUSY.acquire(blocking=False):
+        raise ConfigError("a benchmark is running in this app; try again when it ends")
+    session = getattr(request, "session_hash", None) or "local"
+    stop = _CANCEL[session] = threading.Event()
+    try:
+        deadline = time.monotonic() + cfg.bench_max_seconds
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        out_dir = _run_dir()
+        pair = pairs.get_pair(target, draft)
+        fut = pairs.WORKER.submit(
+            run_set, pair, plan, out_dir,
+            progress=lambda done, total, row: events.put((done, total, row)),
+            cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
+        rows: list[dict] = []
+        done, total = 0, plan.total
+        while True:
+            finished = fut.done()
+            while not events.empty():
+                done, total, row = events.get()
+                if row is not None:
+                    rows.append(row)
+            yield (f"running: {done} / {total} runs …", _table(rows), None, None, None, "",
+                   None, prompts)
+            if finished:
+                break
+            time.sleep(POLL_S)
+        outcome = fut.result()
+        report = write_report(out_dir)
+        summary = write_summary(out_dir)
+        _, all_rows = load_run(out_dir)
+        methods_summary = summary["methods"]
+        why = ("done" if outcome.finished else
+               "cancelled" if stop.is_set() else f"stopped at {cfg.bench_max_seconds} s")
+        status = (f"{why}: {len(outcome.rows)} / {outcome.total} runs on {len(plan.prompts)} "
+                  f"prompts ({summary['meta'].get('device')}); select a row to open its "
+                  "prompt in the Debugger")
+        yield (status, _table(list(outcome.rows)), acceptance_figure(methods_summary),
+               tau_figure(methods_summary), speedup_figure(methods_summary, all_rows),
+               summary_table(methods_summary), [str(report), str(out_dir / RESULTS)], prompts)
+    finally:
+        _CANCEL.pop(session, None)
+        _BUSY.release()
+
+
+def cancel(request: gr.Request = None) -> str:
+    """Stop this session's run (its finished rows are kept)."""
+    stop = _CANCEL.get(getattr(request, "session_hash", None) or "local")
+    if stop is None:
+        return "no benchmark of yours is running"
+    stop.set()
+    return "cancelling after the current run …"
+
+
+def open_row(prompts: dict[str, str], evt: gr.SelectData):
+    """A selected row's prompt and method into the Debugger tab, which is then shown."""
+    table_row = evt.row_value if evt is not None else None
+    if not table_row or table_row[0] not in (prompts or {}):
+        raise gr.Error("select a row of the results")
+    method = str(table_row[2]).split(":")[0]
+    return (prompts[table_row[0]], method if method in METHODS else gr.update(),
+            gr.Tabs(selected="debugger"))
