@@ -4,6 +4,8 @@
   per target call, with the selected round marked.
 - ``posterior_figure``: the Thompson-sampling posterior recorded in RoundTrace.controller
   (Beta for Beta-TS, Gaussian for Cali-TS) with the sampled theta of each draft step.
+- ``switch_figure``: the cost switch's plan per round (depth, predicted gain) against what
+  the round drafted and accepted (shown in the posterior's place when a switch planned).
 - ``timeline_figure``: per-round propose/score/verify/commit phases of several runs.
 """
 
@@ -108,6 +110,8 @@ def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
         return empty_figure("Thompson-sampling posterior (EESD) appears here",
                             POSTERIOR_HEIGHT)
     index = min(max(index, 0), len(trace.rounds) - 1)
+    if any(r.switch for r in trace.rounds):
+        return switch_figure(trace, index)
     seen = _controller_rounds(trace, index)
     if not seen:
         return empty_figure("no draft-length controller recorded for this method",
@@ -148,6 +152,37 @@ def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
                                  range=[0, 1], gridcolor="#eee"),
                       yaxis=dict(title="density", gridcolor="#eee", rangemode="tozero"),
                       legend=dict(orientation="h", y=-0.2, font=dict(size=10)))
+    return fig
+
+
+def switch_figure(trace: RunTrace, index: int) -> go.Figure:
+    """Per round up to the selected one: the switch's planned depth (0: a plain step), what
+    the round drafted and accepted, and the predicted gain over a plain step."""
+    rounds = [r for r in trace.rounds[: index + 1] if r.switch]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    x = [r.index for r in rounds]
+    fig.add_bar(x=x, y=[r.switch["depth"] for r in rounds], name="planned depth",
+                marker_color="#b8c9e6")
+    fig.add_scatter(x=x, y=[r.drafted for r in rounds], mode="markers", name="drafted",
+                    marker=dict(color="#f2a65a", symbol="diamond", size=7))
+    fig.add_scatter(x=x, y=[r.accepted for r in rounds], mode="markers", name="accepted",
+                    marker=dict(color="#59a14f", size=6))
+    fig.add_scatter(x=x, y=[r.switch["predicted_gain"] for r in rounds], mode="lines",
+                    name="predicted gain (x a plain step)", line=dict(color="#3b7dd8"),
+                    secondary_y=True)
+    fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), secondary_y=True)
+    plain = sum(1 for r in rounds if r.switch["depth"] == 0)
+    profile = rounds[-1].switch["profile"] if rounds else "?"
+    _mark_round(fig, index)
+    fig.update_layout(title=dict(text=f"cost switch ({profile} costs): {plain} of {len(rounds)}"
+                                 " rounds planned plain", font=dict(size=14), x=0.01),
+                      height=POSTERIOR_HEIGHT, plot_bgcolor="white",
+                      margin=dict(l=40, r=10, t=40, b=30),
+                      legend=dict(orientation="h", y=-0.2, font=dict(size=10)))
+    fig.update_xaxes(title="round", gridcolor="#eee")
+    fig.update_yaxes(title="draft depth", gridcolor="#eee", rangemode="tozero",
+                     secondary_y=False)
+    fig.update_yaxes(title="predicted gain", rangemode="tozero", secondary_y=True)
     return fig
 
 

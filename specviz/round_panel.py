@@ -170,6 +170,22 @@ def gate_markdown(gate: Any) -> str:
             f"q = {least} < {c}, so the round is a plain target step")
 
 
+def switch_markdown(rec: dict | None, drafted: int) -> str:
+    """The cost switch's plan: the chosen depth, its predicted gain, every option."""
+    if not rec:
+        return ""
+    d = rec.get("depth")
+    what = "a plain target step" if d == 0 else f"draft to depth {d}"
+    head = (f"**Cost switch** (profile `{rec.get('profile')}`): {what}, predicted "
+            f"{_num(rec.get('predicted_gain'))}x tokens per target-step time of a plain step; "
+            f"drafted {drafted}. Acceptance drawn per depth: "
+            f"`{', '.join(_num(a) for a in rec.get('drawn', []))}`")
+    rows = [{"depth": o["depth"], "expected tokens": o["expected_tokens"],
+             "cost (plain steps)": o["cost"], "gain": o["gain"],
+             "chosen": "✔" if o["depth"] == d else ""} for o in rec.get("options", [])]
+    return head + "\n\n" + dict_table(rows)
+
+
 def _short(v: Any, limit: int = 120) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -182,7 +198,9 @@ def extras_markdown(trace: RunTrace | None, index: int) -> str:
         return ""
     r = _round(trace, index)
     ex = dict(r.extras or {})
-    parts = [p for p in (gate_markdown(ex.pop("gate", None)), beam_match_markdown(trace, index),
+    ex.pop("switch", None)
+    parts = [p for p in (switch_markdown(r.switch, r.drafted),
+                         gate_markdown(ex.pop("gate", None)), beam_match_markdown(trace, index),
                          _width(ex), _optimal(ex.pop("optimal", None))) if p]
     rest = {k: v for k, v in ex.items() if "width" not in k.lower()}
     inline = {k: v for k, v in rest.items() if not _is_table(v)}
@@ -190,7 +208,7 @@ def extras_markdown(trace: RunTrace | None, index: int) -> str:
         parts.append("**Extras**: " + ", ".join(f"{k} = `{_short(v)}`"
                                                 for k, v in inline.items()))
     parts += [f"**{k}**\n\n" + dict_table(v) for k, v in rest.items() if _is_table(v)]
-    if r.controller:
+    if r.controller and r.controller.get("kind") != "cost":
         c = r.controller
         parts.append(f"**Controller** `{c.get('kind', '?')}`: before `{_short(c.get('before'))}`"
                      f" → after `{_short(c.get('after'))}`, stop: {c.get('stop_reason') or '—'}")

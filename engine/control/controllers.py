@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.control.posterior import (
     BETA_RULES,
     THETA_HAT_RULES,
@@ -41,7 +42,7 @@ from engine.core.sampling import Chooser, as_chooser
 
 Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing
 Predictor = Callable[[Features], float]  # features -> theta_M in [0, 1] (EESD Eq. 5)
-CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts", "confidence")
+CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts", "confidence", "cost")
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -70,6 +71,11 @@ CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kind; advanced: cap, 
     ParamSpec("confidence", float, 0.4, "confidence controller: draft on while the drafter "
               "gave its newest token at least this probability (temperature 1)", min=0.0,
               max=1.0, advanced=True),
+    ParamSpec("costs", str, "measured", "cost controller: the cost profile it plans with, "
+              "'measured' on this machine or a stored one (e.g. h100)", advanced=True),
+    ParamSpec("discount", float, 0.9, "cost controller: how much of the acceptance "
+              "posterior each drafted round keeps (1: never forget)", min=0.0, max=1.0,
+              advanced=True),
 )
 
 
@@ -90,6 +96,8 @@ class ControlConfig:
     theta_hat_rule: str
     theta_m: float  # Cali-TS constant theta_M when no trained predictor is given (Eq. 5)
     confidence: float  # confidence controller: least q of the newest draft token to go on
+    costs: str  # cost controller: cost profile name (engine.core.profile)
+    discount: float  # cost controller: posterior kept per drafted round
 
 
 check_config_fields(ControlConfig, CONTROL_PARAMS)
@@ -311,6 +319,78 @@ class ConfidenceController(_RoundRecorder):
         return self.config.cap
 
 
+class CostController(_RoundRecorder):
+    """The cost-aware switch (:mod:`engine.control.cost`) as a draft-length controller: at the
+    start of a round :meth:`plan` picks the depth D* (0: a plain target step) with the best
+    expected tokens per cost from the acceptance posterior and the cost profile; drafting then
+    stops at D*, at ``cap``, or earlier when the newest token's q falls under ``confidence``
+    (0: never). Decisions read the past, the profile, the chooser and the draft only."""
+
+    name = "cost"
+    reads = ("cap", "confidence", "costs", "discount")
+    reads_confidence = True  # should_continue's features: the newest token's q (a float)
+
+    def __init__(self, config: ControlConfig) -> None:
+        self.config = config
+        self.switch: CostSwitch | None = None
+        self.shape: Shape | None = None
+        self.planned = config.cap
+        self.decided = False  # plan() ran this round
+        super().__init__()
+
+    def attach(self, profile: CostProfile) -> None:
+        """Use `profile` from now on (a run attaches the profile it resolved once)."""
+        self.switch = CostSwitch(profile, self.config.cap, discount=self.config.discount)
+
+    def begin_round(self) -> None:
+        super().begin_round()
+        self.decided = False
+        if self.switch is not None:
+            self.switch.decision = None
+
+    def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
+        """This round's depth in 0..shape.depth (call after begin_round, before drafting)."""
+        if self.switch is None:
+            raise ValueError("the cost controller needs a cost profile (attach one)")
+        self.planned = self.switch.decide(shape, rng)
+        self.decided = True
+        return self.planned
+
+    def should_continue(
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
+    ) -> bool:
+        if self._at_limit(drafted, "cap"):
+            return False
+        if drafted >= self.planned:
+            self._steps.append({"step": drafted, "theta": None, "uniform": None,
+                                "continue": False})
+            self._stop_reason = "plan"
+            return False
+        q = None if features is None else float(features)
+        go = q is None or q >= self.config.confidence
+        self._steps.append({"step": drafted, "theta": None, "uniform": None, "q": q,
+                            "continue": go})
+        if not go:
+            self._stop_reason = "confidence"
+        return go
+
+    def _params(self) -> dict[str, Any]:
+        return {} if self.switch is None else self.switch.posterior.state()
+
+    def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
+        if self.switch is not None:
+            self.switch.observe(drafted, accepted)
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        out = super().state()
+        out["switch"] = None if self.switch is None else self.switch.record()
+        return out
+
+    def max_len(self) -> int:
+        return self.config.cap
+
+
 class BetaTSController(_RoundRecorder):
     """Beta-TS (EESD Sec. 3.3, Alg. 2): theta ~ Beta(alpha, beta) afresh per draft step,
     chi ~ Bernoulli(theta); the posterior is updated by Eq. 3-4 (`beta_update`)."""
@@ -436,4 +516,6 @@ def make_controller(config: ControlConfig, *, gamma: int) -> Controller:
         return CaliTSController(config)
     if kind == "confidence":
         return ConfidenceController(config)
+    if kind == "cost":
+        return CostController(config)
     raise ConfigError(f"unknown controller '{kind}' (choose from {', '.join(CONTROLLER_KINDS)})")

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from engine.core import costs, layout, threads
+from engine.core import costs, layout, profile, threads
 from engine.core.config import RunConfig, validate_params
 from engine.core.errors import ConfigError
 from engine.core.loop import Decoder
@@ -100,9 +100,36 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
     ids = encode_prompt(pair, prompt, raw)
     _check_length(pair, len(ids), full["max_new_tokens"])
     tok = tokenizer_of(pair)
-    decoder = Decoder(pair, ids, METHODS[method].make(full), RunConfig.from_params(full),
+    built = METHODS[method].make(full)
+    wanted = getattr(built, "costs_wanted", lambda: None)()
+    if wanted is not None:
+        built.use_costs(cost_profile(pair, method, full, wanted))
+    decoder = Decoder(pair, ids, built, RunConfig.from_params(full),
                       decode=lambda i: tok.decode([i]))
     return decoder, ids
+
+
+def _switch_off(full: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of the same method with its cost switch off (a fixed-shape round)."""
+    off = {k: v for k, v in full.items() if k not in ("max_new_tokens", "seed")}
+    if off.get("controller") == "cost":
+        off["controller"] = "fixed"
+    if off.get("switch") == "cost":
+        off["switch"] = "off"
+    return off
+
+
+def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: str):
+    """The cost profile a run's switch plans with: measured on this machine (once per
+    process and setting, engine.core.profile) or a stored one."""
+    width = int(full.get("beams") or (1 if full.get("one_cache") else full.get("draft_beams"))
+                or 1)
+    if name != profile.MEASURED:
+        return profile.stored(name, method, width)
+    ids = [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]
+    off = _switch_off(full)
+    return profile.measured(pair, method, off, width, lambda: list(
+        start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS + 1, **off)))
 
 
 class Run:

@@ -34,6 +34,7 @@ class RunContext:
     generator: torch.Generator
     chooser: TorchChooser
     decode: Any  # id -> text
+    side: torch.Generator  # draws that stay out of the verification stream (cost switch)
     seqs: list[list[int]] = field(default_factory=list)  # generated ids per live row
     origins: list[list[tuple[str, int]]] = field(default_factory=list)  # (origin, round)
     scores: list[float] = field(default_factory=list)
@@ -73,6 +74,11 @@ class RunContext:
         return self.draft.feed(tokens, parents)
 
 
+def side_seed(seed: int) -> int:
+    """The seed of a run's side generator: a function of the run's seed, apart from it."""
+    return (int(seed) * 1_000_003 + 7) % (2 ** 63)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -86,7 +92,7 @@ class Decoder:
         target = CachedModel(pair.target)
         gen = make_generator(cfg.seed)
         self.ctx = RunContext(pair, cfg, list(prompt_ids), eos_ids(pair.target), target, gen,
-                              TorchChooser(gen), decode or str)
+                              TorchChooser(gen), decode or str, make_generator(side_seed(cfg.seed)))
         self.method = method
         self.done = False
         self.stop_reason = ""

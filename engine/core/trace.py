@@ -157,6 +157,14 @@ class RoundTrace:
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
 
+    @property
+    def switch(self) -> dict[str, Any] | None:
+        """The cost switch's decision for this round (engine.control.cost: depth,
+        predicted_gain, options, drawn, profile): in the controller's state for token methods,
+        in the extras for beam methods; None when no switch planned the round."""
+        rec = (self.controller or {}).get("switch") or (self.extras or {}).get("switch")
+        return rec if isinstance(rec, dict) else None
+
 
 @dataclass(frozen=True)
 class RunTrace:

@@ -29,11 +29,13 @@ from engine.core.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, Be
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.beam_forest import (
     BEAMS,
+    COSTS,
     DEAD,
     DRAFT_BEAMS,
     DRAFT_CONFIDENCE,
     FILL,
     GAMMA,
+    SWITCH,
     BeamStart,
     BeamWidthConfig,
     NewBeam,
@@ -71,17 +73,19 @@ class BeamSearch(BeamStart):
     """Beam search (gamma = 0) or AtSpeed strict top-K verification (gamma >= 1)."""
 
     def __init__(self, *, beams: int, draft_beams: int = 0, gamma: int = 0, fill: bool = False,
-                 draft_confidence: float = 0.0):
+                 draft_confidence: float = 0.0, switch: str = "off", costs: str = "measured"):
         self.start_width, self.n, self.gamma, self.fill = beams, draft_beams, gamma, fill
         self.draft_confidence = draft_confidence
+        self.switch_kind, self.costs_name = switch, costs
 
     def propose(self, ctx) -> Forest:
         gate = self.round_gate()  # a skipped round is a plain beam step: the same replay
-        depth = min(self.gamma, ctx.remaining - 1)  # the round's bonus step always fits
+        depth = self.planned_depth(ctx, min(self.gamma, ctx.remaining - 1))  # bonus step fits
         if depth < 1:
             return empty_forest(ctx.width)
-        return draft_forest(ctx, self.state.scores.tolist(), depth, self._top_n,
-                            self._fill if self.fill else None, gate)
+        return self.note_levels(draft_forest(ctx, self.state.scores.tolist(), depth,
+                                             self._top_n, self._fill if self.fill else None,
+                                             gate))
 
     def gate_law(self, lq: torch.Tensor) -> torch.Tensor:
         return self._draftable(lq)  # EOS is never drafted
@@ -283,10 +287,11 @@ register(MethodSpec(
     family="beam",
     exactness="identical to beam search / generate(num_beams=K, do_sample=False), EOS and "
               "finished hypotheses included (the target's beam search is replayed exactly)",
-    params=(BEAMS, DRAFT_BEAMS, GAMMA, FILL, DRAFT_CONFIDENCE),
+    params=(BEAMS, DRAFT_BEAMS, GAMMA, FILL, DRAFT_CONFIDENCE, SWITCH, COSTS),
     config=StrictConfig,
     build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma,
-                                 fill=cfg.fill, draft_confidence=cfg.draft_confidence),
+                                 fill=cfg.fill, draft_confidence=cfg.draft_confidence,
+                                 switch=cfg.switch, costs=cfg.costs),
     reference="beam",
     samples=False,
 ))

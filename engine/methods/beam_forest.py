@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from engine.beams.search import NEG_SCORE, BeamConfig, finalize, init_beams
+from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT, Forest, path_to
@@ -261,6 +262,39 @@ class BeamStart:
     start_width = 1
     draft_confidence = 0.0  # the draft-confidence gate's threshold (0: off)
     gate_info: dict | None = None  # this round's gate record (None: the gate did not run)
+    switch_kind = "off"  # "cost": the cost-aware switch plans each round's depth
+    costs_name = "measured"  # the cost profile it plans with (engine.core.profile)
+    switch: CostSwitch | None = None
+
+    def costs_wanted(self) -> str | None:
+        """The cost profile the switch needs (None: the switch is off)."""
+        return self.costs_name if self.switch_kind == "cost" else None
+
+    def use_costs(self, profile: CostProfile) -> None:
+        self.switch = CostSwitch(profile, self.gamma)
+        self._level_nodes: dict[int, float] = {}  # depth -> nodes per row a round fed
+
+    def planned_depth(self, ctx, depth: int) -> int:
+        """This round's draft depth: `depth`, or the switch's plan within it (0: a plain
+        step, decided before any draft call). The shape is the last drafted round's nodes
+        per row at each depth (N per level before any)."""
+        if self.switch is None:
+            return depth
+        self.switch.decision = None
+        if depth < 1:
+            return depth
+        nodes = tuple(self._level_nodes.get(d, float(self.n * d)) for d in range(1, depth + 1))
+        return self.switch.decide(Shape(nodes, tuple(float(d) for d in range(1, depth + 1))),
+                                  ctx.side)
+
+    def note_levels(self, forest: Forest) -> Forest:
+        """Remember how many nodes per row each depth of a drafted forest fed."""
+        if self.switch is not None:
+            widest = 0
+            for d, level in enumerate(forest.extras.get("levels", []), start=1):
+                widest = max([widest] + [i + 1 for _, i in level.pos])
+                self._level_nodes[d] = float(widest)
+        return forest
 
     def round_gate(self) -> Gate | None:
         """The gate for this round's draft_forest (None when off); clears the last record."""
@@ -277,12 +311,13 @@ class BeamStart:
         return lq
 
     def gate_extras(self) -> dict:
-        """The round's gate record for its extras ({} when the gate is off; confidence None:
-        no draft step fitted this round)."""
+        """The round's gate and switch records for its extras (gate: {} when off, confidence
+        None: no draft step fitted this round; switch: None when it did not plan)."""
+        out = {} if self.switch is None else {"switch": self.switch.record()}
         if self.draft_confidence <= 0:
-            return {}
-        return {"gate": self.gate_info or {"threshold": self.draft_confidence,
-                                           "confidence": None, "drafted": False}}
+            return out
+        return {**out, "gate": self.gate_info or {"threshold": self.draft_confidence,
+                                                  "confidence": None, "drafted": False}}
 
     def start(self, ctx) -> None:
         w = self.start_width
@@ -293,6 +328,8 @@ class BeamStart:
         self.state = init_beams(torch.tensor([ctx.prompt_ids]), self.cfg)
 
     def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
+        if self.switch is not None and self.switch.decision is not None:
+            self.switch.observe(verdict.drafted, verdict.accepted)
         return None
 
     def final(self) -> tuple[BeamTrace, ...]:
@@ -317,6 +354,11 @@ class BeamWidthConfig:
 DRAFT_CONFIDENCE = ParamSpec(  # atspeed_strict and dsbd
     "draft_confidence", float, 0.0, "draft a round only when every live beam's likeliest draft "
     "token has q >= this (else a plain beam step; 0: every round)", min=0.0, max=1.0)
+SWITCH = ParamSpec(  # atspeed_strict and dsbd
+    "switch", str, "off", "cost-aware switch: 'cost' plans each round's draft depth (0: a "
+    "plain beam step) from the acceptance so far and the cost profile", choices=("off", "cost"))
+COSTS = ParamSpec("costs", str, "measured", "the cost profile the switch plans with: "
+                  "'measured' on this machine or a stored one (e.g. h100)", advanced=True)
 FILL = ParamSpec("fill", bool, False, "draft each row's next-best continuations into the "
                  "slots the widest row pads (same forward shape, more drafted beams)",
                  advanced=True)
@@ -344,3 +386,5 @@ class StrictConfig(AtSpeedConfig):
 
     fill: bool = False
     draft_confidence: float = 0.0
+    switch: str = "off"
+    costs: str = "measured"

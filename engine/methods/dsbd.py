@@ -36,10 +36,12 @@ from engine.core.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, register
 from engine.methods.beam_forest import (
     BEAMS,
+    COSTS,
     DEAD,
     DRAFT_BEAMS,
     DRAFT_CONFIDENCE,
     GAMMA,
+    SWITCH,
     AtSpeedConfig,
     BeamStart,
     Level,
@@ -107,10 +109,11 @@ class SampledBeams(BeamStart):
         # the gate decides before the round draws anything, so the law is kept (a skipped
         # round is a plain beam-sampling step of the method's width)
         gate = self.round_gate()
-        depth = min(self.gamma, ctx.remaining - 1)  # the correction / bonus layer always fits
+        depth = self.planned_depth(ctx, min(self.gamma, ctx.remaining - 1))  # bonus layer fits
         if depth < 1:
             return empty_forest(ctx.width)
-        return draft_forest(ctx, list(ctx.scores), depth, self._select(ctx), gate=gate)
+        return self.note_levels(draft_forest(ctx, list(ctx.scores), depth, self._select(ctx),
+                                             gate=gate))
 
     def _select(self, ctx):
         """(B, V) joint draft scores -> draws from q_beam = beam_law(joint), and q_beam."""
@@ -248,11 +251,13 @@ class Dsbd(SampledBeams):
     """DSBD: i.i.d. beam-sampling drafts, dynamic-width layer verification (DSBD §3.1-3.4)."""
 
     def __init__(self, *, draft_beams: int, gamma: int, threshold: float, min_width: int,
-                 one_cache: bool, draft_confidence: float = 0.0):
+                 one_cache: bool, draft_confidence: float = 0.0, switch: str = "off",
+                 costs: str = "measured"):
         super().__init__(width=1 if one_cache else draft_beams, draft_beams=draft_beams,
                          gamma=gamma)
         self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
         self.draft_confidence = draft_confidence
+        self.switch_kind, self.costs_name = switch, costs
         self.keep, self.need = draft_beams, "width"
 
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
@@ -332,6 +337,8 @@ class DsbdConfig:
     min_width: int
     one_cache: bool
     draft_confidence: float = 0.0
+    switch: str = "off"
+    costs: str = "measured"
 
     def __post_init__(self) -> None:
         if self.min_width > self.draft_beams:
@@ -342,7 +349,7 @@ class DsbdConfig:
 def build_dsbd(cfg: DsbdConfig) -> Dsbd:
     return Dsbd(draft_beams=cfg.draft_beams, gamma=cfg.gamma, threshold=cfg.threshold,
                 min_width=cfg.min_width, one_cache=cfg.one_cache,
-                draft_confidence=cfg.draft_confidence)
+                draft_confidence=cfg.draft_confidence, switch=cfg.switch, costs=cfg.costs)
 
 
 def build_relaxed(cfg: AtSpeedConfig) -> Relaxed:
@@ -373,6 +380,8 @@ register(MethodSpec(
         ParamSpec("one_cache", bool, False, "keep one beam after each round (§3.4)",
                   advanced=True),
         DRAFT_CONFIDENCE,
+        SWITCH,
+        COSTS,
     ),
     config=DsbdConfig,
     build=build_dsbd,

@@ -21,6 +21,7 @@ from engine.control.controllers import (
     FixedController,
     make_controller,
 )
+from engine.control.cost import chain_shape, tree_shape
 from engine.core.cached_model import Scored
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.forest import ROOT, Forest, depths, empty_forest
@@ -97,6 +98,11 @@ class TreeSpeculation(SingleStart):
         if budget < 1 or levels == []:
             return empty_forest(1)
         self.controller.begin_round()
+        if getattr(self.controller, "plan", None) is not None:  # the cost switch
+            shape = (chain_shape(min(budget, self.controller.config.cap)) if levels is None
+                     else tree_shape(tuple(levels)))
+            if self.controller.plan(shape, ctx.side) == 0:
+                return empty_forest(1)  # a plain target step
         root = ctx.draft_feed()
         q_at: dict[int, torch.Tensor] = {}
         tokens: list[int] = []
@@ -227,8 +233,15 @@ class TreeSpeculation(SingleStart):
                                                   if self.cfg.record_optimal else {})},
         )
 
+    def costs_wanted(self) -> str | None:
+        """The cost profile name the controller plans with (None: it plans without one)."""
+        return self.controller.config.costs if hasattr(self.controller, "attach") else None
+
+    def use_costs(self, profile) -> None:
+        self.controller.attach(profile)
+
     def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
-        if verdict.drafted == 0:
+        if verdict.drafted == 0 and not getattr(self.controller, "decided", False):
             return None
         self.controller.observe(verdict.drafted, verdict.accepted)
         return self.controller.state()

@@ -23,6 +23,7 @@ from engine.core.sampling import Warp, make_generator
 from engine.core.trace import STATUSES, RunTrace
 from engine.verify.enumerate import enumerate_outcomes
 from tests.oracles import run_beam_sampling
+from tests.profiles import MIXED
 
 VOCAB = 64
 TOL = 1e-4
@@ -656,3 +657,57 @@ def distinct_beam_sampling_law(pair) -> dict:
     for w, beams in enumerate_outcomes(run):
         law[beams] += w
     return law
+
+
+# ------------------------------------------------------------------ the cost-aware switch
+
+
+def test_the_cost_switch_keeps_strict_identical_to_generate_and_takes_plain_steps():
+    """atspeed_strict with the cost switch: rounds it plans as plain are beam steps without a
+    draft call, drafted ones replay the target's beam search; the beams stay generate()'s."""
+    target = tiny(2)
+    pair = pair_of(target, perturbed(2, 0.05))
+    eos = frequent_token(target, prompt(20))
+    set_generation(target, eos)
+    depths = Counter()
+    for s in range(3):
+        ids = prompt(20 + s)
+        tr = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=4, gamma=3,
+                      switch="cost", costs=MIXED.name, max_new_tokens=12)
+        assert_same_beams(tr, hf_beams(target, ids, 2, 12), eos)
+        for r in tr.rounds:
+            sw = r.extras["switch"]
+            if sw is None:  # the run's last step: no draft step fits
+                continue
+            depths[sw["depth"]] += 1
+            assert r.drafted <= sw["depth"]
+            if sw["depth"] == 0:
+                assert r.draft_calls == 0 and r.drafted == 0
+    assert depths[0] > 0 and sum(v for d, v in depths.items() if d > 0) > 0, depths
+
+
+def test_switched_dsbd_output_law_still_equals_beam_sampling_end_to_end():
+    """The switch plans from past rounds and its own side draws, never from the round's
+    target scores: the exact law of three steps of dsbd with the switch (K = W_S = 2,
+    gamma 2, top-2 warp) is beam sampling's, with plain and drafted rounds both weighing
+    (the side seed fixes the switch's draws; which round is plain depends on the outcomes)."""
+    pair = law_pair()
+    ref, _ = engine_law(pair, "beam_sample", new=3, top_k=2, beams=2)
+    law, depths = defaultdict(float), Counter()
+
+    def run(chooser):
+        dec, _, _ = make_decoder(pair, [2, 3, 4], "dsbd", max_new_tokens=3, top_k=2,
+                                 draft_beams=2, min_width=2, gamma=2, switch="cost",
+                                 costs=MIXED.name, seed=1)  # seed 1: plans follow the past
+        dec.ctx.chooser = chooser
+        rounds = list(dec.rounds())
+        return (tuple(tuple(s) for s in dec.ctx.seqs),
+                tuple(r.extras["switch"]["depth"] for r in rounds if r.extras.get("switch")))
+
+    for w, (seqs, planned) in enumerate_outcomes(run):
+        law[seqs] += w
+        for d in planned:
+            depths[d > 0] += w
+    assert depths[True] > 0.05 and depths[False] > 0.05, depths
+    assert abs(sum(law.values()) - 1) < 1e-9
+    assert gap(law, ref) < 1e-5, gap(law, ref)

@@ -23,6 +23,7 @@ import engine
 import engine.methods.token as token_method
 import engine.verify.token as token_rules
 from tests.laws import exact_law, sample_counts, tiny_model
+from tests.profiles import MIXED
 from tests.stats import TV, chi_square, control_size, exactness_size, mixture_at_tv, tv
 
 
@@ -67,6 +68,8 @@ def pair_size(law, models):
     ("greedy_drafts", {"k_config": "3x2"}),
     ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
     ("sd", {"controller": "confidence", "confidence": 0.3, "cap": 3}),  # cut by draft q
+    ("sd", {"controller": "cost", "costs": MIXED.name, "confidence": 0.0}),  # cost switch
+    ("mcsd", {"k_config": "2x2", "controller": "cost", "costs": MIXED.name}),
 ])
 def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, runs,
                                                                  method, params, stats_summary):
@@ -119,3 +122,14 @@ def test_the_check_rejects_a_rule_that_ignores_the_target_in_a_few_runs(
         counts[seq] = counts.get(seq, 0) + k
     stat, threshold = chi_square(counts, law, n)
     assert stat > threshold, (n, int(bad.sum()), stat, threshold)
+
+
+def test_the_cost_switch_cases_above_weigh_plain_and_drafted_rounds(pair):
+    """The chi-square cases with the cost switch are not vacuous: over a few seeds the
+    switch plans plain steps and drafted rounds on this pair."""
+    depths = set()
+    for seed in range(12):
+        tr = engine.generate(pair, [3, 4], "sd", controller="cost", costs=MIXED.name,
+                             confidence=0.0, max_new_tokens=3, temperature=1.0, seed=seed)
+        depths |= {r.controller["switch"]["depth"] for r in tr.rounds}
+    assert 0 in depths and max(depths) >= 1

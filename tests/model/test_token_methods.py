@@ -7,6 +7,7 @@ import torch
 
 import engine
 from tests.conftest import tiny_pair
+from tests.profiles import MIXED
 
 METHODS = [
     ("sd", {"gamma": 3}),
@@ -22,6 +23,8 @@ METHODS = [
     ("mcsd", {"k_config": "2x2x2", "controller": "heuristic"}),
     ("sd", {"controller": "confidence", "confidence": 0.02, "cap": 6}),
     ("mcsd", {"k_config": "2x2x2", "controller": "confidence", "confidence": 0.02}),
+    ("sd", {"controller": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 6}),
+    ("mcsd", {"k_config": "2x2x2", "controller": "cost", "costs": MIXED.name}),
 ]
 
 
@@ -63,7 +66,7 @@ def test_the_ngram_drafter_accepts_a_copied_span_and_skips_rounds_without_a_matc
     assert trace.draft.startswith("n-gram")
 
 
-@pytest.mark.parametrize("method,params", METHODS[:1] + METHODS[4:5] + METHODS[-1:])
+@pytest.mark.parametrize("method,params", METHODS[:1] + METHODS[4:5] + METHODS[12:13])
 def test_a_perfect_drafter_is_always_accepted(method, params):
     target = tiny_pair(layers=2, early_exit_layers=1).target
     pair = engine.load_pair(target=target, draft=target, device="cpu")
@@ -161,3 +164,33 @@ def test_a_controller_cuts_mcsd_trees_by_depth_and_records_its_posterior(control
     fixed = engine.generate(pair, [3, 4, 5, 6], "mcsd", k_config="2x2x2x2",
                             max_new_tokens=12)
     assert all(r.drafted == 4 for r in fixed.rounds if r.drafted and r.index < 2)
+
+
+def test_the_cost_switch_takes_plain_and_drafted_rounds_and_records_each_decision():
+    """sd under the cost controller: some rounds are plain target steps (no draft call, no
+    node), others draft to the planned depth; each round's state holds the decision (the
+    options, the drawn acceptances, the predicted gain) and the output stays greedy's."""
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    params = {"controller": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 4}
+    trace = engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=40, **params)
+    assert list(trace.token_ids) == _ref(pair, [3, 4, 5, 6], 40)
+    later = [r for r in trace.rounds if r.controller is not None]
+    assert len(later) == len(trace.rounds)  # a plain round records its decision too
+    plain = [r for r in later if r.controller["switch"]["depth"] == 0]
+    drafted = [r for r in later if r.controller["switch"]["depth"] > 0]
+    assert plain and drafted
+    assert all(r.drafted == 0 and r.draft_calls == 0 and not r.nodes[:-1] for r in plain)
+    for r in drafted:
+        sw = r.controller["switch"]
+        assert r.drafted <= sw["depth"] and r.draft_calls == r.drafted
+        assert sw["predicted_gain"] == max(o["gain"] for o in sw["options"])
+        assert sw["profile"] == MIXED.name and 2 <= len(sw["options"]) <= 5  # depths 0..cap
+    again = engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=40, **params)
+    assert [r.controller["switch"]["depth"] for r in again.rounds] == \
+        [r.controller["switch"]["depth"] for r in trace.rounds]  # the seed reproduces
+
+
+def test_an_unknown_cost_profile_is_one_clear_error():
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    with pytest.raises(engine.ConfigError, match="unknown cost profile 'nope'"):
+        engine.generate(pair, [3, 4], "sd", controller="cost", costs="nope", max_new_tokens=4)

@@ -432,7 +432,7 @@ def test_control_params_declare_every_control_config_field_once():
     rows = {p.name: p for p in CONTROL_PARAMS}
     assert len(rows) == len(CONTROL_PARAMS)
     assert list(rows) == [f.name for f in fields(ControlConfig)]
-    assert rows["controller"].choices == (*KINDS, "confidence")  # KINDS: the feature-free ones
+    assert rows["controller"].choices == (*KINDS, "confidence", "cost")  # KINDS: feature-free
     assert rows["update"].choices == BETA_RULES and rows["update"].default == "paper"
     assert rows["theta_hat_rule"].choices == THETA_HAT_RULES
     assert rows["theta_hat_rule"].default == "accepted"
@@ -495,6 +495,7 @@ def test_fixed_and_heuristic_lengths_are_checked():
 NOT_DEFAULT = {  # a value other than the default for every controller parameter
     "cap": 3, "alpha0": 2.5, "beta0": 0.5, "update": "clean", "sigma_m": 0.3, "sigma_s": 0.2,
     "theta_hat0": 0.7, "theta_hat_rule": "paper", "theta_m": 0.8, "confidence": 0.6,
+    "costs": "h100", "discount": 0.7,
 }
 
 
@@ -504,7 +505,7 @@ def _method(name: str, **given):
 
 
 @pytest.mark.parametrize("method", ["sd", "mcsd", "eesd"])
-@pytest.mark.parametrize("kind", ["heuristic", "beta_ts", "cali_ts", "confidence"])
+@pytest.mark.parametrize("kind", ["heuristic", "beta_ts", "cali_ts", "confidence", "cost"])
 def test_every_controller_parameter_reaches_the_controller_unchanged(method, kind):
     rows = {p.name: p for p in METHODS[method].params}
     assert all(rows[p.name] == p or p.name == "controller" for p in CONTROL_PARAMS)

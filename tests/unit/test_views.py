@@ -556,3 +556,42 @@ def test_compare_speedup_bars_hold_the_tables_measured_and_predicted_numbers():
     assert list(fig.data[0].x) == [1.5] and list(fig.data[1].x) == [1.8]
     del traces[by["greedy"].key]
     assert compare.speedups(jobs, traces, refs) == []  # no plain decode yet: no bar
+
+
+def _switch_rec(depth: int, gain: float) -> dict:
+    return {"profile": "measured", "depth": depth, "predicted_gain": gain,
+            "drawn": [0.8, 0.4], "posterior": {},
+            "options": [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0},
+                        {"depth": 1, "expected_tokens": 1.8, "cost": 1.2, "gain": 1.5},
+                        {"depth": 2, "expected_tokens": 2.12, "cost": 1.5, "gain": 1.4133}]}
+
+
+def test_the_round_panel_shows_the_cost_switchs_plan_and_every_option():
+    token = RoundTrace(0, drafted=1, accepted=1,
+                       controller={"kind": "cost", "switch": _switch_rec(1, 1.5)})
+    beam = RoundTrace(0, extras={"switch": _switch_rec(0, 1.0)})
+    md = {}
+    for name, r in (("sd", token), ("atspeed_strict", beam)):
+        t = RunTrace(name, {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+        md[name] = round_panel.extras_markdown(t, 0)
+    assert md["sd"].startswith("**Cost switch** (profile `measured`): draft to depth 1, "
+                               "predicted 1.5x tokens per target-step time of a plain step; "
+                               "drafted 1. Acceptance drawn per depth: `0.8, 0.4`")
+    assert "| 1 | 1.8 | 1.2 | 1.5 | ✔ |" in md["sd"]
+    assert "**Controller**" not in md["sd"]  # the plan says it all
+    assert md["atspeed_strict"].startswith("**Cost switch** (profile `measured`): a plain "
+                                           "target step, predicted 1x")
+    assert "| 0 | 1 | 1 | 1 | ✔ |" in md["atspeed_strict"]
+
+
+def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
+    rounds = (RoundTrace(0, drafted=2, accepted=1, extras={"switch": _switch_rec(2, 1.41)}),
+              RoundTrace(1, extras={"switch": _switch_rec(0, 1.0)}),
+              RoundTrace(2, drafted=1, accepted=1, extras={"switch": _switch_rec(1, 1.5)}))
+    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), rounds, (), "", (), {})
+    fig = charts.posterior_figure(t, 2)
+    assert list(_by_name(fig, "planned depth").y) == [2, 0, 1]
+    assert list(_by_name(fig, "drafted").y) == [2, 0, 1]
+    assert list(_by_name(fig, "accepted").y) == [1, 0, 1]
+    assert list(_by_name(fig, "predicted gain (x a plain step)").y) == [1.41, 1.0, 1.5]
+    assert "1 of 3 rounds planned plain" in fig.layout.title.text

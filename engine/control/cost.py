@@ -1,0 +1,213 @@
+"""The cost-aware speculation switch: per round, the draft depth (0 = a plain target step)
+that maximises expected committed tokens per unit of target-step time.
+
+Inputs (all known before the round's target forward):
+
+- a :class:`CostProfile`: ``c_draft``, one draft call in plain target steps of the run's
+  width, and ``c_verify(n)``, one target forward over the row's own position plus ``n``
+  drafted nodes per row, in plain steps (``c_verify(0) = 1``: a plain step);
+- the round's shape: for each depth D = 1..cap, drafted nodes per row and draft calls if the
+  round drafts to depth D;
+- an :class:`DepthPosterior`: a_d = P(the accepted path reaches depth d | it reached d - 1),
+  one Beta(alpha_d, beta_d) per depth, discounted so that old rounds fade.
+
+The switch draws a_d ~ Beta(alpha_d, beta_d) (Thompson sampling, through the run's side
+generator: a stream of its own, seeded from the run's seed, so the verification stream is
+untouched) and picks
+
+    D* = argmax_D  E_D / C_D,   E_D = 1 + sum_{d<=D} prod_{i<=d} a_i,
+                                C_D = calls_D c_draft + c_verify(nodes_D),
+
+with E_0 / C_0 = 1 (a plain step commits one token per step). E_D is Leviathan et al.'s
+expected tokens per round with position-dependent acceptance (docs/derivations.md, Cost-aware
+switch). Drawing a_d rather than using the mean keeps exploring: a posterior that has seen
+only plain rounds stays wide, so some draw sooner or later says drafting pays.
+
+Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
+the current round's target scores, so a verification rule that is exact for any draft tree
+chosen before the target is consulted stays exact (tests/model/test_sampling_exactness.py and
+the generate()-identity tests run with the switch on).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.control.posterior import sample_beta
+from engine.core.sampling import Chooser, as_chooser
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """What a round costs, in plain target steps of the run's width.
+
+    verify: (nodes per row, c_verify) points, sorted by nodes, the first one (0, 1.0);
+    c_verify between points is interpolated linearly, beyond the last one extrapolated from
+    the last two.
+    """
+
+    name: str  # where the numbers come from, e.g. "measured here" or "H100 (stored)"
+    c_draft: float  # one draft call / one plain target step
+    verify: tuple[tuple[int, float], ...]  # (n, c_verify(n)) points
+    source: str = ""  # how they were measured (device, model, date)
+
+    def __post_init__(self) -> None:
+        if self.c_draft < 0:
+            raise ValueError(f"c_draft must be >= 0, got {self.c_draft}")
+        if not self.verify or self.verify[0][0] != 0:
+            raise ValueError("verify needs the point (0, c_verify(0)) first")
+        if any(b[0] <= a[0] for a, b in zip(self.verify, self.verify[1:])):
+            raise ValueError("verify points must have increasing node counts")
+
+    def c_verify(self, nodes: float) -> float:
+        """One target forward over a row's position and `nodes` drafted nodes per row."""
+        xs = [n for n, _ in self.verify]
+        ys = [c for _, c in self.verify]
+        if len(xs) == 1 or nodes <= 0:
+            return ys[0]
+        i = min(max(bisect.bisect_right(xs, nodes) - 1, 0), len(xs) - 2)
+        slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + slope * (nodes - xs[i])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "c_draft": self.c_draft,
+                "verify": [list(p) for p in self.verify], "source": self.source}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CostProfile:
+        return cls(str(d["name"]), float(d["c_draft"]),
+                   tuple((int(n), float(c)) for n, c in d["verify"]), str(d.get("source", "")))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A round's cost if it drafts to depth D: nodes[D-1] drafted nodes per row (fed to the
+    target) and calls[D-1] draft calls, for D = 1..len(nodes)."""
+
+    nodes: tuple[float, ...]
+    calls: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nodes) != len(self.calls):
+            raise ValueError("nodes and calls need one entry per depth")
+
+    @property
+    def depth(self) -> int:
+        return len(self.nodes)
+
+
+def chain_shape(depth: int) -> Shape:
+    """A chain: depth D drafts D nodes with D draft calls."""
+    return Shape(tuple(float(d) for d in range(1, depth + 1)),
+                 tuple(float(d) for d in range(1, depth + 1)))
+
+
+def tree_shape(k_config: tuple[int, ...]) -> Shape:
+    """A k-config tree: depth D holds k_1 + k_1 k_2 + ... nodes, one draft call per level."""
+    nodes, level, total = [], 1, 0
+    for k in k_config:
+        level *= k
+        total += level
+        nodes.append(float(total))
+    return Shape(tuple(nodes), tuple(float(d) for d in range(1, len(k_config) + 1)))
+
+
+def expected_tokens(accept: list[float]) -> float:
+    """E_D = 1 + sum_d prod_{i<=d} a_i for a_1..a_D (D = len(accept))."""
+    total, reach = 1.0, 1.0
+    for a in accept:
+        reach *= a
+        total += reach
+    return total
+
+
+@dataclass
+class DepthPosterior:
+    """Beta(alpha_d, beta_d) on a_d, d = 1..depth, from rounds' (drafted, accepted) counts.
+
+    A round that drafted D and accepted A tells: depths 1..A were reached and passed, depth
+    A + 1 (if A < D) was reached and failed, deeper ones were not reached. Before adding a
+    round, every count decays towards the prior by ``discount`` (1: no forgetting).
+    """
+
+    depth: int
+    alpha0: float = 1.0
+    beta0: float = 1.0
+    discount: float = 0.9
+    alpha: list[float] = field(default_factory=list)
+    beta: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.alpha:
+            self.alpha = [self.alpha0] * self.depth
+            self.beta = [self.beta0] * self.depth
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got {accepted}, {drafted}")
+        if drafted == 0:
+            return  # a plain round says nothing about the drafts
+        g = self.discount
+        self.alpha = [self.alpha0 + g * (a - self.alpha0) for a in self.alpha]
+        self.beta = [self.beta0 + g * (b - self.beta0) for b in self.beta]
+        for d in range(min(accepted, self.depth)):
+            self.alpha[d] += 1.0
+        if accepted < min(drafted, self.depth):
+            self.beta[accepted] += 1.0
+
+    def means(self) -> list[float]:
+        return [a / (a + b) for a, b in zip(self.alpha, self.beta)]
+
+    def draw(self, rng: torch.Generator | Chooser) -> list[float]:
+        chooser = as_chooser(rng)
+        return [sample_beta(a, b, chooser) for a, b in zip(self.alpha, self.beta)]
+
+    def state(self) -> dict[str, Any]:
+        return {"alpha": [round(a, 4) for a in self.alpha],
+                "beta": [round(b, 4) for b in self.beta],
+                "mean": [round(m, 4) for m in self.means()]}
+
+
+def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, Any]:
+    """The depth D* in 0..shape.depth with the best E_D / C_D at acceptances `accept`
+    (a_1..a_depth), with every option's numbers. Ties go to the shallower depth."""
+    options = [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0}]
+    for d in range(1, shape.depth + 1):
+        e = expected_tokens(accept[:d])
+        c = shape.calls[d - 1] * profile.c_draft + profile.c_verify(shape.nodes[d - 1])
+        options.append({"depth": d, "expected_tokens": e, "cost": c,
+                        "gain": e / c if c > 0 else float("inf")})
+    best = max(options, key=lambda o: (o["gain"], -o["depth"]))
+    return {"depth": best["depth"], "predicted_gain": round(best["gain"], 4),
+            "options": [{k: round(v, 4) if isinstance(v, float) else v for k, v in o.items()}
+                        for o in options]}
+
+
+class CostSwitch:
+    """Per round: draw the acceptances, plan the depth, remember the decision; after the
+    round, learn from (drafted, accepted). One per run."""
+
+    def __init__(self, profile: CostProfile, depth: int, *, alpha0: float = 1.0,
+                 beta0: float = 1.0, discount: float = 0.9):
+        self.profile = profile
+        self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
+        self.decision: dict[str, Any] | None = None
+
+    def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
+        """The depth to draft this round (0: a plain step); records the decision."""
+        before = self.posterior.state()
+        drawn = self.posterior.draw(rng)[: shape.depth]
+        self.decision = {"profile": self.profile.name, "posterior": before,
+                         "drawn": [round(a, 4) for a in drawn], **plan(self.profile, shape, drawn)}
+        return self.decision["depth"]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.posterior.observe(drafted, accepted)
+
+    def record(self) -> dict[str, Any] | None:
+        """The round's decision (None when the switch did not run this round)."""
+        return None if self.decision is None else dict(self.decision)

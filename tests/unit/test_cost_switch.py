@@ -1,0 +1,192 @@
+"""The cost-aware speculation switch (engine/control/cost.py) and its controller."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engine.control.controllers import CostController, control_config
+from engine.control.cost import (
+    CostProfile,
+    CostSwitch,
+    DepthPosterior,
+    Shape,
+    chain_shape,
+    expected_tokens,
+    plan,
+    tree_shape,
+)
+from engine.core.sampling import make_generator
+
+FLAT = CostProfile("flat", 0.1, ((0, 1.0), (4, 1.2), (8, 1.6)))
+
+
+def test_verify_cost_interpolates_between_points_and_extrapolates_beyond():
+    assert FLAT.c_verify(0) == 1.0
+    assert FLAT.c_verify(2) == pytest.approx(1.1)
+    assert FLAT.c_verify(6) == pytest.approx(1.4)
+    assert FLAT.c_verify(12) == pytest.approx(2.0)  # slope of the last two points
+
+
+def test_profile_rejects_points_without_zero_or_out_of_order():
+    with pytest.raises(ValueError):
+        CostProfile("x", 0.1, ((1, 1.0),))
+    with pytest.raises(ValueError):
+        CostProfile("x", 0.1, ((0, 1.0), (4, 1.2), (2, 1.1)))
+    with pytest.raises(ValueError):
+        CostProfile("x", -0.1, ((0, 1.0),))
+
+
+def test_profile_round_trips_through_json():
+    assert CostProfile.from_json(json.loads(json.dumps(FLAT.to_json()))) == FLAT
+
+
+def test_expected_tokens_is_leviathans_formula_at_constant_acceptance():
+    a, g = 0.6, 4
+    assert expected_tokens([a] * g) == pytest.approx((1 - a ** (g + 1)) / (1 - a))
+    assert expected_tokens([]) == 1.0
+    assert expected_tokens([1.0, 0.5, 0.0]) == pytest.approx(2.5)
+
+
+def test_shapes_count_nodes_and_calls_per_depth():
+    assert chain_shape(3) == Shape((1.0, 2.0, 3.0), (1.0, 2.0, 3.0))
+    assert tree_shape((2, 2, 1)) == Shape((2.0, 6.0, 10.0), (1.0, 2.0, 3.0))
+
+
+def test_plan_takes_a_plain_step_when_no_depth_pays():
+    costly = CostProfile("costly", 0.5, ((0, 1.0), (1, 1.5)))
+    out = plan(costly, chain_shape(4), [0.3] * 4)
+    assert out["depth"] == 0 and out["predicted_gain"] == 1.0
+    assert [o["depth"] for o in out["options"]] == [0, 1, 2, 3, 4]
+    assert all(o["gain"] < 1 for o in out["options"][1:])
+
+
+def test_plan_drafts_deepest_when_every_draft_is_accepted_and_cheap():
+    cheap = CostProfile("cheap", 0.0, ((0, 1.0), (16, 1.0)))
+    out = plan(cheap, chain_shape(5), [1.0] * 5)
+    assert out["depth"] == 5 and out["predicted_gain"] == pytest.approx(6.0)
+
+
+def test_plan_balances_acceptance_against_cost_per_depth():
+    # a_1 = 0.9 then 0.1: one draft pays (1.9 / 1.2), a second barely adds tokens
+    out = plan(FLAT, chain_shape(3), [0.9, 0.1, 0.1])
+    gains = {o["depth"]: o["gain"] for o in out["options"]}
+    assert out["depth"] == 1
+    assert gains[1] == pytest.approx(1.9 / (0.1 + 1.05), abs=1e-4)
+    assert gains[1] > gains[2] > 1.0
+
+
+def test_plan_breaks_ties_towards_the_shallower_depth():
+    free = CostProfile("free", 0.0, ((0, 1.0), (8, 1.0)))
+    assert plan(free, chain_shape(3), [0.0, 0.0, 0.0])["depth"] == 0
+
+
+def test_posterior_counts_passed_and_failed_depths_only():
+    post = DepthPosterior(4, discount=1.0)
+    post.observe(drafted=3, accepted=1)  # depth 1 passed, depth 2 failed, 3-4 not reached
+    assert post.alpha == [2.0, 1.0, 1.0, 1.0] and post.beta == [1.0, 2.0, 1.0, 1.0]
+    post.observe(drafted=2, accepted=2)  # depths 1-2 passed, 3 never tested
+    assert post.alpha == [3.0, 2.0, 1.0, 1.0] and post.beta == [1.0, 2.0, 1.0, 1.0]
+    post.observe(drafted=0, accepted=0)  # a plain round teaches nothing
+    assert post.alpha == [3.0, 2.0, 1.0, 1.0]
+
+
+def test_posterior_discount_fades_old_rounds_towards_the_prior():
+    post = DepthPosterior(1, alpha0=1.0, beta0=1.0, discount=0.5)
+    post.observe(1, 1)
+    post.observe(1, 1)  # (1 + 0.5 * 1) + 1
+    assert post.alpha == [2.5]
+    for _ in range(30):
+        post.observe(1, 0)
+    assert post.means()[0] == pytest.approx(1 / 4, abs=0.01)  # alpha -> 1, beta -> 1 + 1/(1-g)
+
+
+def test_posterior_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        DepthPosterior(2).observe(1, 2)
+
+
+def test_switch_draws_reproduce_from_the_seed_and_record_the_decision():
+    decisions = []
+    for _ in range(2):
+        switch, gen = CostSwitch(FLAT, 4), make_generator(7)
+        depths = []
+        for accepted in (0, 3, 1, 4, 2):
+            depths.append(switch.decide(chain_shape(4), gen))
+            switch.observe(depths[-1], min(accepted, depths[-1]))
+        decisions.append((depths, switch.record()))
+    assert decisions[0] == decisions[1]
+    rec = decisions[0][1]
+    assert rec["profile"] == "flat" and len(rec["drawn"]) == 4 and len(rec["options"]) == 5
+    assert rec["depth"] == max(rec["options"], key=lambda o: o["gain"])["depth"]
+
+
+def test_switch_learns_to_stop_drafting_when_nothing_is_accepted():
+    switch, gen = CostSwitch(CostProfile("c", 0.3, ((0, 1.0), (4, 1.4))), 4, discount=1.0), \
+        make_generator(0)
+    for _ in range(40):
+        d = switch.decide(chain_shape(4), gen)
+        switch.observe(d, 0)
+    plain = 0
+    for _ in range(50):
+        plain += switch.decide(chain_shape(4), gen) == 0
+    assert plain >= 40
+
+
+def test_switch_learns_to_draft_deep_when_everything_is_accepted():
+    switch, gen = CostSwitch(FLAT, 6, discount=1.0), make_generator(0)
+    for _ in range(40):
+        d = switch.decide(chain_shape(6), gen)
+        switch.observe(d, d)
+    assert switch.decide(chain_shape(6), gen) >= 5
+
+
+def _cost_controller(**kw) -> CostController:
+    ctl = CostController(control_config(controller="cost", **kw))
+    ctl.attach(FLAT)
+    return ctl
+
+
+def test_cost_controller_stops_at_the_planned_depth():
+    ctl = _cost_controller(cap=4, confidence=0.0)
+    ctl.begin_round()
+    ctl.switch.posterior.alpha = [100.0] * 4  # acceptance ~1: plan the whole chain
+    ctl.switch.posterior.beta = [0.01] * 4
+    depth = ctl.plan(chain_shape(3), make_generator(0))
+    assert depth == 3 and ctl.decided
+    assert [ctl.should_continue(d, make_generator(0), 0.9) for d in (1, 2, 3)] == \
+        [True, True, False]
+    state = ctl.state()
+    assert state["stop_reason"] == "plan" and state["switch"]["depth"] == 3
+
+
+def test_cost_controller_cuts_a_round_when_the_draft_is_unsure():
+    ctl = _cost_controller(cap=4, confidence=0.5)
+    ctl.begin_round()
+    ctl.switch.posterior.alpha = [100.0] * 4
+    ctl.switch.posterior.beta = [0.01] * 4
+    ctl.plan(chain_shape(4), make_generator(0))
+    assert ctl.should_continue(1, make_generator(0), 0.8)
+    assert not ctl.should_continue(2, make_generator(0), 0.2)
+    assert ctl.state()["stop_reason"] == "confidence"
+
+
+def test_cost_controller_plans_plain_steps_and_records_them():
+    ctl = _cost_controller(cap=4)
+    ctl.begin_round()
+    ctl.switch.posterior.alpha = [0.01] * 4  # acceptance ~0
+    ctl.switch.posterior.beta = [100.0] * 4
+    assert ctl.plan(chain_shape(4), make_generator(0)) == 0
+    ctl.observe(0, 0)
+    state = json.loads(json.dumps(ctl.state()))
+    assert state["switch"]["depth"] == 0 and state["switch"]["predicted_gain"] == 1.0
+    assert state["config"]["costs"] == "measured" and not math.isnan(state["after"]["mean"][0])
+
+
+def test_cost_controller_without_a_profile_says_so():
+    ctl = CostController(control_config(controller="cost"))
+    ctl.begin_round()
+    with pytest.raises(ValueError, match="cost profile"):
+        ctl.plan(chain_shape(2), make_generator(0))
