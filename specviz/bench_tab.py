@@ -24,6 +24,7 @@ import pandas as pd
 
 from engine import METHODS
 from engine.bench.report import (
+    PROJECTION_NOTE,
     acceptance_figure,
     speedup_figure,
     summary_table,
@@ -161,7 +162,8 @@ def bench(set_name: str, upload: str | None, methods: list[str], categories: str
                   "prompt in the Debugger")
         yield (status, _table(list(outcome.rows)), acceptance_figure(methods_summary),
                tau_figure(methods_summary), speedup_figure(methods_summary, all_rows),
-               summary_table(methods_summary), [str(report), str(out_dir / RESULTS)], prompts)
+               summary_table(methods_summary) + f"<p>{PROJECTION_NOTE}</p>",
+               [str(report), str(out_dir / RESULTS)], prompts)
     finally:
         _CANCEL.pop(session, None)
         _BUSY.release()

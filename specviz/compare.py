@@ -6,10 +6,12 @@ it is measured and checked against (greedy or beam search of the same width at t
 0, sampling or beam sampling above; added when not chosen); the *baseline* is plain beam
 search, the time line's yardstick. Each row shows its own parameters, the engine's
 statistics, the speedup its cost model predicts (engine.core.costs), the speedup measured
-against its plain decode in this process, their ratio, and whether its output equals its
-plain decode's (temperature 0; in law, proved by the test suite, above it). A chosen row's
-parameters start from the method's defaults, over them the pair's tuned settings, over those
-what its entry typed (``sd:gamma=3``); the parameters column marks the last two.
+against its plain decode in this process, their ratio, the speedup stored H100 costs would
+give at the run's own tokens per round (a projection, not a measurement), and whether its
+output equals its plain decode's (temperature 0; in law, proved by the test suite, above
+it). A chosen row's parameters start from the method's defaults, over them the pair's tuned
+settings, over those what its entry typed (``sd:gamma=3``); the parameters column marks the
+last two.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from specviz import charts, pairs
 from specviz.callbacks import guarded
 
 HEADERS = ["run", "role", "parameters", "wall s", "tokens/s", "tokens", "target calls",
-           "draft calls", "acceptance", "tau", "predicted ×", "measured ×", "efficiency",
-           "equals plain decode", "output"]
-COLUMN_WIDTHS = ["8%", "7%", "15%", "4%", "5%", "5%", "5%", "5%", "7%", "4%", "6%", "6%", "6%",
-                 "7%", "10%"]  # of the table's width: every column wraps inside a 1440-px page
+           "draft calls", "acceptance", "tau", "predicted ×", "measured ×", "H100 (projected)",
+           "efficiency", "equals plain decode", "output"]
+COLUMN_WIDTHS = ["8%", "7%", "13%", "4%", "5%", "4%", "5%", "5%", "6%", "4%", "6%", "6%", "6%",
+                 "6%", "7%", "8%"]  # of the table's width: every column wraps in a 1440-px page
 MAX_METHODS = 8
 OUTPUT_CHARS = 48  # of a run's text in the table (the table fits a 1440-px page)
 MAX_COMPARE_TOKENS = 128
@@ -171,13 +173,16 @@ def _row(job: Job, t: RunTrace, ref: RunTrace | None, verdict: str) -> list[str]
     cost = s.get("cost") or {}
     measured = _speedup(t, ref) if ref is not None and ref is not t else None
     predicted = cost.get("predicted_speedup") if cost.get("kind") != "plain" else None
+    projected = ((cost.get("projected") or {}).get("speedup") if cost.get("kind") != "plain"
+                 else None)
     eff = measured / predicted if measured and predicted else None
     out = t.text if len(t.text) <= OUTPUT_CHARS else t.text[:OUTPUT_CHARS - 1] + "…"
     return [job.label, job.role, job.own_params, _num(s.get("wall_s"), "{:.2f}"),
             _num(s.get("tokens_per_s"), "{:.1f}"), str(len(t.token_ids)),
             str(s.get("target_calls", "—")), str(s.get("draft_calls", "—")),
             _num(s.get("acceptance_rate")), _num(s.get("tau")), _num(predicted, "{:.2f}"),
-            _num(measured, "{:.2f}"), _num(eff, "{:.0%}"), verdict, out.replace("\n", "↵")]
+            _num(measured, "{:.2f}"), _num(projected, "{:.2f}"), _num(eff, "{:.0%}"), verdict,
+            out.replace("\n", "↵")]
 
 
 def _validate(prompt: str, methods: list[str], max_new: float) -> None:
@@ -293,7 +298,9 @@ def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]
     parts.append("*parameters*: the method's defaults, with *(tuned)* the pair's tuned "
                  "settings and *(typed)* what the entry set. *predicted ×*: the speedup the "
                  "run's own measured acceptance and costs predict; *measured ×*: tokens/s "
-                 "against its plain decode; *efficiency*: their ratio.")
+                 "against its plain decode; *efficiency*: their ratio; *H100 (projected)*: "
+                 "the speedup stored H100 costs (a 1.7B-sized random target, width 1) would "
+                 "give at this run's tokens per round, a projection, not a measurement.")
     if common["temperature"] > 0:
         parts.append("At temperature > 0 outputs are samples: equality is checked in law by "
                      "the engine's tests, not token by token here.")

@@ -153,7 +153,9 @@ def _compare_tab(methods0: list[str]) -> dict[str, Any]:
     gr.Markdown("Run several methods on one prompt with the model pair of the Debugger tab. "
                 "Each run starts from its method's defaults, over them the pair's tuned "
                 "settings, over those what its entry sets (`sd:gamma=3` in More runs); the "
-                "parameters column marks *(tuned)* and *(typed)* values.")
+                "parameters column marks *(tuned)* and *(typed)* values. *H100 (projected)* "
+                "is a projection, not a measurement: the speedup stored H100 costs would give "
+                "at the run's own tokens per round.")
     with gr.Row():
         c["prompt"] = gr.Textbox(_examples()[0], label="Prompt", lines=2, scale=3,
                                  max_length=pairs.MAX_PROMPT_CHARS)

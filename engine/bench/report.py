@@ -3,7 +3,8 @@ opens without the app; DIR/results.jsonl beside it holds every row.
 
 Figures: acceptance per draft position per method, tau by category (grouped bars), speedup
 over the plain decode per method (box plots), accepted length per round; tables: the summary
-per method and category, the settings, device and dates.
+per method and category (with the median H100 projection, labelled as one), the settings,
+device and dates.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ def summary_table(summary: Sequence[dict]) -> str:
     return _table(SUMMARY_HEAD, summary_cells(summary))
 
 
+PROJECTION_NOTE = ("H100 (projected): the speedup that costs measured on an NVIDIA H100 (a "
+                   "random-initialised 1.7B-sized target, width 1; assets/cost_profiles.json) "
+                   "would give at each run's own tokens per round, median over the runs. A "
+                   "projection, not a measurement.")
+
 CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
        "padding:3px 8px;text-align:left}th{background:#f3f3f3}")
@@ -118,7 +124,8 @@ def report_html(summary: dict[str, Any], rows: Sequence[dict]) -> str:
             f"{html.escape(str(meta.get('written')))}. Every run is in results.jsonl "
             "beside this page.</p><h2>Settings</h2>"
             + _table(["setting", "value"], list(meta.items()))
-            + "<h2>Summary</h2>" + summary_table(methods) + "<h2>Figures</h2>"
+            + "<h2>Summary</h2>" + summary_table(methods) + f"<p>{PROJECTION_NOTE}</p>"
+            + "<h2>Figures</h2>"
             + "".join(divs) + "</body></html>")
 
 

@@ -14,7 +14,10 @@ for a tree the deepest accepted depth, for beams the accepted verified steps).
   that drafted nothing, e.g. a lookup without a match, are counted apart);
 - speedup over the plain decode (the matching generate() call) min / median / max, identical
   runs where the method claims identity (temperature 0), the cost model's efficiency
-  (measured / predicted speedup) median.
+  (measured / predicted speedup) median;
+- the median of each row's ``projected_h100``: the speedup the stored H100 costs would give
+  at the run's own tokens per round (engine.core.costs, projection): a projection, not a
+  measurement (None where no row has one).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ def group_summary(rows: Sequence[dict]) -> dict[str, Any]:
     """Every statistic of the module docstring over one group of rows."""
     accepted, drafted = position_counts(rows)
     eff = spread([r.get("efficiency") for r in rows])
+    projected = spread([r.get("projected_h100") for r in rows])
     return {
         "runs": len(rows), "tau": tau(rows),
         "acceptance_per_position": [a / n for a, n in zip(accepted, drafted)],
@@ -105,6 +109,7 @@ def group_summary(rows: Sequence[dict]) -> dict[str, Any]:
         "speedup": spread([r.get("speedup") for r in rows]),
         "identical": identity(rows),
         "efficiency_median": eff["median"] if eff else None,
+        "projected_h100_median": projected["median"] if projected else None,
     }
 
 
@@ -126,7 +131,7 @@ def summarize_rows(rows: Sequence[dict], labels: Sequence[str]) -> list[dict[str
 SUMMARY_HEAD = ("method", "category", "runs", "tau", "speedup min / med / max",
                 "acceptance at position 1, 2, ...",
                 "drafting rounds that accepted 0, 1, 2, ...", "identical",
-                "measured / cost model")
+                "measured / cost model", "H100 (projected) ×, median")
 
 
 def _num(v: float | None) -> str:
@@ -146,7 +151,8 @@ def summary_cells(summary: Sequence[dict]) -> list[list[str]]:
                 m["method"], cat, str(g["runs"]), _num(g["tau"]), _mmm(g["speedup"]),
                 " ".join(f"{a:.2f}" for a in g["acceptance_per_position"]) or "-",
                 " ".join(map(str, g["accepted_length_histogram"])) or "-",
-                g["identical"] or "n/a", _num(g["efficiency_median"])])
+                g["identical"] or "n/a", _num(g["efficiency_median"]),
+                _num(g.get("projected_h100_median"))])
     return out
 
 

@@ -119,6 +119,16 @@ def _switch_off(full: Mapping[str, Any]) -> dict[str, Any]:
     return off
 
 
+PROJECTED = "h100"  # the stored profile every run is projected onto (engine.core.costs)
+
+
+def projected_profile(method: str, width: int):
+    """The stored PROJECTED profile for the method and width, None when none is stored."""
+    if PROJECTED not in profile.stored_names():
+        return None
+    return profile.stored(PROJECTED, method, width)
+
+
 def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: str):
     """The cost profile a run's switch plans with: measured on this machine (once per
     process and setting, engine.core.profile) or a stored one."""
@@ -191,7 +201,8 @@ class Run:
         plain = not METHODS[self.method].uses_draft
         self._extras = {"cost": costs.cost_model(
             self.pair, self.method, stats, self._rounds, self.params, plain,
-            lambda width: plain_step_s(self.pair, width))}
+            lambda width: plain_step_s(self.pair, width),
+            projected_profile(self.method, costs.run_width(self.params)))}
 
     def _best(self) -> tuple[list[int], tuple[BeamTrace, ...], list]:
         ctx = self._decoder.ctx

@@ -19,6 +19,13 @@ width W (the engine's own greedy round for W = 1, its beam-search round for W = 
   ``efficiency`` = measured / predicted: what the verify rule, cache commit, controller and
   Python overhead (everything the model leaves out) cost.
 
+Projection (``projected``, given a stored profile such as the H100's,
+:mod:`engine.core.profile`): the speedup those costs would give at this run's own tokens per
+round, tokens per round / (draft calls per round x c_draft + c_verify(n)), n the drafted
+nodes per row per round (nodes the drafter proposed over the round's width, averaged over the
+rounds); 1 for a plain method. It assumes the run's acceptance carries over unchanged and the
+stored costs fit its models and width: a projection, not a measurement.
+
 Round 0 also prefills the prompt, so every average uses rounds 1.. when there are any.
 ``t_step`` is the median plain round of the latest plain run of this width on this target in
 this process, or else a calibration: a plain decode of 4 steps on a fixed 16-token prompt,
@@ -31,9 +38,12 @@ from __future__ import annotations
 
 import statistics
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
+
+if TYPE_CHECKING:
+    from engine.control.cost import CostProfile
 
 NOT_DRAFTED = (RESAMPLED, BONUS, TARGET)  # nodes the target chose, not the drafter
 _STEP_S: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {W: seconds}
@@ -91,13 +101,42 @@ def _is_chain(rounds: list[RoundTrace]) -> bool:
     return True
 
 
+def run_width(params: dict[str, Any]) -> int:
+    """The run's width W (as bench's reference decode takes it)."""
+    return int(params.get("beams") or params.get("draft_beams") or 1)
+
+
+def drafted_nodes_per_row(rounds: list[RoundTrace]) -> float:
+    """Nodes the drafter proposed per row per round (over each round's width), averaged."""
+    if not rounds:
+        return 0.0
+    return sum(sum(1 for n in r.nodes if n.status not in NOT_DRAFTED)
+               / (len(r.beams_before) or 1) for r in rounds) / len(rounds)
+
+
+def projection(profile: CostProfile, rounds: list[RoundTrace], plain: bool) -> dict[str, Any]:
+    """The run's speedup at `profile`'s costs and its own tokens per round (module docstring);
+    `rounds`: the rounds the model uses (1.. when there are any)."""
+    out: dict[str, Any] = {"profile": profile.name, "source": profile.source}
+    if plain:
+        return {**out, "speedup": 1.0}  # the plain step itself
+    n = len(rounds)
+    nodes = drafted_nodes_per_row(rounds)
+    c_verify = profile.c_verify(nodes)
+    cost = sum(r.draft_calls for r in rounds) / n * profile.c_draft + c_verify
+    tokens = sum(len(r.committed) for r in rounds) / n
+    return {**out, "speedup": tokens / cost if cost > 0 else None, "c_draft": profile.c_draft,
+            "c_verify": c_verify, "nodes_per_row": nodes}
+
+
 def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace],
-               params: dict[str, Any], plain: bool,
-               step_s: Callable[[int], float]) -> dict[str, Any]:
+               params: dict[str, Any], plain: bool, step_s: Callable[[int], float],
+               projected: CostProfile | None = None) -> dict[str, Any]:
     """The run's cost model (see module docstring) as JSON values. ``plain``: the method drafts
     nothing (its own rounds are the plain step); ``step_s(W)``: seconds of a plain step of
-    width W (engine.core.api.plain_step_s: a recorded one, else a calibration)."""
-    width = int(params.get("beams") or params.get("draft_beams") or 1)  # as bench's reference
+    width W (engine.core.api.plain_step_s: a recorded one, else a calibration);
+    ``projected``: a stored profile to project the run onto (None: no projection)."""
+    width = run_width(params)
     later = rounds[1:] or rounds
     if not later:
         return {}
@@ -110,6 +149,8 @@ def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace
         step = step_s(width)
     out: dict[str, Any] = {"width": width, "t_step_s": step, "rounds_used": len(later),
                            "measured_speedup": tokens * step / wall if wall > 0 else None}
+    if projected is not None:
+        out["projected"] = projection(projected, later, plain)
     if plain:
         out.update(kind="plain", predicted_speedup=1.0,
                    summary=f"plain decoding: one target step per token ({1000 * step:.0f} ms "
@@ -144,7 +185,17 @@ def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace
                           f"{calls_per_round * c_draft:.2f}, verifying {c_verify:.2f}) and "
                           f"commits {tokens / n:.2f} tokens: break-even needs {cost:.2f} tokens "
                           "per round")
-    return _with_efficiency(out)
+    return _with_projection(_with_efficiency(out))
+
+
+def _with_projection(out: dict[str, Any]) -> dict[str, Any]:
+    speedup = (out.get("projected") or {}).get("speedup")
+    if speedup is not None:
+        name = out["projected"]["profile"].upper()
+        out["summary"] += (f" · projected on an {name}: {speedup:.2f}x (a projection from "
+                           f"stored {name} costs at this run's tokens per round, not a "
+                           "measurement)")
+    return out
 
 
 def _with_efficiency(out: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ def test_rows_are_appended_one_by_one_and_progress_reports_each(tmp_path, pair):
         assert r["case"] == "sd:gamma=2" and r["identical"] is True
         assert len(r["drafted_depth"]) == len(r["accepted_depth"]) >= 1
         assert r["new_tokens"] == 4 and r["target_calls"] == len(r["drafted_depth"])
+        assert r["projected_h100"] > 0  # the run's projection on the stored H100 costs
 
 
 def test_a_cancelled_run_keeps_its_rows_and_a_restart_runs_only_the_rest(tmp_path, pair,
@@ -158,13 +159,15 @@ def test_cli_writes_results_summary_and_a_self_contained_report(tmp_path, capsys
     assert list(summary["methods"][0]["categories"]) == ["all", "chat", "code"]
     assert summary["methods"][0]["categories"]["all"]["identical"] == "3/3"
     assert summary["meta"]["rows"] == "6/6" and summary["meta"]["max_new_tokens"] == 6
+    assert summary["methods"][0]["categories"]["code"]["projected_h100_median"] > 0
     html = (out / "report.html").read_text()
     assert html.count('class="plotly-graph-div"') == 4
     assert html.count("plotly.js v") == 1  # the library inlined once, no CDN
     assert "<script src=" not in html
     for text in ("Acceptance per draft position", "tau by category",
                  "Speedup over the plain decode", "Accepted length per round",
-                 "max_new_tokens", "set.jsonl", "Device: cpu", "results.jsonl"):
+                 "max_new_tokens", "set.jsonl", "Device: cpu", "results.jsonl",
+                 "H100 (projected) ×, median", "A projection, not a measurement."):
         assert text in html, text
     assert "| sd:gamma=2 | all |" in (out / "summary.md").read_text()
     assert main(args) == 0  # a restart with everything done runs nothing

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from engine.bench.set_summary import (
+    SUMMARY_HEAD,
     acceptance_per_position,
     accepted_length_histogram,
     group_summary,
@@ -111,6 +112,20 @@ def test_summary_speedup_identity_and_efficiency_per_category():
 def test_a_method_without_identity_claims_says_none():
     mcsd = summarize_rows(RESULTS, ["sd", "mcsd"])[1]["categories"]["all"]
     assert mcsd["identical"] is None and mcsd["efficiency_median"] is None
+
+
+def test_summary_carries_the_median_h100_projection_per_category_labelled_as_one():
+    rows = [{**r, "projected_h100": p} for r, p in zip(RESULTS, (1.2, 1.0, 2.0, None))]
+    summary = summarize_rows(rows, ["sd", "mcsd"])
+    sd, mcsd = (m["categories"] for m in summary)
+    assert sd["all"]["projected_h100_median"] == 1.2
+    assert sd["chat"]["projected_h100_median"] == 1.6
+    assert sd["code"]["projected_h100_median"] == 1.0
+    assert mcsd["all"]["projected_h100_median"] is None
+    assert group_summary(RESULTS)["projected_h100_median"] is None  # rows without the field
+    assert "H100 (projected" in SUMMARY_HEAD[-1]
+    md = summary_markdown(summary, {"set": "s.jsonl"})
+    assert "| 2/3 | 0.80 | 1.20 |" in md and "| 2/2 | 0.85 | 1.60 |" in md
 
 
 def test_summary_markdown_has_one_row_per_method_and_category():

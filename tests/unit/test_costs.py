@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from engine.control.cost import CostProfile
 from engine.core import costs
 from engine.core.api import plain_step_s
-from engine.core.trace import ACCEPTED, REJECTED, RESAMPLED, CommittedToken, NodeTrace, RoundTrace
+from engine.core.trace import (
+    ACCEPTED,
+    BONUS,
+    REJECTED,
+    RESAMPLED,
+    BeamTrace,
+    CommittedToken,
+    NodeTrace,
+    RoundTrace,
+)
 from tests.conftest import tiny_pair
 
 
@@ -95,3 +105,68 @@ def test_calibration_measures_a_plain_step_when_none_is_known():
     pair = tiny_pair(seed=5)
     step = plain_step_s(pair, 2)
     assert step > 0 and plain_step_s(pair, 2) == step  # measured once
+
+
+# ---------------------------------------------------------------------------- projection
+
+GPU = CostProfile("h100", 0.1, ((0, 1.0), (4, 1.2)), "a stored GPU")
+
+
+def _tree_round(index):
+    """Width 2: 6 drafted nodes over two rows (3 a row) and a bonus token, 3 draft calls,
+    4 committed."""
+    nodes = [NodeTrace(i, -1, i % 2, 1 + i // 2, 7, "x", 0.5, 0.5, ACCEPTED) for i in range(6)]
+    nodes.append(NodeTrace(6, 5, 1, 4, 8, "y", None, None, BONUS))
+    return RoundTrace(index, nodes=tuple(nodes), beams_before=(BeamTrace((1,), 0.0),) * 2,
+                      committed=tuple(CommittedToken(7, "x", "accepted") for _ in range(4)),
+                      drafted=3, accepted=3, target_calls=1, draft_calls=3,
+                      timings={"propose": 0.03, "score": 0.1})
+
+
+def test_a_speculative_run_is_projected_at_the_stored_costs_and_its_tokens_per_round():
+    pair = tiny_pair()
+    t = {"propose": 0.04, "score": 0.12}
+    rounds = [_tree_round(0), _chain_round(1, 1, t), _tree_round(2)]  # round 0 left out
+    out = costs.cost_model(pair, "mcsd", {}, rounds, {}, False, lambda w: 0.1, projected=GPU)
+    # drafted nodes a row: round 1 two (the resampled one is the target's), round 2 6 / 2;
+    # draft calls (2 + 3) / 2, tokens (2 + 4) / 2
+    proj = out["projected"]
+    assert proj["nodes_per_row"] == pytest.approx(2.5)
+    assert proj["c_draft"] == 0.1 and proj["c_verify"] == pytest.approx(1.125)
+    assert proj["speedup"] == pytest.approx(3 / (2.5 * 0.1 + 1.125))
+    assert proj["profile"] == "h100" and proj["source"] == "a stored GPU"
+    assert "projected on an H100: 2.18x" in out["summary"]
+    assert "not a measurement" in out["summary"]
+
+
+def test_a_chain_is_projected_at_its_measured_tokens_per_round_not_its_expected_ones():
+    pair = tiny_pair()
+    t = {"propose": 0.04, "score": 0.12}
+    rounds = [_chain_round(0, 0, t), _chain_round(1, 1, t), _chain_round(2, 0, t)]
+    out = costs.cost_model(pair, "sd", {}, rounds, {}, False, lambda w: 0.1, projected=GPU)
+    assert out["kind"] == "chain"
+    assert out["projected"]["speedup"] == pytest.approx(1.5 / (2 * 0.1 + 1.1))
+
+
+def test_a_plain_run_is_projected_at_one_and_no_profile_means_no_projection():
+    pair = tiny_pair()
+    rounds = [RoundTrace(i, committed=(CommittedToken(1, "a", "target"),), target_calls=1,
+                         timings={"score": 0.05}) for i in range(3)]
+    plain = costs.cost_model(pair, "greedy", {}, rounds, {}, True, lambda w: 1 / 0,
+                             projected=GPU)
+    assert plain["projected"]["speedup"] == 1.0 and plain["projected"]["profile"] == "h100"
+    t = {"propose": 0.04, "score": 0.12}
+    chain = [_chain_round(0, 0, t), _chain_round(1, 1, t)]
+    out = costs.cost_model(pair, "sd", {}, chain, {}, False, lambda w: 0.1)
+    assert "projected" not in out and "H100" not in out["summary"]
+
+
+def test_a_finished_run_carries_the_stored_h100_projection():
+    import engine
+    from engine.core import profile
+
+    trace = engine.generate(tiny_pair(), [3, 4, 5], "sd", max_new_tokens=6, gamma=2)
+    proj = trace.stats["cost"]["projected"]
+    stored = profile.stored("h100", "sd", 1)
+    assert proj["profile"] == "h100" and proj["c_draft"] == stored.c_draft
+    assert proj["source"] == stored.source and proj["speedup"] > 0

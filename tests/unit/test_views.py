@@ -558,6 +558,33 @@ def test_compare_speedup_bars_hold_the_tables_measured_and_predicted_numbers():
     assert compare.speedups(jobs, traces, refs) == []  # no plain decode yet: no bar
 
 
+def test_compare_shows_the_h100_projection_beside_the_measured_speedup():
+    from specviz import compare
+
+    common = {"max_new_tokens": 8, "temperature": 0.0, "seed": 0}
+    jobs, refs = compare.plan(["sd", "greedy"], common)
+    by = {j.label: j for j in jobs}
+
+    def trace(tps, kind, projected):
+        cost = {"kind": kind, "predicted_speedup": 1.8, "summary": "costs",
+                "projected": {"profile": "h100", "speedup": projected}}
+        return RunTrace("sd", {}, "t", "d", "cpu", "p", (), (), (), "", (),
+                        {"tokens_per_s": tps, "cost": cost})
+
+    traces = {by["sd"].key: trace(30.0, "chain", 2.345), by["greedy"].key: trace(20.0, "plain",
+                                                                                 1.0)}
+    head = compare.HEADERS
+    assert head.index("H100 (projected)") == head.index("measured ×") + 1
+    assert len(compare.COLUMN_WIDTHS) == len(head)
+    assert sum(float(w.rstrip("%")) for w in compare.COLUMN_WIDTHS) == 100
+    rows = {r["run"]: r for r in compare.table(jobs, traces, refs).to_dict("records")}
+    assert rows["sd"]["H100 (projected)"] == "2.35" and rows["sd"]["measured ×"] == "1.50"
+    assert rows["greedy"]["H100 (projected)"] == "—"  # the plain decode: nothing to project
+    traces[by["beam"].key] = trace(10.0, "plain", 1.0)  # the baseline
+    note = compare._note(jobs, traces, refs, common)
+    assert "*H100 (projected)*" in note and "not a measurement" in note
+
+
 def _switch_rec(depth: int, gain: float) -> dict:
     return {"profile": "measured", "depth": depth, "predicted_gain": gain,
             "drawn": [0.8, 0.4], "posterior": {},
