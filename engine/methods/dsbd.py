@@ -222,7 +222,8 @@ class SampledBeams(BeamStart):
             tests=tuple(st.tests), drafted=depth, accepted=st.accepted, done=done,
             stop_reason=stop_reason(ctx, j) if done else "",
             final_beams=self.final() if done else (),
-            extras={**self.describe(), "layers": st.layers, "last_layer": j, "depth": depth},
+            extras={**self.describe(), "layers": st.layers, "last_layer": j, "depth": depth,
+                    **self.gate_extras()},
             beam_steps=tuple(st.matches),
         )
 
@@ -297,7 +298,6 @@ class Dsbd(SampledBeams):
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
         v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
                              if "decision" in L]
-        v.extras.update(self.gate_extras())
         return v
 
 
@@ -352,8 +352,18 @@ def build_dsbd(cfg: DsbdConfig) -> Dsbd:
                 draft_confidence=cfg.draft_confidence, switch=cfg.switch, costs=cfg.costs)
 
 
-def build_relaxed(cfg: AtSpeedConfig) -> Relaxed:
-    return Relaxed(width=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma)
+@dataclass(frozen=True, kw_only=True)
+class RelaxedConfig(AtSpeedConfig):
+    """atspeed_relaxed: AtSpeedConfig and the cost switch (SWITCH, COSTS)."""
+
+    switch: str = "off"
+    costs: str = "measured"
+
+
+def build_relaxed(cfg: RelaxedConfig) -> Relaxed:
+    relaxed = Relaxed(width=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma)
+    relaxed.switch_kind, relaxed.costs_name = cfg.switch, cfg.costs
+    return relaxed
 
 
 register(MethodSpec(
@@ -398,8 +408,8 @@ register(MethodSpec(
     family="beam",
     exactness="approximate: not lossless (output law only close to beam sampling; the TV "
               "distance is measured in tests/model/test_beam_methods.py)",
-    params=(BEAMS, DRAFT_BEAMS, GAMMA),
-    config=AtSpeedConfig,
+    params=(BEAMS, DRAFT_BEAMS, GAMMA, SWITCH, COSTS),
+    config=RelaxedConfig,
     build=build_relaxed,
     reference="beam_sample",
     sampling_only=True,

@@ -290,8 +290,9 @@ class MCSDConfig(ControlConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GreedyDraftsConfig:
-    """greedy_drafts: the k-config tree (verified by Hu et al.'s rule)."""
+class GreedyDraftsConfig(ControlConfig):
+    """greedy_drafts: the k-config tree (verified by Hu et al.'s rule) and an optional depth
+    controller."""
 
     k_config: str
     optimal: bool
@@ -359,8 +360,9 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),
-            OPTIMAL_PARAM),
+            OPTIMAL_PARAM) + TREE_CONTROL_PARAMS,
     config=GreedyDraftsConfig,
-    build=lambda c: build_tree(k_config=c.k_config, rule="greedy_drafts", optimal=c.optimal),
+    build=lambda c: build_tree(k_config=c.k_config, rule="greedy_drafts", optimal=c.optimal,
+                               control=c),
     reference="greedy",
 ))

@@ -70,6 +70,7 @@ def pair_size(law, models):
     ("sd", {"controller": "confidence", "confidence": 0.3, "cap": 3}),  # cut by draft q
     ("sd", {"controller": "cost", "costs": MIXED.name, "confidence": 0.0}),  # cost switch
     ("mcsd", {"k_config": "2x2", "controller": "cost", "costs": MIXED.name}),
+    ("greedy_drafts", {"k_config": "3x2", "controller": "cost", "costs": MIXED.name}),
 ])
 def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, runs,
                                                                  method, params, stats_summary):

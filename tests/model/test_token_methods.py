@@ -25,6 +25,7 @@ METHODS = [
     ("mcsd", {"k_config": "2x2x2", "controller": "confidence", "confidence": 0.02}),
     ("sd", {"controller": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 6}),
     ("mcsd", {"k_config": "2x2x2", "controller": "cost", "costs": MIXED.name}),
+    ("greedy_drafts", {"k_config": "3x2x2", "controller": "cost", "costs": MIXED.name}),
 ]
 
 

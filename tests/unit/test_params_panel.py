@@ -108,7 +108,8 @@ def test_the_advanced_accordion_is_shown_only_for_methods_with_advanced_paramete
     assert ParamPool.has_advanced("sd") and ParamPool.has_advanced("eesd")
     assert ParamPool.has_advanced("dsbd") and ParamPool.has_advanced("greedy_drafts")
     assert not ParamPool.has_advanced("greedy") and not ParamPool.has_advanced("beam")
-    assert not ParamPool.has_advanced("atspeed_relaxed")
+    assert ParamPool.has_advanced("atspeed_relaxed")  # the switch's cost profile
+    assert not ParamPool.has_advanced("beam_sample")
     assert not ParamPool.has_advanced("no-such-method")
 
 
