@@ -2,8 +2,11 @@
 
     python scripts/bench_table.py DIR [DIR ...] [--readme README.md]
 
-One row per method and category of each DIR/summary.json ("all" first); with --readme the
-table replaces the block between README's bench-table markers, else it is printed.
+One row per method of each DIR/summary.json; with --readme the table replaces the block
+between README's bench-table markers, else it is printed. Beside the speedup against
+`generate()`, each speculative row gives its speedup against the engine's own plain decode
+(greedy, beam or beam_sample) when that plain method ran in the same DIR: per prompt and
+repeat, the method's tokens/s over the plain run's (DIR/results.jsonl).
 """
 
 from __future__ import annotations
@@ -44,6 +47,28 @@ def _drafter(meta: dict, method: dict) -> str:
 PLAIN = {"greedy", "sample", "beam", "beam_sample"}
 
 
+def _quantiles(xs: list[float]) -> str:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return f"{xs[0]:.2f} / **{med:.2f}** / {xs[-1]:.2f}"
+
+
+def against_plain(d: Path) -> dict[str, str]:
+    """Per method entry: min / median / max of its tokens/s over the engine's plain decode
+    of the same prompt and repeat (the plain method its reference names), when both ran."""
+    rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
+    plain = {(r["prompt_id"], r["repeat"], r["case"]): r["tokens_per_s"] for r in rows
+             if r["case"] in PLAIN}
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        base = r["reference"].split("(")[1].split(",")[0] if "(" in r["reference"] else ""
+        key = (r["prompt_id"], r["repeat"], base)
+        if r["case"] not in PLAIN and key in plain and r.get("tokens_per_s"):
+            ratios.setdefault(r["case"], []).append(r["tokens_per_s"] / plain[key])
+    return {case: _quantiles(xs) for case, xs in ratios.items()}
+
+
 def table(dirs: list[Path]) -> str:
     """One row per method: its speedup over all its prompts, and the median per category."""
     metas = [json.loads((d / "summary.json").read_text()) for d in dirs]
@@ -51,9 +76,11 @@ def table(dirs: list[Path]) -> str:
     lines = [f"**{_cpu()}, {first['device']}, {first['dtype']}; {first['target']}; "
              f"{first['started'][:10]}.**", "",
              "| method | drafter | runs | against | tau | speedup min / median / max "
-             "| median by category | identical |", "|---|---|---|---|---|---|---|---|"]
-    for s in metas:
+             "| median by category | vs the engine's plain decode | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for d, s in zip(dirs, metas):
         meta = s["meta"]
+        vs_plain = against_plain(d)
         for m in s["methods"]:
             cats = m["categories"]
             c = cats["all"]
@@ -63,7 +90,8 @@ def table(dirs: list[Path]) -> str:
             lines.append(
                 f"| `{m['method']}` | {_drafter(meta, m)} | {c['runs']} ({_settings(meta)}) | "
                 f"`{m['reference']}` | {c['tau']:.2f} | {sp['min']:.2f} / **{sp['median']:.2f}**"
-                f" / {sp['max']:.2f} | {by} | {c['identical'] or 'in law (tests)'} |")
+                f" / {sp['max']:.2f} | {by} | {vs_plain.get(m['method'], '—')} | "
+                f"{c['identical'] or 'in law (tests)'} |")
     return "\n".join(lines)
 
 

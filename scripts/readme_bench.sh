@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 S=(env SPECVIZ_THREADS=1 .venv/bin/python -m engine bench-set --set assets/heldout/heldout.jsonl
    --report)
 "${S[@]}" --methods greedy,sd,mcsd --max-new-tokens 48 --out bench-out/token
-"${S[@]}" --draft early-exit --categories chat --methods eesd --max-new-tokens 48 --out bench-out/eesd
+"${S[@]}" --categories chat --methods greedy,eesd --max-new-tokens 48 --out bench-out/eesd
 "${S[@]}" --raw --categories code --methods beam,atspeed_strict --max-new-tokens 32 --repeats 2 \
   --out bench-out/beam
 "${S[@]}" --categories code --temperature 1 --methods beam_sample,dsbd --max-new-tokens 32 \

@@ -9,3 +9,9 @@ from engine.core import profile
 MIXED = CostProfile("test-mixed", 0.15, ((0, 1.0), (2, 1.2), (4, 1.4), (8, 1.8), (16, 2.6)),
                     "tests: a cost where both plain and drafted rounds win at times")
 profile.register(MIXED)
+
+# a first draft pays at the prior's acceptance 0.5 but not after a rejection: the mean plan
+# then takes plain steps until the posterior fades back (about 7 rounds)
+EDGE = CostProfile("test-edge", 0.1, ((0, 1.0), (2, 1.2), (4, 1.3), (8, 1.6), (16, 2.2)),
+                   "tests: drafting pays only while the acceptance looks good")
+profile.register(EDGE)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from engine.control.cost import CostProfile, CostSwitch, Shape
+from engine.control.cost import PLANS, CostProfile, CostSwitch, Shape
 from engine.control.posterior import (
     BETA_RULES,
     THETA_HAT_RULES,
@@ -76,6 +76,8 @@ CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kind; advanced: cap, 
     ParamSpec("discount", float, 0.9, "cost controller: how much of the acceptance "
               "posterior each drafted round keeps (1: never forget)", min=0.0, max=1.0,
               advanced=True),
+    ParamSpec("plan", str, "mean", "cost controller: plan at the acceptance posterior's "
+              "means or at a Thompson draw from it", choices=PLANS, advanced=True),
 )
 
 
@@ -98,6 +100,7 @@ class ControlConfig:
     confidence: float  # confidence controller: least q of the newest draft token to go on
     costs: str  # cost controller: cost profile name (engine.core.profile)
     discount: float  # cost controller: posterior kept per drafted round
+    plan: str  # cost controller: one of PLANS (Thompson draw or posterior means)
 
 
 check_config_fields(ControlConfig, CONTROL_PARAMS)
@@ -327,7 +330,7 @@ class CostController(_RoundRecorder):
     (0: never). Decisions read the past, the profile, the chooser and the draft only."""
 
     name = "cost"
-    reads = ("cap", "confidence", "costs", "discount")
+    reads = ("cap", "confidence", "costs", "discount", "plan")
     reads_confidence = True  # should_continue's features: the newest token's q (a float)
 
     def __init__(self, config: ControlConfig) -> None:
@@ -340,7 +343,8 @@ class CostController(_RoundRecorder):
 
     def attach(self, profile: CostProfile) -> None:
         """Use `profile` from now on (a run attaches the profile it resolved once)."""
-        self.switch = CostSwitch(profile, self.config.cap, discount=self.config.discount)
+        self.switch = CostSwitch(profile, self.config.cap, discount=self.config.discount,
+                                 plan=self.config.plan)
 
     def begin_round(self) -> None:
         super().begin_round()

@@ -11,17 +11,19 @@ Inputs (all known before the round's target forward):
 - an :class:`DepthPosterior`: a_d = P(the accepted path reaches depth d | it reached d - 1),
   one Beta(alpha_d, beta_d) per depth, discounted so that old rounds fade.
 
-The switch draws a_d ~ Beta(alpha_d, beta_d) (Thompson sampling, through the run's side
-generator: a stream of its own, seeded from the run's seed, so the verification stream is
-untouched) and picks
+The switch plans at acceptances a_d taken from the posterior, by default its means
+(``plan="mean"``) or a Thompson draw a_d ~ Beta(alpha_d, beta_d) (``plan="thompson"``, through
+the run's side generator: a stream of its own, seeded from the run's seed, so the verification
+stream is untouched), and picks
 
     D* = argmax_D  E_D / C_D,   E_D = 1 + sum_{d<=D} prod_{i<=d} a_i,
-                                C_D = calls_D c_draft + c_verify(nodes_D),
+                                C_D = c_round + calls_D c_draft + c_verify(nodes_D),
 
 with E_0 / C_0 = 1 (a plain step commits one token per step). E_D is Leviathan et al.'s
 expected tokens per round with position-dependent acceptance (docs/derivations.md, Cost-aware
-switch). Drawing a_d rather than using the mean keeps exploring: a posterior that has seen
-only plain rounds stays wide, so some draw sooner or later says drafting pays.
+switch). A plain round teaches the posterior nothing, so the plan must keep exploring: at the
+means, every plain round decays the posterior towards its prior (mean 0.5), so a plain stretch
+ends once the prior's optimism says drafting pays again; a Thompson draw explores by its spread.
 
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree
@@ -54,6 +56,8 @@ class CostProfile:
     c_draft: float  # one draft call / one plain target step
     verify: tuple[tuple[int, float], ...]  # (n, c_verify(n)) points
     source: str = ""  # how they were measured (device, model, date)
+    c_round: float = 0.0  # what a drafted round adds once, whatever its depth (its verify
+    # rule, commit and a method's own caches), in plain steps
 
     def __post_init__(self) -> None:
         if self.c_draft < 0:
@@ -74,13 +78,14 @@ class CostProfile:
         return ys[i] + slope * (nodes - xs[i])
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "c_draft": self.c_draft,
+        return {"name": self.name, "c_draft": self.c_draft, "c_round": self.c_round,
                 "verify": [list(p) for p in self.verify], "source": self.source}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CostProfile:
         return cls(str(d["name"]), float(d["c_draft"]),
-                   tuple((int(n), float(c)) for n, c in d["verify"]), str(d.get("source", "")))
+                   tuple((int(n), float(c)) for n, c in d["verify"]), str(d.get("source", "")),
+                   float(d.get("c_round", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -151,13 +156,17 @@ class DepthPosterior:
             raise ValueError(f"need 0 <= accepted <= drafted, got {accepted}, {drafted}")
         if drafted == 0:
             return  # a plain round says nothing about the drafts
-        g = self.discount
-        self.alpha = [self.alpha0 + g * (a - self.alpha0) for a in self.alpha]
-        self.beta = [self.beta0 + g * (b - self.beta0) for b in self.beta]
+        self.fade()
         for d in range(min(accepted, self.depth)):
             self.alpha[d] += 1.0
         if accepted < min(drafted, self.depth):
             self.beta[accepted] += 1.0
+
+    def fade(self) -> None:
+        """Decay every count towards the prior by the discount (no observation)."""
+        g = self.discount
+        self.alpha = [self.alpha0 + g * (a - self.alpha0) for a in self.alpha]
+        self.beta = [self.beta0 + g * (b - self.beta0) for b in self.beta]
 
     def means(self) -> list[float]:
         return [a / (a + b) for a, b in zip(self.alpha, self.beta)]
@@ -178,7 +187,8 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, A
     options = [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0}]
     for d in range(1, shape.depth + 1):
         e = expected_tokens(accept[:d])
-        c = shape.calls[d - 1] * profile.c_draft + profile.c_verify(shape.nodes[d - 1])
+        c = (profile.c_round + shape.calls[d - 1] * profile.c_draft
+             + profile.c_verify(shape.nodes[d - 1]))
         options.append({"depth": d, "expected_tokens": e, "cost": c,
                         "gain": e / c if c > 0 else float("inf")})
     best = max(options, key=lambda o: (o["gain"], -o["depth"]))
@@ -187,25 +197,37 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, A
                         for o in options]}
 
 
+PLANS = ("mean", "thompson")
+
+
 class CostSwitch:
-    """Per round: draw the acceptances, plan the depth, remember the decision; after the
-    round, learn from (drafted, accepted). One per run."""
+    """Per round: draw (or take the means of) the acceptances, plan the depth, remember the
+    decision; after the round, learn from (drafted, accepted). One per run.
+
+    ``plan="mean"`` plans at the posterior means and a plain round decays the posterior
+    towards the prior, so a long plain stretch drifts back to drafting; ``plan="thompson"``
+    plans at a draw from the side generator."""
 
     def __init__(self, profile: CostProfile, depth: int, *, alpha0: float = 1.0,
-                 beta0: float = 1.0, discount: float = 0.9):
-        self.profile = profile
+                 beta0: float = 1.0, discount: float = 0.9, plan: str = "mean"):
+        if plan not in PLANS:
+            raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
+        self.profile, self.plan_kind = profile, plan
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
         self.decision: dict[str, Any] | None = None
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
         """The depth to draft this round (0: a plain step); records the decision."""
         before = self.posterior.state()
-        drawn = self.posterior.draw(rng)[: shape.depth]
+        drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
+                 else self.posterior.means())[: shape.depth]
         self.decision = {"profile": self.profile.name, "posterior": before,
                          "drawn": [round(a, 4) for a in drawn], **plan(self.profile, shape, drawn)}
         return self.decision["depth"]
 
     def observe(self, drafted: int, accepted: int) -> None:
+        if drafted == 0 and self.plan_kind == "mean":
+            self.posterior.fade()
         self.posterior.observe(drafted, accepted)
 
     def record(self) -> dict[str, Any] | None:

@@ -139,7 +139,8 @@ def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: st
     ids = [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]
     off = _switch_off(full)
     return profile.measured(pair, method, off, width, lambda: list(
-        start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS + 1, **off)))
+        start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS + 1, **off)),
+        plain_step_s(pair, width))
 
 
 class Run:

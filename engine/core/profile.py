@@ -2,14 +2,15 @@
 machine, or stored (a GPU's figures, for projections and for runs that decide as that GPU
 would).
 
-``measured``: once per process and (target, method, width, drafting settings):
+``measured``: once per process and (target, method, width, drafting settings), in units of
+one plain round P of the engine at that width (its forward, verify and commit):
 
-- c_verify(n): the target's forward over a row's position plus n drafted nodes per row (a
-  chain under tree attention) after a 32-token prompt, median of 3, over the median plain
-  forward (n = 0) of the same width; n in VERIFY_NODES;
+- the target's forward over a row's position plus n drafted nodes per row (a chain under tree
+  attention) after a 32-token prompt, median of 3, n in VERIFY_NODES; c_verify(n) = a plain
+  round plus the forward's extra time over n = 0;
 - c_draft: a short decode of the method with its switch off (``decode``, supplied by the
-  caller: the engine's own run), propose seconds per draft call over the plain forward
-  (n = 0) above.
+  caller: the engine's own run): the time its rounds spend outside the target forward, less a
+  plain round's share of it, per draft call (:func:`round_costs`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run in the same process and a trace says which costs its decisions used.
@@ -31,6 +32,7 @@ import torch
 
 from engine.control.cost import CostProfile
 from engine.core.cached_model import CachedModel
+from engine.core.costs import NOT_DRAFTED
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.paths import ASSETS
@@ -115,17 +117,41 @@ def _forward_s(target: torch.nn.Module, vocab: int, width: int, nodes: int) -> f
 
 
 def measured(pair, method: str, params: dict[str, Any], width: int,
-             decode: Callable[[], list]) -> CostProfile:
+             decode: Callable[[], list], plain_s: float) -> CostProfile:
     """This machine's profile for `method` (see module docstring); ``decode()`` runs the
-    method with its switch off and returns its rounds (RoundTrace)."""
+    method with its switch off and returns its rounds (RoundTrace); ``plain_s``: seconds of
+    one plain round of the engine (forward, verify and commit) at this width."""
     key = (method, width, tuple(sorted((k, repr(v)) for k, v in params.items())))
     memo = _PROFILES.setdefault(pair.target, {})
     if key not in memo:
-        base, points = verify_points(pair.target, pair.vocab_size, width)
+        base, ratios = verify_points(pair.target, pair.vocab_size, width)
         rounds = decode()[1:]
-        calls = sum(r.draft_calls for r in rounds)
-        propose = sum(r.timings.get("propose", 0.0) for r in rounds)
-        c_draft = propose / calls / base if calls else 0.0
-        memo[key] = CostProfile(MEASURED, round(c_draft, 4), points,
+        memo[key] = round_costs(base, ratios, plain_s, rounds,
                                 f"{pair.device.type}, {torch.get_num_threads()} thread(s)")
     return memo[key]
+
+
+def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: float,
+                rounds: list, source: str = "") -> CostProfile:
+    """Costs in plain *rounds* P (the unit the switch's E_0 / C_0 = 1 assumes), so that
+    c_round + calls x c_draft + c_verify(n) is a drafted round's whole time over P:
+
+    - c_verify(n) = (P + f(n) - f(0)) / P, f(n) the timed forward with n drafted nodes per
+      row: a plain round plus the extra forward;
+    - c_draft = the calibration rounds' propose seconds per draft call, over P;
+    - c_round = the rest of what those rounds cost over a plain round and its extra forward
+      (the verify rule, the commit, a method's own caches), per round, over P.
+    """
+    plain = max(plain_s, base)
+    points = tuple((n, round((r * base - base + plain) / plain, 4)) for n, r in ratios)
+    curve = CostProfile(MEASURED, 0.0, points)
+    calls = sum(r.draft_calls for r in rounds)
+    propose = sum(r.timings.get("propose", 0.0) for r in rounds)
+    extra = 0.0
+    for r in rounds:
+        width = max(len(r.beams_before), 1)
+        nodes = sum(1 for n in r.nodes if n.status not in NOT_DRAFTED) / width
+        extra += sum(r.timings.values()) - curve.c_verify(nodes) * plain
+    c_draft = propose / calls / plain if calls else 0.0
+    c_round = max(extra - propose, 0.0) / len(rounds) / plain if rounds else 0.0
+    return CostProfile(MEASURED, round(c_draft, 4), points, source, round(c_round, 4))

@@ -123,8 +123,9 @@ class EESD(TreeSpeculation):
         return verdict
 
     def observe(self, ctx, verdict: RoundVerdict) -> dict:
-        """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior."""
-        if verdict.drafted == 0:
+        """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior,
+        except a plain round the cost switch planned (it learns from those too)."""
+        if verdict.drafted == 0 and not getattr(self.controller, "decided", False):
             self.controller.begin_round()
             return self.controller.state()
         self.controller.observe(verdict.drafted, verdict.accepted)

@@ -21,7 +21,7 @@ from engine.drafters.early_exit import (
 from engine.methods.eesd import drafter_for
 from tests.conftest import perturbed_exit_layer, tiny_pair
 
-CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts"]
+CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts", "cost"]
 
 
 def _ref(pair, prompt, n):

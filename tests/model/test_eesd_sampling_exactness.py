@@ -10,6 +10,7 @@ import pytest
 import engine
 from tests.conftest import perturbed_exit_layer
 from tests.laws import exact_law, sample_counts, tiny_model
+from tests.profiles import MIXED
 from tests.stats import chi_square, exactness_size
 
 
@@ -29,6 +30,19 @@ def exit_pair():
 def test_eesd_with_thompson_sampling_and_a_shared_cache_matches_the_target_law(exit_pair,
                                                                                stats_summary):
     params = {}  # defaults: Beta-TS, share_kv
+    law = exact_law(exit_pair.target)
+    n, note = exactness_size(law, exact_law(exit_pair.drafter.model))
+    stats_summary.append(f"eesd {params}: {note}")
+    stat, threshold = chi_square(sample_counts(exit_pair, "eesd", params, range(n)), law, n)
+    assert stat < threshold, (n, stat, threshold)
+
+
+@pytest.mark.slow
+def test_eesd_with_the_cost_switch_matches_the_target_law(exit_pair, stats_summary):
+    """The cost switch (Thompson plan at costs where plain and drafted rounds both win) over
+    the shared cache: planned plain rounds leave the three caches to catch up at the next
+    drafted round, and the law stays the target's."""
+    params = {"controller": "cost", "costs": MIXED.name, "plan": "thompson", "confidence": 0.0}
     law = exact_law(exit_pair.target)
     n, note = exactness_size(law, exact_law(exit_pair.drafter.model))
     stats_summary.append(f"eesd {params}: {note}")

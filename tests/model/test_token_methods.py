@@ -172,7 +172,9 @@ def test_the_cost_switch_takes_plain_and_drafted_rounds_and_records_each_decisio
     node), others draft to the planned depth; each round's state holds the decision (the
     options, the drawn acceptances, the predicted gain) and the output stays greedy's."""
     pair = tiny_pair(layers=4, early_exit_layers=2)
-    params = {"controller": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 4}
+    costs = MIXED.name  # Thompson draws at these costs: some rounds plain, some drafted
+    params = {"controller": "cost", "costs": costs, "confidence": 0.0, "cap": 4,
+              "plan": "thompson"}
     trace = engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=40, **params)
     assert list(trace.token_ids) == _ref(pair, [3, 4, 5, 6], 40)
     later = [r for r in trace.rounds if r.controller is not None]
@@ -185,7 +187,7 @@ def test_the_cost_switch_takes_plain_and_drafted_rounds_and_records_each_decisio
         sw = r.controller["switch"]
         assert r.drafted <= sw["depth"] and r.draft_calls == r.drafted
         assert sw["predicted_gain"] == max(o["gain"] for o in sw["options"])
-        assert sw["profile"] == MIXED.name and 2 <= len(sw["options"]) <= 5  # depths 0..cap
+        assert sw["profile"] == costs and 2 <= len(sw["options"]) <= 5  # depths 0..cap
     again = engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=40, **params)
     assert [r.controller["switch"]["depth"] for r in again.rounds] == \
         [r.controller["switch"]["depth"] for r in trace.rounds]  # the seed reproduces

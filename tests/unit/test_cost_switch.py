@@ -78,6 +78,13 @@ def test_plan_balances_acceptance_against_cost_per_depth():
     assert gains[1] > gains[2] > 1.0
 
 
+def test_a_per_round_cost_is_paid_once_whatever_the_depth():
+    prof = CostProfile("r", 0.1, ((0, 1.0), (8, 1.0)), c_round=0.5)
+    out = plan(prof, chain_shape(3), [0.8, 0.8, 0.8])
+    costs = [o["cost"] for o in out["options"]]
+    assert costs == pytest.approx([1.0, 1.6, 1.7, 1.8])
+
+
 def test_plan_breaks_ties_towards_the_shallower_depth():
     free = CostProfile("free", 0.0, ((0, 1.0), (8, 1.0)))
     assert plan(free, chain_shape(3), [0.0, 0.0, 0.0])["depth"] == 0
@@ -111,7 +118,7 @@ def test_posterior_rejects_impossible_counts():
 def test_switch_draws_reproduce_from_the_seed_and_record_the_decision():
     decisions = []
     for _ in range(2):
-        switch, gen = CostSwitch(FLAT, 4), make_generator(7)
+        switch, gen = CostSwitch(FLAT, 4, plan="thompson"), make_generator(7)
         depths = []
         for accepted in (0, 3, 1, 4, 2):
             depths.append(switch.decide(chain_shape(4), gen))
@@ -124,7 +131,8 @@ def test_switch_draws_reproduce_from_the_seed_and_record_the_decision():
 
 
 def test_switch_learns_to_stop_drafting_when_nothing_is_accepted():
-    switch, gen = CostSwitch(CostProfile("c", 0.3, ((0, 1.0), (4, 1.4))), 4, discount=1.0), \
+    switch, gen = CostSwitch(CostProfile("c", 0.3, ((0, 1.0), (4, 1.4))), 4, discount=1.0,
+                             plan="thompson"), \
         make_generator(0)
     for _ in range(40):
         d = switch.decide(chain_shape(4), gen)
@@ -136,7 +144,7 @@ def test_switch_learns_to_stop_drafting_when_nothing_is_accepted():
 
 
 def test_switch_learns_to_draft_deep_when_everything_is_accepted():
-    switch, gen = CostSwitch(FLAT, 6, discount=1.0), make_generator(0)
+    switch, gen = CostSwitch(FLAT, 6, discount=1.0, plan="thompson"), make_generator(0)
     for _ in range(40):
         d = switch.decide(chain_shape(6), gen)
         switch.observe(d, d)
@@ -144,7 +152,7 @@ def test_switch_learns_to_draft_deep_when_everything_is_accepted():
 
 
 def _cost_controller(**kw) -> CostController:
-    ctl = CostController(control_config(controller="cost", **kw))
+    ctl = CostController(control_config(controller="cost", plan="thompson", **kw))
     ctl.attach(FLAT)
     return ctl
 
@@ -190,3 +198,55 @@ def test_cost_controller_without_a_profile_says_so():
     ctl.begin_round()
     with pytest.raises(ValueError, match="cost profile"):
         ctl.plan(chain_shape(2), make_generator(0))
+
+
+def test_mean_plans_use_no_draws_and_plain_rounds_fade_back_to_drafting():
+    switch = CostSwitch(CostProfile("c", 0.3, ((0, 1.0), (4, 1.4))), 4, plan="mean")
+    for _ in range(6):  # every draft rejected: the means fall until a plain step wins
+        switch.observe(switch.decide(chain_shape(4), make_generator(0)) or 1, 0)
+    assert switch.decide(chain_shape(4), make_generator(0)) == 0
+    assert switch.record()["drawn"] == [round(m, 4) for m in switch.posterior.means()]
+    plain = 0
+    while switch.decide(chain_shape(4), make_generator(0)) == 0:  # no new evidence: the
+        switch.observe(0, 0)  # posterior drifts back to the prior's 0.5, and drafting resumes
+        plain += 1
+        assert plain < 50
+    assert plain >= 2
+
+
+def test_thompson_plans_leave_the_posterior_alone_on_plain_rounds():
+    switch = CostSwitch(FLAT, 2, plan="thompson")
+    switch.observe(2, 1)
+    before = switch.posterior.state()
+    switch.observe(0, 0)
+    assert switch.posterior.state() == before
+
+
+def test_an_unknown_plan_kind_is_refused():
+    with pytest.raises(ValueError, match="plan must be one of"):
+        CostSwitch(FLAT, 2, plan="greedy")
+
+
+def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
+    """round_costs: forward f(0) = 0.1 s, f(2) = 0.12 s, a plain round P = 0.11 s; a drafted
+    round of the calibration decode: 2 draft calls, 2 drafted nodes, 0.03 s propose, 0.125 s
+    score, 0.02 s verify + commit. Then 2 c_draft + c_verify(2) = the round's 0.175 s over P,
+    whatever part of it the forward curve explains."""
+    from engine.core.profile import round_costs
+    from engine.core.trace import NodeTrace, RoundTrace
+
+    nodes = (NodeTrace(0, -1, 0, 1, 5, "a", 0.5, 0.5, "accepted"),
+             NodeTrace(1, 0, 0, 2, 6, "b", 0.5, 0.1, "rejected"),
+             NodeTrace(2, 0, 0, 2, 7, "c", None, 0.3, "resampled"))  # the target's token
+    rounds = [RoundTrace(i, nodes=nodes, draft_calls=2,
+                         timings={"propose": 0.03, "score": 0.125, "verify": 0.015,
+                                  "commit": 0.005}) for i in range(3)]
+    prof = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds)
+    assert prof.c_verify(0) == 1.0
+    assert prof.c_verify(2) == pytest.approx((0.12 - 0.1 + 0.11) / 0.11, abs=1e-4)
+    assert prof.c_draft == pytest.approx(0.03 / 2 / 0.11, abs=1e-4)  # the draft steps
+    assert prof.c_round == pytest.approx((0.175 - 0.13 - 0.03) / 0.11, abs=1e-4)  # the rest
+    assert prof.c_round + 2 * prof.c_draft + prof.c_verify(2) == \
+        pytest.approx(0.175 / 0.11, abs=1e-3)
+    empty = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, [])
+    assert empty.c_draft == 0.0 and empty.c_round == 0.0
