@@ -127,7 +127,8 @@ def _section(out: str, method: str) -> str:
 def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys):
     assert _main(["methods"]) == 0  # the embedded target with its default drafter
     out = capsys.readouterr().out
-    assert "    --gamma (int, default 4, tuned 2): " in _section(out, "sd")
+    assert "    --controller (str, default 'fixed', tuned 'cost') " in _section(out, "sd")
+    assert "    --gamma (int, default 4): " in _section(out, "sd")  # not tuned
     assert "    --k-config (str, default '4x2x2', tuned '2x2'): " in _section(out, "mcsd")
     assert "    --top-p (float, default 1.0): " in _section(out, "sd")  # not tuned
     assert "tuned" not in _section(out, "greedy")
@@ -138,16 +139,16 @@ def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys)
 
 
 def test_methods_json_gives_the_tuned_value_beside_the_default(capsys):
-    def gamma_of_sd(argv):
+    def controller_of_sd(argv):
         assert _main(argv) == 0
         sd = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == "sd")
-        row = next(p for p in sd["params"] if p["name"] == "gamma")
+        row = next(p for p in sd["params"] if p["name"] == "controller")
         return row["default"], row["tuned"]
 
-    assert gamma_of_sd(["methods", "--json"]) == (4, 2)
-    assert gamma_of_sd(["methods", "--json", "--target", "default",
-                        "--draft", "n-gram+feature"]) == (4, 2)
-    assert gamma_of_sd(["methods", "--json", "--target", "tiny"]) == (4, None)
+    assert controller_of_sd(["methods", "--json"]) == ("fixed", "cost")
+    assert controller_of_sd(["methods", "--json", "--target", "default",
+                             "--draft", "n-gram+feature"]) == ("fixed", "cost")
+    assert controller_of_sd(["methods", "--json", "--target", "tiny"]) == ("fixed", None)
 
 
 # ----------------------------------------------------------------- CLI input checks

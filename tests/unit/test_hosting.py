@@ -127,11 +127,13 @@ def test_dtype_auto_is_bf16_only_on_a_gpu_that_runs_it(monkeypatch):
 
 
 def test_the_run_handler_leaves_values_equal_to_the_tuned_ones_to_the_engine():
-    widgets = {"gamma": 2.0, "controller": "fixed", "temperature": 0.0}  # sd tuned gamma 2
+    widgets = {"gamma": 4.0, "controller": "cost", "temperature": 0.0}  # sd tuned: cost
     assert pairs.untuned("embedded", "ngram+feature", "sd", widgets) == {
-        "controller": "fixed", "temperature": 0.0}
-    assert pairs.untuned("embedded", "ngram+feature", "sd", {"gamma": 3}) == {"gamma": 3}
-    assert pairs.untuned("embedded", "early-exit", "sd", {"gamma": 2}) == {"gamma": 2}
+        "gamma": 4.0, "temperature": 0.0}
+    assert pairs.untuned("embedded", "ngram+feature", "sd", {"controller": "fixed"}) == {
+        "controller": "fixed"}
+    assert pairs.untuned("embedded", "early-exit", "sd", {"controller": "cost"}) == {
+        "controller": "cost"}
     # the UI's limits see what the engine will run with
     tuned = tuned_settings("embedded", "ngram+feature")["atspeed_strict"]
     assert pairs.with_tuned("embedded", "ngram+feature", "atspeed_strict", {"beams": 2}) == {

@@ -29,7 +29,7 @@ def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
 
 def test_tuned_settings_match_a_pair_by_its_parsed_specs_not_its_spelling():
     want = _shipped("embedded")
-    assert want["sd"] == {"gamma": 2}
+    assert want["sd"] == {"controller": "cost"}
     assert tuned_settings("embedded", "ngram+feature") == want
     assert tuned_settings("", " n-gram+feature ") == want  # aliases, spacing
     assert tuned_settings("smollm2-135m-instruct", "ngram+feature") == want
