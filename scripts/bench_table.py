@@ -41,6 +41,8 @@ def _cpu() -> str:
 def _drafter(meta: dict, method: dict) -> str:
     if method["reference"].startswith("generate") and method["method"] in PLAIN:
         return "—"
+    if method["method"].split(":")[0] == "eesd":
+        return "early exit (its own)"
     return meta["draft"].split(" (")[0] + (" + feature" if "feature" in meta["draft"] else "")
 
 
