@@ -193,6 +193,16 @@ class _RoundRecorder:
         self._stop_reason = reason
         return True
 
+    def _confidence_step(self, drafted: int, q: float | None) -> bool:
+        """Go on iff the newest token's q >= config.confidence (None: no q, go on); recorded,
+        a stop as "confidence"."""
+        go = q is None or q >= self.config.confidence
+        self._steps.append({"step": drafted, "theta": None, "uniform": None, "q": q,
+                            "continue": go})
+        if not go:
+            self._stop_reason = "confidence"
+        return go
+
     def _record(self, step: dict[str, Any]) -> bool:
         """Append a sampled step; note a chi = 0 stop. Returns the decision."""
         self._steps.append(step)
@@ -304,13 +314,7 @@ class ConfidenceController(_RoundRecorder):
             return False
         if features is None:
             raise ValueError("the confidence controller needs the newest token's probability")
-        q = float(features)
-        go = q >= self.config.confidence
-        self._steps.append({"step": drafted, "theta": None, "uniform": None, "q": q,
-                            "continue": go})
-        if not go:
-            self._stop_reason = "confidence"
-        return go
+        return self._confidence_step(drafted, float(features))
 
     def _params(self) -> dict[str, Any]:
         return {"threshold": self.config.confidence}
@@ -370,13 +374,7 @@ class CostController(_RoundRecorder):
                                 "continue": False})
             self._stop_reason = "plan"
             return False
-        q = None if features is None else float(features)
-        go = q is None or q >= self.config.confidence
-        self._steps.append({"step": drafted, "theta": None, "uniform": None, "q": q,
-                            "continue": go})
-        if not go:
-            self._stop_reason = "confidence"
-        return go
+        return self._confidence_step(drafted, None if features is None else float(features))
 
     def _params(self) -> dict[str, Any]:
         return {} if self.switch is None else self.switch.posterior.state()

@@ -22,6 +22,7 @@ Stored profiles are rows of assets/cost_profiles.json: {"name", "c_draft": {meth
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -58,10 +59,12 @@ def register(profile: CostProfile) -> None:
     _EXTRA[profile.name] = profile
 
 
-def _stored_rows() -> list[dict[str, Any]]:
+@functools.lru_cache(maxsize=1)
+def _stored_rows() -> tuple[dict[str, Any], ...]:
+    """The rows of assets/cost_profiles.json, read once per process."""
     if not PROFILES_FILE.is_file():
-        return []
-    return json.loads(PROFILES_FILE.read_text())
+        return ()
+    return tuple(json.loads(PROFILES_FILE.read_text()))
 
 
 def stored(name: str, method: str, width: int) -> CostProfile:
