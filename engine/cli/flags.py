@@ -22,7 +22,8 @@ class OneLineParser(argparse.ArgumentParser):
 # ------------------------------------------------------------------------------ models
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """--target / --draft specs (engine.core.specs.parse_model_spec), device, dtype, layers."""
+    """--target / --draft specs (engine.core.specs.parse_model_spec), device, device map,
+    dtype, layers."""
     p.add_argument("--target", default="embedded",
                    help="embedded | tiny | tiny:{json} | local dir | hub id")
     p.add_argument("--draft", default=None,
@@ -31,6 +32,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "(default: the target's default drafter, ngram+feature for embedded, "
                         "else early-exit; early-exit when --early-exit-layers is given)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--device-map", default=None,
+                   help="place the target over devices with accelerate: auto | balanced | "
+                        "balanced_low_0 | sequential | JSON {\"module\": \"device\"} "
+                        "(cpu, disk, cuda:N); --device is then not used "
+                        "(default: $SPECVIZ_DEVICE_MAP, else none)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--early-exit-layers", type=int, default=None,
                    help="N first layers of the early-exit drafter (same as early-exit:N)")
@@ -43,7 +49,8 @@ def pair_from_flags(args: argparse.Namespace):
     from engine.core.api import tune_threads
 
     pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
-                            dtype=args.dtype, early_exit_layers=args.early_exit_layers)
+                            dtype=args.dtype, device_map=args.device_map,
+                            early_exit_layers=args.early_exit_layers)
     tune_threads(pair)  # the thread rule: SPECVIZ_THREADS, else measured on this pair
     return pair
 

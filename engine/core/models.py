@@ -9,6 +9,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,17 @@ import torch
 from engine.core.cached_model import check_supported
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.layout import prepare
+from engine.core.placement import (
+    DeviceMap,
+    check_placed,
+    input_device,
+    map_device,
+    map_note,
+    place,
+    quiet_accelerate,
+    requested_map,
+    resolve_map,
+)
 from engine.core.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
 from engine.core.tuned import Tuned, tuned_settings
 
@@ -150,9 +162,10 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
-def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
+def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: DeviceMap | None):
     """Model and tokenizer of a local folder or hub id: stock architectures only (never
-    remote code) and safetensors weights only (never a pickled checkpoint)."""
+    remote code) and safetensors weights only (never a pickled checkpoint); with a device
+    map, each weight loads straight onto its device (engine.core.placement)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(spec).expanduser()
@@ -163,20 +176,64 @@ def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: str | None):
         raise ModelLoadError(
             f"cannot load model '{spec}': not a local directory, not in the Hugging Face "
             "cache, and the hub is unreachable (offline)")
+    placed = _pretrained_map(spec, src, offline, dtype, device_map)
+    folder = tempfile.mkdtemp(dir=_offload_root(), prefix="offload-") \
+        if placed and "disk" in placed.values() else None
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=dtype, trust_remote_code=False, use_safetensors=True,
-            device_map=device_map, local_files_only=offline, attn_implementation="sdpa",
-        )
+        with quiet_accelerate():
+            model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=dtype, trust_remote_code=False, use_safetensors=True,
+                device_map=placed, offload_folder=folder, local_files_only=offline,
+                attn_implementation="sdpa",
+            )
     except Exception as e:  # noqa: BLE001 - any loading failure becomes one line
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load model '{spec}' offline or from disk: {msg}") from e
+    if folder:
+        weakref.finalize(model, shutil.rmtree, folder, True)
     try:
         tok = AutoTokenizer.from_pretrained(src, local_files_only=offline,
                                             trust_remote_code=False)
     except Exception:  # noqa: BLE001 - a model without a tokenizer still runs on ids
         tok = None
     return model.eval(), tok
+
+
+def _pretrained_map(spec: str, src: str, offline: bool, dtype: torch.dtype,
+                    device_map: DeviceMap | None) -> dict | None:
+    """The resolved device map of a folder or hub model, worked out on an empty (meta)
+    model of its config; None without a map."""
+    if device_map is None:
+        return None
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(src, local_files_only=offline,
+                                            trust_remote_code=False)
+        with init_empty_weights():
+            empty = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except Exception as e:  # noqa: BLE001 - any loading failure becomes one line
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"cannot load model '{spec}' offline or from disk: {msg}") from e
+    return resolve_map(empty, device_map)
+
+
+def _offload_root() -> Path:
+    """Where disk-offloaded weights go while a placed model lives: $SPECVIZ_CACHE/offload."""
+    root = cache_root() / "offload"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _put(model: torch.nn.Module, device: torch.device,
+         device_map: DeviceMap | None) -> torch.nn.Module:
+    """A built model on `device`, or dispatched over devices with a device map."""
+    if device_map is None:
+        return model.to(device)
+    return place(model, resolve_map(model, device_map), _offload_root())
 
 
 def _quiet_transformers() -> None:
@@ -187,14 +244,18 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str | None = None):
+def load_model(spec, device: torch.device, dtype: torch.dtype,
+               device_map: DeviceMap | None = None):
     """(model, tokenizer, display name) for a spec (a string or ModelSpec of a target, see
-    parse_model_spec), a transformers config, or an already built model."""
+    parse_model_spec), a transformers config, or an already built model; on `device`, or
+    placed over devices by a requested device map (engine.core.placement)."""
     if isinstance(spec, torch.nn.Module):
-        return spec.eval(), None, type(spec).__name__
+        model = spec.eval() if device_map is None else _put(spec.eval(), device, device_map)
+        return model, None, type(spec).__name__
     parsed = parse_model_spec(spec) if isinstance(spec, str) else spec
     if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
-        return model_from_config(spec, dtype=dtype).to(device), None, f"tiny-{spec.model_type}"
+        model = model_from_config(spec, dtype=dtype)
+        return _put(model, device, device_map), None, f"tiny-{spec.model_type}"
     if parsed.kind in ("early-exit", "ngram", "feature", "ngram+feature"):
         raise ConfigError(f"'{parsed.text}' is a drafter, not a model")
     if parsed.kind == "tiny":
@@ -204,14 +265,12 @@ def load_model(spec, device: torch.device, dtype: torch.dtype, device_map: str |
             model = model_from_config(cfg, seed=parsed.tiny.get("seed", 0), dtype=dtype)
         except (ValueError, TypeError, KeyError, RuntimeError) as e:
             raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
-        return model.to(device), None, parsed.text
-    if parsed.kind == "embedded":
-        model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
-        return model.to(device), tok, EMBEDDED_NAME
-    model, tok = _load_dir_or_hub(parsed.text, dtype, device_map)
+        return _put(model, device, device_map), None, parsed.text
+    src = str(embedded_model_dir()) if parsed.kind == "embedded" else parsed.text
+    model, tok = _load_dir_or_hub(src, dtype, device_map)
     if device_map is None:
         model = model.to(device)
-    return model, tok, parsed.text
+    return model, tok, EMBEDDED_NAME if parsed.kind == "embedded" else parsed.text
 
 
 @dataclass
@@ -230,9 +289,10 @@ class ModelPair:
 
     @property
     def device_name(self) -> str:
+        """The device that runs the pair, and the devices of a placed target's map."""
         if self.device.type == "cuda":
-            return torch.cuda.get_device_name(self.device)
-        return f"cpu ({torch.get_num_threads()} threads)"
+            return torch.cuda.get_device_name(self.device) + map_note(self.target)
+        return f"cpu ({torch.get_num_threads()} threads){map_note(self.target)}"
 
     @property
     def vocab_size(self) -> int:
@@ -262,15 +322,17 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
             None: the target's default drafter (default_draft: ngram+feature for the
             embedded model) when the target is a spec string and early_exit_layers is not
             given, else the target's early exit.
-        device: 'auto' (CUDA when present), 'cpu', 'cuda', ...
+        device: 'auto' (CUDA when present), 'cpu', 'cuda', ... (not used with a device map).
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
-        device_map: e.g. 'auto' for a target larger than one GPU.
+        device_map: a target bigger than one GPU: 'auto', 'balanced', 'balanced_low_0',
+            'sequential', or {module name: device} (a dict or a JSON object string; devices
+            'cpu', 'disk', 'cuda:N' or N), placed with accelerate (engine.core.placement);
+            None: $SPECVIZ_DEVICE_MAP, else none. The drafter shares the placed target's
+            modules; a separate draft model goes on the device of the target's input
+            embeddings (``ModelPair.device``).
         early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
             N of 'early-exit:N' when the draft spec gives it.
     """
-    from engine.drafters.base import ModelDrafter
-    from engine.drafters.early_exit import early_exit_drafter
-
     if draft is None and isinstance(target, str) and early_exit_layers is None:
         draft = default_draft(target)
     tuned = tuned_settings(target, draft) if isinstance(target, str) and (
@@ -280,40 +342,46 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
         early_exit_layers = _early_exit_layers(draft, early_exit_layers)
     _quiet_transformers()
-    dev = resolve_device(device)
+    device_map = requested_map(device_map)
+    dev = resolve_device(device) if device_map is None else map_device(device_map)
     dt = resolve_dtype(dtype, dev)
     tmodel, tok, tname = load_model(target, dev, dt, device_map)
     check_supported(tmodel)
-    if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
+    check_placed(tmodel)
+    dev = input_device(tmodel)  # where inputs go and logits come out
+    drafter, dtok = _drafter(tmodel, draft, early_exit_layers, dev, dt)
+    for model in (tmodel, getattr(drafter, "model", None)):
+        if model is not None and dev.type == "cpu":
+            prepare(model)  # engine.core.layout: packed weights for few-token forwards
+    return ModelPair(tmodel, drafter, tok or dtok, dev, tname, drafter.name, tuned)
+
+
+def _drafter(target: torch.nn.Module, draft, early_exit_layers: int | None,
+             device: torch.device, dtype: torch.dtype) -> tuple[object, object | None]:
+    """The drafter a parsed draft spec (or a config / model) names, and a separate draft
+    model's tokenizer (None for the target's own drafters)."""
+    from engine.drafters.base import ModelDrafter
+    from engine.drafters.early_exit import early_exit_drafter
+    from engine.drafters.feature import feature_drafter
+
+    kind = draft.kind if isinstance(draft, ModelSpec) else None
+    if kind == "early-exit":
         # the shipped trained early exit when it was made for this target
-        drafter = early_exit_drafter(tmodel, draft.early_exit, early_exit_layers,
-                                     weights=draft.weights)
-        dname = drafter.name
-    elif isinstance(draft, ModelSpec) and draft.kind == "ngram":
-        drafter = _ngram_drafter(tmodel, draft.layers)
-        dname = drafter.name
-    elif isinstance(draft, ModelSpec) and draft.kind == "ngram+feature":
-        from engine.drafters.feature import feature_drafter
+        return early_exit_drafter(target, draft.early_exit, early_exit_layers,
+                                  weights=draft.weights), None
+    if kind == "ngram":
+        return _ngram_drafter(target, draft.layers), None
+    if kind == "ngram+feature":
         from engine.drafters.hybrid import HybridDrafter
 
-        drafter = HybridDrafter(_ngram_drafter(tmodel, draft.layers), feature_drafter(tmodel))
-        dname = drafter.name
-    elif isinstance(draft, ModelSpec) and draft.kind == "feature":
-        from engine.drafters.feature import feature_drafter
-
-        drafter = feature_drafter(tmodel, draft.weights)
-        dname = drafter.name
-    else:
-        dmodel, dtok, dname = load_model(draft, dev, dt)
-        check_supported(dmodel)
-        check_vocab(tmodel, dmodel)
-        drafter = ModelDrafter(dmodel, dname)
-        tok = tok or dtok
-    device_used = next(tmodel.parameters()).device
-    for model in (tmodel, getattr(drafter, "model", None)):
-        if model is not None and device_used.type == "cpu":
-            prepare(model)  # engine.core.layout: packed weights for few-token forwards
-    return ModelPair(tmodel, drafter, tok, device_used, tname, dname, tuned)
+        return HybridDrafter(_ngram_drafter(target, draft.layers),
+                             feature_drafter(target)), None
+    if kind == "feature":
+        return feature_drafter(target, draft.weights), None
+    dmodel, dtok, dname = load_model(draft, device, dtype)
+    check_supported(dmodel)
+    check_vocab(target, dmodel)
+    return ModelDrafter(dmodel, dname), dtok
 
 
 def _ngram_drafter(target: torch.nn.Module, max_n: int | None):

@@ -23,6 +23,7 @@ from torch import nn
 from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.layout import weight_product
+from engine.core.placement import missing_tensors, unhooked_copy
 from engine.core.weights import (
     DRAFTER_DIR,
     PREDICTOR_FILE,
@@ -62,8 +63,7 @@ def _stock_model(target: nn.Module, layers: list[nn.Module], kinds: list[int],
         model.model.rotary_emb = inner.rotary_emb
     model.lm_head = head
     model.generation_config = target.generation_config
-    left = [n for n, p in model.named_parameters() if p.is_meta]
-    left += [n for n, b in model.named_buffers() if b.is_meta]
+    left = missing_tensors(model)  # an offloaded weight (engine.core.placement) is not missing
     if left:
         raise ConfigError(f"early-exit drafter could not share modules: {left[:3]}")
     return model.eval()
@@ -175,7 +175,7 @@ class ShortlistHead(nn.Module):
 def init_extra_layer(target: nn.Module, n_layers: int) -> nn.Module:
     """A trainable copy of the target's LAST decoder layer, placed at index n_layers of the
     drafter (EESD §3.1: Transformer^e is initialised from the LLM's last layer)."""
-    layer = copy.deepcopy(_decoder(target).layers[-1])
+    layer = unhooked_copy(_decoder(target).layers[-1])
     set_layer_index(layer, n_layers)
     for p in layer.parameters():
         p.requires_grad_(False)
@@ -227,7 +227,7 @@ def load_trained(target: nn.Module, path: Path | None = None, check: bool = True
     layer.to(device=device, dtype=dtype)
     norm = None
     if "norm.weight" in tensors:
-        norm = copy.deepcopy(_decoder(target).norm)
+        norm = unhooked_copy(_decoder(target).norm)
         norm.weight.data = tensors["norm.weight"].to(device=device, dtype=dtype)
         norm.weight.requires_grad_(False)
     ids = tensors.get("shortlist") if shortlist else None

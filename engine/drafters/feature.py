@@ -37,7 +37,6 @@ on a file and refuses, in one line, one that is missing or made for another targ
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from engine.core.cached_model import CachedModel, Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.paths import ASSETS
+from engine.core.placement import unhooked_copy
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
 from engine.drafters.early_exit import ShortlistHead, _decoder, _stock_model, set_layer_index
 
@@ -76,7 +76,7 @@ class FeatureParts(nn.Module):
         bound = (2 * d) ** -0.5  # nn.Linear's default range, drawn from our own generator
         w_tok = (torch.rand((d, d), generator=gen) * 2 - 1) * bound  # (d, d) on e(t_j)
         dtype = next(target.parameters()).dtype
-        self.layer = copy.deepcopy(_decoder(target).layers[-1])
+        self.layer = unhooked_copy(_decoder(target).layers[-1])
         with torch.no_grad():
             self.fc.weight.copy_(torch.cat([w_tok, torch.eye(d)], dim=1))  # (d, 2d)
             self.fc.bias.zero_()
