@@ -1,7 +1,8 @@
 """How this process serves the app: the one reader of the SPECVIZ_* hosting variables.
 
 ``HostConfig.from_env`` parses the environment, ``with_overrides`` applies app.py's flags,
-``check`` validates what needs the engine (model specs, whether CUDA is there). app.py imports
+``check`` validates what needs the engine (model specs, whether CUDA is there, the value of
+SPECVIZ_DEVICE_MAP, which engine.core.placement reads when a pair loads). app.py imports
 ``spaces`` (when installed) before this module, since this module imports torch through the
 engine and ZeroGPU must patch torch first.
 
@@ -26,8 +27,12 @@ import importlib.util
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+import torch
+
 from engine.core.errors import ConfigError
 from engine.core.models import resolve_device
+from engine.core.placement import requested_map
+from engine.core.static_kv import kv_mode
 from engine.core.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec
 from engine.core.tuned import preset_rows
 
@@ -115,12 +120,15 @@ class HostConfig:
         return tuple(pairs)
 
     def check(self) -> HostConfig:
-        """This config validated where that needs the engine: the default pair's specs, a
-        CUDA device when asked for, custom models off on ZeroGPU (every model loads at start
-        there). On ZeroGPU auto becomes cuda / bfloat16 without asking torch: the main
-        process holds no GPU to query, and ZeroGPU's GPUs (A100, H200) run bf16 natively."""
+        """This config validated where that needs the engine: the default pair's specs, the
+        device map's syntax and devices, the KV path, a CUDA device when asked for, custom models off on
+        ZeroGPU (every model loads at start there). On ZeroGPU auto becomes cuda / bfloat16
+        without asking torch: the main process holds no GPU to query, and ZeroGPU's GPUs
+        (A100, H200) run bf16 natively."""
         parse_model_spec(self.target)
         parse_model_spec(self.draft, draft=True)
+        requested_map()  # SPECVIZ_DEVICE_MAP, read by engine.load_pair: refused at start
+        kv_mode(torch.device("cpu"))  # SPECVIZ_KV, read by every CachedModel: likewise
         if not self.zero_gpu:
             if self.device == "cuda" and resolve_device("auto").type != "cuda":
                 raise ConfigError("SPECVIZ_DEVICE=cuda but torch sees no CUDA device")

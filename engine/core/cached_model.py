@@ -11,6 +11,12 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
 - :meth:`feed` returns a :class:`Scored`: logits and hidden states of what it fed;
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
   kept path (one index_select over row, head and slot), and reorders or duplicates rows.
+
+The KV storage is one of three paths (:mod:`engine.core.static_kv`): transformers'
+``DynamicCache`` (``dynamic``), preallocated buffers written in place (``static``), or those
+buffers with every step replayed from a captured CUDA graph (``captured``). The slot layout,
+masks and positions are the same on every path; :attr:`CachedModel.served` lists the path of
+each forward since the last :meth:`take_served`.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from engine.core import static_kv
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import attention_inputs
 from engine.core.layout import head_logits, layout_for
+from engine.core.placement import input_device
 
+RESERVE = 512  # slots leased beyond the prompt (a longer run moves to a larger buffer)
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -41,6 +50,11 @@ def cache_kwarg(module: torch.nn.Module, cache) -> dict:
     transformers releases that name it so, else ``past_key_values`` (read from the forward's
     signature once per class, so no deprecated keyword is passed)."""
     return {_cache_name(type(module)): cache}
+
+
+def decoder_step(decoder: torch.nn.Module, cache, inputs: dict) -> torch.Tensor:
+    """A stock decoder's (W, q, d) last hidden states for one forward over ``cache``."""
+    return decoder(**inputs, **cache_kwarg(decoder, cache), use_cache=True).last_hidden_state
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -73,9 +87,12 @@ class CachedModel:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)  # a placed model's offloaded weights sit on meta
         self.dtype = next(model.parameters()).dtype
         self.cache: DynamicCache | None = None
+        self.mode = static_kv.kv_mode(self.device, model)  # dynamic / static / captured
+        self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
+        self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)
         self.tail = torch.zeros((1, 0), dtype=torch.long)  # (W, t) committed, not cached
         self._reset_round()
@@ -92,13 +109,40 @@ class CachedModel:
         Args:
             ids: (W, L) committed token ids.
         """
-        try:
-            self.cache = DynamicCache(config=self.model.config)
-        except TypeError:  # older signatures
-            self.cache = DynamicCache()
+        if self.mode == "dynamic":
+            try:
+                self.cache = DynamicCache(config=self.model.config)
+            except TypeError:  # older signatures
+                self.cache = DynamicCache()
+        else:
+            self._lease(int(ids.shape[0]), int(ids.shape[1]))
         self.base = 0
         self.tail = ids.to(self.device)
         self._reset_round()
+
+    def _lease(self, rows: int, length: int) -> None:
+        """Take buffers for ``rows`` rows with room for ``length`` + RESERVE slots (the old
+        set, if any, goes back to the pool)."""
+        if self.kv is not None:
+            static_kv.release(self.kv)
+        self.kv = static_kv.lease(self.model, rows, length + RESERVE, self)
+        self.cache = self.kv.cache
+
+    def _grow(self, rows: int, length: int) -> None:
+        """Move the written slots into a set with at least ``rows`` rows and ``length`` slots."""
+        old, written = self.kv, self.kv.cache.written
+        self.kv = None
+        self._lease(max(rows, old.rows), max(length, written))
+        for src, dst in zip(old.cache.layers, self.kv.cache.layers):
+            dst.keys[: old.rows, :, :written] = src.keys[:, :, :written]
+            dst.values[: old.rows, :, :written] = src.values[:, :, :written]
+        self.kv.cache.written = written
+        static_kv.release(old)
+
+    def take_served(self) -> list[str]:
+        """The path of every forward since the last call (and forget them)."""
+        out, self.served = self.served, []
+        return out
 
     @property
     def width(self) -> int:
@@ -144,7 +188,9 @@ class CachedModel:
         finally:
             self.tail = tail
         self.round_par = None  # the nodes' parents start with the all-row forward below
-        for layer in self.cache.layers:
+        if self.kv is not None:
+            static_kv.copy_row(self.kv, 0, slice(1, W), self.kv.cache.written)
+        for layer in self.cache.layers if self.kv is None else ():
             if layer.keys is not None and layer.keys.numel():
                 layer.keys = layer.keys.expand(W, -1, -1, -1).contiguous()  # (W, H, L, D)
                 layer.values = layer.values.expand(W, -1, -1, -1).contiguous()
@@ -170,13 +216,7 @@ class CachedModel:
                           torch.zeros((W, 0, cfg.hidden_size), device=self.device))
         inputs = self._inputs(ids, t_new, parents)
         with torch.no_grad(), layout_for(self.model, ids.numel()):  # split: hidden states kept
-            hidden = self.model.model(
-                **inputs,
-                attention_mask=mask,
-                position_ids=pos,
-                **cache_kwarg(self.model.model, self.cache),
-                use_cache=True,
-            ).last_hidden_state  # (W, t_new + m, d)
+            hidden = self._decode(inputs, mask, pos)  # (W, t_new + m, d)
             full, hidden = hidden, hidden[:, max(t_new - 1, 0):]  # (W, [1] + m, d): the head
             # skips older tail rows
             head = self.model.get_output_embeddings()
@@ -188,6 +228,22 @@ class CachedModel:
             root = (logits[:, 0], hidden[:, 0], full[:, :t_new])  # + (W, t_new, d) tail states
             logits, hidden = logits[:, 1:], hidden[:, 1:]
         return Scored(logits, hidden, *root)
+
+    def _decode(self, inputs: dict, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The decoder's (W, q, d) last hidden states of one forward, on this model's path."""
+        if self.kv is None:
+            self.served.append("dynamic")
+            return decoder_step(self.model.model, self.cache,
+                                inputs | {"attention_mask": mask, "position_ids": pos})
+        W, q = pos.shape
+        if self.kv.cache.written + q > self.kv.slots - static_kv.SPARE_SLOTS or W > self.kv.rows:
+            self._grow(W, self.kv.cache.written + q)
+        step = functools.partial(decoder_step, self.model.model, self.kv.cache)  # holds no
+        # runner: a captured step outlives this run in the pool
+        out, path = static_kv.run_step(self.kv, step, inputs, mask, pos,
+                                       captured=self.mode == "captured")
+        self.served.append(path)
+        return out
 
     def _inputs(self, ids: torch.Tensor, t_new: int, parents: torch.Tensor) -> dict:
         """The forward's token inputs for (W, t_new + m) fed ids (a feature drafter builds
@@ -233,6 +289,9 @@ class CachedModel:
     def _gather(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
         """Compact every layer's keys/values to [0, prefix) + node_slots of the parent rows."""
         W2, f = node_slots.shape
+        if self.kv is not None:
+            self._gather_static(rows, prefix, node_slots)
+            return
         length = self.cache.get_seq_length()
         identity_rows = W2 == self.width and bool(
             (rows == torch.arange(W2, device=self.device)).all()
@@ -250,23 +309,27 @@ class CachedModel:
         idx = torch.cat(
             [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
         )  # (W', prefix + f)
-        flats: dict[tuple[int, ...], torch.Tensor] = {}  # one index per cache shape (H, S)
-        for layer in self.cache.layers:
-            if layer.keys is None or layer.keys.numel() == 0:
+        flats: dict[tuple, torch.Tensor] = {}  # one index per cache shape (H, S) and device
+        for layer in self.cache.layers:  # (layers of a model over several GPUs keep their KV
+            if layer.keys is None or layer.keys.numel() == 0:  # on their own device)
                 continue
-            shape = tuple(layer.keys.shape[1:3])
-            if shape not in flats:
-                flats[shape] = _flat_index(rows, idx, *shape)
-            layer.keys = _take(layer.keys, flats[shape], idx.shape)
-            layer.values = _take(layer.values, flats[shape], idx.shape)
+            dev = layer.keys.device
+            key = (*layer.keys.shape[1:3], dev)
+            if key not in flats:
+                flats[key] = static_kv.flat_index(rows.to(dev), idx.to(dev), *key[:2])
+            layer.keys = _take(layer.keys, flats[key], idx.shape)
+            layer.values = _take(layer.values, flats[key], idx.shape)
 
 
-def _flat_index(rows: torch.Tensor, idx: torch.Tensor, H: int, S: int) -> torch.Tensor:
-    """(W' * H * S',) positions of x[rows[r], h, idx[r, s]] in a (W, H, S, D) cache tensor
-    flattened to (W * H * S, D)."""
-    heads = torch.arange(H, device=idx.device)  # (H,)
-    flat = (rows[:, None, None] * H + heads[None, :, None]) * S + idx[:, None, :]  # (W', H, S')
-    return flat.reshape(-1)
+    def _gather_static(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
+        """The static path's commit: moves inside the leased buffers (grown for more rows)."""
+        written = self.kv.cache.written
+        if node_slots.shape[1] and not bool(((node_slots >= prefix)
+                                             & (node_slots < written)).all()):
+            raise ValueError("a kept node's cache slot is outside the fed forest")
+        if rows.shape[0] > self.kv.rows:
+            self._grow(int(rows.shape[0]), written)
+        static_kv.gather(self.kv, self.width, rows, prefix, node_slots)
 
 
 def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -280,4 +343,4 @@ def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tenso
 
 def _select(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x[rows][:, :, idx[r]] for a (W, H, S, D) cache tensor (what a commit does per layer)."""
-    return _take(x, _flat_index(rows, idx, x.shape[1], x.shape[2]), idx.shape)
+    return _take(x, static_kv.flat_index(rows, idx, x.shape[1], x.shape[2]), idx.shape)

@@ -137,7 +137,15 @@ class Decoder:
             target_calls=1, draft_calls=ctx.draft_calls - draft_calls0, timings=t,
             controller=controller, extras=verdict.extras,
             p_top=_top_slices(scored, verdict), beam_steps=verdict.beam_steps,
+            step_paths=self._step_paths(),
         )
+
+    def _step_paths(self) -> tuple[str, ...]:
+        """The KV path of every forward of the round (target first, then the drafter's)."""
+        ctx = self.ctx
+        drafted = ctx._draft.take_served() if ctx._draft is not None else []
+        return tuple([f"target:{p}" for p in ctx.target.take_served()]
+                     + [f"draft:{p}" for p in drafted])
 
     def _commit(self, v: RoundVerdict, scored: Scored) -> tuple[CommittedToken, ...]:
         """Step 4: caches compacted/reordered, sequences and origins extended; the drafter's

@@ -156,6 +156,9 @@ class RoundTrace:
     extras: dict[str, Any] = field(default_factory=dict)
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
+    # the KV path that served each forward of the round (engine.core.static_kv): "target:"
+    # or "draft:" + dynamic / static / captured, in call order
+    step_paths: tuple[str, ...] = ()
 
     @property
     def switch(self) -> dict[str, Any] | None:
@@ -314,6 +317,7 @@ class RunStats:
         self.split: dict[str, float] = {}  # phase -> seconds
         self.opt_alpha = self.opt_achieved = 0.0
         self.opt_n = 0
+        self.paths: dict[str, int] = {}  # "target:captured" -> forwards served so
 
     def add(self, r: RoundTrace) -> None:
         self.rounds += 1
@@ -331,6 +335,8 @@ class RunStats:
             self.per_depth[depth] = [a + ok, n + 1]
         for k, v in r.timings.items():
             self.split[k] = self.split.get(k, 0.0) + v
+        for p in r.step_paths:
+            self.paths[p] = self.paths.get(p, 0) + 1
         for rec in r.extras.get("optimal", []):
             self.opt_alpha += rec["alpha_star"]
             self.opt_achieved += rec["achieved"]
@@ -341,6 +347,7 @@ class RunStats:
             "verifier_efficiency": (self.opt_achieved / self.opt_alpha
                                     if self.opt_n and self.opt_alpha > 0 else None),
             "rounds": self.rounds,
+            "step_paths": dict(self.paths),
             "target_calls": self.target_calls,
             "draft_calls": self.draft_calls,
             "new_tokens": new_tokens,

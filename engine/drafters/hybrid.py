@@ -130,6 +130,10 @@ class HybridRunner:
     def width(self) -> int:
         return self.feature.width
 
+    def take_served(self) -> list[str]:
+        """The feature runner's KV paths since the last call (the lookup runs none)."""
+        return self.feature.take_served()
+
     def start(self, ids: torch.Tensor) -> None:
         """ids: (W, L) committed token ids."""
         self.ngram.start(ids)

@@ -97,6 +97,10 @@ class NGramRunner:
     def _reset_round(self) -> None:
         self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
 
+    def take_served(self) -> list[str]:
+        """No model forward runs here: no KV path to report."""
+        return []
+
     @property
     def width(self) -> int:
         return len(self.rows)

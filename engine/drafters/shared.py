@@ -158,11 +158,18 @@ class SharedSide:
     def __init__(self, trunk: SharedTrunk, side: str) -> None:
         self.trunk, self.side = trunk, side
         self.device = trunk.device
+        self.feeds = 0  # forwards since take_served()
         self._reset_round()
 
     def _reset_round(self) -> None:
         self.forest_fed = 0
         self.round = self.trunk.round
+
+    def take_served(self) -> list[str]:
+        """The KV path of every forward since the last call: the shared trunk keeps its own
+        DynamicCache, so every feed is dynamic."""
+        out, self.feeds = ["dynamic"] * self.feeds, 0
+        return out
 
     def start(self, ids: torch.Tensor) -> None:
         """The target side starts the sequence; the draft side joins it."""
@@ -175,6 +182,7 @@ class SharedSide:
     def feed(self, tokens: torch.Tensor | None = None,
              parents: torch.Tensor | None = None) -> Scored:
         """Score the unscored committed tokens and new chain nodes (1, m) (see CachedModel)."""
+        self.feeds += 1
         m = 0 if tokens is None else int(tokens.shape[1])
         if m:
             want = torch.arange(self.forest_fed - 1, self.forest_fed + m - 1)  # chain parents

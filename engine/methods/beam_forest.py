@@ -154,8 +154,17 @@ def path_text(ctx, forest: Forest, pos: Pos, token: int) -> str:
 # ------------------------------------------------------------------ verify helpers
 
 
-def target_logprobs(p_root: torch.Tensor, p_nodes: torch.Tensor, pos: list[Pos]) -> torch.Tensor:
-    """(n, V) float32 log_softmax of the target logits after each position (rows, nodes)."""
+def target_logprobs(p_root: torch.Tensor, p_nodes: torch.Tensor, pos: list[Pos],
+                    seqs: list[tuple[int, ...]] | None = None) -> torch.Tensor:
+    """(n, V) float32 log_softmax of the target logits after each position (rows, nodes).
+
+    seqs: each position's token sequence; positions holding the same sequence then all read
+    the first one's logits, so equal beams get bitwise-equal laws (a forward may score two
+    copies of one sequence with float-rounding differences, e.g. at different columns of a
+    padded step, and a top-k warp over tied beams would then break the tie otherwise)."""
+    if seqs is not None:
+        first = {s: i for i, s in reversed(list(enumerate(seqs)))}
+        pos = [pos[first[s]] for s in seqs]
     rows = [p_root[r] if n == ROOT else p_nodes[r, n] for r, n in pos]
     return torch.log_softmax(torch.stack(rows).float().cpu(), dim=-1)
 

@@ -53,6 +53,7 @@ from engine.methods.beam_forest import (
     level_nodes,
     node_target_probs,
     node_traces,
+    path_of,
     path_text,
     record_finished,
     stop_reason,
@@ -129,7 +130,8 @@ class SampledBeams(BeamStart):
         st = Layers([(r, ROOT) for r in range(ctx.width)],
                     [s if s > DEAD else None for s in ctx.scores])
         for j in range(1, depth + 2):
-            lp = target_logprobs(p_root, p_nodes, st.pos)  # (B, V)
+            seqs = [tuple(path_of(ctx, forest, pos)[1]) for pos in st.pos]
+            lp = target_logprobs(p_root, p_nodes, st.pos, seqs)  # (B, V)
             joint = joint_scores(lp, st.scores)  # (B, V)
             p = beam_law(joint, ctx.warp)  # (B, V)
             if j > depth:

@@ -42,16 +42,15 @@ def test_the_embedded_target_defaults_to_the_hybrid_drafter_and_others_to_their_
 def test_every_variable_is_read():
     cfg = HostConfig.from_env({
         "SPECVIZ_TARGET": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
-        "SPECVIZ_DRAFT": "HuggingFaceTB/SmolLM2-135M-Instruct", "SPECVIZ_DEVICE": "CUDA",
+        "SPECVIZ_DRAFT": "ngram", "SPECVIZ_DEVICE": "CUDA",
         "SPECVIZ_DTYPE": "bfloat16", "SPECVIZ_PRESETS": "smollm2-1.7b, embedded",
         "SPECVIZ_ALLOW_CUSTOM_MODELS": "0"})
     assert cfg == HostConfig("HuggingFaceTB/SmolLM2-1.7B-Instruct",
-                             "HuggingFaceTB/SmolLM2-135M-Instruct", "cuda", "bfloat16",
+                             "ngram", "cuda", "bfloat16",
                              ("smollm2-1.7b", "embedded"), False, False)
     assert [p.id for p in cfg.offered()] == ["smollm2-1.7b", "embedded"]
     assert cfg.allowed_pairs() == (
-        ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
-        ("embedded", "ngram+feature"))
+        ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "ngram"), ("embedded", "ngram+feature"))
 
 
 @pytest.mark.parametrize("env, message", [
@@ -83,6 +82,12 @@ def test_cuda_asked_for_without_a_gpu_fails_at_start(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="SPECVIZ_DEVICE=cuda but torch sees no CUDA device"):
         HostConfig.from_env({"SPECVIZ_DEVICE": "cuda"}).check()
+
+
+def test_a_bad_kv_path_fails_at_start(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_KV", "graphs")
+    with pytest.raises(ConfigError, match="SPECVIZ_KV='graphs': expected one of dynamic"):
+        HostConfig.from_env({}).check()
 
 
 def test_presets_all_or_empty_offer_every_preset_and_repeats_collapse():

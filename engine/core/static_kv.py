@@ -1,0 +1,351 @@
+"""Static-shape KV storage and captured steps for :class:`~engine.core.cached_model.CachedModel`.
+
+Three execution paths serve a forward (``SPECVIZ_KV`` picks one; :func:`kv_mode` holds the
+measured rule):
+
+- ``dynamic``: transformers' ``DynamicCache``; every forward concatenates its keys and values
+  onto the cache and a commit builds new tensors (the CPU default: measured no slower there).
+- ``static``: a preallocated K/V buffer per layer, (rows, H, S, D); a forward writes its fed
+  slots in place (``index_copy_`` at :attr:`SlotCache.slots`) and attends to the written
+  prefix; a commit moves the kept slots inside the buffers.
+- ``captured``: the static path with every step of a fixed shape (rows, a bucket of fed tokens
+  padded to :data:`BUCKETS`, attention over all S slots) replayed from a CUDA graph captured on
+  first use (the CUDA default). Padded tokens write slots past the real ones, which no real
+  token sees; a padded query sees slot 0 only, so nothing is NaN. On a CPU the same fixed-shape
+  steps run eagerly from their static inputs (served as ``padded``): the padding, masks and
+  slots of a captured step are tested there.
+
+The same 4D masks and position ids as the dynamic path (:func:`engine.core.forest.attention_inputs`)
+are used, padded with the dtype's minimum to the attended width. Buffers and graphs live in a
+pool per model (:func:`lease`): graphs are captured against fixed buffer addresses, so they are
+reused by every later run of the same model and width; a :class:`KVSet` is held by one runner
+at a time (a model drafting for itself leases two).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+from weakref import WeakKeyDictionary
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from engine.core.errors import ConfigError
+
+MODES = ("dynamic", "static", "captured")
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed tokens per row of a captured step; more runs eager
+MIN_SLOTS = 1024  # the smallest buffer (slots per row); larger ones are powers of two
+SPARE_SLOTS = 64  # kept free at a buffer's end: capture warm-ups and padded slots land there
+
+
+def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
+    """The path of a model on ``device``: dynamic for a model placed by a device map
+    (accelerate's hooks move weights at every forward: no fixed-address step), else
+    ``SPECVIZ_KV`` when set, else the measured rule (captured on CUDA, dynamic on CPU;
+    docs/benchmarks.md, "Static KV and captured steps")."""
+    if model is not None and any(hasattr(m, "_hf_hook") for m in model.modules()):
+        return "dynamic"
+    env = os.environ.get("SPECVIZ_KV", "").strip().lower()
+    if env:
+        if env not in MODES:
+            raise ConfigError(f"SPECVIZ_KV={env!r}: expected one of {', '.join(MODES)}")
+        return env
+    return "captured" if device.type == "cuda" else "dynamic"
+
+
+def bucket(q: int) -> int | None:
+    """The smallest captured step that fits q fed tokens per row (None: run it eager)."""
+    return next((b for b in BUCKETS if b >= q), None)
+
+
+def slots_for(length: int) -> int:
+    """Buffer slots per row for sequences up to ``length`` (plus the spare end)."""
+    need = max(MIN_SLOTS, length + SPARE_SLOTS)
+    return 1 << (need - 1).bit_length()
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's preallocated keys and values (written by :meth:`SlotCache.update`)."""
+
+    is_compileable = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values  # (R, H, S, D) each
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # noqa: D102
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):  # noqa: D102
+        raise RuntimeError("SlotCache writes its layers")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:  # noqa: D102
+        return int(self.keys.shape[2]), 0
+
+    def get_seq_length(self) -> int:  # noqa: D102
+        return 0
+
+    def get_max_length(self) -> int:  # noqa: D102
+        return int(self.keys.shape[2])
+
+
+def _complete(cls: type) -> type:
+    """cls with a stub for every abstract method this transformers release declares beyond
+    the ones written here (the layer interface grows between releases; SlotCache calls none
+    of them)."""
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+
+    def stub(self, *args, **kwargs):
+        raise NotImplementedError("a SlotCache layer is written by SlotCache.update")
+    return type(cls.__name__, (cls,), {m: stub for m in missing}) if missing else cls
+
+
+_SlotLayer = _complete(_SlotLayer)
+
+
+class SlotCache(Cache):
+    """A transformers ``Cache`` over preallocated (R, H, S, D) buffers: ``update`` writes the
+    fed keys and values of rows [0, rows) at ``slots`` and returns slots [0, view) of those
+    rows (the attended width: the written prefix eager, all S slots when captured)."""
+
+    def __init__(self, layers: list[_SlotLayer]):
+        super().__init__(layers=layers)
+        self.rows = int(layers[0].keys.shape[0])
+        self.view = 0
+        self.written = 0  # slots [0, written) of every row hold committed or fed tokens
+        self.slots = torch.zeros(0, dtype=torch.long, device=layers[0].keys.device)  # (q,)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        keys, values = layer.keys[: self.rows], layer.values[: self.rows]  # (W, H, S, D)
+        keys.index_copy_(2, self.slots, key_states)
+        values.index_copy_(2, self.slots, value_states)
+        return keys[:, :, : self.view], values[:, :, : self.view]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.written
+
+
+@dataclass(eq=False)
+class _Graph:
+    """A captured step of one shape and its static inputs (filled before each replay)."""
+
+    graph: object  # torch.cuda.CUDAGraph, or an _EagerReplay on a CPU
+    inputs: dict[str, torch.Tensor]  # input_ids or inputs_embeds, position_ids, attention_mask
+    slots: torch.Tensor  # (b,)
+    out: torch.Tensor  # (W, b, d) last hidden states, overwritten by every replay
+
+
+@dataclass(eq=False)
+class KVSet:
+    """Buffers of one model for ``rows`` rows and ``slots`` slots, and their captured steps."""
+
+    cache: SlotCache
+    slots: int
+    graphs: dict[tuple, _Graph | None] = field(default_factory=dict)  # None: capture failed
+    busy: bool = False
+    holder: object | None = None  # the finalizer that releases it when its holder is collected
+
+    @property
+    def rows(self) -> int:
+        return int(self.cache.layers[0].keys.shape[0])
+
+
+_POOL: WeakKeyDictionary = WeakKeyDictionary()  # model -> list[KVSet]
+
+
+def _kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a stock decoder."""
+    cfg = model.config
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    return int(cfg.num_hidden_layers), heads, dim
+
+
+def _new_set(model: torch.nn.Module, rows: int, slots: int) -> KVSet:
+    n, heads, dim = _kv_shape(model)
+    p = next(model.parameters())
+    layers = [_SlotLayer(torch.zeros((rows, heads, slots, dim), dtype=p.dtype, device=p.device),
+                         torch.zeros((rows, heads, slots, dim), dtype=p.dtype, device=p.device))
+              for _ in range(n)]  # (R, H, S, D) each
+    return KVSet(SlotCache(layers), slots)
+
+
+def lease(model: torch.nn.Module, rows: int, length: int, owner: object) -> KVSet:
+    """A free KV set of ``model`` with ``rows`` rows and room for ``length`` slots per row,
+    held until ``owner`` is collected or :func:`release` (the pool keeps it for later runs)."""
+    sets = _POOL.setdefault(model, [])
+    need = slots_for(length)
+    free = [s for s in sets if not s.busy and s.rows == rows and s.slots >= need]
+    kv = min(free, key=lambda s: s.slots) if free else _new_set(model, rows, need)
+    if not free:
+        sets.append(kv)
+    kv.busy = True
+    kv.cache.written = 0
+    kv.holder = weakref.finalize(owner, release, kv)
+    return kv
+
+
+def release(kv: KVSet) -> None:
+    """Give a set back to the pool (its holder's finalizer is dropped)."""
+    if kv.holder is not None:
+        kv.holder.detach()
+        kv.holder = None
+    kv.busy = False
+
+
+def pool_sets(model: torch.nn.Module) -> list[KVSet]:
+    """The KV sets the pool holds for ``model`` (for tests and the GPU benchmark)."""
+    return list(_POOL.get(model, []))
+
+
+def run_step(kv: KVSet, forward: Callable[[dict], torch.Tensor], inputs: dict[str, torch.Tensor],
+             mask: torch.Tensor, pos: torch.Tensor, captured: bool) -> tuple[torch.Tensor, str]:
+    """One forward writing its (W, q) fed tokens at slots [written, written + q).
+
+    Args:
+        forward: runs the decoder on a dict of inputs (input_ids or inputs_embeds,
+            attention_mask, position_ids) with ``kv.cache``; returns (W, q, d) hidden states.
+        mask: (W, 1, q, kv) additive mask over the written slots and the fed ones.
+        pos: (W, q) position ids.
+    Returns:
+        the (W, q, d) hidden states (a fresh tensor) and the path that served the step.
+    """
+    cache, (W, q) = kv.cache, pos.shape
+    start = cache.written
+    if start + q > kv.slots - SPARE_SLOTS:
+        raise RuntimeError("static KV buffer full")  # CachedModel grows it before this
+    b = bucket(q) if captured else None
+    graph = _graph(kv, forward, inputs, W, b) if b is not None else None
+    if graph is None:
+        cache.rows, cache.view = W, start + q
+        cache.slots = torch.arange(start, start + q, device=pos.device)  # (q,)
+        out = forward({**inputs, "attention_mask": mask, "position_ids": pos})
+        cache.written = start + q
+        return out, "static"
+    _fill(graph, kv, inputs, mask, pos, start)
+    graph.graph.replay()
+    cache.written = start + q
+    return graph.out[:, :q].clone(), "captured" if pos.device.type == "cuda" else "padded"
+
+
+def _fill(g: _Graph, kv: KVSet, inputs: dict, mask: torch.Tensor, pos: torch.Tensor,
+          start: int) -> None:
+    """Copy one step's inputs into a graph's static ones: padded tokens sit after the real
+    ones (slots start + q ...), see slot 0 only, and take position 0."""
+    W, q = pos.shape
+    b = int(g.slots.shape[0])
+    g.slots.copy_(torch.arange(start, start + b, device=pos.device))  # (b,)
+    name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
+    g.inputs[name].zero_()
+    g.inputs[name][:, :q].copy_(inputs[name])
+    g.inputs["position_ids"].zero_()
+    g.inputs["position_ids"][:, :q].copy_(pos)
+    full = g.inputs["attention_mask"]  # (W, 1, b, S)
+    full.fill_(torch.finfo(full.dtype).min)
+    full[:, :, :q, : mask.shape[-1]].copy_(mask)
+    full[:, :, q:, 0] = 0  # padded queries: slot 0 only
+
+
+def _graph(kv: KVSet, forward, inputs: dict, W: int, b: int) -> _Graph | None:
+    """The captured step of (W rows, b fed tokens, this input kind), captured on first use;
+    None where capture failed (that shape then runs eager, recorded as static)."""
+    name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
+    key = (W, b, name)
+    if key not in kv.graphs:
+        kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name)
+    return kv.graphs[key]
+
+
+def _capture(kv: KVSet, forward, sample: torch.Tensor, W: int, b: int, name: str) -> _Graph | None:
+    """Capture one step shape: its static inputs write the spare end of the buffer, so the
+    warm-up and the capture never touch a live slot."""
+    cache, dev = kv.cache, sample.device
+    dtype = cache.layers[0].keys.dtype
+    shape = (W, b) if name == "input_ids" else (W, b, int(sample.shape[-1]))
+    inputs = {name: torch.zeros(shape, dtype=sample.dtype, device=dev),
+              "position_ids": torch.zeros((W, b), dtype=torch.long, device=dev),
+              "attention_mask": torch.zeros((W, 1, b, kv.slots), dtype=dtype, device=dev)}
+    slots = torch.arange(kv.slots - b, kv.slots, device=dev)  # (b,) the spare end
+    saved = (cache.rows, cache.view, cache.slots)
+    cache.rows, cache.view, cache.slots = W, kv.slots, slots
+    if dev.type != "cuda":
+        replay = _EagerReplay(forward, inputs, cache, (W, kv.slots, slots))
+        cache.rows, cache.view, cache.slots = saved
+        return _Graph(replay, inputs, slots, replay.out)
+    try:
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the capture (allocator, lazy inits)
+                forward(inputs)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward(inputs)  # (W, b, d)
+        return _Graph(graph, inputs, slots, out)
+    except Exception:  # noqa: BLE001 - a shape that cannot be captured runs eager
+        torch.cuda.synchronize(dev)
+        return None
+    finally:
+        cache.rows, cache.view, cache.slots = saved
+
+
+class _EagerReplay:
+    """A CPU stand-in for a CUDA graph: replay runs the forward eagerly on the same static
+    inputs and writes into the same output buffer."""
+
+    def __init__(self, forward, inputs: dict, cache: SlotCache, state: tuple):
+        self.forward, self.inputs, self.cache, self.state = forward, inputs, cache, state
+        self.out = forward(inputs).clone()  # (W, b, d) also the warm-up
+
+    def replay(self) -> None:
+        cache, saved = self.cache, (self.cache.rows, self.cache.view, self.cache.slots)
+        cache.rows, cache.view, cache.slots = self.state
+        try:
+            self.out.copy_(self.forward(self.inputs))
+        finally:
+            cache.rows, cache.view, cache.slots = saved
+
+
+def gather(kv: KVSet, W: int, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
+    """Commit inside the buffers: every new row r keeps slots [0, prefix) of parent row
+    rows[r] followed by that row's node_slots[r] (W' = len(rows) <= buffer rows)."""
+    cache = kv.cache
+    W2, f = node_slots.shape
+    identity = W2 == W and bool((rows == torch.arange(W, device=rows.device)).all())
+    if identity and f:
+        for layer in cache.layers:  # only the kept nodes move, inside their own rows
+            for buf in (layer.keys, layer.values):
+                H, D = buf.shape[1], buf.shape[3]
+                idx = node_slots[:, None, :, None].expand(W, H, f, D)  # (W, H, f, D)
+                buf[:W, :, prefix:prefix + f] = buf[:W].gather(2, idx)
+    elif not identity:
+        idx = torch.cat([torch.arange(prefix, device=rows.device).expand(W2, prefix),
+                         node_slots], dim=1)  # (W', prefix + f)
+        for layer in cache.layers:
+            for buf in (layer.keys, layer.values):
+                R, H, S, D = buf.shape
+                flat = flat_index(rows, idx, H, S)  # (W' * H * (prefix + f),)
+                moved = buf.view(R * H * S, D).index_select(0, flat)
+                buf[:W2, :, : prefix + f] = moved.view(W2, H, prefix + f, D)
+    cache.written = prefix + f
+
+
+def flat_index(rows: torch.Tensor, idx: torch.Tensor, H: int, S: int) -> torch.Tensor:
+    """(W' * H * S',) positions of x[rows[r], h, idx[r, s]] in a (W, H, S, D) cache tensor
+    flattened to (W * H * S, D)."""
+    heads = torch.arange(H, device=idx.device)  # (H,)
+    flat = (rows[:, None, None] * H + heads[None, :, None]) * S + idx[:, None, :]  # (W', H, S')
+    return flat.reshape(-1)
+
+
+def copy_row(kv: KVSet, src: int, dst: slice, length: int) -> None:
+    """Copy slots [0, length) of row ``src`` into rows ``dst`` (a shared prompt's prefill)."""
+    for layer in kv.cache.layers:
+        for buf in (layer.keys, layer.values):
+            buf[dst, :, :length] = buf[src : src + 1, :, :length]

@@ -1,0 +1,115 @@
+"""The three KV paths on a CUDA device (dynamic, static, captured: CUDA graphs), fp32 and bf16,
+tiny models built from configs: tree attention against sequential decoding, greedy methods and
+beam methods against generate(), every captured shape really captured, and a run longer than
+its first buffer. The rest of tests/cuda runs on the default path (captured on CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.core import static_kv
+from engine.core.cached_model import CachedModel
+from engine.core.forest import PAD, ROOT
+from engine.core.models import load_pair
+from tests.cuda.test_cuda_exactness import (
+    DTYPES,
+    SCORE_TOL,
+    _path,
+    _sequential,
+    assert_same_greedy,
+    cuda_model,
+)
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA device: torch.cuda.is_available() is False"),
+]
+SERVED = {"dynamic": "dynamic", "static": "static", "captured": "captured"}
+
+
+@pytest.fixture(params=list(SERVED))
+def kv(request, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_KV", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forest_nodes_score_like_sequential_decoding_on_every_path(kv, dtype):
+    dt, tol = DTYPES[dtype]
+    model = cuda_model("llama", dt, seed=3)
+    prompts = [[5, 7, 9, 11], [3, 4, 8, 2]]
+    trees = [([10, 12, 13, 14, 15, 16], [ROOT, ROOT, 0, 0, 1, 4]),
+             ([20, 21, 22, 0, 0, 0], [ROOT, 0, 1, PAD, PAD, PAD])]
+    cached = CachedModel(model)
+    cached.start(torch.tensor(prompts))
+    root = cached.feed()
+    tok, par = torch.tensor([t for t, _ in trees]), torch.tensor([p for _, p in trees])
+    nodes = cached.feed(tok, par).node_logits.float()  # (W, n, V)
+    worst = 0.0
+    for w, (tokens, parents) in enumerate(trees):
+        worst = max(worst, float((root.root_logits[w].float()
+                                  - _sequential(model, prompts[w])).abs().max()))
+        for i, pj in enumerate(parents):
+            if pj != PAD:
+                ref = _sequential(model, prompts[w] + _path(tokens, parents, i))
+                worst = max(worst, float((nodes[w, i] - ref).abs().max()))
+    assert worst <= tol, (kv, dtype, worst)
+    assert cached.take_served() == [SERVED[kv]] * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_methods_equal_generate_on_every_path(kv, dtype):
+    dt, tol = DTYPES[dtype]
+    target = cuda_model("llama", dt)
+    pair = load_pair(target=target, draft="early-exit:2", device="cuda")
+    for prompt in ([3, 4, 5, 6], [40, 2, 17, 9, 33]):
+        out = target.generate(torch.tensor([prompt], device="cuda"), do_sample=False,
+                              max_new_tokens=24, output_logits=True,
+                              return_dict_in_generate=True)
+        for method, params in (("greedy", {}), ("sd", {"gamma": 3}),
+                               ("mcsd", {"k_config": "4x2x2"})):
+            trace = engine.generate(pair, prompt, method, max_new_tokens=24, **params)
+            assert_same_greedy(list(trace.token_ids), out, prompt,
+                               0.0 if dt == torch.float32 else tol)
+            assert trace.stats["step_paths"][f"target:{SERVED[kv]}"] == len(trace.rounds)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_beam_methods_equal_generate_num_beams_on_every_path(kv, dtype):
+    target = cuda_model("llama", DTYPES[dtype][0], layers=2)
+    gc = target.generation_config
+    gc.eos_token_id, gc.pad_token_id, gc.early_stopping, gc.length_penalty = None, None, False, 1.0
+    pair = load_pair(target=target, draft=cuda_model("llama", DTYPES[dtype][0], seed=1,
+                                                     layers=2), device="cuda")
+    for prompt in ([3, 4, 5, 6], [11, 12]):
+        out = target.generate(torch.tensor([prompt], device="cuda"), num_beams=4,
+                              num_return_sequences=4, do_sample=False, max_new_tokens=10,
+                              output_scores=True, return_dict_in_generate=True)
+        rows, scores = out.sequences[:, len(prompt):].tolist(), out.sequences_scores.tolist()
+        for method, kw in (("beam", {}), ("atspeed_strict", {"draft_beams": 8, "gamma": 3})):
+            trace = engine.generate(pair, prompt, method, beams=4, max_new_tokens=10, **kw)
+            assert [list(b.token_ids) for b in trace.beams] == rows, (kv, method, dtype)
+            for beam, score in zip(trace.beams, scores):
+                assert abs(beam.score - score) <= SCORE_TOL[dtype], (kv, method, dtype)
+
+
+def test_every_captured_shape_is_a_cuda_graph_and_a_long_run_grows_its_buffer(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_KV", "captured")
+    monkeypatch.setattr(static_kv, "MIN_SLOTS", 64)
+    monkeypatch.setattr("engine.core.cached_model.RESERVE", 0)
+    target = cuda_model("llama", torch.float32)
+    pair = load_pair(target=target, draft="early-exit:2", device="cuda")
+    prompt = [3, 4, 5, 6]
+    trace = engine.generate(pair, prompt, "sd", gamma=3, max_new_tokens=120)
+    ref = target.generate(torch.tensor([prompt], device="cuda"), do_sample=False,
+                          max_new_tokens=120)
+    assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+    sets = static_kv.pool_sets(target) + static_kv.pool_sets(pair.drafter.model)
+    assert max(s.slots for s in sets) > 64  # the run moved to a larger buffer
+    graphs = [g for s in sets for g in s.graphs.values()]
+    failed = [k for s in sets for k, g in s.graphs.items() if g is None]
+    assert graphs and not failed, failed  # None: that shape's capture failed (ran eager)
+    assert all(isinstance(g.graph, torch.cuda.CUDAGraph) for g in graphs)

@@ -1,0 +1,205 @@
+"""The static KV path (preallocated buffers, in-place commits) and the fixed-shape steps of the
+captured path (run eagerly from their static inputs on a CPU: ``padded``) give the dynamic
+path's results: forest scores like sequential decoding, greedy and beam runs identical to
+generate(), sampled runs identical to the dynamic path's under the same seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.core import static_kv
+from engine.core.cached_model import CachedModel
+from engine.core.errors import ConfigError
+from engine.core.forest import PAD, ROOT
+from engine.core.models import model_from_config, tiny_config
+from engine.core.trace import RunTrace
+from tests.conftest import tiny_pair
+from tests.model import test_beam_methods as beams
+
+PATHS = {"static": "static", "captured": "padded"}  # SPECVIZ_KV -> the path a CPU serves
+
+
+@pytest.fixture(params=list(PATHS))
+def kv(request, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_KV", request.param)
+    return request.param
+
+
+def _sequential(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1]  # (V,)
+
+
+def _path(tokens, parents, node):
+    out = []
+    while node >= 0:
+        out.append(tokens[node])
+        node = parents[node]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+def test_forest_nodes_score_like_sequential_decoding_on_the_static_paths(kv, family):
+    model = model_from_config(tiny_config(family, vocab_size=50), seed=3)
+    prompts = [[5, 7, 9, 11], [3, 4, 8, 2]]
+    trees = [([10, 12, 13, 14, 15, 16], [ROOT, ROOT, 0, 0, 1, 4]),
+             ([20, 21, 22, 0, 0, 0], [ROOT, 0, 1, PAD, PAD, PAD])]
+    cached = CachedModel(model)
+    cached.start(torch.tensor(prompts))
+    root = cached.feed()
+    tok, par = torch.tensor([t for t, _ in trees]), torch.tensor([p for _, p in trees])
+    a, b = cached.feed(tok[:, :3], par[:, :3]), cached.feed(tok[:, 3:], par[:, 3:])
+    nodes = torch.cat([a.node_logits, b.node_logits], dim=1)
+    for w, (tokens, parents) in enumerate(trees):
+        torch.testing.assert_close(root.root_logits[w], _sequential(model, prompts[w]),
+                                   atol=1e-4, rtol=0)
+        for i, pj in enumerate(parents):
+            if pj != PAD:
+                ref = _sequential(model, prompts[w] + _path(tokens, parents, i))
+                torch.testing.assert_close(nodes[w, i], ref, atol=1e-4, rtol=0)
+    assert cached.take_served() == [PATHS[kv]] * 3
+
+
+def test_a_commit_that_reorders_and_duplicates_rows_keeps_each_parents_prefix_and_path(kv):
+    model = model_from_config(tiny_config("llama", vocab_size=50), seed=4)
+    prompts = [[5, 7, 9], [3, 4, 8]]
+    cached = CachedModel(model)
+    cached.start(torch.tensor(prompts))
+    cached.feed(torch.tensor([[10, 11], [20, 21]]), torch.tensor([[ROOT, 0], [ROOT, 0]]))
+    rows = torch.tensor([1, 1])  # both new rows descend from row 1
+    cached.commit(rows, torch.tensor([[0, 1], [0, 1]]), torch.tensor([[20, 21], [20, 21]]),
+                  torch.tensor([[30], [31]]))
+    out = cached.feed()
+    for r, last in enumerate((30, 31)):
+        ref = _sequential(model, prompts[1] + [20, 21, last])
+        torch.testing.assert_close(out.root_logits[r], ref, atol=1e-4, rtol=0)
+
+
+TOKEN_METHODS = [("greedy", {}), ("sd", {"gamma": 3}), ("sd", {"controller": "beta_ts"}),
+                 ("mcsd", {"k_config": "4x2x2"}), ("greedy_drafts", {"k_config": "3x2x2"})]
+
+
+@pytest.mark.parametrize("method,params", TOKEN_METHODS)
+@pytest.mark.parametrize("draft", [None, "feature", "ngram+feature"])
+def test_greedy_token_methods_equal_generate_on_the_static_paths(kv, method, params, draft):
+    pair = tiny_pair(draft=draft)
+    for prompt in ([3, 4, 5, 6, 3, 4, 5], [11, 12]):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
+        ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)
+        assert list(trace.token_ids) == ref[0, len(prompt):].tolist(), (method, prompt)
+        assert trace.stats["step_paths"].get(f"target:{PATHS[kv]}", 0) == len(trace.rounds)
+
+
+@pytest.mark.parametrize("draft", ["same", "ngram+feature"])
+def test_beam_methods_equal_generate_num_beams_on_the_static_paths(kv, draft):
+    target = beams.tiny(0)
+    pair = beams.pair_of(target, target if draft == "same" else draft)
+    beams.set_generation(target)
+    for s in range(2):
+        ids = beams.prompt(s)
+        hf = beams.hf_beams(target, ids, 3, 10)
+        for method, kw in (("beam", {}), ("atspeed_strict", {"draft_beams": 6, "gamma": 3})):
+            trace = engine.generate(pair, ids, method, beams=3, max_new_tokens=10, **kw)
+            beams.assert_same_beams(trace, hf, None)
+
+
+@pytest.mark.parametrize("method,params", [("sample", {}), ("sd", {"gamma": 3}),
+                                           ("mcsd", {"k_config": "2x2"}),
+                                           ("dsbd", {"draft_beams": 2})])
+def test_sampled_runs_draw_the_dynamic_paths_tokens_under_the_same_seed(monkeypatch, method,
+                                                                        params):
+    """Same logits up to float rounding, so the same draws: each sampling law is the dynamic
+    path's (which the chi-square and enumeration tests check)."""
+    pair = tiny_pair()
+    runs = {}
+    for mode in ("dynamic", "static", "captured"):
+        monkeypatch.setenv("SPECVIZ_KV", mode)
+        runs[mode] = [engine.generate(pair, [3, 4, 5], method, temperature=1.0, seed=s,
+                                      max_new_tokens=12, **params).token_ids for s in range(6)]
+    assert runs["static"] == runs["dynamic"] and runs["captured"] == runs["dynamic"]
+
+
+def test_buffers_are_pooled_across_runs_and_a_model_drafting_for_itself_holds_two(kv):
+    target = model_from_config(tiny_config("llama", vocab_size=64, layers=2), seed=5)
+    pair = engine.load_pair(target=target, draft=target, device="cpu")
+    engine.generate(pair, [3, 4, 5], "sd", gamma=2, max_new_tokens=8)
+    sets = static_kv.pool_sets(target)
+    assert len(sets) >= 2  # the target's and the self-draft's, never one set for both
+    engine.generate(pair, [6, 7], "sd", gamma=2, max_new_tokens=8)
+    assert static_kv.pool_sets(target) == sets  # reused, not re-made
+
+
+def test_a_run_longer_than_its_buffer_moves_to_a_larger_one(kv, monkeypatch):
+    monkeypatch.setattr(static_kv, "MIN_SLOTS", 16)
+    monkeypatch.setattr(static_kv, "SPARE_SLOTS", 4)
+    monkeypatch.setattr("engine.core.cached_model.RESERVE", 0)
+    pair = tiny_pair(draft="early-exit")
+    prompt = [3, 4, 5, 6]
+    trace = engine.generate(pair, prompt, "sd", gamma=3, max_new_tokens=40)
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40)
+    assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+    assert max(s.slots for s in static_kv.pool_sets(pair.target)) >= 44
+
+
+def test_every_round_records_the_path_of_each_forward_and_the_trace_round_trips(kv):
+    trace = engine.generate(tiny_pair(), [3, 4, 5], "sd", gamma=2, max_new_tokens=8)
+    assert all(r.step_paths[0] == f"target:{PATHS[kv]}" for r in trace.rounds)
+    assert any(p.startswith("draft:") for r in trace.rounds for p in r.step_paths)
+    back = RunTrace.from_json(trace.to_json())
+    assert back.rounds[1].step_paths == trace.rounds[1].step_paths
+    old = trace.to_dict()
+    for r in old["rounds"]:
+        del r["step_paths"]  # a trace written before the field existed
+    assert RunTrace.from_dict(old).rounds[0].step_paths == ()
+
+
+def test_the_dynamic_path_is_the_cpu_default_and_a_bad_path_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv("SPECVIZ_KV", raising=False)
+    assert static_kv.kv_mode(torch.device("cpu")) == "dynamic"
+    assert static_kv.kv_mode(torch.device("cuda")) == "captured"
+    monkeypatch.setenv("SPECVIZ_KV", "fast")
+    with pytest.raises(ConfigError, match="SPECVIZ_KV='fast': expected one of"):
+        static_kv.kv_mode(torch.device("cpu"))
+
+
+def test_buckets_and_buffer_sizes():
+    assert [static_kv.bucket(q) for q in (1, 2, 3, 5, 17, 64, 65)] == [1, 2, 4, 8, 32, 64, None]
+    assert static_kv.slots_for(10) == static_kv.MIN_SLOTS
+    assert static_kv.slots_for(2000) == 4096
+
+
+def test_dsbd_output_law_equals_beam_sampling_on_the_padded_path(monkeypatch):
+    """Two copies of one beam scored at different columns of a padded step differ by float
+    rounding; DSBD reads one law per sequence, so a top-k warp over the tied copies breaks
+    the tie as beam sampling does (exact enumeration, K = W_S = 2)."""
+    monkeypatch.setenv("SPECVIZ_KV", "captured")
+    pair = beams.law_pair()
+    ref, _ = beams.engine_law(pair, "beam_sample", beams=2)
+    law, outcomes = beams.engine_law(pair, "dsbd", draft_beams=2, min_width=2, gamma=1)
+    assert outcomes["accepted"] > 0.1 and outcomes["corrected"] > 0.1
+    assert beams.gap(law, ref) < 1e-5, beams.gap(law, ref)
+
+
+def test_equal_beams_read_one_law_when_their_sequences_are_given():
+    from engine.methods.beam_forest import target_logprobs
+
+    p_root = torch.tensor([[0.0, 1.0, 2.0]])  # (W, V)
+    p_nodes = torch.tensor([[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0 + 1e-6]]])  # (W, 2, V)
+    pos = [(0, 0), (0, 1), (0, ROOT)]
+    loose = target_logprobs(p_root, p_nodes, pos)
+    assert not torch.equal(loose[0], loose[1])
+    tied = target_logprobs(p_root, p_nodes, pos, [(5, 6), (5, 6), (5,)])
+    assert torch.equal(tied[0], tied[1]) and torch.equal(tied[2], loose[2])
+
+
+def test_a_model_placed_by_a_device_map_keeps_the_dynamic_path(monkeypatch):
+    """accelerate's hooks move weights at every forward: no fixed-address step."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    monkeypatch.setenv("SPECVIZ_KV", "captured")
+    model = model_from_config(tiny_config("llama", vocab_size=50), seed=3)
+    assert CachedModel(model).mode == "captured"
+    add_hook_to_module(model.model.layers[0], ModelHook())
+    assert CachedModel(model).mode == "dynamic"
