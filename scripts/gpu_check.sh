@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# GPU runbook: the CUDA exactness tests (tests/cuda, fp32 and bf16) and the GPU benchmark
-# with random-initialised models of real sizes (engine/bench/gpu.py: a SmolLM2-1.7B-sized
-# target, a 135M-sized drafter; no download). Needs no network and no pip: it uses
-# ./.venv/bin/python when present, else the system python3 (torch >= 2.11 and
-# transformers >= 5.17 preinstalled; pytest for the tests). Results go to $OUT
-# (default artifacts/gpu): cuda_tests.log, gpu_bench.md, gpu_bench.json.
-# Usage: bash scripts/gpu_check.sh [--quick]   (--quick: 32 tokens, 2 repeats)
+# GPU runbook, one call of under 8 minutes: the CUDA tests (tests/cuda: the three KV paths,
+# tree attention against sequential decoding, greedy and beam methods against generate(),
+# fp32 and bf16, device maps), the step table (engine/bench/steps.py: dynamic / static /
+# captured steps, c_verify(n), c_draft, generate() eager, bandwidth limit; SmolLM2-1.7B- and
+# Qwen2.5-7B-sized random models built from configs, no download), the method rows
+# (engine/bench/gpu.py) and last the peer generate() with static cache + torch.compile.
+# Needs no network and no pip: ./.venv/bin/python when present, else the system python3
+# (torch >= 2.11, transformers >= 5.17 and pytest preinstalled). Results go to $OUT
+# (default artifacts/gpu): cuda_tests.log, steps.json/.md, gpu_bench.json/.md.
+# Usage: bash scripts/gpu_check.sh [--quick | --rehearse]
+#   --quick: fewer tokens and repeats; --rehearse: tiny sizes on the CPU (checks the script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3
 OUT=${OUT:-artifacts/gpu}
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
-BENCH=(--new-tokens 128 --repeats 5)
-[ "${1:-}" = "--quick" ] && BENCH=(--new-tokens 32 --repeats 2)
+export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False PYTHONUNBUFFERED=1
+STEPS=(--sizes smollm2-1.7b qwen2.5-7b --tokens 48 --reps 8)
+PEER=(--sizes smollm2-1.7b --compile-peer smollm2-1.7b --tokens 48 --reps 3 --peer-only)
+BENCH=(--new-tokens 48 --repeats 2)
+case "${1:-}" in
+  --quick) STEPS=(--sizes smollm2-1.7b --tokens 32 --reps 5); BENCH=(--new-tokens 32 --repeats 2) ;;
+  --rehearse) STEPS=(--small --tokens 8 --reps 2 --device cpu)
+              PEER=(--small --compile-peer small-target --tokens 8 --reps 2 --peer-only --device cpu)
+              BENCH=(--small --device cpu) ;;
+esac
 
-"$PY" - <<'PY' || exit 1
+"$PY" - <<'PY' || [ "${1:-}" = "--rehearse" ] || exit 1
 import torch, transformers
 print(f"python torch {torch.__version__}, transformers {transformers.__version__}")
 if not torch.cuda.is_available():
@@ -27,12 +38,20 @@ PY
 
 status=0
 if "$PY" -c "import pytest" 2>/dev/null; then
-  "$PY" -m pytest -q -p no:cacheprovider -rs tests/cuda 2>&1 | tee "$OUT/cuda_tests.log"
+  timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rs --durations=5 --timeout=60 tests/cuda \
+    2>&1 | tee "$OUT/cuda_tests.log"
   status=${PIPESTATUS[0]}
 else
   echo "pytest is not installed for $PY: the CUDA tests did not run" | tee "$OUT/cuda_tests.log"
   status=1
 fi
-"$PY" -m engine.bench.gpu "${BENCH[@]}" --out "$OUT/gpu_bench.json" | tee "$OUT/gpu_bench.md"
+timeout 170 "$PY" -m engine.bench.steps "${STEPS[@]}" --out "$OUT/steps.json" \
+  | tee "$OUT/steps.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+timeout 60 "$PY" -m engine.bench.gpu "${BENCH[@]}" --out "$OUT/gpu_bench.json" \
+  | tee "$OUT/gpu_bench.md"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+timeout 100 "$PY" -m engine.bench.steps "${PEER[@]}" --out "$OUT/steps.json" \
+  | tee "$OUT/steps.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit "$status"
