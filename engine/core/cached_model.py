@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from engine.core import static_kv
 from engine.core.errors import UnsupportedModelError
-from engine.core.forest import attention_inputs
+from engine.core.forest import ROOT, attention_inputs
 from engine.core.layout import head_logits, layout_for
 from engine.core.placement import input_device
 
@@ -330,6 +330,31 @@ class CachedModel:
         if rows.shape[0] > self.kv.rows:
             self._grow(int(rows.shape[0]), written)
         static_kv.gather(self.kv, self.width, rows, prefix, node_slots)
+
+
+WARM_NODES = (0, 1, 3, 7, 15)  # chain nodes per row of the warmed steps: buckets 1 to 16
+
+
+def warm_steps(runner: CachedModel, width: int = 1) -> int:
+    """Capture a runner's common step shapes before any run needs them: a plain step and
+    verify passes of 1 + n tokens per row (n in WARM_NODES) at ``width`` rows, over an
+    8-token dummy prompt; the captured steps stay in the model's pool for every later run.
+    Only on the captured path and for token inputs (a feature runner's embeddings capture on
+    first use). Returns the number of shapes the runner's KV set holds."""
+    if runner.mode != "captured" or type(runner)._inputs is not CachedModel._inputs:
+        return 0
+    dev = runner.device
+    runner.start(torch.full((width, 8), 5, dtype=torch.long, device=dev))  # (W, 8)
+    rows = torch.arange(width, device=dev)
+    empty = torch.zeros((width, 0), dtype=torch.long, device=dev)
+    for n in (0, *WARM_NODES):  # the first feed prefills the prompt
+        par = torch.arange(-1, n - 1, device=dev).expand(width, -1).clone()  # (W, n) chain
+        par[:, :1] = ROOT
+        runner.feed(torch.full((width, n), 5, dtype=torch.long, device=dev), par)
+        runner.commit(rows, empty, empty, torch.full((width, 1), 5, dtype=torch.long,
+                                                     device=dev))
+    runner.take_served()
+    return len(runner.kv.graphs)
 
 
 def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from engine.core.cached_model import check_supported
+from engine.core.cached_model import CachedModel, check_supported, warm_steps
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.layout import prepare
 from engine.core.placement import (
@@ -30,6 +30,7 @@ from engine.core.placement import (
     resolve_map,
 )
 from engine.core.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
+from engine.core.static_kv import kv_mode
 from engine.core.tuned import Tuned, tuned_settings
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -353,6 +354,10 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     for model in (tmodel, getattr(drafter, "model", None)):
         if model is not None and dev.type == "cpu":
             prepare(model)  # engine.core.layout: packed weights for few-token forwards
+    if kv_mode(dev, tmodel) == "captured":  # the common step shapes captured at load
+        for runner in (CachedModel(tmodel), drafter.runner()):
+            if isinstance(runner, CachedModel):
+                warm_steps(runner)
     return ModelPair(tmodel, drafter, tok or dtok, dev, tname, drafter.name, tuned)
 
 

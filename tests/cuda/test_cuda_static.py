@@ -113,3 +113,13 @@ def test_every_captured_shape_is_a_cuda_graph_and_a_long_run_grows_its_buffer(mo
     failed = [k for s in sets for k, g in s.graphs.items() if g is None]
     assert graphs and not failed, failed  # None: that shape's capture failed (ran eager)
     assert all(isinstance(g.graph, torch.cuda.CUDAGraph) for g in graphs)
+
+
+def test_loading_a_pair_captures_the_common_step_shapes_as_cuda_graphs(monkeypatch):
+    monkeypatch.delenv("SPECVIZ_KV", raising=False)
+    target = cuda_model("llama", torch.bfloat16, seed=9)
+    pair = load_pair(target=target, draft="early-exit:2", device="cuda")
+    for model in (target, pair.drafter.model):
+        graphs = {k: g for s in static_kv.pool_sets(model) for k, g in s.graphs.items()}
+        assert {(1, b, "input_ids") for b in (1, 2, 4, 8, 16)} <= set(graphs)
+        assert all(isinstance(g.graph, torch.cuda.CUDAGraph) for g in graphs.values())

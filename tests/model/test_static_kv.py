@@ -203,3 +203,15 @@ def test_a_model_placed_by_a_device_map_keeps_the_dynamic_path(monkeypatch):
     assert CachedModel(model).mode == "captured"
     add_hook_to_module(model.model.layers[0], ModelHook())
     assert CachedModel(model).mode == "dynamic"
+
+
+def test_loading_a_pair_on_the_captured_path_captures_the_common_step_shapes(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_KV", "captured")
+    target = model_from_config(tiny_config("llama", vocab_size=64, layers=4), seed=7)
+    pair = engine.load_pair(target=target, draft="early-exit:2", device="cpu")
+    for model in (target, pair.drafter.model):
+        shapes = {k for s in static_kv.pool_sets(model) for k in s.graphs}
+        assert {(1, b, "input_ids") for b in (1, 2, 4, 8, 16)} <= shapes
+    trace = engine.generate(pair, [3, 4, 5], "sd", gamma=3, max_new_tokens=12)
+    ref = target.generate(torch.tensor([[3, 4, 5]]), do_sample=False, max_new_tokens=12)
+    assert list(trace.token_ids) == ref[0, 3:].tolist()
