@@ -32,8 +32,8 @@ import torch
 from engine.core.errors import ConfigError
 from engine.core.models import resolve_device
 from engine.core.placement import requested_map
-from engine.core.static_kv import kv_mode
 from engine.core.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec
+from engine.core.static_kv import kv_mode
 from engine.core.tuned import preset_rows
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -121,10 +121,10 @@ class HostConfig:
 
     def check(self) -> HostConfig:
         """This config validated where that needs the engine: the default pair's specs, the
-        device map's syntax and devices, the KV path, a CUDA device when asked for, custom models off on
-        ZeroGPU (every model loads at start there). On ZeroGPU auto becomes cuda / bfloat16
-        without asking torch: the main process holds no GPU to query, and ZeroGPU's GPUs
-        (A100, H200) run bf16 natively."""
+        device map's syntax and devices, the KV path, a CUDA device when asked for, custom
+        models off on ZeroGPU (every model loads at start there). On ZeroGPU auto becomes
+        cuda / bfloat16 without asking torch: the main process holds no GPU to query, and
+        ZeroGPU's GPUs (A100, H200) run bf16 natively."""
         parse_model_spec(self.target)
         parse_model_spec(self.draft, draft=True)
         requested_map()  # SPECVIZ_DEVICE_MAP, read by engine.load_pair: refused at start
