@@ -7,7 +7,8 @@
 # (engine/bench/gpu.py) and last the peer generate() with static cache + torch.compile.
 # Needs no network and no pip: ./.venv/bin/python when present, else the system python3
 # (torch >= 2.11, transformers >= 5.17 and pytest preinstalled). Results go to $OUT
-# (default artifacts/gpu): cuda_tests.log, steps.json/.md, gpu_bench.json/.md.
+# (default artifacts/gpu): cuda_tests.log, steps.json/.md, steps_peer.md (the table with the
+# compiled peer added), gpu_bench.json/.md.
 # Usage: bash scripts/gpu_check.sh [--quick | --rehearse]
 #   --quick: fewer tokens and repeats; --rehearse: tiny sizes on the CPU (checks the script).
 set -uo pipefail
@@ -38,7 +39,7 @@ PY
 
 status=0
 if "$PY" -c "import pytest" 2>/dev/null; then
-  timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rs --durations=5 --timeout=60 tests/cuda \
+  timeout 180 "$PY" -m pytest -q -p no:cacheprovider -rs --durations=5 --timeout=60 tests/cuda \
     2>&1 | tee "$OUT/cuda_tests.log"
   status=${PIPESTATUS[0]}
 else
@@ -52,6 +53,6 @@ timeout 60 "$PY" -m engine.bench.gpu "${BENCH[@]}" --out "$OUT/gpu_bench.json" \
   | tee "$OUT/gpu_bench.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 timeout 100 "$PY" -m engine.bench.steps "${PEER[@]}" --out "$OUT/steps.json" \
-  | tee "$OUT/steps.md"
+  | tee "$OUT/steps_peer.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit "$status"

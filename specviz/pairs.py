@@ -181,7 +181,8 @@ def _get_pair(target: str, draft: str) -> engine.ModelPair:
         _PAIRS.move_to_end(key)
         return _PAIRS[key]
     cfg = HOST.config
-    pair = engine.load_pair(target=target, draft=draft, device=cfg.device, dtype=cfg.dtype)
+    pair = engine.load_pair(target=target, draft=draft, device=cfg.device, dtype=cfg.dtype,
+                            warm=not cfg.zero_gpu)  # ZeroGPU: no GPU in this process
     if not cfg.zero_gpu:
         WORKER.threads = tune_threads(pair)  # this is the model thread
     _PAIRS[key] = pair

@@ -335,11 +335,12 @@ def markdown(res: dict[str, Any]) -> str:
                          + ", ".join(f"{n}: {v:.2f}" for n, v in cv.items()))
         if "c_draft" in r and "c_verify" in r:
             g, sp = projected_sd(r["c_draft"]["captured"], r["c_verify"]["1"])
+            even = ", ".join(f"{n} node(s) per row "
+                             f"{break_even_strict(r['c_draft_width4'], r['c_verify']['4'], n):.2f}"
+                             for n in (1, 2))
             lines.append(f"- {name}: sd with {r['draft']} projected {sp:.2f}x at acceptance "
                          f"{ACCEPTANCE} (gamma {g}); atspeed_strict break-even top-K "
-                         f"acceptance at width 4: "
-                         + ", ".join(f"{n} node(s) per row {break_even_strict(r['c_draft_width4'], r['c_verify']['4'], n):.2f}"  # noqa: E501
-                                     for n in (1, 2)))
+                         f"acceptance at width 4: {even}")
     return "\n".join(lines)
 
 

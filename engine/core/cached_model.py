@@ -139,6 +139,13 @@ class CachedModel:
         self.kv.cache.written = written
         static_kv.release(old)
 
+    def close(self) -> None:
+        """Give the leased buffers back to the pool (the run is over; a later feed would
+        need start() again)."""
+        if self.kv is not None:
+            static_kv.release(self.kv)
+            self.kv, self.cache = None, None
+
     def take_served(self) -> list[str]:
         """The path of every forward since the last call (and forget them)."""
         out, self.served = self.served, []
@@ -190,10 +197,11 @@ class CachedModel:
         self.round_par = None  # the nodes' parents start with the all-row forward below
         if self.kv is not None:
             static_kv.copy_row(self.kv, 0, slice(1, W), self.kv.cache.written)
-        for layer in self.cache.layers if self.kv is None else ():
-            if layer.keys is not None and layer.keys.numel():
-                layer.keys = layer.keys.expand(W, -1, -1, -1).contiguous()  # (W, H, L, D)
-                layer.values = layer.values.expand(W, -1, -1, -1).contiguous()
+        else:
+            for layer in self.cache.layers:
+                if layer.keys is not None and layer.keys.numel():
+                    layer.keys = layer.keys.expand(W, -1, -1, -1).contiguous()  # (W, H, L, D)
+                    layer.values = layer.values.expand(W, -1, -1, -1).contiguous()
         root = (first.root_logits.repeat(W, 1), first.root_hidden.repeat(W, 1),
                 first.tail_hidden.repeat(W, 1, 1))  # (W, V), (W, d), (W, L, d)
         nodes = self._forward(tokens, parents)
@@ -320,7 +328,6 @@ class CachedModel:
             layer.keys = _take(layer.keys, flats[key], idx.shape)
             layer.values = _take(layer.values, flats[key], idx.shape)
 
-
     def _gather_static(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
         """The static path's commit: moves inside the leased buffers (grown for more rows)."""
         written = self.kv.cache.written
@@ -344,15 +351,15 @@ def warm_steps(runner: CachedModel, width: int = 1) -> int:
     if runner.mode != "captured" or type(runner)._inputs is not CachedModel._inputs:
         return 0
     dev = runner.device
-    runner.start(torch.full((width, 8), 5, dtype=torch.long, device=dev))  # (W, 8)
+    runner.start(torch.zeros((width, 8), dtype=torch.long, device=dev))  # (W, 8)
     rows = torch.arange(width, device=dev)
     empty = torch.zeros((width, 0), dtype=torch.long, device=dev)
     for n in (0, *WARM_NODES):  # the first feed prefills the prompt
         par = torch.arange(-1, n - 1, device=dev).expand(width, -1).clone()  # (W, n) chain
         par[:, :1] = ROOT
-        runner.feed(torch.full((width, n), 5, dtype=torch.long, device=dev), par)
-        runner.commit(rows, empty, empty, torch.full((width, 1), 5, dtype=torch.long,
-                                                     device=dev))
+        runner.feed(torch.zeros((width, n), dtype=torch.long, device=dev), par)  # (W, n)
+        runner.commit(rows, empty, empty, torch.zeros((width, 1), dtype=torch.long,
+                                                      device=dev))
     runner.take_served()
     return len(runner.kv.graphs)
 

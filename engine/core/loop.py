@@ -105,6 +105,9 @@ class Decoder:
         while not self.done:
             yield self._round()
             ctx.round_index += 1
+        for runner in (ctx.target, ctx._draft):  # the run is over: buffers back to the pool
+            if runner is not None:
+                runner.close()
 
     def _round(self) -> RoundTrace:
         ctx, dev = self.ctx, self.ctx.target.device

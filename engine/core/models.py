@@ -310,7 +310,7 @@ def check_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
 
 
 def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_map=None,
-              early_exit_layers: int | None = None) -> ModelPair:
+              early_exit_layers: int | None = None, warm: bool = True) -> ModelPair:
     """Load a target and its drafter, with the pair's tuned settings (``ModelPair.tuned``:
     those of the preset whose target and draft specs are this pair's, else none).
 
@@ -333,6 +333,9 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
             embeddings (``ModelPair.device``).
         early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
             N of 'early-exit:N' when the draft spec gives it.
+        warm: on the captured path (CUDA), capture the one-row step shapes of the target and
+            a token-input drafter now (engine.core.cached_model.warm_steps); False leaves
+            them to the first run (ZeroGPU loads in a process that never runs a step).
     """
     if draft is None and isinstance(target, str) and early_exit_layers is None:
         draft = default_draft(target)
@@ -354,7 +357,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     for model in (tmodel, getattr(drafter, "model", None)):
         if model is not None and dev.type == "cpu":
             prepare(model)  # engine.core.layout: packed weights for few-token forwards
-    if kv_mode(dev, tmodel) == "captured":  # the common step shapes captured at load
+    if warm and kv_mode(dev, tmodel) == "captured":  # the common step shapes captured now
         for runner in (CachedModel(tmodel), drafter.runner()):
             if isinstance(runner, CachedModel):
                 warm_steps(runner)

@@ -308,13 +308,19 @@ def missing_tensors(model: nn.Module) -> list[str]:
     return out
 
 
+def is_placed(model: nn.Module) -> bool:
+    """Whether accelerate's hooks run inside the model (a device map placed it, or it shares
+    a placed model's modules): weights may move at every forward."""
+    return any(hasattr(m, "_hf_hook") for m in model.modules())
+
+
 def unhooked_copy(module: nn.Module) -> nn.Module:
     """A deep copy of a module without accelerate's hooks (a drafter's own copy of a target
     layer or norm; it runs where its weights are moved)."""
     from accelerate.hooks import remove_hook_from_module
 
     out = copy.deepcopy(module)
-    if any(hasattr(m, "_hf_hook") for m in out.modules()):
+    if is_placed(out):
         remove_hook_from_module(out, recurse=True)
         for m in out.modules():
             m.__dict__.pop("forward", None)  # the stock forward again, not a bound copy

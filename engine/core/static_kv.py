@@ -16,14 +16,19 @@ measured rule):
   slots of a captured step are tested there.
 
 The same 4D masks and position ids as the dynamic path (:func:`engine.core.forest.attention_inputs`)
-are used, padded with the dtype's minimum to the attended width. Buffers and graphs live in a
-pool per model (:func:`lease`): graphs are captured against fixed buffer addresses, so they are
-reused by every later run of the same model and width; a :class:`KVSet` is held by one runner
-at a time (a model drafting for itself leases two).
+are used, padded with the dtype's minimum to the attended width. The results equal the
+dynamic path's up to float rounding, not bit for bit (another batch shape and reduction
+order), as with any change of batch shape. Buffers and graphs live in a pool per model
+(:func:`lease`): graphs are captured against fixed buffer addresses, so they are reused by
+every later run of the same model and width; a :class:`KVSet` is held by one runner at a time
+(a model drafting for itself leases two), and a free set that a larger free set of the same
+rows supersedes is dropped. A shape whose capture fails runs eager from then on; the reason
+is kept (:attr:`KVSet.failed`) and logged once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -34,6 +39,10 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from engine.core.errors import ConfigError
+from engine.core.placement import is_placed
+
+LOG = logging.getLogger(__name__)
+Forward = Callable[[dict], torch.Tensor]  # inputs -> (W, q, d) last hidden states
 
 MODES = ("dynamic", "static", "captured")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed tokens per row of a captured step; more runs eager
@@ -46,7 +55,7 @@ def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
     (accelerate's hooks move weights at every forward: no fixed-address step), else
     ``SPECVIZ_KV`` when set, else the measured rule (captured on CUDA, dynamic on CPU;
     docs/benchmarks.md, "Static KV and captured steps")."""
-    if model is not None and any(hasattr(m, "_hf_hook") for m in model.modules()):
+    if model is not None and is_placed(model):
         return "dynamic"
     env = os.environ.get("SPECVIZ_KV", "").strip().lower()
     if env:
@@ -77,10 +86,12 @@ class _SlotLayer(CacheLayerMixin):
         self.keys, self.values = keys, values  # (R, H, S, D) each
         self.is_initialized = True
 
-    def lazy_initialization(self, key_states, value_states) -> None:  # noqa: D102
+    def lazy_initialization(self, key_states: torch.Tensor,
+                            value_states: torch.Tensor) -> None:  # noqa: D102
         pass
 
-    def update(self, key_states, value_states, *args, **kwargs):  # noqa: D102
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: D102
         raise RuntimeError("SlotCache writes its layers")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:  # noqa: D102
@@ -119,7 +130,8 @@ class SlotCache(Cache):
         self.written = 0  # slots [0, written) of every row hold committed or fed tokens
         self.slots = torch.zeros(0, dtype=torch.long, device=layers[0].keys.device)  # (q,)
 
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
         keys, values = layer.keys[: self.rows], layer.values[: self.rows]  # (W, H, S, D)
         keys.index_copy_(2, self.slots, key_states)
@@ -134,7 +146,7 @@ class SlotCache(Cache):
 class _Graph:
     """A captured step of one shape and its static inputs (filled before each replay)."""
 
-    graph: object  # torch.cuda.CUDAGraph, or an _EagerReplay on a CPU
+    graph: torch.cuda.CUDAGraph | _EagerReplay  # the latter on a CPU
     inputs: dict[str, torch.Tensor]  # input_ids or inputs_embeds, position_ids, attention_mask
     slots: torch.Tensor  # (b,)
     out: torch.Tensor  # (W, b, d) last hidden states, overwritten by every replay
@@ -146,9 +158,11 @@ class KVSet:
 
     cache: SlotCache
     slots: int
-    graphs: dict[tuple, _Graph | None] = field(default_factory=dict)  # None: capture failed
+    graphs: dict[tuple[int, int, str], _Graph | None] = field(default_factory=dict)  # None:
+    # that shape's capture failed (its reason in `failed`)
+    failed: dict[tuple[int, int, str], str] = field(default_factory=dict)
     busy: bool = False
-    holder: object | None = None  # the finalizer that releases it when its holder is collected
+    holder: weakref.finalize | None = None  # releases it when its holder is collected
 
     @property
     def rows(self) -> int:
@@ -182,7 +196,8 @@ def lease(model: torch.nn.Module, rows: int, length: int, owner: object) -> KVSe
     need = slots_for(length)
     free = [s for s in sets if not s.busy and s.rows == rows and s.slots >= need]
     kv = min(free, key=lambda s: s.slots) if free else _new_set(model, rows, need)
-    if not free:
+    if not free:  # a new, larger set supersedes the smaller free ones of the same rows
+        sets[:] = [s for s in sets if s.busy or s.rows != rows or s.slots >= need]
         sets.append(kv)
     kv.busy = True
     kv.cache.written = 0
@@ -203,7 +218,7 @@ def pool_sets(model: torch.nn.Module) -> list[KVSet]:
     return list(_POOL.get(model, []))
 
 
-def run_step(kv: KVSet, forward: Callable[[dict], torch.Tensor], inputs: dict[str, torch.Tensor],
+def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
              mask: torch.Tensor, pos: torch.Tensor, captured: bool) -> tuple[torch.Tensor, str]:
     """One forward writing its (W, q) fed tokens at slots [written, written + q).
 
@@ -241,29 +256,38 @@ def _fill(g: _Graph, kv: KVSet, inputs: dict, mask: torch.Tensor, pos: torch.Ten
     b = int(g.slots.shape[0])
     g.slots.copy_(torch.arange(start, start + b, device=pos.device))  # (b,)
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
-    g.inputs[name].zero_()
+    g.inputs[name].zero_()  # (W, b) ids or (W, b, d) embeddings
     g.inputs[name][:, :q].copy_(inputs[name])
-    g.inputs["position_ids"].zero_()
+    g.inputs["position_ids"].zero_()  # (W, b)
     g.inputs["position_ids"][:, :q].copy_(pos)
     full = g.inputs["attention_mask"]  # (W, 1, b, S)
     full.fill_(torch.finfo(full.dtype).min)
-    full[:, :, :q, : mask.shape[-1]].copy_(mask)
+    full[:, :, :q, : mask.shape[-1]].copy_(mask)  # (W, 1, q, kv) of the real queries
     full[:, :, q:, 0] = 0  # padded queries: slot 0 only
 
 
-def _graph(kv: KVSet, forward, inputs: dict, W: int, b: int) -> _Graph | None:
+def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int) -> _Graph | None:
     """The captured step of (W rows, b fed tokens, this input kind), captured on first use;
     None where capture failed (that shape then runs eager, recorded as static)."""
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
     key = (W, b, name)
     if key not in kv.graphs:
-        kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name)
+        try:
+            kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a shape that cannot be captured runs eager
+            kv.graphs[key] = None
+            kv.failed[key] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            LOG.warning("step shape %s not captured, it runs eager: %s", key, kv.failed[key])
     return kv.graphs[key]
 
 
-def _capture(kv: KVSet, forward, sample: torch.Tensor, W: int, b: int, name: str) -> _Graph | None:
+def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
+             name: str) -> _Graph:
     """Capture one step shape: its static inputs write the spare end of the buffer, so the
-    warm-up and the capture never touch a live slot."""
+    warm-up and the capture never touch a live slot. Raises what the capture raised (the
+    stream is synchronised first)."""
     cache, dev = kv.cache, sample.device
     dtype = cache.layers[0].keys.dtype
     shape = (W, b) if name == "input_ids" else (W, b, int(sample.shape[-1]))
@@ -273,11 +297,10 @@ def _capture(kv: KVSet, forward, sample: torch.Tensor, W: int, b: int, name: str
     slots = torch.arange(kv.slots - b, kv.slots, device=dev)  # (b,) the spare end
     saved = (cache.rows, cache.view, cache.slots)
     cache.rows, cache.view, cache.slots = W, kv.slots, slots
-    if dev.type != "cuda":
-        replay = _EagerReplay(forward, inputs, cache, (W, kv.slots, slots))
-        cache.rows, cache.view, cache.slots = saved
-        return _Graph(replay, inputs, slots, replay.out)
     try:
+        if dev.type != "cuda":
+            replay = _EagerReplay(forward, inputs, cache, (W, kv.slots, slots))
+            return _Graph(replay, inputs, slots, replay.out)
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
@@ -285,12 +308,13 @@ def _capture(kv: KVSet, forward, sample: torch.Tensor, W: int, b: int, name: str
                 forward(inputs)
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = forward(inputs)  # (W, b, d)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads
+            out = forward(inputs)  # (W, b, d)  # (the UI's) may use CUDA meanwhile
         return _Graph(graph, inputs, slots, out)
-    except Exception:  # noqa: BLE001 - a shape that cannot be captured runs eager
-        torch.cuda.synchronize(dev)
-        return None
+    except Exception:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        raise
     finally:
         cache.rows, cache.view, cache.slots = saved
 
@@ -299,8 +323,9 @@ class _EagerReplay:
     """A CPU stand-in for a CUDA graph: replay runs the forward eagerly on the same static
     inputs and writes into the same output buffer."""
 
-    def __init__(self, forward, inputs: dict, cache: SlotCache, state: tuple):
+    def __init__(self, forward: Forward, inputs: dict, cache: SlotCache, state: tuple):
         self.forward, self.inputs, self.cache, self.state = forward, inputs, cache, state
+        cache.rows, cache.view, cache.slots = state
         self.out = forward(inputs).clone()  # (W, b, d) also the warm-up
 
     def replay(self) -> None:
@@ -347,5 +372,5 @@ def flat_index(rows: torch.Tensor, idx: torch.Tensor, H: int, S: int) -> torch.T
 def copy_row(kv: KVSet, src: int, dst: slice, length: int) -> None:
     """Copy slots [0, length) of row ``src`` into rows ``dst`` (a shared prompt's prefill)."""
     for layer in kv.cache.layers:
-        for buf in (layer.keys, layer.values):
-            buf[dst, :, :length] = buf[src : src + 1, :, :length]
+        for buf in (layer.keys, layer.values):  # (R, H, S, D)
+            buf[dst, :, :length] = buf[src : src + 1, :, :length]  # (1, H, length, D) copies

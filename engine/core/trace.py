@@ -157,7 +157,8 @@ class RoundTrace:
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
     # the KV path that served each forward of the round (engine.core.static_kv): "target:"
-    # or "draft:" + dynamic / static / captured, in call order
+    # or "draft:" + dynamic / static / captured / padded; the target's forwards first, then
+    # the drafter's, each in call order
     step_paths: tuple[str, ...] = ()
 
     @property

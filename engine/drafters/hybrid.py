@@ -134,6 +134,10 @@ class HybridRunner:
         """The feature runner's KV paths since the last call (the lookup runs none)."""
         return self.feature.take_served()
 
+    def close(self) -> None:
+        """The feature runner gives its buffers back."""
+        self.feature.close()
+
     def start(self, ids: torch.Tensor) -> None:
         """ids: (W, L) committed token ids."""
         self.ngram.start(ids)

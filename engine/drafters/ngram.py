@@ -101,6 +101,9 @@ class NGramRunner:
         """No model forward runs here: no KV path to report."""
         return []
 
+    def close(self) -> None:
+        """Nothing is leased here."""
+
     @property
     def width(self) -> int:
         return len(self.rows)

@@ -171,6 +171,9 @@ class SharedSide:
         out, self.feeds = ["dynamic"] * self.feeds, 0
         return out
 
+    def close(self) -> None:
+        """The shared trunk keeps its own DynamicCache: nothing is leased."""
+
     def start(self, ids: torch.Tensor) -> None:
         """The target side starts the sequence; the draft side joins it."""
         if self.side == "target":

@@ -108,7 +108,7 @@ def test_every_captured_shape_is_a_cuda_graph_and_a_long_run_grows_its_buffer(mo
                           max_new_tokens=120)
     assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
     sets = static_kv.pool_sets(target) + static_kv.pool_sets(pair.drafter.model)
-    assert max(s.slots for s in sets) > 64  # the run moved to a larger buffer
+    assert max(s.slots for s in sets) > 128  # the run moved past the warmed 128-slot set
     graphs = [g for s in sets for g in s.graphs.values()]
     failed = [k for s in sets for k, g in s.graphs.items() if g is None]
     assert graphs and not failed, failed  # None: that shape's capture failed (ran eager)

@@ -10,6 +10,7 @@ import torch
 
 import engine
 from engine.core import static_kv
+from engine.core.api import make_decoder
 from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT
@@ -124,11 +125,44 @@ def test_sampled_runs_draw_the_dynamic_paths_tokens_under_the_same_seed(monkeypa
 def test_buffers_are_pooled_across_runs_and_a_model_drafting_for_itself_holds_two(kv):
     target = model_from_config(tiny_config("llama", vocab_size=64, layers=2), seed=5)
     pair = engine.load_pair(target=target, draft=target, device="cpu")
-    engine.generate(pair, [3, 4, 5], "sd", gamma=2, max_new_tokens=8)
-    sets = static_kv.pool_sets(target)
-    assert len(sets) >= 2  # the target's and the self-draft's, never one set for both
-    engine.generate(pair, [6, 7], "sd", gamma=2, max_new_tokens=8)
-    assert static_kv.pool_sets(target) == sets  # reused, not re-made
+    dec, _, _ = make_decoder(pair, [3, 4, 5], "sd", gamma=2, max_new_tokens=8)
+    rounds = dec.rounds()
+    next(rounds), next(rounds)  # the target and the drafter have fed
+    ctx = dec.ctx
+    assert ctx.target.kv is not ctx._draft.kv and ctx.target.kv.busy and ctx._draft.kv.busy
+    held = (ctx.target.kv, ctx._draft.kv)
+    list(rounds)  # the run ends: both sets go back to the pool
+    assert not any(s.busy for s in held)
+    engine.generate(pair, [6, 7], "sd", gamma=2, max_new_tokens=8)  # (+ the cost model's
+    sets = static_kv.pool_sets(target)  # calibration runner, alive beside the run's two)
+    engine.generate(pair, [8, 9], "sd", gamma=2, max_new_tokens=8)
+    assert static_kv.pool_sets(target) == sets and not any(s.busy for s in sets)  # reused
+
+
+def test_a_larger_free_set_supersedes_the_smaller_ones_of_its_rows(kv):
+    model = model_from_config(tiny_config("llama", vocab_size=64, layers=2), seed=5)
+    small = static_kv.lease(model, 1, 10, owner := CachedModel(model))
+    static_kv.release(small)
+    big = static_kv.lease(model, 1, 3000, owner)
+    assert static_kv.pool_sets(model) == [big] and big.slots == 4096
+
+
+def test_a_shape_that_fails_to_capture_runs_eager_and_says_why(monkeypatch, caplog):
+    monkeypatch.setenv("SPECVIZ_KV", "captured")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(static_kv, "_EagerReplay", refuse)
+    pair = tiny_pair()
+    prompt = [3, 4, 5, 6]
+    trace = engine.generate(pair, prompt, "sd", gamma=3, max_new_tokens=12)
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12)
+    assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+    assert trace.stats["step_paths"].get("target:static", 0) == len(trace.rounds)
+    failed = {k: v for s in static_kv.pool_sets(pair.target) for k, v in s.failed.items()}
+    assert failed and all(v.startswith("RuntimeError: operation not permitted") for v in
+                          failed.values())
+    assert "runs eager" in caplog.text
 
 
 def test_a_run_longer_than_its_buffer_moves_to_a_larger_one(kv, monkeypatch):
