@@ -217,9 +217,9 @@ def test_method_change_fills_in_the_pairs_measured_best_settings(client):
 
 
 def test_preset_fills_the_model_pair_fields(client):
-    target, draft = client.predict("Qwen2.5-7B-Instruct / 0.5B-Instruct draft (GPU)",
+    target, draft = client.predict("Qwen2.5-7B-Instruct + n-gram lookup (GPU)",
                                    api_name="/preset")
-    assert (target, draft) == ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert (target, draft) == ("Qwen/Qwen2.5-7B-Instruct", "ngram")
 
 
 def test_compare_checks_each_output_against_its_reference(client):
