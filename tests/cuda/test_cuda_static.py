@@ -11,16 +11,16 @@ import torch
 import engine
 from engine.core import static_kv
 from engine.core.cached_model import CachedModel
-from engine.core.forest import PAD, ROOT
+from engine.core.forest import PAD
 from engine.core.models import load_pair
 from tests.cuda.test_cuda_exactness import (
     DTYPES,
     SCORE_TOL,
-    _path,
     _sequential,
     assert_same_greedy,
     cuda_model,
 )
+from tests.forests import PROMPTS, TREES, path_tokens
 
 pytestmark = [
     pytest.mark.cuda,
@@ -40,9 +40,7 @@ def kv(request, monkeypatch):
 def test_forest_nodes_score_like_sequential_decoding_on_every_path(kv, dtype):
     dt, tol = DTYPES[dtype]
     model = cuda_model("llama", dt, seed=3)
-    prompts = [[5, 7, 9, 11], [3, 4, 8, 2]]
-    trees = [([10, 12, 13, 14, 15, 16], [ROOT, ROOT, 0, 0, 1, 4]),
-             ([20, 21, 22, 0, 0, 0], [ROOT, 0, 1, PAD, PAD, PAD])]
+    prompts, trees = PROMPTS, TREES
     cached = CachedModel(model)
     cached.start(torch.tensor(prompts))
     root = cached.feed()
@@ -54,7 +52,7 @@ def test_forest_nodes_score_like_sequential_decoding_on_every_path(kv, dtype):
                                   - _sequential(model, prompts[w])).abs().max()))
         for i, pj in enumerate(parents):
             if pj != PAD:
-                ref = _sequential(model, prompts[w] + _path(tokens, parents, i))
+                ref = _sequential(model, prompts[w] + path_tokens(tokens, parents, i))
                 worst = max(worst, float((nodes[w, i] - ref).abs().max()))
     assert worst <= tol, (kv, dtype, worst)
     assert cached.take_served() == [SERVED[kv]] * 2

@@ -9,6 +9,7 @@ from engine.core.cached_model import CachedModel, _select, check_supported
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import PAD, ROOT
 from engine.core.models import model_from_config, tiny_config
+from tests.forests import PROMPTS, TREES, path_tokens
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 
@@ -22,22 +23,10 @@ def _sequential_logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]
 
 
-def _path_tokens(tokens, parents, node):
-    out = []
-    while node >= 0:
-        out.append(tokens[node])
-        node = parents[node]
-    return out[::-1]
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_forest_node_scores_like_sequential_decoding_of_its_path(family):
     model = _model(family)
-    prompts = [[5, 7, 9, 11], [3, 4, 8, 2]]
-    trees = [
-        ([10, 12, 13, 14, 15, 16], [ROOT, ROOT, 0, 0, 1, 4]),
-        ([20, 21, 22, 0, 0, 0], [ROOT, 0, 1, PAD, PAD, PAD]),
-    ]
+    prompts, trees = PROMPTS, TREES
     cached = CachedModel(model)
     cached.start(torch.tensor(prompts))
     root = cached.feed()
@@ -57,7 +46,7 @@ def test_every_forest_node_scores_like_sequential_decoding_of_its_path(family):
         for i, pj in enumerate(parents):
             if pj == PAD:
                 continue
-            ids = prompts[w] + _path_tokens(tokens, parents, i)
+            ids = prompts[w] + path_tokens(tokens, parents, i)
             diff = (nodes[w, i] - _sequential_logits(model, ids)).abs().max()
             assert diff <= 1e-4, (family, w, i, float(diff))
 
@@ -140,7 +129,7 @@ def test_rows_holding_one_prompt_prefill_once_and_score_like_separate_rows(famil
         torch.testing.assert_close(out.root_logits[w], ref, atol=1e-4, rtol=0)
     for w, (tokens, parents) in enumerate(zip(tok.tolist(), par.tolist())):
         for i in range(2):
-            ids = prompt + _path_tokens(tokens, parents, i)
+            ids = prompt + path_tokens(tokens, parents, i)
             torch.testing.assert_close(out.node_logits[w, i], _sequential_logits(model, ids),
                                        atol=1e-4, rtol=0)
     # every row owns its cache: commit different paths, then score a token per row

@@ -17,6 +17,7 @@ from engine.core.forest import PAD, ROOT
 from engine.core.models import model_from_config, tiny_config
 from engine.core.trace import RunTrace
 from tests.conftest import tiny_pair
+from tests.forests import PROMPTS, TREES, path_tokens
 from tests.model import test_beam_methods as beams
 
 PATHS = {"static": "static", "captured": "padded"}  # SPECVIZ_KV -> the path a CPU serves
@@ -33,20 +34,10 @@ def _sequential(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]  # (V,)
 
 
-def _path(tokens, parents, node):
-    out = []
-    while node >= 0:
-        out.append(tokens[node])
-        node = parents[node]
-    return out[::-1]
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 def test_forest_nodes_score_like_sequential_decoding_on_the_static_paths(kv, family):
     model = model_from_config(tiny_config(family, vocab_size=50), seed=3)
-    prompts = [[5, 7, 9, 11], [3, 4, 8, 2]]
-    trees = [([10, 12, 13, 14, 15, 16], [ROOT, ROOT, 0, 0, 1, 4]),
-             ([20, 21, 22, 0, 0, 0], [ROOT, 0, 1, PAD, PAD, PAD])]
+    prompts, trees = PROMPTS, TREES
     cached = CachedModel(model)
     cached.start(torch.tensor(prompts))
     root = cached.feed()
@@ -58,7 +49,7 @@ def test_forest_nodes_score_like_sequential_decoding_on_the_static_paths(kv, fam
                                    atol=1e-4, rtol=0)
         for i, pj in enumerate(parents):
             if pj != PAD:
-                ref = _sequential(model, prompts[w] + _path(tokens, parents, i))
+                ref = _sequential(model, prompts[w] + path_tokens(tokens, parents, i))
                 torch.testing.assert_close(nodes[w, i], ref, atol=1e-4, rtol=0)
     assert cached.take_served() == [PATHS[kv]] * 3
 
