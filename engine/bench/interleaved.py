@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.core.costs import run_width
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
 
@@ -55,7 +56,7 @@ def _sync(device: torch.device) -> None:
 
 def reference_kind(spec, params: dict[str, Any]) -> tuple[str, int]:
     """('greedy' | 'sample' | 'beam' | 'beam_sample', width) of the matching generate()."""
-    width = int(params.get("beams") or params.get("draft_beams") or 1)
+    width = run_width(params)
     if spec.reference.startswith("beam"):
         return ("beam" if params["temperature"] == 0 else "beam_sample"), width
     return ("greedy" if params["temperature"] == 0 else "sample"), 1

@@ -26,6 +26,7 @@ from engine.check.stats import (
     tv,
 )
 from engine.core.api import generate, tokenizer_of
+from engine.core.costs import run_width
 from engine.core.eos import eos_ids
 from engine.core.sampling import Warp
 
@@ -156,7 +157,7 @@ def check_law(pair, ids: list[int], spec, full: dict, cfg: CheckConfig,
     warp = Warp(full["temperature"], full["top_k"], full["top_p"])
     eos = set(eos_ids(pair.target))
     law, q_law, depth = exact_laws(pair, ids, warp, 1 if beams else 2, eos)
-    per_run = int(full.get("beams") or full.get("draft_beams") or 1) if beams else 1
+    per_run = run_width(full) if beams else 1
     n_runs, wrongs = _size(law, q_law, cfg, per_run)
     params = {**full, "max_new_tokens": depth}
     first = generate(pair, ids, spec.name, **{**params, "seed": 0})  # also a warm-up

@@ -152,6 +152,20 @@ class Controller(Protocol):
     def max_len(self) -> int:
         """Upper bound on this round's draft length (for buffers)."""
 
+    # What a method may ask of any controller (the cost switch answers differently):
+    reads_confidence: bool  # should_continue wants the newest draft token's q as features
+    plans: bool  # plan() picks the round's depth before any draft call
+    decided: bool  # plan() ran this round (a plain round it planned is still observed)
+
+    def costs_wanted(self) -> str | None:
+        """The cost profile this controller plans with (None: none)."""
+
+    def attach(self, profile: CostProfile) -> None:
+        """Plan with `profile` from now on."""
+
+    def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
+        """This round's depth in 0..shape.depth (0: a plain target step)."""
+
 
 class _RoundRecorder:
     """Shared round bookkeeping: posterior before/after, per-step records, cap and outcome."""
@@ -159,6 +173,18 @@ class _RoundRecorder:
     name = "base"
     reads: tuple[str, ...] = ()  # the ControlConfig fields this kind uses (its state's config)
     config: ControlConfig
+    reads_confidence = False
+    plans = False
+    decided = False
+
+    def costs_wanted(self) -> str | None:
+        return None
+
+    def attach(self, profile: CostProfile) -> None:
+        raise ValueError(f"the {self.name} controller plans without a cost profile")
+
+    def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
+        raise ValueError(f"the {self.name} controller does not plan rounds")
 
     def __init__(self) -> None:
         self.begin_round()
@@ -336,6 +362,10 @@ class CostController(_RoundRecorder):
     name = "cost"
     reads = ("cap", "confidence", "costs", "discount", "plan")
     reads_confidence = True  # should_continue's features: the newest token's q (a float)
+    plans = True
+
+    def costs_wanted(self) -> str | None:
+        return self.config.costs
 
     def __init__(self, config: ControlConfig) -> None:
         self.config = config

@@ -101,7 +101,7 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
     _check_length(pair, len(ids), full["max_new_tokens"])
     tok = tokenizer_of(pair)
     built = METHODS[method].make(full)
-    wanted = getattr(built, "costs_wanted", lambda: None)()
+    wanted = built.costs_wanted()
     if wanted is not None:
         built.use_costs(cost_profile(pair, method, full, wanted))
     decoder = Decoder(pair, ids, built, RunConfig.from_params(full),
@@ -132,8 +132,7 @@ def projected_profile(method: str, width: int):
 def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: str):
     """The cost profile a run's switch plans with: measured on this machine (once per
     process and setting, engine.core.profile) or a stored one."""
-    width = int(full.get("beams") or (1 if full.get("one_cache") else full.get("draft_beams"))
-                or 1)
+    width = costs.cache_rows(full)
     if name != profile.MEASURED:
         return profile.stored(name, method, width)
     ids = [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import statistics
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
 
@@ -101,9 +101,16 @@ def _is_chain(rounds: list[RoundTrace]) -> bool:
     return True
 
 
-def run_width(params: dict[str, Any]) -> int:
-    """The run's width W (as bench's reference decode takes it)."""
+def run_width(params: Mapping[str, Any]) -> int:
+    """The run's output width W: its beams (``beams``, else ``draft_beams``), 1 for a token
+    method; the width of its matching generate() call and plain decode."""
     return int(params.get("beams") or params.get("draft_beams") or 1)
+
+
+def cache_rows(params: Mapping[str, Any]) -> int:
+    """Rows of the run's target cache: its width, but 1 for DSBD's one-cache mode (every
+    beam in one row)."""
+    return 1 if params.get("one_cache") and not params.get("beams") else run_width(params)
 
 
 def drafted_nodes_per_row(rounds: list[RoundTrace]) -> float:

@@ -55,6 +55,12 @@ class Method(Protocol):
 
     def observe(self, ctx, verdict: RoundVerdict) -> dict | None: ...
 
+    def costs_wanted(self) -> str | None:
+        """The cost profile the method's switch plans with (None: it plans nothing); the API
+        resolves it once and hands it to use_costs before the run."""
+
+    def use_costs(self, profile) -> None: ...
+
 
 @dataclass(frozen=True)
 class MethodSpec:

@@ -125,7 +125,7 @@ class EESD(TreeSpeculation):
     def observe(self, ctx, verdict: RoundVerdict) -> dict:
         """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior,
         except a plain round the cost switch planned (it learns from those too)."""
-        if verdict.drafted == 0 and not getattr(self.controller, "decided", False):
+        if verdict.drafted == 0 and not self.controller.decided:
             self.controller.begin_round()
             return self.controller.state()
         self.controller.observe(verdict.drafted, verdict.accepted)

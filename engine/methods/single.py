@@ -4,6 +4,7 @@ and the end-of-round bookkeeping (EOS, token budget) every token method uses."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from engine.core.forest import Forest, empty_forest
 from engine.core.sampling import probs_from_logits
 from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, register
+
+if TYPE_CHECKING:
+    from engine.control.cost import CostProfile
 
 
 def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int | None,
@@ -53,6 +57,13 @@ class SingleStart:
 
     def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
         return None
+
+    def costs_wanted(self) -> str | None:
+        """A plain method plans nothing (speculative subclasses ask their controller)."""
+        return None
+
+    def use_costs(self, profile: CostProfile) -> None:
+        raise ValueError("a plain method takes no cost profile")
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class TreeSpeculation(SingleStart):
         if budget < 1 or levels == []:
             return empty_forest(1)
         self.controller.begin_round()
-        if getattr(self.controller, "plan", None) is not None:  # the cost switch
+        if self.controller.plans:  # the cost switch
             shape = (chain_shape(min(budget, self.controller.config.cap)) if levels is None
                      else tree_shape(tuple(levels)))
             if self.controller.plan(shape, ctx.side) == 0:
@@ -110,7 +110,7 @@ class TreeSpeculation(SingleStart):
         q_tok: list[float] = []
         frontier = [(ROOT, root.root_logits[0], root.root_hidden[0])]  # (V,), (d,)
         depth = 0
-        wants_conf = getattr(self.controller, "reads_confidence", False)
+        wants_conf = self.controller.reads_confidence
         while frontier:
             k = self._branching(depth, levels)
             new, conf = [], 0.0
@@ -235,13 +235,13 @@ class TreeSpeculation(SingleStart):
 
     def costs_wanted(self) -> str | None:
         """The cost profile name the controller plans with (None: it plans without one)."""
-        return self.controller.config.costs if hasattr(self.controller, "attach") else None
+        return self.controller.costs_wanted()
 
     def use_costs(self, profile) -> None:
         self.controller.attach(profile)
 
     def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
-        if verdict.drafted == 0 and not getattr(self.controller, "decided", False):
+        if verdict.drafted == 0 and not self.controller.decided:
             return None
         self.controller.observe(verdict.drafted, verdict.accepted)
         return self.controller.state()

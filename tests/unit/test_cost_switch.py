@@ -250,3 +250,32 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
         pytest.approx(0.175 / 0.11, abs=1e-3)
     empty = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, [])
     assert empty.c_draft == 0.0 and empty.c_round == 0.0
+
+
+@pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "confidence"])
+def test_every_controller_answers_the_switch_questions_without_planning(kind):
+    from engine.control.controllers import make_controller
+
+    ctl = make_controller(control_config(controller=kind), gamma=3)
+    assert not ctl.plans and not ctl.decided and ctl.costs_wanted() is None
+    assert ctl.reads_confidence == (kind == "confidence")
+    with pytest.raises(ValueError, match="plans without a cost profile"):
+        ctl.attach(FLAT)
+    with pytest.raises(ValueError, match="does not plan rounds"):
+        ctl.plan(chain_shape(3), make_generator(0))
+
+
+def test_the_cost_controller_names_its_profile_and_plans():
+    ctl = CostController(control_config(controller="cost", costs="h100"))
+    assert ctl.plans and ctl.reads_confidence and ctl.costs_wanted() == "h100"
+    assert not ctl.decided
+
+
+def test_a_run_has_one_output_width_and_its_cache_rows():
+    from engine.core.costs import cache_rows, run_width
+
+    assert run_width({}) == cache_rows({}) == 1
+    assert run_width({"beams": 4, "draft_beams": 8}) == cache_rows({"beams": 4}) == 4
+    assert run_width({"draft_beams": 3, "one_cache": True}) == 3
+    assert cache_rows({"draft_beams": 3, "one_cache": True}) == 1
+    assert cache_rows({"draft_beams": 3, "one_cache": False}) == 3
