@@ -96,8 +96,10 @@ class Layers:
 class SampledBeams(BeamStart):
     """One round of a sampling beam method: draft forest, layers, correction or bonus."""
 
-    def __init__(self, *, width: int, draft_beams: int, gamma: int):
+    def __init__(self, *, width: int, draft_beams: int, gamma: int, switch: str = "off",
+                 costs: str = "measured"):
         self.start_width, self.n, self.gamma = width, draft_beams, gamma
+        self.switch_kind, self.costs_name = switch, costs  # the cost switch, given at birth
         self.keep = width
         self.need = "K"  # the name of the accepts a layer needs, as the reasons say it
 
@@ -257,10 +259,9 @@ class Dsbd(SampledBeams):
                  one_cache: bool, draft_confidence: float = 0.0, switch: str = "off",
                  costs: str = "measured"):
         super().__init__(width=1 if one_cache else draft_beams, draft_beams=draft_beams,
-                         gamma=gamma)
+                         gamma=gamma, switch=switch, costs=costs)
         self.t, self.w_min, self.one_cache = threshold, min_width, one_cache
         self.draft_confidence = draft_confidence
-        self.switch_kind, self.costs_name = switch, costs
         self.keep, self.need = draft_beams, "width"
 
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
@@ -363,9 +364,8 @@ class RelaxedConfig(AtSpeedConfig):
 
 
 def build_relaxed(cfg: RelaxedConfig) -> Relaxed:
-    relaxed = Relaxed(width=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma)
-    relaxed.switch_kind, relaxed.costs_name = cfg.switch, cfg.costs
-    return relaxed
+    return Relaxed(width=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma,
+                   switch=cfg.switch, costs=cfg.costs)
 
 
 register(MethodSpec(
