@@ -199,10 +199,12 @@ class Run:
         stats = self._stats.result(len(self._best()[0]))
         stats["wall_s"] = self.wall_s
         plain = not METHODS[self.method].uses_draft
-        self._extras = {"cost": costs.cost_model(
-            self.pair, self.method, stats, self._rounds, self.params, plain,
-            lambda width: plain_step_s(self.pair, width),
-            projected_profile(self.method, costs.run_width(self.params)))}
+        cost = costs.cost_model(self.method, stats, self._rounds, self.params, plain,
+                                lambda width: plain_step_s(self.pair, width),
+                                projected_profile(self.method, costs.run_width(self.params)))
+        if plain and cost:  # a plain run measured the pair's plain step of its width
+            self.pair.calibration.step_s[cost["width"]] = cost["t_step_s"]
+        self._extras = {"cost": cost}
 
     def _best(self) -> tuple[list[int], tuple[BeamTrace, ...], list]:
         ctx = self._decoder.ctx
@@ -265,7 +267,7 @@ CALIBRATION_STEPS = 4
 def plain_step_s(pair: ModelPair, width: int) -> float:
     """Seconds of one plain target step of width W: the latest plain run's of this width on
     this target in this process, else a calibration (measured once)."""
-    known = costs.known_step_s(pair.target, width)
+    known = pair.calibration.step_s.get(width)
     return known if known is not None else calibrate(pair, width)
 
 
@@ -277,7 +279,7 @@ def calibrate(pair: ModelPair, width: int = 1) -> float:
     rounds = list(start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS, **kw))
     later = rounds[1:] or rounds
     seconds = statistics.median(costs.round_seconds(r) for r in later)
-    costs.record_step(pair.target, width, seconds)
+    pair.calibration.step_s[width] = seconds
     return seconds
 
 

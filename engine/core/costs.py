@@ -37,7 +37,6 @@ approximation.
 from __future__ import annotations
 
 import statistics
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
@@ -46,16 +45,6 @@ if TYPE_CHECKING:
     from engine.control.cost import CostProfile
 
 NOT_DRAFTED = (RESAMPLED, BONUS, TARGET)  # nodes the target chose, not the drafter
-_STEP_S: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {W: seconds}
-
-
-def record_step(target, width: int, seconds: float) -> None:
-    _STEP_S.setdefault(target, {})[width] = seconds
-
-
-def known_step_s(target, width: int) -> float | None:
-    """Seconds of one plain step of width W on this target, if a run has measured one."""
-    return _STEP_S.get(target, {}).get(width)
 
 
 def round_seconds(r: RoundTrace) -> float:
@@ -136,13 +125,14 @@ def projection(profile: CostProfile, rounds: list[RoundTrace], plain: bool) -> d
             "c_verify": c_verify, "nodes_per_row": nodes}
 
 
-def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace],
+def cost_model(method: str, stats: dict[str, Any], rounds: list[RoundTrace],
                params: dict[str, Any], plain: bool, step_s: Callable[[int], float],
                projected: CostProfile | None = None) -> dict[str, Any]:
-    """The run's cost model (see module docstring) as JSON values. ``plain``: the method drafts
-    nothing (its own rounds are the plain step); ``step_s(W)``: seconds of a plain step of
-    width W (engine.core.api.plain_step_s: a recorded one, else a calibration);
-    ``projected``: a stored profile to project the run onto (None: no projection)."""
+    """The run's cost model (see module docstring) as JSON values; a pure function of its
+    arguments. ``plain``: the method drafts nothing (its own rounds are the plain step, given
+    back as ``t_step_s``); ``step_s(W)``: seconds of a plain step of width W
+    (engine.core.api.plain_step_s: the pair's calibration); ``projected``: a stored profile to
+    project the run onto (None: no projection)."""
     width = run_width(params)
     later = rounds[1:] or rounds
     if not later:
@@ -151,7 +141,6 @@ def cost_model(pair, method: str, stats: dict[str, Any], rounds: list[RoundTrace
     tokens = sum(len(r.committed) for r in later)
     if plain:
         step = statistics.median(round_seconds(r) for r in later)
-        record_step(pair.target, width, step)
     else:
         step = step_s(width)
     out: dict[str, Any] = {"width": width, "t_step_s": step, "rounds_used": len(later),

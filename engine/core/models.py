@@ -275,6 +275,15 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
 
 
 @dataclass
+class Calibration:
+    """What is measured about a loaded pair on this machine, kept with the pair: the seconds
+    of one plain target step per width W (the cost model's unit), from the pair's latest plain
+    run or a calibration decode (engine.core.api.plain_step_s)."""
+
+    step_s: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class ModelPair:
     """Target model, drafter and tokenizer of a run (p = target, q = draft)."""
 
@@ -287,6 +296,7 @@ class ModelPair:
     # method -> the parameters measured best on this pair (engine.core.tuned); runs start
     # from them. Empty for a pair built from model objects or with no preset.
     tuned: Tuned = field(default_factory=dict)
+    calibration: Calibration = field(default_factory=Calibration)  # measured on this machine
 
     @property
     def device_name(self) -> str:
