@@ -1,0 +1,92 @@
+"""The controllers' parameters: the CONTROL_PARAMS rows (one spelling, lower case: sigma_m
+is the paper's sigma_M), :class:`ControlConfig` holding their values, and the one checker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.control.cost import PLANS
+from engine.control.posterior import (
+    BETA_RULES,
+    THETA_HAT_RULES,
+)
+from engine.core.config import ParamSpec, check_config_fields, config_from_params, validate_params
+from engine.core.errors import ConfigError
+
+CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts", "confidence", "cost")
+
+
+# ------------------------------------------------------------------------------------ configs
+
+CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kind; advanced: cap, priors, rules
+    ParamSpec("controller", str, "fixed", "draft-length controller", choices=CONTROLLER_KINDS),
+    ParamSpec("cap", int, 16, "hard cap K_max on the draft length (adaptive controllers)",
+              min=1, max=64, advanced=True),
+    ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0 (EESD Eq. 2)", min=0.0,
+              min_exclusive=True, advanced=True),
+    ParamSpec("beta0", float, 1.0, "Beta-TS prior beta_0 (EESD Eq. 2)", min=0.0,
+              min_exclusive=True, advanced=True),
+    ParamSpec("update", str, "paper", "Beta-TS update rule (EESD Eq. 3-4 or textbook counts)",
+              choices=BETA_RULES, advanced=True),
+    ParamSpec("sigma_m", float, 0.4, "Cali-TS sigma_M: prior std around the predictor's "
+              "theta_M (EESD Eq. 6-7)", min=0.0, min_exclusive=True, advanced=True),
+    ParamSpec("sigma_s", float, 0.25, "Cali-TS sigma_S: std of the sample mean (Eq. 6-7)",
+              min=0.0, min_exclusive=True, advanced=True),
+    ParamSpec("theta_hat0", float, 0.5, "Cali-TS initial sample mean theta_hat_0 (Eq. 8)",
+              min=0.0, max=1.0, advanced=True),
+    ParamSpec("theta_hat_rule", str, "accepted", "Cali-TS theta_hat numerator: accepted "
+              "drafts (the fix in docs/derivations.md, EESD) or |Q_v| (Eq. 8 as printed)",
+              choices=THETA_HAT_RULES, advanced=True),
+    ParamSpec("theta_m", float, 0.5, "Cali-TS constant theta_M when no trained predictor "
+              "is used", min=0.0, max=1.0, advanced=True),
+    ParamSpec("confidence", float, 0.4, "confidence controller: draft on while the drafter "
+              "gave its newest token at least this probability (temperature 1)", min=0.0,
+              max=1.0, advanced=True),
+    ParamSpec("costs", str, "measured", "cost controller: the cost profile it plans with, "
+              "'measured' on this machine or a stored one (e.g. h100)", advanced=True),
+    ParamSpec("discount", float, 0.9, "cost controller: how much of the acceptance "
+              "posterior each drafted round keeps (1: never forget)", min=0.0, max=1.0,
+              advanced=True),
+    ParamSpec("plan", str, "mean", "cost controller: plan at the acceptance posterior's "
+              "means or at a Thompson draw from it", choices=PLANS, advanced=True),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlConfig:
+    """A token method's draft-length controller: one field per CONTROL_PARAMS row (defaults,
+    help and ranges are the rows'; build it with :func:`control_config`). The configs of sd,
+    mcsd and eesd extend it, so a method's config is its controller's config too."""
+
+    controller: str  # one of CONTROLLER_KINDS
+    cap: int  # hard cap K_max on a round's draft length (heuristic, beta_ts, cali_ts)
+    alpha0: float  # Beta-TS prior alpha_0, beta_0 (EESD Eq. 2)
+    beta0: float
+    update: str  # Beta-TS update rule, one of BETA_RULES
+    sigma_m: float  # Cali-TS sigma_M, sigma_S (EESD Eq. 6-7)
+    sigma_s: float
+    theta_hat0: float  # Cali-TS theta_hat_0 (EESD Eq. 8) and its rule, one of THETA_HAT_RULES
+    theta_hat_rule: str
+    theta_m: float  # Cali-TS constant theta_M when no trained predictor is given (Eq. 5)
+    confidence: float  # confidence controller: least q of the newest draft token to go on
+    costs: str  # cost controller: cost profile name (engine.core.profile)
+    discount: float  # cost controller: posterior kept per drafted round
+    plan: str  # cost controller: one of PLANS (Thompson draw or posterior means)
+
+
+check_config_fields(ControlConfig, CONTROL_PARAMS)
+
+
+def control_config(**values: Any) -> ControlConfig:
+    """A ControlConfig from keyword values; the rest take the CONTROL_PARAMS defaults.
+    Unknown names and out-of-range values raise ConfigError."""
+    return config_from_params(ControlConfig, CONTROL_PARAMS,
+                              validate_params(CONTROL_PARAMS, values, "controller"))
+
+
+def check(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless ok."""
+    if not ok:
+        raise ConfigError(message)

@@ -1,0 +1,83 @@
+"""The cost-aware switch (:mod:`engine.control.cost`) as a draft-length controller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.control.config import ControlConfig
+from engine.control.cost import CostProfile, CostSwitch, Shape
+from engine.control.recorder import Features, RoundRecorder
+from engine.core.sampling import Chooser
+
+
+class CostController(RoundRecorder):
+    """The cost-aware switch (:mod:`engine.control.cost`) as a draft-length controller: at the
+    start of a round :meth:`plan` picks the depth D* (0: a plain target step) with the best
+    expected tokens per cost from the acceptance posterior and the cost profile; drafting then
+    stops at D*, at ``cap``, or earlier when the newest token's q falls under ``confidence``
+    (0: never). Decisions read the past, the profile, the chooser and the draft only."""
+
+    name = "cost"
+    reads = ("cap", "confidence", "costs", "discount", "plan")
+    reads_confidence = True  # should_continue's features: the newest token's q (a float)
+    plans = True
+
+    def costs_wanted(self) -> str | None:
+        return self.config.costs
+
+    def __init__(self, config: ControlConfig) -> None:
+        self.config = config
+        self.switch: CostSwitch | None = None
+        self.shape: Shape | None = None
+        self.planned = config.cap
+        self.decided = False  # plan() ran this round
+        super().__init__()
+
+    def attach(self, profile: CostProfile) -> None:
+        """Use `profile` from now on (a run attaches the profile it resolved once)."""
+        self.switch = CostSwitch(profile, self.config.cap, discount=self.config.discount,
+                                 plan=self.config.plan)
+
+    def begin_round(self) -> None:
+        super().begin_round()
+        self.decided = False
+        if self.switch is not None:
+            self.switch.decision = None
+
+    def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
+        """This round's depth in 0..shape.depth (call after begin_round, before drafting)."""
+        if self.switch is None:
+            raise ValueError("the cost controller needs a cost profile (attach one)")
+        self.planned = self.switch.decide(shape, rng)
+        self.decided = True
+        return self.planned
+
+    def should_continue(
+        self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
+    ) -> bool:
+        if self._at_limit(drafted, "cap"):
+            return False
+        if drafted >= self.planned:
+            self._steps.append({"step": drafted, "theta": None, "uniform": None,
+                                "continue": False})
+            self._stop_reason = "plan"
+            return False
+        return self._confidence_step(drafted, None if features is None else float(features))
+
+    def _params(self) -> dict[str, Any]:
+        return {} if self.switch is None else self.switch.posterior.state()
+
+    def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
+        if self.switch is not None:
+            self.switch.observe(drafted, accepted)
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        out = super().state()
+        out["switch"] = None if self.switch is None else self.switch.record()
+        return out
+
+    def max_len(self) -> int:
+        return self.config.cap
