@@ -6,13 +6,13 @@ trace / config types.
 
 from __future__ import annotations
 
-from engine.core.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
 from engine.core.config import ParamSpec, RunConfig
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
-from engine.core.models import ModelPair, load_pair
-from engine.core.specs import EMBEDDED
 from engine.core.trace import RoundTrace, RunTrace
 from engine.methods import METHODS, MethodSpec
+from engine.run.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
+from engine.run.models import ModelPair, load_pair
+from engine.run.specs import EMBEDDED
 
 __all__ = [
     "EMBEDDED", "METHODS", "Run", "ConfigError", "MethodSpec", "ModelLoadError", "ModelPair",

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.core.cached_model import cache_kwarg  # noqa: E402
 from engine.core.eos import eos_ids  # noqa: E402
 from engine.core.layout import head_logits, layout_for, prepare  # noqa: E402
-from engine.core.models import load_model  # noqa: E402
 from engine.core.weights import load_tensors  # noqa: E402
 from engine.drafters.early_exit import EarlyExitDrafter, load_trained, save_trained  # noqa: E402
+from engine.run.models import load_model  # noqa: E402
 from engine.training.data import (  # noqa: E402
     Example,
     build_shortlist,

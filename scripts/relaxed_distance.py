@@ -31,8 +31,8 @@ from scipy.stats import chi2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.core.api import encode_prompt, generate  # noqa: E402
-from engine.core.models import load_pair  # noqa: E402
+from engine.run.api import encode_prompt, generate  # noqa: E402
+from engine.run.models import load_pair  # noqa: E402
 
 MERGE_BELOW = 10  # cells with fewer outcomes (both samples together) are merged
 

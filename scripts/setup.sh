@@ -12,4 +12,4 @@ fi
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r requirements-dev.txt
 # convert the GGUF once into the safetensors cache (about 20 s the first time)
-.venv/bin/python -c "from engine.core.models import embedded_model_dir; print('embedded model:', embedded_model_dir())"
+.venv/bin/python -c "from engine.run.models import embedded_model_dir; print('embedded model:', embedded_model_dir())"

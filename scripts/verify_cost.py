@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.core import layout  # noqa: E402
 from engine.core.cached_model import cache_kwarg  # noqa: E402
-from engine.core.models import load_model  # noqa: E402
+from engine.run.models import load_model  # noqa: E402
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ a *chosen* row is an entry the user asked for; its *plain* decode is the target-
 it is measured and checked against (greedy or beam search of the same width at temperature
 0, sampling or beam sampling above; added when not chosen); the *baseline* is plain beam
 search, the time line's yardstick. Each row shows its own parameters, the engine's
-statistics, the speedup its cost model predicts (engine.core.costs), the speedup measured
+statistics, the speedup its cost model predicts (engine.run.costs), the speedup measured
 against its plain decode in this process, their ratio, the speedup stored H100 costs would
 give at the run's own tokens per round (a projection, not a measurement), and whether its
 output equals its plain decode's (temperature 0; in law, proved by the test suite, above

@@ -8,7 +8,7 @@ engine and ZeroGPU must patch torch first.
 
 | variable | values | default |
 |---|---|---|
-| SPECVIZ_TARGET | a target spec (engine.core.specs.parse_model_spec) | embedded |
+| SPECVIZ_TARGET | a target spec (engine.run.specs.parse_model_spec) | embedded |
 | SPECVIZ_DRAFT | a draft spec; empty = the target's default (see default_draft) | (empty) |
 | SPECVIZ_DEVICE | auto, cpu, cuda | auto |
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
@@ -30,11 +30,11 @@ from typing import Mapping
 import torch
 
 from engine.core.errors import ConfigError
-from engine.core.models import resolve_device
 from engine.core.placement import requested_map
-from engine.core.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec
 from engine.core.static_kv import kv_mode
-from engine.core.tuned import preset_rows
+from engine.run.models import resolve_device
+from engine.run.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec
+from engine.run.tuned import preset_rows
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -45,7 +45,7 @@ TRUE, FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 @dataclass(frozen=True)
 class Preset:
     """A model pair the UI offers (a row of assets/presets.json; the row's tuned method
-    settings are the engine's to read: engine.core.tuned)."""
+    settings are the engine's to read: engine.run.tuned)."""
 
     id: str
     name: str

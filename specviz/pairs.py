@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterator
 
 import engine
 from engine.core import threads
-from engine.core.api import tune_threads
 from engine.core.errors import ConfigError, ModelLoadError
-from engine.core.models import resolve_device
-from engine.core.specs import pair_key
-from engine.core.tuned import tuned_settings
+from engine.run.api import tune_threads
+from engine.run.models import resolve_device
+from engine.run.specs import pair_key
+from engine.run.tuned import tuned_settings
 from specviz.hosting import HostConfig, Preset
 
 MAX_PROMPT_CHARS = 2000
@@ -111,7 +111,7 @@ def presets() -> tuple[Preset, ...]:
 
 def tuned_params(target: str, draft: str) -> dict[str, dict[str, Any]]:
     """method -> the parameters measured best on this pair, as the engine reads them
-    (engine.core.tuned, the same settings the loaded pair's runs start from); {} for a pair
+    (engine.run.tuned, the same settings the loaded pair's runs start from); {} for a pair
     with none or a spec that does not parse (the handlers that load the pair say why)."""
     return tuned_settings(target, draft)
 
@@ -207,7 +207,7 @@ def preload(target: str, draft: str = "") -> engine.ModelPair:
     pair = get_pair(target, draft)
     if HOST.config.zero_gpu:
         return pair
-    from engine.core.api import plain_step_s
+    from engine.run.api import plain_step_s
 
     WORKER.call(plain_step_s, pair, 1)
     return pair

@@ -3,7 +3,7 @@
     python -m specviz.record
 
 The defaults are the shipped demo's: the app's default pair (the embedded model with its
-default drafter, engine.core.specs.default_draft: ngram+feature) on a spelling fix whose typos
+default drafter, engine.run.specs.default_draft: ngram+feature) on a spelling fix whose typos
 the lookup copies from the prompt, with mcsd at the pair's tuned settings (2x2, the confidence
 controller at 0.5; ``--param name=value`` overrides one). Run on that prompt,
 this setting took 0.55 s for 40 tokens against 0.99 s for the engine's greedy decode and
@@ -17,7 +17,7 @@ import argparse
 import json
 
 import engine
-from engine.core.specs import default_draft
+from engine.run.specs import default_draft
 from specviz.pairs import WORKER, get_pair
 from specviz.state import DEMO_TRACE
 

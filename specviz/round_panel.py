@@ -249,7 +249,7 @@ def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -
 
 
 def cost_markdown(cost: dict[str, Any] | None) -> str:
-    """The run's cost model (engine.core.costs): predicted vs measured speedup and why."""
+    """The run's cost model (engine.run.costs): predicted vs measured speedup and why."""
     if not cost or not cost.get("summary"):
         return ""
     return f"\n\n**Cost model**: {cost['summary']}."

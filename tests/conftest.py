@@ -18,7 +18,7 @@ def tiny_pair(family="llama", vocab_size=64, layers=4, draft=None, early_exit_la
               seed=0, **kw):
     """A tiny random target (and drafter) built from a config: fast, deterministic."""
     import engine
-    from engine.core.models import model_from_config, tiny_config
+    from engine.run.models import model_from_config, tiny_config
 
     target = model_from_config(tiny_config(family, vocab_size=vocab_size, layers=layers, **kw),
                                seed=seed)

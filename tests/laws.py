@@ -17,7 +17,7 @@ def tiny_model(layers: int, seed: int):
     """A vocab-8 llama. initializer_range 0.3 makes the laws peaked (entropy ~4 nats of 6.2)
     and two seeds' laws far apart (TV ~0.5 at the first position), so a wrong rule cannot hide
     behind p ~ q ~ uniform."""
-    from engine.core.models import model_from_config, tiny_config
+    from engine.run.models import model_from_config, tiny_config
 
     cfg = tiny_config("llama", vocab_size=V, layers=layers, hidden_size=16,
                       intermediate_size=32, initializer_range=0.3)

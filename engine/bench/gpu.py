@@ -31,7 +31,7 @@ import torch
 
 import engine
 from engine.bench.interleaved import run_reference
-from engine.core.models import load_pair, model_from_config, resolve_device, resolve_dtype
+from engine.run.models import load_pair, model_from_config, resolve_device, resolve_dtype
 
 VOCAB = 49152
 TARGET_1_7B = dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=32,

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from engine.core.costs import run_width
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
+from engine.run.costs import run_width
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def measure_run(pair, prompt: str, case: Case, *, raw: bool,
     """:func:`measure`'s row and the method's RunTrace (its rounds, for per-round
     statistics)."""
     import engine
-    from engine.core.api import run_params
+    from engine.run.api import run_params
 
     spec = engine.METHODS[case.method]
     given = {**common, **case.params}

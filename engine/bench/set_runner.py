@@ -205,7 +205,7 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
         projected = (trace.stats.get("cost") or {}).get("projected") or {}
         row = {"prompt_id": p.id, "category": p.category, "repeat": rep,
                "seed": int(common["seed"]), **measured,
-               "projected_h100": projected.get("speedup"),  # a projection (engine.core.costs)
+               "projected_h100": projected.get("speedup"),  # a projection (engine.run.costs)
                **round_record(trace.rounds, trace.stats["new_tokens"])}
         with (out / RESULTS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

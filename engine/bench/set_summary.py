@@ -16,7 +16,7 @@ for a tree the deepest accepted depth, for beams the accepted verified steps).
   runs where the method claims identity (temperature 0), the cost model's efficiency
   (measured / predicted speedup) median;
 - the median of each row's ``projected_h100``: the speedup the stored H100 costs would give
-  at the run's own tokens per round (engine.core.costs, projection): a projection, not a
+  at the run's own tokens per round (engine.run.costs, projection): a projection, not a
   measurement (None where no row has one).
 """
 

@@ -123,7 +123,7 @@ def check_prompt_tokens(pair, rows: list[SetPrompt], *, raw: bool, max_new_token
                         max_tokens: int = MAX_PROMPT_TOKENS) -> None:
     """Refuse a prompt whose encoding (chat template unless raw) is over ``max_tokens`` or,
     with ``max_new_tokens`` more, over the target's context window."""
-    from engine.core.api import encode_prompt
+    from engine.run.api import encode_prompt
 
     window = getattr(pair.target.config, "max_position_embeddings", None)
     for r in rows:

@@ -32,7 +32,7 @@ import torch
 import engine
 from engine.core.cached_model import CachedModel
 from engine.core.forest import ROOT
-from engine.core.models import resolve_device, resolve_dtype
+from engine.run.models import resolve_device, resolve_dtype
 
 SIZES: dict[str, dict[str, Any]] = {  # the shapes of the GPU presets' models
     "smollm2-1.7b": dict(family="llama", hidden_size=2048, num_hidden_layers=24,
@@ -65,7 +65,7 @@ def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
     """A seeded random model of a named size, created on the device; no EOS."""
     from transformers import AutoConfig
 
-    from engine.core.models import model_from_config
+    from engine.run.models import model_from_config
 
     sizes = dict(SIZES[name])
     family = sizes.pop("family")

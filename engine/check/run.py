@@ -39,8 +39,8 @@ def run_check(pair, prompt, method: str, *, raw: bool = False,
         tuned settings fill the ones not given, as in a run).
     """
     from engine.check.runs import check_identical, check_law
-    from engine.core.api import encode_prompt, run_params
     from engine.methods import METHODS
+    from engine.run.api import encode_prompt, run_params
 
     full, _ = run_params(pair, method, params)
     spec = METHODS[method]

@@ -25,10 +25,10 @@ from engine.check.stats import (
     runs_for_power,
     tv,
 )
-from engine.core.api import generate, tokenizer_of
-from engine.core.costs import run_width
 from engine.core.eos import eos_ids
 from engine.core.sampling import Warp
+from engine.run.api import generate, tokenizer_of
+from engine.run.costs import run_width
 
 # ------------------------------------------------------------------ temperature 0
 

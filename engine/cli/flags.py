@@ -22,7 +22,7 @@ class OneLineParser(argparse.ArgumentParser):
 # ------------------------------------------------------------------------------ models
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """--target / --draft specs (engine.core.specs.parse_model_spec), device, device map,
+    """--target / --draft specs (engine.run.specs.parse_model_spec), device, device map,
     dtype, layers."""
     p.add_argument("--target", default="embedded",
                    help="embedded | tiny | tiny:{json} | local dir | hub id")
@@ -46,7 +46,7 @@ def pair_from_flags(args: argparse.Namespace):
     """The ModelPair the model flags name (with its tuned settings, which runs start from),
     with the thread rule applied for it."""
     import engine
-    from engine.core.api import tune_threads
+    from engine.run.api import tune_threads
 
     pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
                             dtype=args.dtype, device_map=args.device_map,

@@ -19,9 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.core.specs import default_draft, pair_key
-    from engine.core.tuned import tuned_settings
     from engine.methods import METHODS
+    from engine.run.specs import default_draft, pair_key
+    from engine.run.tuned import tuned_settings
 
     draft = default_draft(args.target) if args.draft is None else args.draft
     pair_key(args.target, draft)  # a bad spec is one error line

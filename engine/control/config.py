@@ -71,7 +71,7 @@ class ControlConfig:
     theta_hat_rule: str
     theta_m: float  # Cali-TS constant theta_M when no trained predictor is given (Eq. 5)
     confidence: float  # confidence controller: least q of the newest draft token to go on
-    costs: str  # cost controller: cost profile name (engine.core.profile)
+    costs: str  # cost controller: cost profile name (engine.run.profile)
     discount: float  # cost controller: posterior kept per drafted round
     plan: str  # cost controller: one of PLANS (Thompson draw or posterior means)
 

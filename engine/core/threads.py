@@ -3,7 +3,7 @@ the benchmarks.
 
 ``SPECVIZ_THREADS`` wins when set. Otherwise the count is measured, not assumed: once a CPU
 pair is loaded, a plain target step runs under one thread and under every usable core,
-interleaved (:func:`fastest`, from ``engine.core.api.tune_threads``), and the faster count is
+interleaved (:func:`fastest`, from ``engine.run.api.tune_threads``), and the faster count is
 kept for the process. Why measured: on a quiet 2-core Intel Xeon (embedded SmolLM2-135M,
 greedy, 200 tokens) one thread took 10.4 s and two 6.4 s (mcsd 5.9 s and 3.8 s), while on a
 2-core AMD EPYC one thread was the faster (48 tokens: 3.68 s against 3.81 s on the command line,

@@ -272,7 +272,7 @@ class BeamStart:
     draft_confidence = 0.0  # the draft-confidence gate's threshold (0: off)
     gate_info: dict | None = None  # this round's gate record (None: the gate did not run)
     switch_kind = "off"  # "cost": the cost-aware switch plans each round's depth
-    costs_name = "measured"  # the cost profile it plans with (engine.core.profile)
+    costs_name = "measured"  # the cost profile it plans with (engine.run.profile)
     switch: CostSwitch | None = None
 
     def costs_wanted(self) -> str | None:

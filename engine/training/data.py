@@ -198,7 +198,7 @@ def build_shortlist(examples: list[Example], vocab: int, size: int,
 
 def prompt_ids_of(pair, path: Path, limit: int) -> list[list[int]]:
     """Token ids of the prompts in a file, one per non-empty line (chat template applied)."""
-    from engine.core.api import encode_prompt
+    from engine.run.api import encode_prompt
 
     if not path.is_file():
         raise ConfigError(f"prompt file not found: {path}")

@@ -32,9 +32,9 @@ from torch import nn
 
 from engine.core.cached_model import check_supported
 from engine.core.eos import eos_ids
-from engine.core.models import _quiet_transformers, cache_root, load_model, resolve_device
 from engine.core.weights import RECIPE_FILE
 from engine.drafters.feature import FEATURE_FILE, FeatureParts, build_feature_model, save_feature
+from engine.run.models import _quiet_transformers, cache_root, load_model, resolve_device
 from engine.training.batches import in_batches
 from engine.training.config import FeatureTrainConfig
 from engine.training.data import build_shortlist

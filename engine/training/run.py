@@ -14,14 +14,14 @@ import torch
 
 from engine.core.cached_model import check_supported
 from engine.core.eos import eos_ids
-from engine.core.models import (
+from engine.core.weights import RECIPE_FILE
+from engine.run.models import (
     ModelPair,
     _quiet_transformers,
     cache_root,
     load_model,
     resolve_device,
 )
-from engine.core.weights import RECIPE_FILE
 from engine.training.config import TrainDraftConfig
 from engine.training.data import Progress, build_data
 from engine.training.drafter import train_drafter

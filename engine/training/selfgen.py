@@ -312,8 +312,8 @@ def generate_shards(cfg: SelfGenConfig, *, log=print) -> dict:
     """Fill cfg.out with shard-NNNNN.jsonl files; returns token counts of this run."""
     import torch
 
-    from engine.core.api import encode_prompt
     from engine.core.eos import eos_ids
+    from engine.run.api import encode_prompt
     from engine.training.data import generate_examples
     from engine.training.run import TrainDraftConfig, load_frozen_target
 

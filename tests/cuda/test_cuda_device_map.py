@@ -16,7 +16,7 @@ import torch
 from accelerate.utils import has_offloaded_params
 
 import engine
-from engine.core.models import load_pair, model_from_config, tiny_config
+from engine.run.models import load_pair, model_from_config, tiny_config
 
 pytestmark = [
     pytest.mark.cuda,

@@ -21,7 +21,7 @@ import torch
 import engine
 from engine.core.cached_model import CachedModel
 from engine.core.forest import PAD, ROOT
-from engine.core.models import load_pair, model_from_config, tiny_config
+from engine.run.models import load_pair, model_from_config, tiny_config
 
 pytestmark = [
     pytest.mark.cuda,

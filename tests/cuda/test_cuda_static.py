@@ -12,7 +12,7 @@ import engine
 from engine.core import static_kv
 from engine.core.cached_model import CachedModel
 from engine.core.forest import PAD
-from engine.core.models import load_pair
+from engine.run.models import load_pair
 from tests.cuda.test_cuda_exactness import (
     DTYPES,
     SCORE_TOL,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import engine
-from engine.core.models import load_model
+from engine.run.models import load_model
 from engine.training.config import FeatureTrainConfig
 from engine.training.feature import train_feature
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import encode_prompt, generate, load_pair
-from engine.core.models import ModelPair
 from engine.drafters.base import ModelDrafter
+from engine.run.models import ModelPair
 
 pytestmark = pytest.mark.embedded
 

@@ -118,8 +118,8 @@ def test_cli_beam_json_returns_the_beams_of_generate(embedded_pair, method):
 @pytest.fixture(scope="module")
 def feature_pair(embedded_pair):
     """The embedded target with the shipped, trained feature drafter (same target weights)."""
-    from engine.core.models import ModelPair
     from engine.drafters.feature import feature_drafter
+    from engine.run.models import ModelPair
 
     drafter = feature_drafter(embedded_pair.target)
     return ModelPair(embedded_pair.target, drafter, embedded_pair.tokenizer,

@@ -61,7 +61,7 @@ def test_iter_rounds_yields_one_round_per_token_for_greedy():
 
 
 def test_mismatched_vocabularies_are_refused_naming_both_sizes():
-    from engine.core.models import tiny_config
+    from engine.run.models import tiny_config
 
     with pytest.raises(ConfigError, match="target vocab size 64, draft 32"):
         engine.load_pair(target=tiny_config(vocab_size=64), draft=tiny_config(vocab_size=32),

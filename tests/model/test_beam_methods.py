@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from engine.beams.search import BeamConfig
-from engine.core.api import generate, make_decoder
-from engine.core.models import load_pair, model_from_config, tiny_config
 from engine.core.sampling import Warp, make_generator
 from engine.core.trace import STATUSES, RunTrace
+from engine.run.api import generate, make_decoder
+from engine.run.models import load_pair, model_from_config, tiny_config
 from engine.verify.enumerate import enumerate_outcomes
 from tests.oracles import run_beam_sampling
 from tests.profiles import EDGE, MIXED

@@ -19,7 +19,7 @@ from accelerate.utils import has_offloaded_params
 import engine
 from engine.core import placement
 from engine.core.errors import ConfigError
-from engine.core.models import load_pair, model_from_config, tiny_config
+from engine.run.models import load_pair, model_from_config, tiny_config
 
 VOCAB, LAYERS = 64, 4
 SPLIT = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",

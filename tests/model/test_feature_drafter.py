@@ -13,7 +13,6 @@ import engine
 from engine.cli import main
 from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
-from engine.core.specs import parse_model_spec
 from engine.drafters.feature import (
     FeatureDrafter,
     FeatureParts,
@@ -22,6 +21,7 @@ from engine.drafters.feature import (
     load_feature,
     save_feature,
 )
+from engine.run.specs import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
 

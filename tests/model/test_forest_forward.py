@@ -8,7 +8,7 @@ import torch
 from engine.core.cached_model import CachedModel, _select, check_supported
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import PAD, ROOT
-from engine.core.models import model_from_config, tiny_config
+from engine.run.models import model_from_config, tiny_config
 from tests.forests import PROMPTS, TREES, path_tokens
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]

@@ -14,8 +14,8 @@ import engine.drafters.hybrid
 from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
-from engine.core.specs import parse_model_spec
 from engine.drafters.ngram import ngram_law, support
+from engine.run.specs import parse_model_spec
 from tests.conftest import tiny_pair
 from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
 from tests.model.test_token_methods import _ref

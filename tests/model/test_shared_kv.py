@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import engine
-from engine.core.api import calibrate
 from engine.core.errors import ConfigError
 from engine.drafters.early_exit import EarlyExitDrafter
 from engine.drafters.shared import SharedSide, SharedTrunk
+from engine.run.api import calibrate
 from tests.conftest import perturbed_exit_layer, tiny_pair
 
 

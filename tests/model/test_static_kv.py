@@ -10,12 +10,12 @@ import torch
 
 import engine
 from engine.core import static_kv
-from engine.core.api import make_decoder
 from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT
-from engine.core.models import model_from_config, tiny_config
 from engine.core.trace import RunTrace
+from engine.run.api import make_decoder
+from engine.run.models import model_from_config, tiny_config
 from tests.conftest import tiny_pair
 from tests.forests import PROMPTS, TREES, path_tokens
 from tests.model import test_beam_methods as beams

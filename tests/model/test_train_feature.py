@@ -14,9 +14,9 @@ import torch
 import engine
 from engine.cli import main
 from engine.core.errors import ConfigError
-from engine.core.models import load_model
 from engine.core.weights import load_tensors
 from engine.drafters.feature import FeatureDrafter, FeatureParts, feature_drafter
+from engine.run.models import load_model
 from engine.training.config import FeatureTrainConfig
 from engine.training.feature import FeatureStudent, train_feature
 from engine.training.feature_data import read_shards

@@ -10,8 +10,8 @@ import json
 import pytest
 
 import engine
-from engine.core import models, tuned
 from engine.core.config import validate_params
+from engine.run import models, tuned
 from specviz.trace_file import parse_trace
 from tests.conftest import tiny_pair
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.models import cache_root
-from engine.core.specs import EMBEDDED_DEFAULT_DRAFT
+from engine.run.models import cache_root
+from engine.run.specs import EMBEDDED_DEFAULT_DRAFT
 from specviz.render import OUTPUTS
 from tests.ui.helpers import free_port
 

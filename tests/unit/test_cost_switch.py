@@ -232,8 +232,8 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
     round of the calibration decode: 2 draft calls, 2 drafted nodes, 0.03 s propose, 0.125 s
     score, 0.02 s verify + commit. Then 2 c_draft + c_verify(2) = the round's 0.175 s over P,
     whatever part of it the forward curve explains."""
-    from engine.core.profile import round_costs
     from engine.core.trace import NodeTrace, RoundTrace
+    from engine.run.profile import round_costs
 
     nodes = (NodeTrace(0, -1, 0, 1, 5, "a", 0.5, 0.5, "accepted"),
              NodeTrace(1, 0, 0, 2, 6, "b", 0.5, 0.1, "rejected"),
@@ -272,7 +272,7 @@ def test_the_cost_controller_names_its_profile_and_plans():
 
 
 def test_a_run_has_one_output_width_and_its_cache_rows():
-    from engine.core.costs import cache_rows, run_width
+    from engine.run.costs import cache_rows, run_width
 
     assert run_width({}) == cache_rows({}) == 1
     assert run_width({"beams": 4, "draft_beams": 8}) == cache_rows({"beams": 4}) == 4

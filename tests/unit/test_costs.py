@@ -1,4 +1,4 @@
-"""The cost model (engine.core.costs) on literal numbers."""
+"""The cost model (engine.run.costs) on literal numbers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import pytest
 
 import engine
 from engine.control.cost import CostProfile
-from engine.core import costs
-from engine.core.api import plain_step_s
 from engine.core.trace import (
     ACCEPTED,
     BONUS,
@@ -18,6 +16,8 @@ from engine.core.trace import (
     NodeTrace,
     RoundTrace,
 )
+from engine.run import costs
+from engine.run.api import plain_step_s
 from tests.conftest import tiny_pair
 
 
@@ -165,7 +165,7 @@ def test_a_plain_run_is_projected_at_one_and_no_profile_means_no_projection():
 
 def test_a_finished_run_carries_the_stored_h100_projection():
     import engine
-    from engine.core import profile
+    from engine.run import profile
 
     trace = engine.generate(tiny_pair(), [3, 4, 5], "sd", max_new_tokens=6, gamma=2)
     proj = trace.stats["cost"]["projected"]

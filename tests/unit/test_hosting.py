@@ -10,8 +10,8 @@ import torch
 
 import app
 from engine.core.errors import ConfigError, ModelLoadError
-from engine.core.models import resolve_dtype
-from engine.core.tuned import tuned_settings
+from engine.run.models import resolve_dtype
+from engine.run.tuned import tuned_settings
 from specviz import pairs
 from specviz.hosting import HostConfig, all_presets, parse_presets
 

@@ -20,8 +20,8 @@ from engine.core.layout import (
     packed_active,
     prepare,
 )
-from engine.core.models import model_from_config, tiny_config
 from engine.drafters.early_exit import ShortlistHead
+from engine.run.models import model_from_config, tiny_config
 
 pytestmark = pytest.mark.skipif(not _can_pack(), reason="this torch has no oneDNN")
 

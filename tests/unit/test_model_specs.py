@@ -1,4 +1,4 @@
-"""One reading of model specs (engine.core.specs.parse_model_spec) for the CLI, the API and
+"""One reading of model specs (engine.run.specs.parse_model_spec) for the CLI, the API and
 the UI."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 import engine
 from engine.core.errors import ConfigError, ModelLoadError
-from engine.core.specs import parse_model_spec
+from engine.run.specs import parse_model_spec
 
 
 @pytest.mark.parametrize("text,kind", [

@@ -9,8 +9,8 @@ import torch
 
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT
-from engine.core.specs import parse_model_spec
 from engine.drafters.ngram import RECENCY, NGramDrafter, ngram_law, support
+from engine.run.specs import parse_model_spec
 
 
 def law(ctx, **kw):

@@ -104,6 +104,13 @@ def test_engine_never_imports_specviz_or_its_cli():
     assert bad == []
 
 
+def test_core_is_the_ground_floor_it_imports_no_other_engine_package():
+    graph = import_graph(module_files())
+    bad = [(m, t) for m, ts in graph.items() for t in ts
+           if m.startswith("engine.core") and not t.startswith("engine.core")]
+    assert bad == []
+
+
 def architecture_names(text: str) -> set[str]:
     """The .py files ARCHITECTURE.md names, as written or, on a line that names a folder
     (`training/`), inside that folder."""

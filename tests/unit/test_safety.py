@@ -10,7 +10,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from engine.core import models
+from engine.run import models
 from specviz import check_tab, compare, pairs, trace_file
 from specviz.hosting import HostConfig
 

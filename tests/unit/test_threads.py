@@ -53,7 +53,7 @@ def test_fastest_keeps_the_count_whose_step_is_faster(seconds, chosen):
 
 
 def test_tune_threads_measures_nothing_when_the_variable_is_set(monkeypatch):
-    from engine.core import api
+    from engine.run import api
     from tests.conftest import tiny_pair
 
     monkeypatch.setenv(threads.ENV, "1")
@@ -62,7 +62,7 @@ def test_tune_threads_measures_nothing_when_the_variable_is_set(monkeypatch):
 
 
 def test_tune_threads_measures_once_per_target(monkeypatch):
-    from engine.core import api
+    from engine.run import api
     from tests.conftest import tiny_pair
 
     calls = []

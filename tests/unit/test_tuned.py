@@ -1,4 +1,4 @@
-"""A pair's tuned settings (engine.core.tuned): read from assets/presets.json by the engine
+"""A pair's tuned settings (engine.run.tuned): read from assets/presets.json by the engine
 alone, matched by parsed specs, valid for their methods; the embedded target's default
 drafter is the one they were measured on. No model loads here."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from engine import METHODS
 from engine.core.config import validate_params
-from engine.core.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, pair_key
-from engine.core.tuned import preset_rows, tuned_settings
+from engine.run.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, pair_key
+from engine.run.tuned import preset_rows, tuned_settings
 
 
 def _shipped(preset_id: str) -> dict:

@@ -268,8 +268,8 @@ def test_every_view_renders_every_round_of_the_demo_trace():
 
 
 def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_forest():
-    from engine.core.specs import EMBEDDED_DEFAULT_DRAFT
     from engine.drafters.ngram import NGramDrafter
+    from engine.run.specs import EMBEDDED_DEFAULT_DRAFT
 
     trace = demo_state().trace
     # the app opens on its embedded pair: re-record the demo when that default changes

@@ -14,10 +14,10 @@ import torch
 from engine.core.cached_model import CachedModel, Scored
 from engine.core.config import RunConfig
 from engine.core.eos import eos_ids
-from engine.core.models import ModelPair
 from engine.core.sampling import TorchChooser, make_generator
 from engine.core.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 from engine.methods.base import Method, RoundVerdict
+from engine.run.models import ModelPair
 
 TOPK = 10
 

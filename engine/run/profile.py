@@ -33,10 +33,10 @@ import torch
 
 from engine.control.cost import CostProfile
 from engine.core.cached_model import CachedModel
-from engine.core.costs import NOT_DRAFTED
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.paths import ASSETS
+from engine.run.costs import NOT_DRAFTED
 
 VERIFY_NODES = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 PROMPT = 32  # tokens before the measured forwards

@@ -1,6 +1,6 @@
 """Model loading: the embedded SmolLM2 (GGUF -> cached safetensors), hub ids, local
 directories and tiny random models built from a config; the target/draft :class:`ModelPair`
-with the pair's tuned method settings (engine.core.tuned).
+with the pair's tuned method settings (engine.run.tuned).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from engine.core.placement import (
     requested_map,
     resolve_map,
 )
-from engine.core.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
 from engine.core.static_kv import kv_mode
-from engine.core.tuned import Tuned, tuned_settings
+from engine.run.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
+from engine.run.tuned import Tuned, tuned_settings
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
@@ -278,7 +278,7 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
 class Calibration:
     """What is measured about a loaded pair on this machine, kept with the pair: the seconds
     of one plain target step per width W (the cost model's unit), from the pair's latest plain
-    run or a calibration decode (engine.core.api.plain_step_s)."""
+    run or a calibration decode (engine.run.api.plain_step_s)."""
 
     step_s: dict[int, float] = field(default_factory=dict)
 
@@ -293,7 +293,7 @@ class ModelPair:
     device: torch.device
     target_name: str
     draft_name: str
-    # method -> the parameters measured best on this pair (engine.core.tuned); runs start
+    # method -> the parameters measured best on this pair (engine.run.tuned); runs start
     # from them. Empty for a pair built from model objects or with no preset.
     tuned: Tuned = field(default_factory=dict)
     calibration: Calibration = field(default_factory=Calibration)  # measured on this machine

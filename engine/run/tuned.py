@@ -4,7 +4,7 @@ Each row of the presets file names a pair (target and draft specs) and, optional
 ``params``: method -> the parameter values measured fastest on that pair (README, "Measured
 numbers"). ``load_pair`` puts them on the ``ModelPair``, runs start from them (explicit
 parameters win), the CLI's ``methods`` lists them and the app's widgets open on them. A pair
-matches a row by its parsed specs (``engine.core.specs.pair_key``), not by spelling.
+matches a row by its parsed specs (``engine.run.specs.pair_key``), not by spelling.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from engine.core.errors import ConfigError
 from engine.core.paths import ASSETS
-from engine.core.specs import EMBEDDED, pair_key
+from engine.run.specs import EMBEDDED, pair_key
 
 PRESETS_FILE = ASSETS / "presets.json"
 

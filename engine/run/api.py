@@ -3,7 +3,7 @@
 ``run = start(pair, prompt, method, **params)`` validates everything and builds the round
 loop; ``for rnd in run`` steps it one round at a time; ``run.trace()`` is the RunTrace of the
 rounds so far at any point (the whole trace once ``run.done``). Statistics accumulate per
-round; run-level extras (the cost model, :mod:`engine.core.costs`) are computed once, when the
+round; run-level extras (the cost model, :mod:`engine.run.costs`) are computed once, when the
 last round is in.
 """
 
@@ -16,13 +16,14 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from engine.core import costs, layout, profile, threads
+from engine.core import layout, threads
 from engine.core.config import RunConfig, validate_params
 from engine.core.errors import ConfigError
-from engine.core.loop import Decoder
-from engine.core.models import ModelPair
 from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
 from engine.methods import METHODS
+from engine.run import costs, profile
+from engine.run.loop import Decoder
+from engine.run.models import ModelPair
 
 
 class IdTokenizer:
@@ -119,7 +120,7 @@ def _switch_off(full: Mapping[str, Any]) -> dict[str, Any]:
     return off
 
 
-PROJECTED = "h100"  # the stored profile every run is projected onto (engine.core.costs)
+PROJECTED = "h100"  # the stored profile every run is projected onto (engine.run.costs)
 
 
 def projected_profile(method: str, width: int):
@@ -131,7 +132,7 @@ def projected_profile(method: str, width: int):
 
 def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: str):
     """The cost profile a run's switch plans with: measured on this machine (once per
-    process and setting, engine.core.profile) or a stored one."""
+    process and setting, engine.run.profile) or a stored one."""
     width = costs.cache_rows(full)
     if name != profile.MEASURED:
         return profile.stored(name, method, width)

@@ -20,7 +20,7 @@ width W (the engine's own greedy round for W = 1, its beam-search round for W = 
   Python overhead (everything the model leaves out) cost.
 
 Projection (``projected``, given a stored profile such as the H100's,
-:mod:`engine.core.profile`): the speedup those costs would give at this run's own tokens per
+:mod:`engine.run.profile`): the speedup those costs would give at this run's own tokens per
 round, tokens per round / (draft calls per round x c_draft + c_verify(n)), n the drafted
 nodes per row per round (nodes the drafter proposed over the round's width, averaged over the
 rounds); 1 for a plain method. It assumes the run's acceptance carries over unchanged and the
@@ -29,7 +29,7 @@ stored costs fit its models and width: a projection, not a measurement.
 Round 0 also prefills the prompt, so every average uses rounds 1.. when there are any.
 ``t_step`` is the median plain round of the latest plain run of this width on this target in
 this process, or else a calibration: a plain decode of 4 steps on a fixed 16-token prompt,
-measured once per process and width (``engine.core.api.calibrate``). Context length barely
+measured once per process and width (``engine.run.api.calibrate``). Context length barely
 moves a step of the small models this runs on the CPU; on a GPU or with long prompts it is an
 approximation.
 """
@@ -131,7 +131,7 @@ def cost_model(method: str, stats: dict[str, Any], rounds: list[RoundTrace],
     """The run's cost model (see module docstring) as JSON values; a pure function of its
     arguments. ``plain``: the method drafts nothing (its own rounds are the plain step, given
     back as ``t_step_s``); ``step_s(W)``: seconds of a plain step of width W
-    (engine.core.api.plain_step_s: the pair's calibration); ``projected``: a stored profile to
+    (engine.run.api.plain_step_s: the pair's calibration); ``projected``: a stored profile to
     project the run onto (None: no projection)."""
     width = run_width(params)
     later = rounds[1:] or rounds
