@@ -78,6 +78,3 @@ class CostController(RoundRecorder):
         out = super().state()
         out["switch"] = None if self.switch is None else self.switch.record()
         return out
-
-    def max_len(self) -> int:
-        return self.config.cap

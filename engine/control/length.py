@@ -104,6 +104,3 @@ class ConfidenceController(RoundRecorder):
 
     def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
         return {}
-
-    def max_len(self) -> int:
-        return self.config.cap

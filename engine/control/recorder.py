@@ -74,6 +74,10 @@ class RoundRecorder:
     def __init__(self) -> None:
         self.begin_round()
 
+    def max_len(self) -> int:
+        """The round's cap: config.cap (the length controllers bound rounds otherwise)."""
+        return self.config.cap
+
     def settings(self) -> dict[str, Any]:
         """The parameters this controller was built with (JSON values)."""
         return {name: getattr(self.config, name) for name in self.reads}

@@ -60,9 +60,6 @@ class BetaTSController(RoundRecorder):
             "d_beta": self.beta - old[1],
         }
 
-    def max_len(self) -> int:
-        return self.config.cap
-
     def should_continue(
         self, drafted: int, rng: torch.Generator | Chooser, features: Features = None
     ) -> bool:
@@ -105,9 +102,6 @@ class CaliTSController(RoundRecorder):
         self.theta_hat, self.t = theta_hat_update(self.theta_hat, self.t, accepted, rule)
         self.n += 1
         return {"rule": rule, "q_v": accepted + 1}
-
-    def max_len(self) -> int:
-        return self.config.cap
 
     def should_continue(
         self, drafted: int, rng: torch.Generator | Chooser, features: Features = None

@@ -22,6 +22,7 @@ import engine
 from engine.core.cached_model import CachedModel
 from engine.core.forest import PAD, ROOT
 from engine.run.models import load_pair, model_from_config, tiny_config
+from tests.forests import path_tokens
 
 pytestmark = [
     pytest.mark.cuda,
@@ -37,14 +38,6 @@ def cuda_model(family: str, dtype: torch.dtype, seed: int = 0, layers: int = 4,
                vocab: int = 64):
     cfg = tiny_config(family, vocab_size=vocab, layers=layers, initializer_range=0.3)
     return model_from_config(cfg, seed=seed, dtype=dtype).to("cuda")
-
-
-def _path(tokens: list[int], parents: list[int], node: int) -> list[int]:
-    out = []
-    while node >= 0:
-        out.append(tokens[node])
-        node = parents[node]
-    return out[::-1]
 
 
 @torch.no_grad()
@@ -72,7 +65,7 @@ def test_forest_forward_scores_like_sequential_decoding_on_cuda(family, dtype):
         worst = max(worst, float((root.root_logits[w].float() - ref).abs().max()))
         for i, pj in enumerate(parents):
             if pj != PAD:
-                ids = prompts[w] + _path(tokens, parents, i)
+                ids = prompts[w] + path_tokens(tokens, parents, i)
                 worst = max(worst, float((nodes[w, i] - _sequential(model, ids)).abs().max()))
     assert worst <= tol, (family, dtype, worst)
 
