@@ -8,11 +8,75 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from engine.core.cached_model import Scored
-from engine.core.config import COMMON_PARAMS, ParamSpec, check_config_fields, config_from_params
+from engine.core.cached_model import CachedModel, Scored
+from engine.core.config import (
+    COMMON_PARAMS,
+    ParamSpec,
+    RunConfig,
+    check_config_fields,
+    config_from_params,
+)
 from engine.core.errors import ConfigError
 from engine.core.forest import Forest
+from engine.core.sampling import Chooser, Warp
 from engine.core.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
+from engine.drafters.base import Drafter
+
+
+class PairView(Protocol):
+    """What a method reads of the run's model pair (engine.run.models.ModelPair)."""
+
+    target: torch.nn.Module  # p: the stock transformers model
+    drafter: Drafter  # the pair's own drafter
+
+
+class RunState(Protocol):
+    """The state of one run as a method sees it: the members of the round loop's
+    ``RunContext`` (engine.run.loop) that methods read or write. methods/ sits below run/, so
+    methods take this protocol and the loop hands them its context
+    (tests/unit/test_repository.py checks that the context provides every member)."""
+
+    pair: PairView
+    cfg: RunConfig  # max_new_tokens, seed, warp
+    prompt_ids: list[int]
+    eos: frozenset[int]  # token ids that end a sequence
+    target: CachedModel  # the target's KV cache over the live rows (eesd: a shared side)
+    chooser: Chooser  # every draw of the verification stream (the run's seeded generator)
+    decode: Callable[[int], str]  # token id -> text
+    side: torch.Generator  # draws that stay out of the verification stream (cost switch)
+    seqs: list[list[int]]  # generated ids per live row
+    origins: list[list[tuple[str, int]]]  # per live row: (origin, round) of each token
+    scores: list[float]  # running score per live row
+    finished_origins: dict  # a finished beam's token ids -> its origins
+    round_index: int
+    draft_calls: int  # draft forwards so far (draft_feed counts them)
+    drafter: Drafter | None  # a method may set its own drafter in start()
+
+    @property
+    def width(self) -> int:
+        """W: the number of live rows."""
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still allowed before max_new_tokens."""
+
+    @property
+    def warp(self) -> Warp: ...
+
+    @property
+    def draft(self) -> CachedModel:
+        """The drafter's cache, started on the committed sequences at first use."""
+
+    @property
+    def draft_if_started(self) -> CachedModel | None:
+        """The drafter's cache when the run has started it, else None (starts nothing)."""
+
+    def committed_ids(self) -> torch.Tensor:
+        """(W, prompt + generated) ids of every live row."""
+
+    def draft_feed(self, tokens: torch.Tensor | None = None,
+                   parents: torch.Tensor | None = None) -> Scored:
+        """One counted draft forward over the tail and/or (W, m) new nodes."""
 
 
 @dataclass
@@ -45,15 +109,15 @@ class Method(Protocol):
     """Hooks the round loop calls: start once, then per round 1. propose, 3. verify and
     5. observe (the loop itself does 2. score and 4. commit)."""
 
-    def start(self, ctx) -> None: ...
+    def start(self, ctx: RunState) -> None: ...
 
-    def propose(self, ctx) -> Forest: ...
+    def propose(self, ctx: RunState) -> Forest: ...
 
-    def verify(self, ctx, forest: Forest, scored: Scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest: Forest, scored: Scored) -> RoundVerdict:
         """scored: the target's step-2 result on the forest (root and node logits, hidden
         states)."""
 
-    def observe(self, ctx, verdict: RoundVerdict) -> dict | None: ...
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None: ...
 
     def costs_wanted(self) -> str | None:
         """The cost profile the method's switch plans with (None: it plans nothing); the API

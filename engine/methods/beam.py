@@ -26,7 +26,7 @@ from engine.beams.sample import beam_sample_step
 from engine.beams.search import beam_step
 from engine.core.forest import ROOT, Forest, empty_forest
 from engine.core.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, BeamStep, TestRecord
-from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
     BEAMS,
     COSTS,
@@ -78,7 +78,7 @@ class BeamSearch(BeamStart):
         self.draft_confidence = draft_confidence
         self.switch_kind, self.costs_name = switch, costs
 
-    def propose(self, ctx) -> Forest:
+    def propose(self, ctx: RunState) -> Forest:
         gate = self.round_gate()  # a skipped round is a plain beam step: the same replay
         depth = self.planned_depth(ctx, min(self.gamma, ctx.remaining - 1))  # bonus step fits
         if depth < 1:
@@ -122,7 +122,7 @@ class BeamSearch(BeamStart):
             extra += [i for i in best if i not in taken][:need]
         return extra
 
-    def verify(self, ctx, forest, scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth = forest_depth(forest)
         kids = children_of(forest)
@@ -145,7 +145,7 @@ class BeamSearch(BeamStart):
                                        info.scores.tolist())]
         return self._verdict(ctx, forest, p_root, p_nodes, rp, beams, depth, j)
 
-    def _step(self, ctx, forest, kids, rp: Replay, info, lp, j: int, depth: int) -> list:
+    def _step(self, ctx: RunState, forest, kids, rp: Replay, info, lp, j: int, depth: int) -> list:
         """Record step j: which target beams are drafted nodes, tests, finished hypotheses."""
         parents, tokens = info.parents.tolist(), info.tokens.tolist()
         drafted = j <= depth
@@ -174,7 +174,7 @@ class BeamSearch(BeamStart):
         })
         return hits
 
-    def _match(self, ctx, forest, rp: Replay, joint, info, j: int, depth: int,
+    def _match(self, ctx: RunState, forest, rp: Replay, joint, info, j: int, depth: int,
                accepted: bool) -> BeamStep:
         """Step j's target top-K (the beams beam_step kept) against the drafted nodes."""
         kind = "drafted" if j <= depth else ("bonus" if depth else "target")
@@ -187,7 +187,7 @@ class BeamSearch(BeamStart):
                           lambda pos, t: path_text(ctx, forest, pos, t), accepted=accepted)
         return replace(step, reason=strict_reason(step, self.state.done))
 
-    def _verdict(self, ctx, forest, p_root, p_nodes, rp: Replay, beams, depth,
+    def _verdict(self, ctx: RunState, forest, p_root, p_nodes, rp: Replay, beams, depth,
                  last) -> RoundVerdict:
         status = {(r, n): REJECTED for r in range(forest.width) for n in range(forest.size)}
         levels = forest.extras.get("levels", [])
@@ -223,10 +223,10 @@ class BeamSampling(BeamStart):
     def __init__(self, *, beams: int):
         self.start_width = beams
 
-    def propose(self, ctx) -> Forest:
+    def propose(self, ctx: RunState) -> Forest:
         return empty_forest(ctx.width)
 
-    def verify(self, ctx, forest, scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         roots = [(r, ROOT) for r in range(ctx.width)]
         lp = target_logprobs(p_root, p_nodes, roots)  # (K, V)

@@ -21,7 +21,7 @@ from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT, Forest, path_to
 from engine.core.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
-from engine.methods.base import RoundVerdict
+from engine.methods.base import RoundVerdict, RunState
 
 Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)
 DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows
@@ -43,7 +43,7 @@ class Level:
     q_beam: torch.Tensor | None  # (B_prev, V) law the nodes were drawn from (sampled drafts)
 
 
-def draft_forest(ctx, root_scores: list[float], depth: int, select: Select,
+def draft_forest(ctx: RunState, root_scores: list[float], depth: int, select: Select,
                  fill: Fill | None = None, gate: Gate | None = None) -> Forest:
     """The draft's beam search / beam sampling over ``depth`` steps from the W live rows.
 
@@ -143,7 +143,7 @@ def level_nodes(forest: Forest, j: int) -> list[tuple[Pos, Pos, int]]:
     return [(pos, prev[b], t) for pos, b, t in zip(level.pos, level.parents, level.tokens)]
 
 
-def path_text(ctx, forest: Forest, pos: Pos, token: int) -> str:
+def path_text(ctx: RunState, forest: Forest, pos: Pos, token: int) -> str:
     """Text of a path inside the round: the drafted tokens from the row's root to ``pos``,
     then ``token``."""
     row, node = pos
@@ -201,14 +201,15 @@ class NewBeam:
     score: float  # cumulative target log-prob after the token (NEG_SCORE once finished)
 
 
-def path_of(ctx, forest: Forest, pos: Pos) -> tuple[list[int], list[int]]:
+def path_of(ctx: RunState, forest: Forest, pos: Pos) -> tuple[list[int], list[int]]:
     """(forest nodes, generated token ids) from the row's first generated token to ``pos``."""
     row, node = pos
     nodes = path_to(forest.parents, row, node) if node != ROOT else []
     return nodes, ctx.seqs[row] + [int(forest.tokens[row, n]) for n in nodes]
 
 
-def record_finished(ctx, forest: Forest, pos: Pos, token: int, origin: str) -> tuple[int, ...]:
+def record_finished(ctx: RunState, forest: Forest, pos: Pos, token: int,
+                    origin: str) -> tuple[int, ...]:
     """Store the origins of a finished hypothesis (for the text view); returns its token ids."""
     nodes, ids = path_of(ctx, forest, pos)
     key = tuple(ids + [token])
@@ -217,7 +218,7 @@ def record_finished(ctx, forest: Forest, pos: Pos, token: int, origin: str) -> t
     return key
 
 
-def beam_verdict(ctx, forest: Forest, beams: list[NewBeam], **kw) -> RoundVerdict:
+def beam_verdict(ctx: RunState, forest: Forest, beams: list[NewBeam], **kw) -> RoundVerdict:
     """RoundVerdict committing ``beams``: rows = root row, path = the accepted drafted nodes."""
     paths = [path_of(ctx, forest, b.parent)[0] for b in beams]
     k = len(paths[0])
@@ -235,7 +236,7 @@ def beam_verdict(ctx, forest: Forest, beams: list[NewBeam], **kw) -> RoundVerdic
     )
 
 
-def node_traces(ctx, forest: Forest, p_tok: torch.Tensor, status: dict[Pos, str],
+def node_traces(ctx: RunState, forest: Forest, p_tok: torch.Tensor, status: dict[Pos, str],
                 beams: list[NewBeam], depth: int) -> tuple[NodeTrace, ...]:
     """Every real forest node with its status, plus one pseudo node per undrafted output token."""
     out = []
@@ -258,7 +259,7 @@ def node_traces(ctx, forest: Forest, p_tok: torch.Tensor, status: dict[Pos, str]
     return tuple(out)
 
 
-def stop_reason(ctx, depth: int) -> str:
+def stop_reason(ctx: RunState, depth: int) -> str:
     return "max_new_tokens" if depth >= ctx.remaining else "eos"
 
 
@@ -283,7 +284,7 @@ class BeamStart:
         self.switch = CostSwitch(profile, self.gamma)
         self._level_nodes: dict[int, float] = {}  # depth -> nodes per row a round fed
 
-    def planned_depth(self, ctx, depth: int) -> int:
+    def planned_depth(self, ctx: RunState, depth: int) -> int:
         """This round's draft depth: `depth`, or the switch's plan within it (0: a plain
         step, decided before any draft call). The shape is the last drafted round's nodes
         per row at each depth (N per level before any)."""
@@ -328,7 +329,7 @@ class BeamStart:
         return {**out, "gate": self.gate_info or {"threshold": self.draft_confidence,
                                                   "confidence": None, "drafted": False}}
 
-    def start(self, ctx) -> None:
+    def start(self, ctx: RunState) -> None:
         w = self.start_width
         ctx.seqs, ctx.origins = [[] for _ in range(w)], [[] for _ in range(w)]
         ctx.scores = [0.0] + [NEG_SCORE] * (w - 1)
@@ -336,7 +337,7 @@ class BeamStart:
             ctx.pair.target.generation_config, w, ctx.cfg.max_new_tokens, len(ctx.prompt_ids))
         self.state = init_beams(torch.tensor([ctx.prompt_ids]), self.cfg)
 
-    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None:
         if self.switch is not None and self.switch.decision is not None:
             self.switch.observe(verdict.drafted, verdict.accepted)
         return None

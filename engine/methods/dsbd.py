@@ -33,7 +33,7 @@ from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, empty_forest
 from engine.core.sampling import EPS, draw_without_replacement
 from engine.core.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
-from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
     BEAMS,
     COSTS,
@@ -103,12 +103,12 @@ class SampledBeams(BeamStart):
         self.keep = width
         self.need = "K"  # the name of the accepts a layer needs, as the reasons say it
 
-    def start(self, ctx) -> None:
+    def start(self, ctx: RunState) -> None:
         super().start(ctx)
         self.finished: dict[tuple[int, ...], float] = {}
 
     # ------------------------------------------------------------- propose
-    def propose(self, ctx) -> Forest:
+    def propose(self, ctx: RunState) -> Forest:
         # the gate decides before the round draws anything, so the law is kept (a skipped
         # round is a plain beam-sampling step of the method's width)
         gate = self.round_gate()
@@ -118,7 +118,7 @@ class SampledBeams(BeamStart):
         return self.note_levels(draft_forest(ctx, list(ctx.scores), depth, self._select(ctx),
                                              gate=gate))
 
-    def _select(self, ctx):
+    def _select(self, ctx: RunState):
         """(B, V) joint draft scores -> draws from q_beam = beam_law(joint), and q_beam."""
         def select(joint: torch.Tensor):
             q = beam_law(joint, ctx.warp)  # (B, V)
@@ -126,7 +126,7 @@ class SampledBeams(BeamStart):
         return select
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest, scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         depth, levels = forest_depth(forest), forest.extras.get("levels", [])
         st = Layers([(r, ROOT) for r in range(ctx.width)],
@@ -167,7 +167,8 @@ class SampledBeams(BeamStart):
             st.status[(row, node)] = status
             st.tests.append(rec)
 
-    def _match(self, ctx, forest, st: Layers, joint, p, j: int, v: LayerVerdict) -> BeamStep:
+    def _match(self, ctx: RunState, forest, st: Layers, joint, p, j: int,
+               v: LayerVerdict) -> BeamStep:
         """Layer j's K most probable target beams (beam law p) against its drafted nodes."""
         drafted = level_nodes(forest, j) if v.outcome != "bonus" else []
         flat = p.reshape(-1)  # (B*V,)
@@ -183,7 +184,8 @@ class SampledBeams(BeamStart):
                           drafted, lambda pos, t: path_text(ctx, forest, pos, t), law=p,
                           accepted=v.step_accepted, reason=reason)
 
-    def _advance(self, ctx, forest, st: Layers, level: Level, v: LayerVerdict, lp, j) -> bool:
+    def _advance(self, ctx: RunState, forest, st: Layers, level: Level, v: LayerVerdict, lp,
+                 j) -> bool:
         """The accepted drafts become the target's beams; False when all of them finished."""
         scores: list[float | None] = [None] * len(level.tokens)
         for s in v.sources:
@@ -201,12 +203,12 @@ class SampledBeams(BeamStart):
         return [NewBeam(st.pos[level.parents[s]], level.tokens[s], ACCEPTED, NEG_SCORE)
                 for s in v.sources]
 
-    def _new_beam(self, ctx, forest, parent: Pos, token: int, origin: str, score: float,
+    def _new_beam(self, ctx: RunState, forest, parent: Pos, token: int, origin: str, score: float,
                   j: int) -> NewBeam:
         return NewBeam(parent, token, origin, self._finish(ctx, forest, parent, token, origin,
                                                            score, j))
 
-    def _finish(self, ctx, forest, parent: Pos, token: int, origin: str, score: float,
+    def _finish(self, ctx: RunState, forest, parent: Pos, token: int, origin: str, score: float,
                 j: int) -> float:
         """Running score after the token; a finished beam becomes a hypothesis (NEG_SCORE)."""
         gen_len = len(ctx.seqs[0]) + j
@@ -217,7 +219,7 @@ class SampledBeams(BeamStart):
         self.finished[key] = max(pen, self.finished.get(key, float("-inf")))
         return NEG_SCORE
 
-    def _verdict(self, ctx, forest, p_root, p_nodes, st: Layers, j, depth,
+    def _verdict(self, ctx: RunState, forest, p_root, p_nodes, st: Layers, j, depth,
                  beams: list[NewBeam]) -> RoundVerdict:
         done = all(b.score <= DEAD for b in beams)
         p_tok = node_target_probs(p_root, p_nodes, forest)
@@ -239,7 +241,7 @@ class SampledBeams(BeamStart):
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
         raise NotImplementedError
 
-    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> LayerVerdict:
+    def layer(self, ctx: RunState, p, level: Level, st: Layers, j: int) -> LayerVerdict:
         raise NotImplementedError
 
     def bonus(self, p: torch.Tensor, chooser) -> LayerVerdict:
@@ -267,7 +269,7 @@ class Dsbd(SampledBeams):
     def draw(self, q: torch.Tensor, chooser) -> list[int]:
         return [chooser.categorical(q) for _ in range(self.n)]  # i.i.d.: Theorem 3.1 needs it
 
-    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> LayerVerdict:
+    def layer(self, ctx: RunState, p, level: Level, st: Layers, j: int) -> LayerVerdict:
         valid = [s is not None for s in st.scores]
         m = len(level.tokens)
         # Eq. 5-7 depend on (p_beam, q_beam) only: the width is fixed before the layer's tests
@@ -297,7 +299,7 @@ class Dsbd(SampledBeams):
         return {"mode": "one_cache" if self.one_cache else "full", "draft_beams": self.n,
                 "threshold": self.t, "min_width": self.w_min}
 
-    def _verdict(self, ctx, forest, p_root, p_nodes, st, j, depth, beams) -> RoundVerdict:
+    def _verdict(self, ctx: RunState, forest, p_root, p_nodes, st, j, depth, beams) -> RoundVerdict:
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
         v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
                              if "decision" in L]
@@ -311,7 +313,7 @@ class Relaxed(SampledBeams):
         # N distinct drafts, as the released code samples them
         return draw_without_replacement(q, self.n, chooser, min_mass=EPS)
 
-    def layer(self, ctx, p, level: Level, st: Layers, j: int) -> LayerVerdict:
+    def layer(self, ctx: RunState, p, level: Level, st: Layers, j: int) -> LayerVerdict:
         v = relaxed_verify_step(p, level.q_beam, list(zip(level.parents, level.tokens)),
                                 self.start_width, ctx.chooser)
         st.layers.append({"depth": j, "width": v.width, "accepted_count": v.accepted,

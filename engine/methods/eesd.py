@@ -28,7 +28,7 @@ from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.drafters.early_exit import EarlyExitDrafter, early_exit_drafter
 from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
-from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.token import EXACT, TreeSpeculation, build_chain
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
@@ -74,7 +74,7 @@ class EESD(TreeSpeculation):
         self.share_kv = cfg.share_kv
         self.h_target: torch.Tensor | None = None  # (d,) target state behind the root
 
-    def start(self, ctx) -> None:
+    def start(self, ctx: RunState) -> None:
         super().start(ctx)
         drafter = drafter_for(ctx.pair, self.exit_drafter)
         ctx.drafter = drafter
@@ -106,7 +106,7 @@ class EESD(TreeSpeculation):
         conf = draft_confidence(logits)  # (2,) q's confidence in the newest token
         return CaliFeatures(step=depth, target=self.h_target, draft=hidden, confidence=conf)
 
-    def verify(self, ctx, forest, scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         verdict = super().verify(ctx, forest, scored)
         path = verdict.path_nodes[0].tolist() if verdict.path_nodes.numel() else []
         # the target state whose output is the next round's root
@@ -122,7 +122,7 @@ class EESD(TreeSpeculation):
                 verdict.extras["predictor"] = self._predictor_name
         return verdict
 
-    def observe(self, ctx, verdict: RoundVerdict) -> dict:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict:
         """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior,
         except a plain round the cost switch planned (it learns from those too)."""
         if verdict.drafted == 0 and not self.controller.decided:

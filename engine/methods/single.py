@@ -11,13 +11,13 @@ import torch
 from engine.core.forest import Forest, empty_forest
 from engine.core.sampling import probs_from_logits
 from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
-from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 
 if TYPE_CHECKING:
     from engine.control.cost import CostProfile
 
 
-def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int | None,
+def finish_single(ctx: RunState, path_nodes: list[int], path_tokens: list[int], final: int | None,
                   origins: list[str], nodes: tuple[NodeTrace, ...] = (),
                   tests: tuple[TestRecord, ...] = (), drafted: int = 0, accepted: int = 0,
                   extras: dict | None = None) -> RoundVerdict:
@@ -44,7 +44,7 @@ def finish_single(ctx, path_nodes: list[int], path_tokens: list[int], final: int
     )
 
 
-def target_token(p: torch.Tensor, ctx) -> int:
+def target_token(p: torch.Tensor, ctx: RunState) -> int:
     """The target's own token from its warped distribution p (V,): argmax at temperature 0."""
     return int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
 
@@ -52,10 +52,10 @@ def target_token(p: torch.Tensor, ctx) -> int:
 class SingleStart:
     """start(): one row holding the prompt."""
 
-    def start(self, ctx) -> None:
+    def start(self, ctx: RunState) -> None:
         ctx.seqs, ctx.origins, ctx.scores = [[]], [[]], [0.0]
 
-    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None:
         return None
 
     def costs_wanted(self) -> str | None:
@@ -77,10 +77,10 @@ class Autoregressive(SingleStart):
     def __init__(self, *, greedy: bool):
         self.greedy = greedy
 
-    def propose(self, ctx) -> Forest:
+    def propose(self, ctx: RunState) -> Forest:
         return empty_forest(1)
 
-    def verify(self, ctx, forest, scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         logits = scored.root_logits[0]  # (V,)
         if self.greedy:
             tok = int(logits.argmax())

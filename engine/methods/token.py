@@ -40,7 +40,7 @@ from engine.core.trace import (
     TestRecord,
 )
 from engine.drafters.ngram import support
-from engine.methods.base import MethodSpec, RoundVerdict, register
+from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.verify.optimality import position_record
 from engine.verify.token import RULES, SCHEME, draw_candidates
@@ -62,7 +62,8 @@ class TreeConfig:
         return SCHEME[self.rule]
 
 
-def draft_dist(logits: torch.Tensor, k: int, scheme: str, ctx) -> tuple[torch.Tensor, list[int]]:
+def draft_dist(logits: torch.Tensor, k: int, scheme: str,
+               ctx: RunState) -> tuple[torch.Tensor, list[int]]:
     """Draft law q at a node and its k children (MCSD §3.1-3.2; at temperature 0, §4.1
     argmax sampling, the top-k law of the MCSD authors' code).
 
@@ -92,7 +93,7 @@ class TreeSpeculation(SingleStart):
         self.controller = controller or FixedController(gamma=len(cfg.k_config))
 
     # ------------------------------------------------------------- propose
-    def propose(self, ctx) -> Forest:
+    def propose(self, ctx: RunState) -> Forest:
         budget = ctx.remaining - 1  # the round's own target token always fits
         levels = list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
         if budget < 1 or levels == []:
@@ -146,7 +147,7 @@ class TreeSpeculation(SingleStart):
     def _branching(self, depth: int, levels: list[int] | None) -> int:
         return 1 if levels is None else levels[depth]
 
-    def _go_deeper(self, depth: int, levels, budget: int, ctx, newest,
+    def _go_deeper(self, depth: int, levels, budget: int, ctx: RunState, newest,
                    confidence: float | None = None) -> bool:
         """Draft another level? `newest`: (node, logits, hidden) that made the newest token;
         `confidence`: the draft's temperature-1 probability of the newest level's surest
@@ -168,7 +169,7 @@ class TreeSpeculation(SingleStart):
         return None
 
     # -------------------------------------------------------------- verify
-    def verify(self, ctx, forest: Forest, scored: Scored) -> RoundVerdict:
+    def verify(self, ctx: RunState, forest: Forest, scored: Scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
         if forest.size == 0:
             p = probs_from_logits(p_root[0], ctx.warp)
@@ -214,7 +215,7 @@ class TreeSpeculation(SingleStart):
         return self._finish(ctx, forest, tokens, parents, status, p_tok, tests, path, final,
                             final_status)
 
-    def _finish(self, ctx, forest, tokens, parents, status, p_tok, tests, path, final,
+    def _finish(self, ctx: RunState, forest, tokens, parents, status, p_tok, tests, path, final,
                 final_status) -> RoundVerdict:
         q_tok = forest.q_tok[0].tolist()
         depth = depths(forest.parents)[0].tolist()
@@ -240,7 +241,7 @@ class TreeSpeculation(SingleStart):
     def use_costs(self, profile) -> None:
         self.controller.attach(profile)
 
-    def observe(self, ctx, verdict: RoundVerdict) -> dict | None:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None:
         if verdict.drafted == 0 and not self.controller.decided:
             return None
         self.controller.observe(verdict.drafted, verdict.accepted)
@@ -251,7 +252,7 @@ def _remap(t: TestRecord, group: list[int], depth: int) -> TestRecord:
     return replace(t, node=group[t.node], depth=depth)
 
 
-def _pseudo(i: int, parent: int, depth: int, tok: int, ctx, status: str, p) -> NodeTrace:
+def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: str, p) -> NodeTrace:
     """The round's target token (resampled or bonus) drawn as a node below the path."""
     pt = float(p[tok]) if p is not None else None
     return NodeTrace(i, parent, 0, depth, tok, ctx.decode(tok), None, pt, status)

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from engine.core.cached_model import CachedModel, Scored
 from engine.core.config import RunConfig
 from engine.core.eos import eos_ids
-from engine.core.sampling import TorchChooser, make_generator
+from engine.core.sampling import Chooser, TorchChooser, Warp, make_generator
 from engine.core.trace import BeamTrace, CommittedToken, RoundTrace, TopK
+from engine.drafters.base import Drafter
 from engine.methods.base import Method, RoundVerdict
 from engine.run.models import ModelPair
 
@@ -24,7 +25,8 @@ TOPK = 10
 
 @dataclass
 class RunContext:
-    """Mutable state of one run (never shared between runs or sessions)."""
+    """Mutable state of one run (never shared between runs or sessions). Methods see it as
+    :class:`engine.methods.base.RunState`, the protocol that declares every member they use."""
 
     pair: ModelPair
     cfg: RunConfig
@@ -32,8 +34,8 @@ class RunContext:
     eos: frozenset[int]
     target: CachedModel
     generator: torch.Generator
-    chooser: TorchChooser
-    decode: Any  # id -> text
+    chooser: Chooser  # a TorchChooser over `generator` (tests may script it)
+    decode: Callable[[int], str]  # id -> text
     side: torch.Generator  # draws that stay out of the verification stream (cost switch)
     seqs: list[list[int]] = field(default_factory=list)  # generated ids per live row
     origins: list[list[tuple[str, int]]] = field(default_factory=list)  # (origin, round)
@@ -41,8 +43,8 @@ class RunContext:
     finished_origins: dict = field(default_factory=dict)  # beam token ids -> origins
     round_index: int = 0
     draft_calls: int = 0
-    drafter: object | None = None  # a method may set its own drafter in start()
-    _draft: CachedModel | None = None
+    drafter: Drafter | None = None  # a method may set its own drafter in start()
+    _draft: CachedModel | None = None  # the drafter's cache once started (see draft)
 
     @property
     def width(self) -> int:
@@ -53,7 +55,7 @@ class RunContext:
         return self.cfg.max_new_tokens - len(self.seqs[0])
 
     @property
-    def warp(self):
+    def warp(self) -> Warp:
         return self.cfg.warp
 
     @property
@@ -64,11 +66,17 @@ class RunContext:
             self._draft.start(self.committed_ids())
         return self._draft
 
+    @property
+    def draft_if_started(self) -> CachedModel | None:
+        """The drafter's cache when the run has started it, else None (starts nothing)."""
+        return self._draft
+
     def committed_ids(self) -> torch.Tensor:
         rows = [self.prompt_ids + s for s in self.seqs]
         return torch.tensor(rows, dtype=torch.long)
 
-    def draft_feed(self, tokens=None, parents=None) -> Scored:
+    def draft_feed(self, tokens: torch.Tensor | None = None,
+                   parents: torch.Tensor | None = None) -> Scored:
         """One draft forward (counted): the tail and/or (W, m) new nodes, see CachedModel."""
         self.draft_calls += 1
         return self.draft.feed(tokens, parents)
@@ -105,7 +113,8 @@ class Decoder:
         while not self.done:
             yield self._round()
             ctx.round_index += 1
-        for runner in (ctx.target, ctx._draft):  # the run is over: buffers back to the pool
+        # the run is over: buffers back to the pool
+        for runner in (ctx.target, ctx.draft_if_started):
             if runner is not None:
                 runner.close()
 
@@ -146,7 +155,8 @@ class Decoder:
     def _step_paths(self) -> tuple[str, ...]:
         """The KV path of every forward of the round (target first, then the drafter's)."""
         ctx = self.ctx
-        drafted = ctx._draft.take_served() if ctx._draft is not None else []
+        draft = ctx.draft_if_started
+        drafted = draft.take_served() if draft is not None else []
         return tuple([f"target:{p}" for p in ctx.target.take_served()]
                      + [f"draft:{p}" for p in drafted])
 
@@ -155,8 +165,8 @@ class Decoder:
         runner also gets the target's states of the round (a feature drafter's inputs)."""
         ctx = self.ctx
         ctx.target.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
-        if ctx._draft is not None:
-            ctx._draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens, target=scored)
+        if (draft := ctx.draft_if_started) is not None:
+            draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens, target=scored)
         appended = torch.cat([v.path_tokens.cpu(), v.new_tokens.cpu()], dim=1).tolist()
         rows = v.rows.tolist()
         ctx.seqs = [ctx.seqs[r] + a for r, a in zip(rows, appended)]

@@ -84,7 +84,8 @@ def test_the_feature_runner_keeps_only_committed_slots_in_its_cache():
     run = engine.start(pair, [3, 4, 5, 6], "sd", gamma=3, max_new_tokens=12,
                        temperature=1.0, seed=1)
     for _ in run:
-        draft, n = run._decoder.ctx._draft, run._decoder.ctx.committed_ids().shape[1]
+        ctx = run._decoder.ctx
+        draft, n = ctx.draft_if_started, ctx.committed_ids().shape[1]
         if draft is not None:
             assert draft.cache.get_seq_length() == draft.base <= n
             assert draft.length == n and draft.feats.shape[1] == n - 1

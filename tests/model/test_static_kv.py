@@ -120,8 +120,9 @@ def test_buffers_are_pooled_across_runs_and_a_model_drafting_for_itself_holds_tw
     rounds = dec.rounds()
     next(rounds), next(rounds)  # the target and the drafter have fed
     ctx = dec.ctx
-    assert ctx.target.kv is not ctx._draft.kv and ctx.target.kv.busy and ctx._draft.kv.busy
-    held = (ctx.target.kv, ctx._draft.kv)
+    draft = ctx.draft_if_started
+    assert ctx.target.kv is not draft.kv and ctx.target.kv.busy and draft.kv.busy
+    held = (ctx.target.kv, draft.kv)
     list(rounds)  # the run ends: both sets go back to the pool
     assert not any(s.busy for s in held)
     engine.generate(pair, [6, 7], "sd", gamma=2, max_new_tokens=8)  # (+ the cost model's
