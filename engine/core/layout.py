@@ -32,6 +32,9 @@ exactness tests run with it. Models whose weights exceed DUAL_LIMIT_BYTES keep o
 packed copy would cost that much memory again); a torch without oneDNN keeps the stock path. A
 weight replaced or changed in place after packing (its storage or version counter moved) is
 used stock from then on, never through a stale copy (a shortlisted head's is packed afresh).
+
+Both stay module state, not a pair's: the rule is a fact about this machine, shared by every
+model of the process, and a packed copy belongs to its weight (kept while the weight lives).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ every later run of the same model and width; a :class:`KVSet` is held by one run
 (a model drafting for itself leases two), and a free set that a larger free set of the same
 rows supersedes is dropped. A shape whose capture fails runs eager from then on; the reason
 is kept (:attr:`KVSet.failed`) and logged once.
+
+The pool is module state keyed by model, not a pair's: buffers and captured graphs outlive the
+runs (and pairs) that lease them, for as long as the model lives.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ class PairView(Protocol):
 
     target: torch.nn.Module  # p: the stock transformers model
     drafter: Drafter  # the pair's own drafter
+    # drafters a method builds over the pair's target, by kind, kept with the pair so later
+    # runs reuse them (eesd's early exits: engine.methods.eesd.drafter_for)
+    exit_drafters: dict[str, Drafter]
 
 
 class RunState(Protocol):

@@ -13,11 +13,13 @@ else the constant ``theta_m``). Its features (Eq. 5): the target's final hidden 
 produced the round's root (kept from the last verify; none in round 0) and the drafter's final
 hidden state that produced the newest draft token. Timing against ``generate()`` is the job of
 ``bench`` and the Compare tab, never of a run.
+
+An early exit built for a run (``exit_drafter`` other than the pair's own) is kept on the pair
+(``pair.exit_drafters``, by kind), so later runs on the pair reuse it; no module state holds it.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,21 +30,21 @@ from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.drafters.early_exit import EarlyExitDrafter, early_exit_drafter
 from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
-from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
+from engine.methods.base import MethodSpec, PairView, RoundVerdict, RunState, register
 from engine.methods.token import EXACT, TreeSpeculation, build_chain
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
 PREDICTOR_CHOICES = ("auto", "trained", "constant")
-_DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {spec: drafter}
 
 
-def drafter_for(pair, which: str = "auto") -> EarlyExitDrafter:
+def drafter_for(pair: PairView, which: str = "auto") -> EarlyExitDrafter:
     """The early-exit drafter of a run: the pair's own when it is an early exit of the wanted
-    kind, else one built once per target (trained = the shipped weights for this target)."""
+    kind, else one built once per pair and kept in ``pair.exit_drafters`` (trained = the
+    shipped weights for this target)."""
     own = pair.drafter if isinstance(pair.drafter, EarlyExitDrafter) else None
     if own is not None and (which == "auto" or own.trained == (which == "trained")):
         return own
-    built = _DRAFTERS.setdefault(pair.target, {})
+    built = pair.exit_drafters
     if which not in built:
         spec = {"auto": None, "trained": "early-exit-trained",
                 "untrained": "early-exit-untrained"}[which]

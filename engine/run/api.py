@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import weakref
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -267,7 +266,7 @@ CALIBRATION_STEPS = 4
 
 def plain_step_s(pair: ModelPair, width: int) -> float:
     """Seconds of one plain target step of width W: the latest plain run's of this width on
-    this target in this process, else a calibration (measured once)."""
+    this pair (``pair.calibration.step_s``), else a calibration (measured once)."""
     known = pair.calibration.step_s.get(width)
     return known if known is not None else calibrate(pair, width)
 
@@ -284,18 +283,16 @@ def calibrate(pair: ModelPair, width: int = 1) -> float:
     return seconds
 
 
-_TUNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> thread count
-
-
 def tune_threads(pair: ModelPair) -> int:
     """The thread rule (engine.core.threads) for this pair, on the calling thread:
     SPECVIZ_THREADS when set; a CUDA pair keeps torch's count; else the faster of one thread
-    and every usable core for a plain step of this pair, measured once per target and process,
-    and then the layout rule and the cost model's plain step measured again under it."""
+    and every usable core for a plain step of this pair, measured once per pair (kept in
+    ``pair.calibration.threads``), and then the layout rule and the cost model's plain step
+    measured again under it."""
     given = threads.thread_count()
     if given is not None or pair.device.type != "cpu":
         return threads.configure()
-    known = _TUNED.get(pair.target)
+    known = pair.calibration.threads
     if known is not None:
         torch.set_num_threads(known)
         return known
@@ -307,5 +304,5 @@ def tune_threads(pair: ModelPair) -> int:
         calibrate(pair, 1)  # the cost model's plain step under the chosen count
     else:
         best = torch.get_num_threads()
-    _TUNED[pair.target] = best
+    pair.calibration.threads = best
     return best

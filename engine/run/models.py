@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from engine.control.cost import CostProfile
 from engine.core.cached_model import CachedModel, check_supported, warm_steps
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.layout import prepare
@@ -274,13 +275,28 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
     return model, tok, EMBEDDED_NAME if parsed.kind == "embedded" else parsed.text
 
 
+VerifyPoints = tuple[float, tuple[tuple[int, float], ...]]  # (plain forward s, (n, c_verify))
+ProfileKey = tuple[str, int, tuple[tuple[str, str], ...]]  # (method, width, its settings)
+
+
 @dataclass
 class Calibration:
-    """What is measured about a loaded pair on this machine, kept with the pair: the seconds
-    of one plain target step per width W (the cost model's unit), from the pair's latest plain
-    run or a calibration decode (engine.run.api.plain_step_s)."""
+    """What is measured about a loaded pair on this machine, kept with the pair (and nowhere
+    else: a fresh pair measures afresh), each entry measured once and then read back. Empty
+    until a run or a tool needs it."""
 
+    # width W -> seconds of one plain target step (the cost model's unit), from the pair's
+    # latest plain run or a calibration decode (engine.run.api.plain_step_s)
     step_s: dict[int, float] = field(default_factory=dict)
+    # width W -> (seconds of a plain target forward, (n, c_verify(n)) for n drafted nodes per
+    # row), from timed target forwards (engine.run.profile.verify_points)
+    verify: dict[int, VerifyPoints] = field(default_factory=dict)
+    # (method, width, drafting settings) -> the cost switch's measured profile
+    # (engine.run.profile.measured)
+    profiles: dict[ProfileKey, CostProfile] = field(default_factory=dict)
+    # torch threads the thread rule chose for a CPU pair (the faster of one thread and every
+    # usable core for a plain step; engine.run.api.tune_threads); None: not measured
+    threads: int | None = None
 
 
 @dataclass
@@ -297,6 +313,9 @@ class ModelPair:
     # from them. Empty for a pair built from model objects or with no preset.
     tuned: Tuned = field(default_factory=dict)
     calibration: Calibration = field(default_factory=Calibration)  # measured on this machine
+    # drafters a method builds over this target for its runs, by kind (eesd's early exits:
+    # engine.methods.eesd.drafter_for), kept with the pair so later runs reuse them
+    exit_drafters: dict[str, object] = field(default_factory=dict)
 
     @property
     def device_name(self) -> str:

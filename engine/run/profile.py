@@ -2,7 +2,8 @@
 machine, or stored (a GPU's figures, for projections and for runs that decide as that GPU
 would).
 
-``measured``: once per process and (target, method, width, drafting settings), in units of
+``measured``: once per pair and (method, width, drafting settings), kept in the pair's
+``calibration`` (engine.run.models.Calibration: ``verify`` and ``profiles``), in units of
 one plain round P of the engine at that width (its forward, verify and commit):
 
 - the target's forward over a row's position plus n drafted nodes per row (a chain under tree
@@ -13,7 +14,7 @@ one plain round P of the engine at that width (its forward, verify and commit):
   plain round's share of it, per draft call (:func:`round_costs`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
-a run in the same process and a trace says which costs its decisions used.
+a run on the same pair and a trace says which costs its decisions used.
 
 Stored profiles are rows of assets/cost_profiles.json: {"name", "c_draft": {method: c},
 "verify": {width: [[n, c], ...]}, "source"}; a method without its own c_draft takes
@@ -26,7 +27,6 @@ import functools
 import json
 import statistics
 import time
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -44,8 +44,6 @@ REPEATS = 3
 PROFILES_FILE = ASSETS / "cost_profiles.json"
 MEASURED = "measured"
 
-_VERIFY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {W: points}
-_PROFILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: profile}
 _EXTRA: dict[str, CostProfile] = {}  # profiles registered in this process (tests, tools)
 
 
@@ -83,13 +81,12 @@ def stored(name: str, method: str, width: int) -> CostProfile:
     raise ConfigError(f"unknown cost profile '{name}' (known: {known})")
 
 
-def verify_points(target: torch.nn.Module, vocab: int, width: int
-                  ) -> tuple[float, tuple[tuple[int, float], ...]]:
-    """(seconds of a plain forward, (n, c_verify(n)) points) on this machine for the target
-    at width W (measured once per process)."""
-    memo = _VERIFY.setdefault(target, {})
+def verify_points(pair, width: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """(seconds of a plain forward, (n, c_verify(n)) points) on this machine for the pair's
+    target at width W (measured once per pair: ``pair.calibration.verify``)."""
+    memo = pair.calibration.verify
     if width not in memo:
-        seconds = {n: _forward_s(target, vocab, width, n) for n in VERIFY_NODES}
+        seconds = {n: _forward_s(pair.target, pair.vocab_size, width, n) for n in VERIFY_NODES}
         base = seconds[0]
         memo[width] = (base, tuple((n, round(seconds[n] / base, 4)) for n in VERIFY_NODES))
     return memo[width]
@@ -123,11 +120,12 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
              decode: Callable[[], list], plain_s: float) -> CostProfile:
     """This machine's profile for `method` (see module docstring); ``decode()`` runs the
     method with its switch off and returns its rounds (RoundTrace); ``plain_s``: seconds of
-    one plain round of the engine (forward, verify and commit) at this width."""
+    one plain round of the engine (forward, verify and commit) at this width. Measured once
+    per pair and key: ``pair.calibration.profiles``."""
     key = (method, width, tuple(sorted((k, repr(v)) for k, v in params.items())))
-    memo = _PROFILES.setdefault(pair.target, {})
+    memo = pair.calibration.profiles
     if key not in memo:
-        base, ratios = verify_points(pair.target, pair.vocab_size, width)
+        base, ratios = verify_points(pair, width)
         rounds = decode()[1:]
         memo[key] = round_costs(base, ratios, plain_s, rounds,
                                 f"{pair.device.type}, {torch.get_num_threads()} thread(s)")

@@ -101,7 +101,8 @@ def test_exit_drafter_choice_builds_an_untrained_exit_of_the_same_depth():
     assert drafter_for(pair, "trained") is pair.drafter
     untrained = drafter_for(pair, "untrained")
     assert not untrained.trained and untrained.n_layers == 2
-    assert drafter_for(pair, "untrained") is untrained  # built once per target
+    assert drafter_for(pair, "untrained") is untrained  # built once per pair
+    assert pair.exit_drafters == {"untrained": untrained}  # kept on the pair
     with pytest.raises(ConfigError):  # no shipped weights for a tiny random target
         drafter_for(tiny_pair(layers=4, early_exit_layers=2), "trained")
 

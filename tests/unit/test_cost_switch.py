@@ -252,6 +252,38 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
     assert empty.c_draft == 0.0 and empty.c_round == 0.0
 
 
+def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(monkeypatch):
+    """profile.verify_points / measured measure once per pair and key, into
+    pair.calibration (verify, profiles), and read it back; a fresh pair measures afresh."""
+    from engine.run import profile
+    from tests.conftest import tiny_pair
+
+    forwards, decodes = [], []
+    monkeypatch.setattr(profile, "_forward_s",
+                        lambda target, vocab, width, n: forwards.append((width, n)) or 0.1 + n)
+    pair = tiny_pair(seed=3)
+    assert pair.calibration.verify == {} and pair.calibration.profiles == {}
+    points = profile.verify_points(pair, 2)
+    assert points == (0.1, tuple((n, round((0.1 + n) / 0.1, 4)) for n in profile.VERIFY_NODES))
+    assert pair.calibration.verify == {2: points} and len(forwards) == len(profile.VERIFY_NODES)
+    assert profile.verify_points(pair, 2) is points and len(forwards) == len(profile.VERIFY_NODES)
+
+    def decode():
+        decodes.append(1)
+        return []
+
+    prof = profile.measured(pair, "sd", {"gamma": 2}, 1, decode, 0.2)
+    key = ("sd", 1, (("gamma", "2"),))
+    assert pair.calibration.profiles == {key: prof} and set(pair.calibration.verify) == {1, 2}
+    assert profile.measured(pair, "sd", {"gamma": 2}, 1, decode, 0.2) is prof
+    assert decodes == [1]  # read back, not measured again
+    profile.measured(pair, "sd", {"gamma": 3}, 1, decode, 0.2)  # another setting: measured
+    assert decodes == [1, 1] and len(pair.calibration.profiles) == 2
+    fresh = tiny_pair(seed=3)
+    profile.measured(fresh, "sd", {"gamma": 2}, 1, decode, 0.2)
+    assert decodes == [1, 1, 1] and list(fresh.calibration.profiles) == [key]
+
+
 @pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "confidence"])
 def test_every_controller_answers_the_switch_questions_without_planning(kind):
     from engine.control.controllers import make_controller

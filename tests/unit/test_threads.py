@@ -61,7 +61,7 @@ def test_tune_threads_measures_nothing_when_the_variable_is_set(monkeypatch):
     assert api.tune_threads(tiny_pair()) == 1
 
 
-def test_tune_threads_measures_once_per_target(monkeypatch):
+def test_tune_threads_measures_once_per_pair_into_its_calibration(monkeypatch):
     from engine.run import api
     from tests.conftest import tiny_pair
 
@@ -70,8 +70,15 @@ def test_tune_threads_measures_once_per_target(monkeypatch):
     monkeypatch.setattr(threads, "candidates", lambda: (1, 2))
     monkeypatch.setattr(threads, "fastest", lambda step, counts: calls.append(counts) or (1, {}))
     pair = tiny_pair()
+    assert pair.calibration.threads is None
     try:
         assert api.tune_threads(pair) == 1 and api.tune_threads(pair) == 1
+        assert calls == [(1, 2)] and pair.calibration.threads == 1
+        pair.calibration.threads = 2  # the pair's calibration is what a later call reads
+        assert api.tune_threads(pair) == 2 and torch.get_num_threads() == 2
         assert calls == [(1, 2)]
+        fresh = tiny_pair()
+        assert api.tune_threads(fresh) == 1 and fresh.calibration.threads == 1
+        assert calls == [(1, 2), (1, 2)]  # a fresh pair measures afresh
     finally:
         torch.set_num_threads(1)
