@@ -7,6 +7,7 @@ boxes (engine.bench.report's figures), the summary table, and offers the self-co
 report.html and results.jsonl. One run at a time in a process (another session is told so in
 one line); Cancel stops this session's run, keeping its rows; HostConfig's caps bound the
 prompts and seconds of a run. Selecting a row puts its prompt and method in the Debugger.
+``build`` lays the tab out (``BenchTab``, named components) and wires these handlers by name.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import shutil
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import gradio as gr
 import pandas as pd
@@ -43,6 +45,7 @@ from engine.core.errors import ConfigError
 from engine.core.paths import ASSETS
 from specviz import pairs
 from specviz.callbacks import guarded
+from specviz.wiring import MODEL, QUICK, Shared, fields, stream
 
 SETS_DIR = ASSETS / "sets"
 MAX_UPLOAD_BYTES = 1_000_000
@@ -111,11 +114,25 @@ def run_plan(target: str, draft: str, settings: SetSettings, out_dir: Path,
                              cancelled=cancelled)
 
 
+class BenchView(NamedTuple):
+    """What the Bench tab shows while a set runs (BenchTab's fields of these names); prompts:
+    prompt id -> text, for a selected row."""
+
+    status: str
+    rows: pd.DataFrame
+    acceptance: Any
+    tau: Any
+    speedup: Any
+    summary: str
+    files: list[str] | None
+    prompts: dict[str, str]
+
+
 @guarded
-def bench(set_name: str, upload: str | None, methods: list[str], categories: str,
-          limit: float | None, max_new_tokens: float, target: str, draft: str,
-          request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
-    """Stream (status, rows table, acceptance, tau, speedup, summary, files, prompts) while a
+def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
+          methods: list[str], categories: str, limit: float | None, max_new_tokens: float,
+          target: str, draft: str) -> Iterator[BenchView]:
+    """Stream the status, the rows, and at the end the figures, summary and files while a
     set runs on the model thread."""
     cfg = pairs.HOST.config
     if cfg.zero_gpu:
@@ -145,8 +162,8 @@ def bench(set_name: str, upload: str | None, methods: list[str], categories: str
                 done, total, row = events.get()
                 if row is not None:
                     rows.append(row)
-            yield (f"running: {done} / {total} runs …", _table(rows), None, None, None, "",
-                   None, prompts)
+            yield BenchView(f"running: {done} / {total} runs …", _table(rows), None, None,
+                            None, "", None, prompts)
             if finished:
                 break
             time.sleep(POLL_S)
@@ -160,10 +177,12 @@ def bench(set_name: str, upload: str | None, methods: list[str], categories: str
         status = (f"{why}: {len(outcome.rows)} / {outcome.total} runs on {len(plan.prompts)} "
                   f"prompts ({summary['meta'].get('device')}); select a row to open its "
                   "prompt in the Debugger")
-        yield (status, _table(list(outcome.rows)), acceptance_figure(methods_summary),
-               tau_figure(methods_summary), speedup_figure(methods_summary, all_rows),
-               summary_table(methods_summary) + f"<p>{PROJECTION_NOTE}</p>",
-               [str(report), str(out_dir / RESULTS)], prompts)
+        yield BenchView(status=status, rows=_table(list(outcome.rows)),
+                        acceptance=acceptance_figure(methods_summary),
+                        tau=tau_figure(methods_summary),
+                        speedup=speedup_figure(methods_summary, all_rows),
+                        summary=summary_table(methods_summary) + f"<p>{PROJECTION_NOTE}</p>",
+                        files=[str(report), str(out_dir / RESULTS)], prompts=prompts)
     finally:
         _CANCEL.pop(session, None)
         _BUSY.release()
@@ -178,11 +197,113 @@ def cancel(request: gr.Request = None) -> str:
     return "cancelling after the current run …"
 
 
-def open_row(prompts: dict[str, str], evt: gr.SelectData):
+class Opened(NamedTuple):
+    """A selected row, put into the Debugger: its prompt, its method, and the tab to show."""
+
+    prompt: Any
+    method: Any
+    tabs: gr.Tabs
+
+
+def open_row(prompts: dict[str, str], evt: gr.SelectData) -> Opened:
     """A selected row's prompt and method into the Debugger tab, which is then shown."""
     table_row = evt.row_value if evt is not None else None
     if not table_row or table_row[0] not in (prompts or {}):
         raise gr.Error("select a row of the results")
     method = str(table_row[2]).split(":")[0]
-    return (prompts[table_row[0]], method if method in METHODS else gr.update(),
-            gr.Tabs(selected="debugger"))
+    return Opened(prompts[table_row[0]], method if method in METHODS else gr.update(),
+                  gr.Tabs(selected="debugger"))
+
+
+# ------------------------------------------------------------------------------ layout
+
+
+@dataclass(frozen=True)
+class BenchTab:
+    """Inputs (named as ``bench``'s keywords) and outputs (as ``BenchView``'s fields)."""
+
+    set_name: gr.Dropdown
+    upload: gr.File
+    methods: gr.CheckboxGroup
+    categories: gr.Textbox
+    limit: gr.Number
+    max_new_tokens: gr.Number
+    go: gr.Button
+    cancel: gr.Button
+    status: gr.Markdown
+    rows: gr.Dataframe
+    acceptance: gr.Plot
+    tau: gr.Plot
+    speedup: gr.Plot
+    summary: gr.HTML
+    files: gr.File
+    prompts: gr.State
+
+
+INPUTS = ("set_name", "upload", "methods", "categories", "limit", "max_new_tokens")
+METHODS0 = ("sd", "mcsd")  # checked at start, where registered
+
+
+def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
+    """Lay the tab out in the current Blocks context and wire its events; a selected row
+    fills ``shared``'s prompt and method and shows the Debugger tab of ``tabs``."""
+    cfg = pairs.HOST.config
+    gr.Markdown("Run methods over a prompt set with the model pair of the Debugger tab, each "
+                "against its plain decode: tau, acceptance per draft position, speedup per "
+                f"category. At most {cfg.bench_max_prompts} prompts and "
+                f"{cfg.bench_max_seconds} s a run here; the full set runs from the command line "
+                "(`python -m engine bench-set`).")
+    with gr.Row():
+        with gr.Column(scale=2):
+            sets = shipped_sets()
+            set_name = gr.Dropdown(sets, value=sets[0] if sets else None, label="Prompt set")
+            upload = gr.File(label="or upload a JSONL set ({\"prompt\", \"category\"} a line)",
+                             file_types=[".jsonl"], type="filepath")
+        with gr.Column(scale=3):
+            methods = gr.CheckboxGroup(list(METHODS), label="Methods",
+                                       value=[m for m in METHODS0 if m in METHODS],
+                                       elem_id="sv-bench-methods")
+            with gr.Row():
+                categories = gr.Textbox("", label="Categories (comma-separated; empty: all)",
+                                        max_lines=1)
+                limit = gr.Number(4, precision=0, minimum=1, label="prompts at most",
+                                  elem_id="sv-bench-limit")
+                max_new_tokens = gr.Number(24, precision=0, minimum=1, label="max_new_tokens",
+                                           elem_id="sv-bench-max-new")
+    with gr.Row():
+        go = gr.Button("Run set", variant="primary", elem_id="sv-bench")
+        cancel_button = gr.Button("Cancel", elem_id="sv-bench-cancel")
+    status = gr.Markdown(elem_id="sv-bench-status")
+    rows = gr.Dataframe(pd.DataFrame(columns=HEADERS), interactive=False,
+                        label="Runs (select one to open its prompt in the Debugger)",
+                        elem_id="sv-bench-rows")
+    with gr.Row():
+        acceptance = gr.Plot(label="Acceptance per draft position", elem_id="sv-bench-acc")
+        tau = gr.Plot(label="tau by category", elem_id="sv-bench-tau")
+        speedup = gr.Plot(label="Speedup", elem_id="sv-bench-speedup")
+    summary = gr.HTML()
+    files = gr.File(label="report.html and results.jsonl", file_count="multiple",
+                    elem_id="sv-bench-files")
+    tab = BenchTab(set_name=set_name, upload=upload, methods=methods, categories=categories,
+                   limit=limit, max_new_tokens=max_new_tokens, go=go, cancel=cancel_button,
+                   status=status, rows=rows, acceptance=acceptance, tau=tau, speedup=speedup,
+                   summary=summary, files=files, prompts=gr.State({}))
+    wire(tab, shared, tabs)
+    return tab
+
+
+def wire(tab: BenchTab, shared: Shared, tabs: gr.Tabs) -> None:
+    def run_bench(request: gr.Request, **values):
+        yield from stream(tab, bench(request, **values))
+
+    def open_selected(prompts: dict[str, str], evt: gr.SelectData):
+        opened = open_row(prompts, evt)
+        return {shared.prompt: opened.prompt, shared.method: opened.method, tabs: opened.tabs}
+
+    tab.go.click(run_bench, inputs_kwargs={**{n: getattr(tab, n) for n in INPUTS},
+                                           **shared.pair()},
+                 outputs=fields(tab, BenchView._fields), api_name="bench",
+                 show_progress="minimal", show_progress_on=[tab.status], **MODEL)
+    tab.cancel.click(cancel, None, tab.status, api_name="bench_cancel", **QUICK)
+    tab.rows.select(open_selected, tab.prompts, [shared.prompt, shared.method, tabs],
+                    api_visibility="private", **QUICK)

@@ -1,10 +1,14 @@
 """Check tab: is a method exact on this prompt and pair? engine/check/run.py on the model thread,
-its progress streamed as status lines, refused on ZeroGPU (a check is many runs)."""
+its progress streamed as status lines, refused on ZeroGPU (a check is many runs). ``build``
+lays the tab out (``CheckTab``, named components) and wires ``check`` to it by name."""
 
 from __future__ import annotations
 
 import queue
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator, NamedTuple
+
+import gradio as gr
 
 from engine import METHODS
 from engine.check.result import CheckConfig, CheckResult
@@ -12,6 +16,7 @@ from engine.check.run import run_check
 from engine.core.errors import ConfigError
 from specviz import charts, pairs
 from specviz.callbacks import guarded
+from specviz.wiring import MODEL, Shared, examples, fields, stream
 
 MAX_CHECK_S = 120.0  # a check estimated longer runs fewer runs, and says the power it keeps
 
@@ -34,11 +39,18 @@ def report(result: CheckResult) -> str:
     return head + "\n\n" + "\n".join(f"- {line}" for line in result.lines)
 
 
+class CheckView(NamedTuple):
+    """What the Check tab shows (CheckTab's fields of these names)."""
+
+    report: str
+    plot: Any
+
+
 @guarded
-def check(prompt: str, method: str, params_text: str, temperature: float, top_k: float,
+def check(*, prompt: str, method: str, params_text: str, temperature: float, top_k: float,
           top_p: float, max_new_tokens: float, target: str, draft: str
-          ) -> Iterator[tuple[str, Any]]:
-    """Yield (status markdown, figure): progress lines while the check runs, then its
+          ) -> Iterator[CheckView]:
+    """Yield the status markdown and figure: progress lines while the check runs, then its
     report and the observed-vs-expected chart."""
     if pairs.HOST.config.zero_gpu:
         raise ConfigError("the Check tab is off on ZeroGPU (a check is many runs, more than "
@@ -58,11 +70,71 @@ def check(prompt: str, method: str, params_text: str, temperature: float, top_k:
                               config=CheckConfig(max_seconds=MAX_CHECK_S),
                               progress=lambda done, total, msg: lines.put(msg), **params)
     empty = charts.check_figure(())
-    yield "checking …", empty
+    yield CheckView("checking …", empty)
     while not job.done():
         try:
-            yield f"checking: {lines.get(timeout=0.25)}", empty
+            yield CheckView(f"checking: {lines.get(timeout=0.25)}", empty)
         except queue.Empty:
             pass
     result = job.result()
-    yield report(result), charts.check_figure(result.plot)
+    yield CheckView(report(result), charts.check_figure(result.plot))
+
+
+# ------------------------------------------------------------------------------ layout
+
+
+@dataclass(frozen=True)
+class CheckTab:
+    """Inputs (named as ``check``'s keywords) and outputs (as ``CheckView``'s fields)."""
+
+    prompt: gr.Textbox
+    method: gr.Dropdown
+    params_text: gr.Textbox
+    temperature: gr.Number
+    top_k: gr.Number
+    top_p: gr.Number
+    max_new_tokens: gr.Number
+    go: gr.Button
+    report: gr.Markdown
+    plot: gr.Plot
+
+
+def build(shared: Shared) -> CheckTab:
+    """Lay the tab out in the current Blocks context and wire its events."""
+    gr.Markdown("Check a method's exactness on a prompt with the model pair of the Debugger "
+                "tab: at temperature 0 token by token against its reference generate(); "
+                "above, the law of its first token(s) over seeded runs against the target's "
+                f"exact law (chi-square; runs cut to about {MAX_CHECK_S:.0f} s).")
+    with gr.Row():
+        prompt = gr.Textbox(examples()[0], label="Prompt", lines=2, scale=3,
+                            max_length=pairs.MAX_PROMPT_CHARS)
+        with gr.Column(scale=2):
+            method = gr.Dropdown(list(METHODS), value="sd", label="Method")
+            params_text = gr.Textbox("", label="Parameters (key=value, comma-separated)",
+                                     placeholder="gamma=4", max_lines=1)
+            with gr.Row():
+                temperature = gr.Number(1.0, label="temperature", minimum=0)
+                top_k = gr.Number(0, precision=0, label="top_k", minimum=0)
+                top_p = gr.Number(1.0, label="top_p", minimum=0, maximum=1)
+                max_new_tokens = gr.Number(24, precision=0, label="max_new_tokens (T=0)",
+                                           minimum=1)
+    go = gr.Button("Check", variant="primary", elem_id="sv-check")
+    report_md = gr.Markdown()
+    plot = gr.Plot(charts.check_figure(()), label="Observed vs expected")
+    tab = CheckTab(prompt=prompt, method=method, params_text=params_text,
+                   temperature=temperature, top_k=top_k, top_p=top_p,
+                   max_new_tokens=max_new_tokens, go=go, report=report_md, plot=plot)
+    wire(tab, shared)
+    return tab
+
+
+def wire(tab: CheckTab, shared: Shared) -> None:
+    def run_check_tab(**values):
+        yield from stream(tab, check(**values))
+
+    # the keyword order is the API's (/check takes them positionally in this order)
+    inputs = {name: getattr(tab, name) for name in (
+        "prompt", "method", "params_text", "temperature", "top_k", "top_p", "max_new_tokens")}
+    tab.go.click(run_check_tab, inputs_kwargs={**inputs, **shared.pair()},
+                 outputs=fields(tab, CheckView._fields), api_name="check",
+                 show_progress="minimal", show_progress_on=[tab.report], **MODEL)

@@ -17,7 +17,7 @@ last two.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 import pandas as pd
 
@@ -204,11 +204,20 @@ def _check_jobs(jobs: list[Job]) -> None:
         METHODS[job.method].make(dict(job.params))
 
 
+class CompareView(NamedTuple):
+    """What the Compare tab shows after each run (compare_tab's fields of these names)."""
+
+    table: Any
+    timeline: Any
+    bars: Any
+    note: str
+
+
 @guarded
-def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature: float,
-            seed: float, target: str, draft: str, more: str = ""
-            ) -> Iterator[tuple[Any, Any, Any, str]]:
-    """Run each job in turn, yielding (table, time line, speedup bars, note) after each run.
+def compare(*, prompt: str, methods: list[str], max_new_tokens: float, temperature: float,
+            seed: float, target: str, draft: str, more: str = "") -> Iterator[CompareView]:
+    """Run each job in turn, yielding the table, time line, speedup bars and note after each
+    run.
 
     more: extra comma-separated entries with parameters, e.g. "eesd:controller=cali_ts".
     """
@@ -220,12 +229,15 @@ def compare(prompt: str, methods: list[str], max_new_tokens: float, temperature:
     jobs, refs = plan(methods, common, pairs.tuned_params(target, draft))
     _check_jobs(jobs)
     traces: dict[tuple, RunTrace] = {}
+
+    def view(note: str) -> CompareView:
+        return CompareView(table(jobs, traces, refs), _timeline(jobs, traces),
+                           _bars(jobs, traces, refs), note)
+
     for k, job in enumerate(jobs):
-        yield (table(jobs, traces, refs), _timeline(jobs, traces), _bars(jobs, traces, refs),
-               f"running {k + 1}/{len(jobs)}: {job.label} ({job.role}) …")
+        yield view(f"running {k + 1}/{len(jobs)}: {job.label} ({job.role}) …")
         traces[job.key] = pairs.run_trace(target, draft, prompt, job.method, dict(job.params))
-    yield (table(jobs, traces, refs), _timeline(jobs, traces), _bars(jobs, traces, refs),
-           _note(jobs, traces, refs, common))
+    yield view(_note(jobs, traces, refs, common))
 
 
 def _ref_key(job: Job, refs: dict[str, tuple]) -> tuple | None:

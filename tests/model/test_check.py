@@ -121,9 +121,15 @@ def test_cli_prints_the_report_and_exits_0_on_pass_1_on_fail_2_on_bad_input(caps
 def test_the_check_tab_handler_streams_progress_then_the_report(pair):
     from specviz import check_tab
 
-    outs = list(check_tab.check("ab", "sd", "gamma=2", 1.0, 0, 1.0, 24, SPEC, "early-exit:1"))
+    def check(params_text, temperature, max_new_tokens):
+        return list(check_tab.check(prompt="ab", method="sd", params_text=params_text,
+                                    temperature=temperature, top_k=0, top_p=1.0,
+                                    max_new_tokens=max_new_tokens, target=SPEC,
+                                    draft="early-exit:1"))
+
+    outs = check("gamma=2", 1.0, 24)
     assert outs[0][0] == "checking …" and any("runs" in md for md, _ in outs[1:-1])
     md, fig = outs[-1]
     assert md.startswith("✅ **PASS**") and len(fig.data) == 2  # expected and observed bars
-    md, fig = list(check_tab.check("ab", "sd", "", 0.0, 0, 1.0, 6, SPEC, "early-exit:1"))[-1]
+    md, fig = check("", 0.0, 6)[-1]
     assert "PASS: identical" in md

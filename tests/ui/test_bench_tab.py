@@ -31,8 +31,9 @@ def prompt_set(tmp_path) -> Path:
 
 
 def _tab_run(path: Path, methods=("sd", "mcsd"), categories="", limit=None) -> list[tuple]:
-    return list(bench_tab.bench("", str(path), list(methods), categories, limit, 6, "tiny",
-                                "ngram"))
+    return list(bench_tab.bench(set_name="", upload=str(path), methods=list(methods),
+                                categories=categories, limit=limit, max_new_tokens=6,
+                                target="tiny", draft="ngram"))
 
 
 def _numbers(summary: dict) -> dict:

@@ -115,12 +115,12 @@ def test_the_advanced_accordion_is_shown_only_for_methods_with_advanced_paramete
 
 @pytest.mark.parametrize("method", ["sd", "eesd", "mcsd", "dsbd"])
 def test_controls_show_everyday_parameters_and_run_outside_closed_accordions(method):
-    from specviz.ui import _controls
+    from specviz.debugger_tab import build_controls
 
     with gr.Blocks():
-        c = _controls(method, "embedded", "", {})
-    pool: ParamPool = c["pool"]
-    assert not _accordions(c["run"])
+        c = build_controls(method, "embedded", "", {})
+    pool: ParamPool = c.pool
+    assert not _accordions(c.run)
     for p in METHODS[method].params:
         where = _accordions(pool.widgets[param_key(p)])
         if p.advanced:
@@ -131,4 +131,4 @@ def test_controls_show_everyday_parameters_and_run_outside_closed_accordions(met
         spec = next(p for p in METHODS[method].all_params if p.name == name)
         assert _accordions(pool.widgets[param_key(spec)]) == [
             ("Sampling, seed and budget", False)]
-    assert c["advanced"].visible is ParamPool.has_advanced(method)
+    assert c.advanced.visible is ParamPool.has_advanced(method)

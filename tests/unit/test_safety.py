@@ -95,6 +95,11 @@ def test_uploads_are_capped_by_gradio_and_by_the_import_handler():
     assert "p.stat().st_size > MAX_IMPORT_BYTES" in (ROOT / "specviz/trace_file.py").read_text()
 
 
+def _check(target: str, draft: str) -> dict:
+    return dict(prompt="hi", method="sd", params_text="", temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=8, target=target, draft=draft)
+
+
 @pytest.fixture
 def presets_only():
     pairs.configure(HostConfig(target="tiny", presets=("tiny",), allow_custom_models=False))
@@ -107,11 +112,12 @@ def test_every_model_handler_refuses_a_typed_model_when_custom_models_are_off(pr
     monkeypatch.setattr(pairs, "_get_pair", lambda *a: pytest.fail("a model was loaded"))
     refused = "runs only its preset models (SPECVIZ_ALLOW_CUSTOM_MODELS=0)"
     with pytest.raises(gr.Error, match=re.escape(refused)):
-        list(check_tab.check("hi", "sd", "", 1.0, 0, 1.0, 8, "gpt2", ""))
+        list(check_tab.check(**_check("gpt2", "")))
     with pytest.raises(gr.Error, match=re.escape(refused)):
-        list(compare.compare("hi", ["greedy"], 4, 0.0, 0, "./my-model", "", ""))
+        list(compare.compare(prompt="hi", methods=["greedy"], max_new_tokens=4,
+                             temperature=0.0, seed=0, target="./my-model", draft=""))
     with pytest.raises(gr.Error, match=re.escape(refused)):
-        list(check_tab.check("hi", "sd", "", 1.0, 0, 1.0, 8, "tiny", "gpt2"))
+        list(check_tab.check(**_check("tiny", "gpt2")))
     with pytest.raises(models.ConfigError, match=re.escape(refused)):
         list(pairs.decode_stream('tiny:{"layers": 9}', "", "hi", "greedy", {}))
 
