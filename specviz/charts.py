@@ -16,6 +16,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from engine.control.posterior import beta_pdf, gaussian_pdf
+from engine.core.records import ControllerState
 from engine.core.trace import RoundTrace, RunTrace
 from specviz.forest_view import empty_figure
 
@@ -78,9 +79,9 @@ def progress_figure(trace: RunTrace | None, index: int) -> go.Figure:
     return fig
 
 
-def _curve(kind: str, state: dict) -> tuple[list[float], str] | None:
+def _curve(kind: str, state: ControllerState) -> tuple[list[float], str] | None:
     """Density of the posterior recorded before a round's draws, and its label."""
-    before, steps = state.get("before") or {}, state.get("steps") or []
+    before, steps = state.before, state.steps
     if kind == "beta_ts" and "alpha" in before:
         a, b = float(before["alpha"]), float(before["beta"])
         return beta_pdf(GRID, a, b).tolist(), f"Beta({a:.3g}, {b:.3g})"
@@ -92,8 +93,8 @@ def _curve(kind: str, state: dict) -> tuple[list[float], str] | None:
     return None
 
 
-def _after_curve(kind: str, state: dict) -> tuple[list[float], str] | None:
-    after = state.get("after") or {}
+def _after_curve(kind: str, state: ControllerState) -> tuple[list[float], str] | None:
+    after = state.after or {}
     if kind == "beta_ts" and "alpha" in after:
         a, b = float(after["alpha"]), float(after["beta"])
         return beta_pdf(GRID, a, b).tolist(), f"after: Beta({a:.3g}, {b:.3g})"
@@ -101,7 +102,7 @@ def _after_curve(kind: str, state: dict) -> tuple[list[float], str] | None:
 
 
 def _controller_rounds(trace: RunTrace, index: int) -> list[RoundTrace]:
-    return [r for r in trace.rounds[: index + 1] if r.controller]
+    return [r for r in trace.rounds[: index + 1] if r.controller is not None]
 
 
 def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
@@ -116,15 +117,15 @@ def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
     if not seen:
         return empty_figure("no draft-length controller recorded for this method",
                             POSTERIOR_HEIGHT)
-    kind = seen[-1].controller.get("kind", "?")
+    kind = seen[-1].controller.kind or "?"
     if kind == "confidence":  # no posterior: the draft's q per step against the threshold
         st = seen[-1].controller
-        qs = ", ".join(f"{s['q']:.2f}" for s in st.get("steps", []) if s.get("q") is not None)
-        t = st.get("before", {}).get("threshold")
+        qs = ", ".join(f"{s['q']:.2f}" for s in st.steps if s.get("q") is not None)
+        t = st.before.get("threshold")
         return empty_figure(f"controller 'confidence' (threshold {t}): round {seen[-1].index} "
                             f"drafted on q = {qs or 'nothing'}", POSTERIOR_HEIGHT)
     if kind not in ("beta_ts", "cali_ts"):
-        cap = seen[-1].controller.get("before", {}).get("length")
+        cap = seen[-1].controller.before.get("length")
         return empty_figure(f"controller '{kind}' has no posterior (length {cap})",
                             POSTERIOR_HEIGHT)
     fig = go.Figure()
@@ -161,18 +162,18 @@ def switch_figure(trace: RunTrace, index: int) -> go.Figure:
     rounds = [r for r in trace.rounds[: index + 1] if r.switch]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     x = [r.index for r in rounds]
-    fig.add_bar(x=x, y=[r.switch["depth"] for r in rounds], name="planned depth",
+    fig.add_bar(x=x, y=[r.switch.depth for r in rounds], name="planned depth",
                 marker_color="#b8c9e6")
     fig.add_scatter(x=x, y=[r.drafted for r in rounds], mode="markers", name="drafted",
                     marker=dict(color="#f2a65a", symbol="diamond", size=7))
     fig.add_scatter(x=x, y=[r.accepted for r in rounds], mode="markers", name="accepted",
                     marker=dict(color="#59a14f", size=6))
-    fig.add_scatter(x=x, y=[r.switch["predicted_gain"] for r in rounds], mode="lines",
+    fig.add_scatter(x=x, y=[r.switch.predicted_gain for r in rounds], mode="lines",
                     name="predicted gain (x a plain step)", line=dict(color="#3b7dd8"),
                     secondary_y=True)
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), secondary_y=True)
-    plain = sum(1 for r in rounds if r.switch["depth"] == 0)
-    profile = rounds[-1].switch["profile"] if rounds else "?"
+    plain = sum(1 for r in rounds if r.switch.depth == 0)
+    profile = rounds[-1].switch.profile if rounds else "?"
     _mark_round(fig, index)
     fig.update_layout(title=dict(text=f"cost switch ({profile} costs): {plain} of {len(rounds)}"
                                  " rounds planned plain", font=dict(size=14), x=0.01),
@@ -188,7 +189,7 @@ def switch_figure(trace: RunTrace, index: int) -> go.Figure:
 
 def _theta_marks(fig: go.Figure, r: RoundTrace) -> None:
     """Sampled theta of each draft step: green = continue, red = stop (chi = 0)."""
-    steps = [s for s in r.controller.get("steps", []) if s.get("theta") is not None]
+    steps = [s for s in r.controller.steps if s.get("theta") is not None]
     for cont in (True, False):
         pts = [s for s in steps if bool(s.get("continue")) == cont]
         if not pts:

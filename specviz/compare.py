@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 import pandas as pd
 
 from engine import METHODS
+from engine.cli.cost_text import cost_sentence
 from engine.core.config import COMMON_PARAMS, validate_params
 from engine.core.errors import ConfigError
 from engine.core.trace import RunTrace
@@ -164,23 +165,22 @@ def _num(x: Any, fmt: str = "{:.3g}") -> str:
 
 def _speedup(t: RunTrace, ref: RunTrace | None) -> float | None:
     """Tokens per second against the plain decode's, both measured here."""
-    a, b = t.stats.get("tokens_per_s"), ref.stats.get("tokens_per_s") if ref else None
+    a, b = t.stats.tokens_per_s, ref.stats.tokens_per_s if ref else None
     return a / b if a and b else None
 
 
 def _row(job: Job, t: RunTrace, ref: RunTrace | None, verdict: str) -> list[str]:
     s = t.stats
-    cost = s.get("cost") or {}
+    cost = s.cost if s.cost is not None and s.cost.kind != "plain" else None
     measured = _speedup(t, ref) if ref is not None and ref is not t else None
-    predicted = cost.get("predicted_speedup") if cost.get("kind") != "plain" else None
-    projected = ((cost.get("projected") or {}).get("speedup") if cost.get("kind") != "plain"
-                 else None)
+    predicted = None if cost is None else cost.predicted_speedup
+    projected = None if cost is None or cost.projected is None else cost.projected.speedup
     eff = measured / predicted if measured and predicted else None
     out = t.text if len(t.text) <= OUTPUT_CHARS else t.text[:OUTPUT_CHARS - 1] + "…"
-    return [job.label, job.role, job.own_params, _num(s.get("wall_s"), "{:.2f}"),
-            _num(s.get("tokens_per_s"), "{:.1f}"), str(len(t.token_ids)),
-            str(s.get("target_calls", "—")), str(s.get("draft_calls", "—")),
-            _num(s.get("acceptance_rate")), _num(s.get("tau")), _num(predicted, "{:.2f}"),
+    return [job.label, job.role, job.own_params, _num(s.wall_s, "{:.2f}"),
+            _num(s.tokens_per_s, "{:.1f}"), str(len(t.token_ids)),
+            str(s.target_calls), str(s.draft_calls),
+            _num(s.acceptance_rate), _num(s.tau), _num(predicted, "{:.2f}"),
             _num(measured, "{:.2f}"), _num(projected, "{:.2f}"), _num(eff, "{:.0%}"), verdict,
             out.replace("\n", "↵")]
 
@@ -289,8 +289,9 @@ def speedups(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tup
             continue
         measured = _speedup(traces[j.key], traces.get(ref))
         if measured is not None:
-            cost = traces[j.key].stats.get("cost") or {}
-            predicted = cost.get("predicted_speedup") if cost.get("kind") != "plain" else None
+            cost = traces[j.key].stats.cost
+            predicted = (cost.predicted_speedup if cost is not None and cost.kind != "plain"
+                         else None)
             out.append((j.label, measured, predicted))
     return out
 
@@ -318,7 +319,7 @@ def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]
                      "the engine's tests, not token by token here.")
     lines = [" ".join(parts)]
     for j in jobs:
-        cost = traces[j.key].stats.get("cost") or {}
-        if j.chosen and cost.get("kind") not in (None, "plain"):
-            lines.append(f"- **{j.label}**: {cost['summary']}.")
+        cost = traces[j.key].stats.cost
+        if j.chosen and cost is not None and cost.kind not in ("", "plain"):
+            lines.append(f"- **{j.label}**: {cost_sentence(cost)}.")
     return "\n".join(lines)

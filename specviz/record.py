@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.out, "w") as f:
         f.write(text)
     s = trace.stats
-    print(json.dumps({"out": args.out, "bytes": len(text), "rounds": s["rounds"],
-                      "acceptance": s["acceptance_rate"], "tau": s["tau"],
+    print(json.dumps({"out": args.out, "bytes": len(text), "rounds": s.rounds,
+                      "acceptance": s.acceptance_rate, "tau": s.tau,
                       "text": trace.text}))
 
 

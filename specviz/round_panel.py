@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.cli.cost_text import cost_sentence
+from engine.core.records import CostRecord, SwitchPlan
 from engine.core.trace import RoundTrace, RunTrace
 from specviz.forest_view import token_label, vocab_of
 
@@ -170,19 +172,19 @@ def gate_markdown(gate: Any) -> str:
             f"q = {least} < {c}, so the round is a plain target step")
 
 
-def switch_markdown(rec: dict | None, drafted: int) -> str:
+def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
     """The cost switch's plan: the chosen depth, its predicted gain, every option."""
-    if not rec:
+    if rec is None:
         return ""
-    d = rec.get("depth")
+    d = rec.depth
     what = "a plain target step" if d == 0 else f"draft to depth {d}"
-    head = (f"**Cost switch** (profile `{rec.get('profile')}`): {what}, predicted "
-            f"{_num(rec.get('predicted_gain'))}x tokens per target-step time of a plain step; "
+    head = (f"**Cost switch** (profile `{rec.profile}`): {what}, predicted "
+            f"{_num(rec.predicted_gain)}x tokens per target-step time of a plain step; "
             f"drafted {drafted}. Acceptance drawn per depth: "
-            f"`{', '.join(_num(a) for a in rec.get('drawn', []))}`")
-    rows = [{"depth": o["depth"], "expected tokens": o["expected_tokens"],
-             "cost (plain steps)": o["cost"], "gain": o["gain"],
-             "chosen": "✔" if o["depth"] == d else ""} for o in rec.get("options", [])]
+            f"`{', '.join(_num(a) for a in rec.drawn)}`")
+    rows = [{"depth": o.depth, "expected tokens": o.expected_tokens,
+             "cost (plain steps)": o.cost, "gain": o.gain,
+             "chosen": "✔" if o.depth == d else ""} for o in rec.options]
     return head + "\n\n" + dict_table(rows)
 
 
@@ -208,10 +210,10 @@ def extras_markdown(trace: RunTrace | None, index: int) -> str:
         parts.append("**Extras**: " + ", ".join(f"{k} = `{_short(v)}`"
                                                 for k, v in inline.items()))
     parts += [f"**{k}**\n\n" + dict_table(v) for k, v in rest.items() if _is_table(v)]
-    if r.controller and r.controller.get("kind") != "cost":
+    if r.controller is not None and r.controller.kind != "cost":
         c = r.controller
-        parts.append(f"**Controller** `{c.get('kind', '?')}`: before `{_short(c.get('before'))}`"
-                     f" → after `{_short(c.get('after'))}`, stop: {c.get('stop_reason') or '—'}")
+        parts.append(f"**Controller** `{c.kind or '?'}`: before `{_short(c.before)}`"
+                     f" → after `{_short(c.after)}`, stop: {c.stop_reason or '—'}")
     return "\n\n".join(parts)
 
 
@@ -231,7 +233,7 @@ def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -
     """Run-level summary: method, models, device and the engine's statistics."""
     if trace is None:
         return ""
-    s = trace.stats or {}
+    s = trace.stats
     state = "running…" if live else (trace.stop_reason or "done")
     origin = {"demo": "recorded demo trace", "import": "imported trace"}.get(source, "")
     tuned = set(trace.tuned_names)  # taken from the pair's measured best settings
@@ -241,15 +243,14 @@ def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -
         f"**{trace.method}** ({params}) · target `{trace.target}` · draft "
         f"`{trace.draft or '—'}` · {trace.device}" + (f" · *{origin}*" if origin else "")
         + f"\n\n{len(trace.token_ids)} tokens in {len(trace.rounds)} rounds ({state}) · "
-        f"acceptance {_num(s.get('acceptance_rate'))} · tau {_num(s.get('tau'))} · "
-        f"target calls {_num(s.get('target_calls'))} · draft calls "
-        f"{_num(s.get('draft_calls'))} · wall {_num(s.get('wall_s'))} s · "
-        f"{_num(s.get('tokens_per_s'))} tok/s" + cost_markdown(s.get("cost"))
+        f"acceptance {_num(s.acceptance_rate)} · tau {_num(s.tau)} · "
+        f"target calls {_num(s.target_calls)} · draft calls "
+        f"{_num(s.draft_calls)} · wall {_num(s.wall_s)} s · "
+        f"{_num(s.tokens_per_s)} tok/s" + cost_markdown(s.cost)
     )
 
 
-def cost_markdown(cost: dict[str, Any] | None) -> str:
+def cost_markdown(cost: CostRecord | None) -> str:
     """The run's cost model (engine.run.costs): predicted vs measured speedup and why."""
-    if not cost or not cost.get("summary"):
-        return ""
-    return f"\n\n**Cost model**: {cost['summary']}."
+    text = cost_sentence(cost)
+    return f"\n\n**Cost model**: {text}." if text else ""

@@ -83,11 +83,12 @@ def _engine_run(pair, ids: list[int], method: str, n: int, **params: Any) -> dic
     trace = engine.generate(pair, ids, method, max_new_tokens=n, **params)
     rounds = list(trace.rounds[1:]) or list(trace.rounds)  # round 0 prefills the prompt
     round_s = [sum(r.timings.values()) for r in rounds]
-    cost = trace.stats.get("cost", {})
-    return {"wall_s": trace.stats["wall_s"], "tokens": len(trace.token_ids),
+    cost = trace.stats.cost
+    return {"wall_s": trace.stats.wall_s, "tokens": len(trace.token_ids),
             "round_s": statistics.median(round_s), "rounds": len(trace.rounds),
-            "acceptance": trace.stats.get("acceptance_rate"),
-            "c_draft": cost.get("c_draft"), "c_verify": cost.get("c_verify"),
+            "acceptance": trace.stats.acceptance_rate,
+            "c_draft": None if cost is None else cost.c_draft,
+            "c_verify": None if cost is None else cost.c_verify,
             "token_ids": list(trace.token_ids)}
 
 

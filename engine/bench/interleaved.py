@@ -126,7 +126,7 @@ def measure_run(pair, prompt: str, case: Case, *, raw: bool,
     eos = set(eos_ids(pair.target))
     pad = pair.target.generation_config.pad_token_id
     ref_best = strip_pad(ref_gen[0], pad, eos)
-    wall = trace.stats["wall_s"]
+    wall = trace.stats.wall_s
     n_new = len(trace.token_ids)
     identical = None
     if kind[0] in ("greedy", "beam"):
@@ -137,11 +137,11 @@ def measure_run(pair, prompt: str, case: Case, *, raw: bool,
         "case": case.label, "reference": f"generate({kind[0]}, width={kind[1]})",
         "wall_s": wall, "new_tokens": n_new, "tokens_per_s": tps,
         "ref_wall_s": ref_wall, "ref_new_tokens": len(ref_best), "ref_tokens_per_s": ref_tps,
-        "speedup": tps / ref_tps if ref_tps > 0 else None, "tau": trace.stats["tau"],
-        "acceptance": trace.stats["acceptance_rate"],
-        "target_calls": trace.stats["target_calls"], "identical": identical,
-        "efficiency": (trace.stats.get("cost") or {}).get("efficiency"),
-        "time_split_s": trace.stats.get("time_split_s", {}),  # phase -> seconds of the run
+        "speedup": tps / ref_tps if ref_tps > 0 else None, "tau": trace.stats.tau,
+        "acceptance": trace.stats.acceptance_rate,
+        "target_calls": trace.stats.target_calls, "identical": identical,
+        "efficiency": None if trace.stats.cost is None else trace.stats.cost.efficiency,
+        "time_split_s": dict(trace.stats.time_split_s),  # phase -> seconds of the run
     }, trace
 
 

@@ -202,11 +202,12 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
             return SetOutcome(out, tuple(rows), plan.total, False)
         common = _common(s, rep)
         measured, trace = measure_run(pair, p.prompt, case, raw=s.raw, common=common)
-        projected = (trace.stats.get("cost") or {}).get("projected") or {}
+        cost = trace.stats.cost
+        projected = None if cost is None or cost.projected is None else cost.projected.speedup
         row = {"prompt_id": p.id, "category": p.category, "repeat": rep,
                "seed": int(common["seed"]), **measured,
-               "projected_h100": projected.get("speedup"),  # a projection (engine.run.costs)
-               **round_record(trace.rounds, trace.stats["new_tokens"])}
+               "projected_h100": projected,  # a projection (engine.run.costs)
+               **round_record(trace.rounds, trace.stats.new_tokens)}
         with (out / RESULTS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         rows.append(row)

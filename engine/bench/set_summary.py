@@ -33,7 +33,7 @@ ALL = "all"
 
 def round_record(rounds: Sequence[RoundTrace], new_tokens: int) -> dict[str, Any]:
     """The per-round numbers a result row keeps of a run (``new_tokens``: the run's
-    ``stats['new_tokens']``)."""
+    ``stats.new_tokens``)."""
     return {"new_tokens": new_tokens, "target_calls": sum(r.target_calls for r in rounds),
             "drafted_depth": [r.drafted for r in rounds],
             "accepted_depth": [r.accepted for r in rounds]}

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from engine.cli.cost_text import cost_sentence
 from engine.cli.flags import (
     add_method_param_flags,
     add_model_flags,
@@ -16,6 +19,16 @@ from engine.cli.flags import (
     read_prompt,
 )
 from engine.core.errors import ConfigError
+from engine.core.records import RunSummary
+
+
+def stats_json(stats: RunSummary) -> dict[str, Any]:
+    """The run's statistics as JSON values, its cost model with the sentence the app shows
+    (``cost.summary``)."""
+    out = asdict(stats)
+    if out["cost"] is not None:
+        out["cost"]["summary"] = cost_sentence(stats.cost)
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "text": trace.text, "token_ids": list(trace.token_ids),
             "beams": beams if spec.reference.startswith("beam") else [],
-            "stats": trace.stats, "method": trace.method, "device": trace.device}))
+            "stats": stats_json(trace.stats), "method": trace.method,
+            "device": trace.device}))
         return 0
     print(trace.text)
     s = trace.stats
-    print(f"[{trace.method}] {s['new_tokens']} tokens, {s['target_calls']} target calls, "
-          f"{s['wall_s']:.2f}s, acceptance {s['acceptance_rate']}, tau {s['tau']}",
+    print(f"[{trace.method}] {s.new_tokens} tokens, {s.target_calls} target calls, "
+          f"{s.wall_s:.2f}s, acceptance {s.acceptance_rate}, tau {s.tau}",
           file=sys.stderr)
     return 0

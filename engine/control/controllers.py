@@ -14,7 +14,7 @@ The posterior is per request (Alg. 1 step 1): build one controller per generatio
 ``features`` are opaque here: they go unchanged to a Cali-TS predictor (an
 :class:`engine.control.predictor.CaliFeatures` for the trained one, None for a constant theta_M).
 Every random draw goes through a :class:`~engine.core.sampling.Chooser` (or a ``torch.Generator``
-wrapped into one), never the global RNG. ``state()`` is the JSON snapshot the trace stores.
+wrapped into one), never the global RNG. ``state()`` is the ControllerState the trace stores.
 The math (variates, densities, posterior updates) is in :mod:`engine.control.posterior`.
 
 Parameters are declared once, as the CONTROL_PARAMS rows (one spelling, lower case: sigma_m

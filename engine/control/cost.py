@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from engine.control.posterior import sample_beta
+from engine.core.records import DepthPosteriorState, SwitchOption, SwitchPlan
 from engine.core.sampling import Chooser, as_chooser
 
 
@@ -214,22 +215,26 @@ class CostSwitch:
             raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
         self.profile, self.plan_kind = profile, plan
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
-        self.decision: dict[str, Any] | None = None
+        self.decision: SwitchPlan | None = None
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
         """The depth to draft this round (0: a plain step); records the decision."""
         before = self.posterior.state()
         drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
                  else self.posterior.means())[: shape.depth]
-        self.decision = {"profile": self.profile.name, "posterior": before,
-                         "drawn": [round(a, 4) for a in drawn], **plan(self.profile, shape, drawn)}
-        return self.decision["depth"]
+        best = plan(self.profile, shape, drawn)
+        self.decision = SwitchPlan(
+            depth=best["depth"], predicted_gain=best["predicted_gain"],
+            options=tuple(SwitchOption(**o) for o in best["options"]),
+            drawn=tuple(round(a, 4) for a in drawn), profile=self.profile.name,
+            posterior=DepthPosteriorState(**{k: tuple(v) for k, v in before.items()}))
+        return self.decision.depth
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0 and self.plan_kind == "mean":
             self.posterior.fade()
         self.posterior.observe(drafted, accepted)
 
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> SwitchPlan | None:
         """The round's decision (None when the switch did not run this round)."""
-        return None if self.decision is None else dict(self.decision)
+        return self.decision

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.control.recorder import Features, RoundRecorder
+from engine.core.records import ControllerState
 from engine.core.sampling import Chooser
 
 
@@ -74,7 +76,6 @@ class CostController(RoundRecorder):
             self.switch.observe(drafted, accepted)
         return {}
 
-    def state(self) -> dict[str, Any]:
-        out = super().state()
-        out["switch"] = None if self.switch is None else self.switch.record()
-        return out
+    def state(self) -> ControllerState:
+        return replace(super().state(),
+                       switch=None if self.switch is None else self.switch.record())

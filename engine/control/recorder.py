@@ -11,6 +11,7 @@ import torch
 
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, Shape
+from engine.core.records import ControllerState
 from engine.core.sampling import Chooser
 
 Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing
@@ -31,8 +32,8 @@ class Controller(Protocol):
     def observe(self, drafted: int, accepted: int) -> None:
         """After verification: drafted tokens in the round, accepted of them (0..drafted)."""
 
-    def state(self) -> dict[str, Any]:
-        """JSON-able snapshot: kind, posterior before, per-step theta/decisions, cap, after."""
+    def state(self) -> ControllerState:
+        """The round's record: kind, posterior before, per-step theta/decisions, cap, after."""
 
     def max_len(self) -> int:
         """Upper bound on this round's draft length (for buffers)."""
@@ -132,15 +133,15 @@ class RoundRecorder:
         self._outcome = {"drafted": drafted, "accepted": accepted, **update}
         self._after = self._params()
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "kind": self.name,
-            "config": self.settings(),
-            "cap": self._cap,
-            "before": dict(self._before),
-            "steps": [dict(s) for s in self._steps],
-            "cap_hit": self._stop_reason == "cap",
-            "stop_reason": self._stop_reason,
-            "update": None if self._outcome is None else dict(self._outcome),
-            "after": None if self._after is None else dict(self._after),
-        }
+    def state(self) -> ControllerState:
+        return ControllerState(
+            kind=self.name,
+            config=self.settings(),
+            cap=self._cap,
+            before=dict(self._before),
+            steps=tuple(dict(s) for s in self._steps),
+            cap_hit=self._stop_reason == "cap",
+            stop_reason=self._stop_reason,
+            update=None if self._outcome is None else dict(self._outcome),
+            after=None if self._after is None else dict(self._after),
+        )

@@ -3,8 +3,10 @@
 Only top-k slices of distributions are stored, never whole vocabularies. Beam methods record,
 per verified step, the target's top-K beams and which drafted beams matched them
 (``BeamStep``: K + N entries per step, what the verification rule already computed). Method-specific
-numbers (DSBD width decision, strict top-K hits, optimal acceptance, controller posterior)
-live in the ``extras`` / ``controller`` dicts, which hold JSON values only.
+numbers (DSBD width decision, strict top-K hits, optimal acceptance) live in the ``extras``
+dict, which holds JSON values only; the run's statistics and cost model (``RunTrace.stats``), a
+length controller's round (``RoundTrace.controller``) and the cost switch's plan
+(``RoundTrace.switch``) are typed records of engine.core.records.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Callable
 
 from engine.core.errors import TraceError
+from engine.core.records import ControllerState, RunSummary, SwitchPlan
 
 # Node statuses, as drawn by the forest view.
 ACCEPTED = "accepted"
@@ -152,7 +155,7 @@ class RoundTrace:
     target_calls: int = 0
     draft_calls: int = 0
     timings: dict[str, float] = field(default_factory=dict)  # propose/score/verify/commit/observe
-    controller: dict[str, Any] | None = None
+    controller: ControllerState | None = None  # a length controller's round (token methods)
     extras: dict[str, Any] = field(default_factory=dict)
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
@@ -162,12 +165,15 @@ class RoundTrace:
     step_paths: tuple[str, ...] = ()
 
     @property
-    def switch(self) -> dict[str, Any] | None:
+    def switch(self) -> SwitchPlan | None:
         """The cost switch's decision for this round (engine.control.cost: depth,
         predicted_gain, options, drawn, profile): in the controller's state for token methods,
-        in the extras for beam methods; None when no switch planned the round."""
-        rec = (self.controller or {}).get("switch") or (self.extras or {}).get("switch")
-        return rec if isinstance(rec, dict) else None
+        in the extras (as JSON values) for beam methods; None when no switch planned the
+        round."""
+        if self.controller is not None and self.controller.switch is not None:
+            return self.controller.switch
+        rec = self.extras.get("switch")
+        return _build(SwitchPlan, rec, "extras.switch") if isinstance(rec, dict) else None
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,7 @@ class RunTrace:
     token_ids: tuple[int, ...]  # generated ids of the best beam (after the prompt)
     text: str
     beams: tuple[BeamTrace, ...]  # best first
-    stats: dict[str, Any]
+    stats: RunSummary
     stop_reason: str = ""
     token_origins: tuple[str, ...] = ()  # origin of each generated token of the best beam
     token_rounds: tuple[int, ...] = ()  # round that committed each generated token
@@ -343,28 +349,28 @@ class RunStats:
             self.opt_achieved += rec["achieved"]
             self.opt_n += 1
 
-    def result(self, new_tokens: int) -> dict[str, Any]:
-        return {
-            "verifier_efficiency": (self.opt_achieved / self.opt_alpha
-                                    if self.opt_n and self.opt_alpha > 0 else None),
-            "rounds": self.rounds,
-            "step_paths": dict(self.paths),
-            "target_calls": self.target_calls,
-            "draft_calls": self.draft_calls,
-            "new_tokens": new_tokens,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-            "mean_accepted_per_round": (self.accepted / self.spec_rounds
-                                        if self.spec_rounds else None),
-            "tau": new_tokens / self.target_calls if self.target_calls else None,
-            "per_depth_acceptance": {str(d): a / n
-                                     for d, (a, n) in sorted(self.per_depth.items())},
-            "time_split_s": dict(self.split),
-        }
+    def result(self, new_tokens: int) -> RunSummary:
+        return RunSummary(
+            verifier_efficiency=(self.opt_achieved / self.opt_alpha
+                                 if self.opt_n and self.opt_alpha > 0 else None),
+            rounds=self.rounds,
+            step_paths=dict(self.paths),
+            target_calls=self.target_calls,
+            draft_calls=self.draft_calls,
+            new_tokens=new_tokens,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else None,
+            mean_accepted_per_round=(self.accepted / self.spec_rounds
+                                     if self.spec_rounds else None),
+            tau=new_tokens / self.target_calls if self.target_calls else None,
+            per_depth_acceptance={str(d): a / n
+                                  for d, (a, n) in sorted(self.per_depth.items())},
+            time_split_s=dict(self.split),
+        )
 
 
-def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int) -> dict[str, Any]:
+def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int) -> RunSummary:
     """Run-level statistics from round records (acceptance, tau, per-depth, time split)."""
     acc = RunStats()
     for r in rounds:

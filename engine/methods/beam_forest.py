@@ -10,7 +10,7 @@ old row each new beam descends from (the loop reorders/duplicates both caches wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
@@ -323,7 +323,8 @@ class BeamStart:
     def gate_extras(self) -> dict:
         """The round's gate and switch records for its extras (gate: {} when off, confidence
         None: no draft step fitted this round; switch: None when it did not plan)."""
-        out = {} if self.switch is None else {"switch": self.switch.record()}
+        rec = None if self.switch is None else self.switch.record()
+        out = {} if self.switch is None else {"switch": None if rec is None else asdict(rec)}
         if self.draft_confidence <= 0:
             return out
         return {**out, "gate": self.gate_info or {"threshold": self.draft_confidence,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from engine.core import layout, threads
 from engine.core.config import RunConfig, validate_params
 from engine.core.errors import ConfigError
+from engine.core.records import CostRecord
 from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
 from engine.methods import METHODS
 from engine.run import costs, profile
@@ -158,7 +160,7 @@ class Run:
         self._steps = self._decoder.rounds()
         self._rounds: list[RoundTrace] = []
         self._stats = RunStats()
-        self._extras: dict[str, Any] = {}
+        self._cost: CostRecord | None = None  # the cost model, once the run has finished
         self.wall_s = 0.0
         self.done = False
 
@@ -196,15 +198,13 @@ class Run:
 
     def _finish(self) -> None:
         self.done = True
-        stats = self._stats.result(len(self._best()[0]))
-        stats["wall_s"] = self.wall_s
         plain = not METHODS[self.method].uses_draft
-        cost = costs.cost_model(self.method, stats, self._rounds, self.params, plain,
+        cost = costs.cost_model(self.method, None, self._rounds, self.params, plain,
                                 lambda width: plain_step_s(self.pair, width),
                                 projected_profile(self.method, costs.run_width(self.params)))
         if plain and cost:  # a plain run measured the pair's plain step of its width
-            self.pair.calibration.step_s[cost["width"]] = cost["t_step_s"]
-        self._extras = {"cost": cost}
+            self.pair.calibration.step_s[cost.width] = cost.t_step_s
+        self._cost = cost
 
     def _best(self) -> tuple[list[int], tuple[BeamTrace, ...], list]:
         ctx = self._decoder.ctx
@@ -220,10 +220,8 @@ class Run:
         the head only (text, origins, stats): cheap enough to take after any round."""
         best, beams, origins = self._best()
         tok = tokenizer_of(self.pair)
-        stats = self._stats.result(len(best))
-        stats["wall_s"] = self.wall_s
-        stats["tokens_per_s"] = len(best) / self.wall_s if self.wall_s > 0 else None
-        stats.update(self._extras)
+        stats = replace(self._stats.result(len(best)), wall_s=self.wall_s, cost=self._cost,
+                        tokens_per_s=len(best) / self.wall_s if self.wall_s > 0 else None)
         return RunTrace(
             method=self.method, params=self.params, target=self.pair.target_name,
             draft=self.pair.draft_name if METHODS[self.method].uses_draft else "",

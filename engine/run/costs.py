@@ -19,6 +19,9 @@ width W (the engine's own greedy round for W = 1, its beam-search round for W = 
   ``efficiency`` = measured / predicted: what the verify rule, cache commit, controller and
   Python overhead (everything the model leaves out) cost.
 
+The model is numbers only (a ``CostRecord``); the sentence the app and the CLI show is
+engine.cli.cost_text.cost_sentence's.
+
 Projection (``projected``, given a stored profile such as the H100's,
 :mod:`engine.run.profile`): the speedup those costs would give at this run's own tokens per
 round, tokens per round / (draft calls per round x c_draft + c_verify(n)), n the drafted
@@ -39,6 +42,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from engine.core.records import CostRecord, ProjectionRecord
 from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
 
 if TYPE_CHECKING:
@@ -110,94 +114,70 @@ def drafted_nodes_per_row(rounds: list[RoundTrace]) -> float:
                / (len(r.beams_before) or 1) for r in rounds) / len(rounds)
 
 
-def projection(profile: CostProfile, rounds: list[RoundTrace], plain: bool) -> dict[str, Any]:
+def projection(profile: CostProfile, rounds: list[RoundTrace], plain: bool) -> ProjectionRecord:
     """The run's speedup at `profile`'s costs and its own tokens per round (module docstring);
     `rounds`: the rounds the model uses (1.. when there are any)."""
-    out: dict[str, Any] = {"profile": profile.name, "source": profile.source}
-    if plain:
-        return {**out, "speedup": 1.0}  # the plain step itself
+    if plain:  # the plain step itself
+        return ProjectionRecord(profile=profile.name, source=profile.source, speedup=1.0)
     n = len(rounds)
     nodes = drafted_nodes_per_row(rounds)
     c_verify = profile.c_verify(nodes)
     cost = sum(r.draft_calls for r in rounds) / n * profile.c_draft + c_verify
     tokens = sum(len(r.committed) for r in rounds) / n
-    return {**out, "speedup": tokens / cost if cost > 0 else None, "c_draft": profile.c_draft,
-            "c_verify": c_verify, "nodes_per_row": nodes}
+    return ProjectionRecord(profile=profile.name, source=profile.source,
+                            speedup=tokens / cost if cost > 0 else None,
+                            c_draft=profile.c_draft, c_verify=c_verify, nodes_per_row=nodes)
 
 
-def cost_model(method: str, stats: dict[str, Any], rounds: list[RoundTrace],
+def cost_model(method: str, stats: Any, rounds: list[RoundTrace],
                params: dict[str, Any], plain: bool, step_s: Callable[[int], float],
-               projected: CostProfile | None = None) -> dict[str, Any]:
-    """The run's cost model (see module docstring) as JSON values; a pure function of its
-    arguments. ``plain``: the method drafts nothing (its own rounds are the plain step, given
-    back as ``t_step_s``); ``step_s(W)``: seconds of a plain step of width W
+               projected: CostProfile | None = None) -> CostRecord | None:
+    """The run's cost model (see module docstring): numbers only (the sentence a view shows
+    is engine.cli.cost_text.cost_sentence's); a pure function of its arguments, None for a
+    run without rounds. ``plain``: the method drafts nothing (its own rounds are the plain
+    step, given back as ``t_step_s``); ``step_s(W)``: seconds of a plain step of width W
     (engine.run.api.plain_step_s: the pair's calibration); ``projected``: a stored profile to
-    project the run onto (None: no projection)."""
+    project the run onto (None: no projection). ``stats`` is not read."""
     width = run_width(params)
     later = rounds[1:] or rounds
     if not later:
-        return {}
+        return None
     wall = sum(round_seconds(r) for r in later)
     tokens = sum(len(r.committed) for r in later)
     if plain:
         step = statistics.median(round_seconds(r) for r in later)
     else:
         step = step_s(width)
-    out: dict[str, Any] = {"width": width, "t_step_s": step, "rounds_used": len(later),
-                           "measured_speedup": tokens * step / wall if wall > 0 else None}
-    if projected is not None:
-        out["projected"] = projection(projected, later, plain)
+    measured = tokens * step / wall if wall > 0 else None
+    base = dict(width=width, t_step_s=step, rounds_used=len(later), measured_speedup=measured,
+                projected=None if projected is None else projection(projected, later, plain))
     if plain:
-        out.update(kind="plain", predicted_speedup=1.0,
-                   summary=f"plain decoding: one target step per token ({1000 * step:.0f} ms "
-                           "a step)")
-        return _with_efficiency(out)
+        return CostRecord(kind="plain", predicted_speedup=1.0,
+                          efficiency=_efficiency(1.0, measured), **base)
     n = len(later)
     draft_calls = sum(r.draft_calls for r in later)
     propose = sum(r.timings.get("propose", 0.0) for r in later)
     c_draft = propose / draft_calls / step if draft_calls else 0.0
     c_verify = sum(r.timings.get("score", 0.0) for r in later) / n / step
     calls_per_round = draft_calls / n
-    out.update(c_draft=c_draft, c_verify=c_verify, draft_calls_per_round=calls_per_round,
-               tokens_per_round=tokens / n)
+    base.update(c_draft=c_draft, c_verify=c_verify, draft_calls_per_round=calls_per_round,
+                tokens_per_round=tokens / n)
     cost = calls_per_round * c_draft + c_verify
     drafted = sum(r.drafted for r in later)
     if _is_chain(later) and drafted:
         alpha = chain_acceptance(later)
         gamma = drafted / n
         expected = sum(expected_tokens(alpha, r.drafted) for r in later) / n  # each round's g
-        chain_cost = gamma * c_draft + c_verify
-        be = break_even_acceptance(gamma, c_draft, c_verify)
-        out.update(kind="chain", gamma=gamma, acceptance=alpha, break_even_acceptance=be,
-                   expected_tokens=expected, predicted_speedup=expected / chain_cost)
-        need = ("no acceptance breaks even at these costs" if be is None
-                else f"break-even needs acceptance {be:.2f}")
-        out["summary"] = (f"draft steps cost {c_draft:.2f} of a target step and verifying "
-                          f"{c_verify:.2f}; at {gamma:.1f} drafts per round {need}; this run "
-                          f"accepted {alpha:.2f}")
-    else:
-        out.update(kind="tree", predicted_speedup=(tokens / n) / cost if cost > 0 else None)
-        out["summary"] = (f"a round costs {cost:.2f} target steps (drafting "
-                          f"{calls_per_round * c_draft:.2f}, verifying {c_verify:.2f}) and "
-                          f"commits {tokens / n:.2f} tokens: break-even needs {cost:.2f} tokens "
-                          "per round")
-    return _with_projection(_with_efficiency(out))
+        predicted = expected / (gamma * c_draft + c_verify)
+        return CostRecord(kind="chain", gamma=gamma, acceptance=alpha,
+                          break_even_acceptance=break_even_acceptance(gamma, c_draft, c_verify),
+                          expected_tokens=expected, predicted_speedup=predicted,
+                          efficiency=_efficiency(predicted, measured), **base)
+    predicted = (tokens / n) / cost if cost > 0 else None
+    return CostRecord(kind="tree", predicted_speedup=predicted,
+                      efficiency=_efficiency(predicted, measured), **base)
 
 
-def _with_projection(out: dict[str, Any]) -> dict[str, Any]:
-    speedup = (out.get("projected") or {}).get("speedup")
-    if speedup is not None:
-        name = out["projected"]["profile"].upper()
-        out["summary"] += (f" · projected on an {name}: {speedup:.2f}x (a projection from "
-                           f"stored {name} costs at this run's tokens per round, not a "
-                           "measurement)")
-    return out
-
-
-def _with_efficiency(out: dict[str, Any]) -> dict[str, Any]:
-    pred, meas = out.get("predicted_speedup"), out.get("measured_speedup")
-    out["efficiency"] = meas / pred if pred and meas is not None else None
-    if pred is not None and meas is not None:
-        out["summary"] += (f" · predicted {pred:.2f}x, measured {meas:.2f}x against plain "
-                           f"decoding (implementation efficiency {out['efficiency']:.0%})")
-    return out
+def _efficiency(predicted: float | None, measured: float | None) -> float | None:
+    """measured / predicted: what the model leaves out costs (None: either is unknown)."""
+    return measured / predicted if predicted and measured is not None else None

@@ -72,7 +72,7 @@ def test_greedy_methods_equal_generate_on_every_path(kv, dtype):
             trace = engine.generate(pair, prompt, method, max_new_tokens=24, **params)
             assert_same_greedy(list(trace.token_ids), out, prompt,
                                0.0 if dt == torch.float32 else tol)
-            assert trace.stats["step_paths"][f"target:{SERVED[kv]}"] == len(trace.rounds)
+            assert trace.stats.step_paths[f"target:{SERVED[kv]}"] == len(trace.rounds)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -62,9 +62,9 @@ def test_beam_and_strict_equal_generate_num_beams_4(pair, runs, i):
     eos = pair.target.generation_config.eos_token_id
     if i == 0:
         assert beam.stop_reason == "eos" and any(b.token_ids[-1] == eos for b in beam.beams)
-    print(f"prompt {i}: target calls beam {beam.stats['target_calls']}, atspeed_strict "
-          f"(early-exit drafter) {strict.stats['target_calls']}, strict step acceptance "
-          f"{strict.stats['acceptance_rate']:.3f}")
+    print(f"prompt {i}: target calls beam {beam.stats.target_calls}, atspeed_strict "
+          f"(early-exit drafter) {strict.stats.target_calls}, strict step acceptance "
+          f"{strict.stats.acceptance_rate:.3f}")
 
 
 def test_strict_with_an_agreeing_drafter_needs_fewer_target_calls(pair, runs):
@@ -77,6 +77,6 @@ def test_strict_with_an_agreeing_drafter_needs_fewer_target_calls(pair, runs):
     strict = generate(selfdraft, text, "atspeed_strict", raw=raw, beams=K, draft_beams=K,
                       gamma=3, max_new_tokens=n)
     assert_same_beams(strict, rows, scores, pair.target.generation_config.pad_token_id)
-    print(f"self-drafted atspeed_strict: {strict.stats['target_calls']} target calls vs "
-          f"beam {beam.stats['target_calls']}")
-    assert strict.stats["target_calls"] < beam.stats["target_calls"]
+    print(f"self-drafted atspeed_strict: {strict.stats.target_calls} target calls vs "
+          f"beam {beam.stats.target_calls}")
+    assert strict.stats.target_calls < beam.stats.target_calls

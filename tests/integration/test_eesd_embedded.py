@@ -39,7 +39,7 @@ def test_eesd_with_the_shipped_drafter_equals_greedy_generate(embedded_pair, pro
     trace = engine.generate(embedded_pair, prompt, "eesd", max_new_tokens=N)
     assert list(trace.token_ids) == _ref(embedded_pair, prompt)
     assert all(r.controller is not None for r in trace.rounds)
-    assert trace.stats["accepted"] > 0
+    assert trace.stats.accepted > 0
 
 
 def test_trained_acceptance_is_above_the_untrained_early_exit(embedded_pair):
@@ -48,6 +48,6 @@ def test_trained_acceptance_is_above_the_untrained_early_exit(embedded_pair):
     trained = engine.generate(embedded_pair, prompt, "eesd", **kw)
     untrained = engine.generate(embedded_pair, prompt, "eesd", exit_drafter="untrained", **kw)
     assert list(trained.token_ids) == list(untrained.token_ids)
-    print(f"acceptance trained {trained.stats['acceptance_rate']:.3f} vs untrained "
-          f"{untrained.stats['acceptance_rate']:.3f}")
-    assert trained.stats["acceptance_rate"] > untrained.stats["acceptance_rate"]
+    print(f"acceptance trained {trained.stats.acceptance_rate:.3f} vs untrained "
+          f"{untrained.stats.acceptance_rate:.3f}")
+    assert trained.stats.acceptance_rate > untrained.stats.acceptance_rate

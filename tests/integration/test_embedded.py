@@ -62,8 +62,8 @@ def test_mcsd_sampling_reports_acceptance_and_tau(embedded_pair):
     trace = engine.generate(embedded_pair, PROMPTS[1], "mcsd", k_config="4x2x2",
                             temperature=1.0, max_new_tokens=24, seed=3)
     s = trace.stats
-    assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["tau"] >= 1.0
-    assert s["target_calls"] == len(trace.rounds)
+    assert 0.0 <= s.acceptance_rate <= 1.0 and s.tau >= 1.0
+    assert s.target_calls == len(trace.rounds)
 
 
 def _cli(*args):

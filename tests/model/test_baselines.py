@@ -23,7 +23,7 @@ def test_greedy_is_token_identical_to_generate(family, prompt):
     pair = tiny_pair(family)
     trace = engine.generate(pair, prompt, "greedy", max_new_tokens=24)
     assert list(trace.token_ids) == _generate_ids(pair, prompt, max_new_tokens=24)
-    assert trace.stats["target_calls"] == len(trace.token_ids)
+    assert trace.stats.target_calls == len(trace.token_ids)
 
 
 def _frequent_token(pair, prompt):

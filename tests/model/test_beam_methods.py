@@ -121,11 +121,11 @@ def test_beam_and_strict_match_generate_without_eos(k, draft):
         assert_same_beams(beam, hf, None)
         assert_same_beams(strict, hf, None)
         assert all(len(b.token_ids) == n for b in strict.beams)
-        assert beam.stats["target_calls"] == n
+        assert beam.stats.target_calls == n
         if draft == "same":  # the target drafting for itself: most steps accepted (children
             # of the draft's N - K extra beams can still push a target top-K child out)
-            assert strict.stats["target_calls"] < beam.stats["target_calls"]
-            assert strict.stats["acceptance_rate"] > 0.5
+            assert strict.stats.target_calls < beam.stats.target_calls
+            assert strict.stats.acceptance_rate > 0.5
 
 
 EOS_CASES = [(False, 1.0), (True, 1.0), ("never", 1.0), (False, 0.0), (True, 2.0),
@@ -171,7 +171,7 @@ def test_strict_partial_acceptance_is_still_identical_to_generate(fill):
         assert_same_beams(tr, hf_beams(target, ids, 2, 12), eos)
         partial += sum(0 < r.accepted < r.drafted for r in tr.rounds)
     assert partial  # some rounds accepted a few steps, then failed
-    total = sum(tr.stats["target_calls"] for _, tr in runs)
+    total = sum(tr.stats.target_calls for _, tr in runs)
     steps = sum(len(tr.rounds[-1].beams_after[0].token_ids) for _, tr in runs)
     print(f"atspeed_strict K=2 N=4 gamma=3 fill={fill}, perturbed draft: {total} target calls "
           f"for {steps} beam steps")
@@ -461,7 +461,7 @@ def test_dsbd_runs_end_to_end_with_complete_width_records(one_cache):
         outcomes.update(x["outcome"] for x in r.extras["layers"])
     assert outcomes["corrected"] and outcomes["accepted"]  # both paths were exercised
     assert RunTrace.from_json(tr.to_json()).to_json() == tr.to_json()
-    print(f"dsbd one_cache={one_cache}: {tr.stats['target_calls']} target calls, "
+    print(f"dsbd one_cache={one_cache}: {tr.stats.target_calls} target calls, "
           f"{len(tr.token_ids)} tokens, layer outcomes {dict(outcomes)}")
 
 
@@ -676,12 +676,13 @@ def test_the_cost_switch_keeps_strict_identical_to_generate_and_takes_plain_step
                       switch="cost", costs=EDGE.name, max_new_tokens=12)
         assert_same_beams(tr, hf_beams(target, ids, 2, 12), eos)
         for r in tr.rounds:
-            sw = r.extras["switch"]
+            assert "switch" in r.extras  # every round records the switch's plan (or None)
+            sw = r.switch
             if sw is None:  # the run's last step: no draft step fits
                 continue
-            depths[sw["depth"]] += 1
-            assert r.drafted <= sw["depth"]
-            if sw["depth"] == 0:
+            depths[sw.depth] += 1
+            assert r.drafted <= sw.depth
+            if sw.depth == 0:
                 assert r.draft_calls == 0 and r.drafted == 0
     assert depths[0] > 0 and sum(v for d, v in depths.items() if d > 0) > 0, depths
 
@@ -702,7 +703,7 @@ def test_switched_dsbd_output_law_still_equals_beam_sampling_end_to_end():
         dec.ctx.chooser = chooser
         rounds = list(dec.rounds())
         return (tuple(tuple(s) for s in dec.ctx.seqs),
-                tuple(r.extras["switch"]["depth"] for r in rounds if r.extras.get("switch")))
+                tuple(r.switch.depth for r in rounds if r.switch is not None))
 
     for w, (seqs, planned) in enumerate_outcomes(run):
         law[seqs] += w

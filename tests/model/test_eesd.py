@@ -4,6 +4,7 @@ trace, the trained early-exit layer (save / load, shortlist head) and a tiny tra
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 import torch
@@ -61,16 +62,16 @@ def test_every_round_trace_holds_the_controller_posterior(controller):
     trace = engine.generate(pair, [3, 4, 5], "eesd", controller=controller, max_new_tokens=30,)
     assert trace.rounds and all(r.controller is not None for r in trace.rounds)
     states = [r.controller for r in trace.rounds]
-    assert all(s["kind"] == controller for s in states)
+    assert all(s.kind == controller for s in states)
     for prev, nxt in zip(states, states[1:]):
-        if prev["after"] is not None:  # the posterior carries over from round to round
-            assert nxt["before"] == prev["after"]
+        if prev.after is not None:  # the posterior carries over from round to round
+            assert nxt.before == prev.after
     if controller == "beta_ts":
         first = states[0]
-        assert first["before"] == {"alpha": 1.0, "beta": 1.0, "mean": 0.5}
-        spec = [s for s in states if s["update"] is not None]
-        assert all(s["update"]["drafted"] >= 1 and "d_alpha" in s["update"] for s in spec)
-        assert all(step["theta"] is not None for s in spec for step in s["steps"][:-1])
+        assert first.before == {"alpha": 1.0, "beta": 1.0, "mean": 0.5}
+        spec = [s for s in states if s.update is not None]
+        assert all(s.update["drafted"] >= 1 and "d_alpha" in s.update for s in spec)
+        assert all(step["theta"] is not None for s in spec for step in s.steps[:-1])
     json.dumps(trace.to_dict())  # the posterior is JSON-able
 
 
@@ -82,7 +83,7 @@ def test_sampling_is_the_sd_chain_drafted_by_the_early_exit():
         a = engine.generate(pair, [3, 4, 5], "eesd", **kw)
         b = engine.generate(pair, [3, 4, 5], "sd", **kw)
         assert list(a.token_ids) == list(b.token_ids)
-        assert a.stats["drafted"] == b.stats["drafted"]
+        assert a.stats.drafted == b.stats.drafted
 
 
 def test_greedy_run_names_its_drafter_and_never_calls_generate(monkeypatch):
@@ -91,7 +92,7 @@ def test_greedy_run_names_its_drafter_and_never_calls_generate(monkeypatch):
     monkeypatch.setattr(type(pair.target), "generate", lambda *a, **k: calls.append(1))
     trace = engine.generate(pair, [3, 4, 5], "eesd", max_new_tokens=16)
     assert calls == []  # timing against generate() is bench's and Compare's job
-    assert not any("generate" in k for k in trace.stats)
+    assert not any("generate" in f.name for f in fields(trace.stats))
     assert trace.rounds[0].extras["drafter"].startswith("early-exit (first 2/4 layers, trained")
 
 
@@ -368,7 +369,7 @@ def test_cali_ts_predictor_sees_the_target_state_behind_the_root_and_the_draft_s
         h_target = pair.target.model(torch.tensor([prompt + list(trace.token_ids)]))
         h_target = h_target.last_hidden_state[0]  # (T, d) teacher-forced final states
         for r in trace.rounds:
-            for step in r.controller["steps"]:
+            for step in r.controller.steps:
                 if "theta_M" not in step:
                     continue  # the cap: no prediction
                 f = next(calls)
@@ -394,7 +395,7 @@ def test_cali_ts_without_a_trained_predictor_uses_theta_m_or_refuses():
     pair = _trained_pair()
     trace = engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", theta_m=0.3,
                             max_new_tokens=12)
-    thetas = {s["theta_M"] for r in trace.rounds for s in r.controller["steps"]
+    thetas = {s["theta_M"] for r in trace.rounds for s in r.controller.steps
               if "theta_M" in s}
     assert thetas == {0.3}
     assert trace.rounds[0].extras["predictor"] == "constant"

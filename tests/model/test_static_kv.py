@@ -81,7 +81,7 @@ def test_greedy_token_methods_equal_generate_on_the_static_paths(kv, method, par
         trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
         ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)
         assert list(trace.token_ids) == ref[0, len(prompt):].tolist(), (method, prompt)
-        assert trace.stats["step_paths"].get(f"target:{PATHS[kv]}", 0) == len(trace.rounds)
+        assert trace.stats.step_paths.get(f"target:{PATHS[kv]}", 0) == len(trace.rounds)
 
 
 @pytest.mark.parametrize("draft", ["same", "ngram+feature"])
@@ -150,7 +150,7 @@ def test_a_shape_that_fails_to_capture_runs_eager_and_says_why(monkeypatch, capl
     trace = engine.generate(pair, prompt, "sd", gamma=3, max_new_tokens=12)
     ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12)
     assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
-    assert trace.stats["step_paths"].get("target:static", 0) == len(trace.rounds)
+    assert trace.stats.step_paths.get("target:static", 0) == len(trace.rounds)
     failed = {k: v for s in static_kv.pool_sets(pair.target) for k, v in s.failed.items()}
     assert failed and all(v.startswith("RuntimeError: operation not permitted") for v in
                           failed.values())

@@ -72,9 +72,9 @@ def test_a_perfect_drafter_is_always_accepted(method, params):
     target = tiny_pair(layers=2, early_exit_layers=1).target
     pair = engine.load_pair(target=target, draft=target, device="cpu")
     trace = engine.generate(pair, [3, 4, 5], method, max_new_tokens=20, **params)
-    assert trace.stats["acceptance_rate"] == 1.0
+    assert trace.stats.acceptance_rate == 1.0
     assert list(trace.token_ids) == _ref(pair, [3, 4, 5], 20)
-    assert trace.stats["tau"] > 2
+    assert trace.stats.tau > 2
 
 
 def test_rounds_record_nodes_tests_and_statuses():
@@ -120,7 +120,7 @@ def test_optimal_acceptance_is_recorded_per_verified_position(method, params, sc
             assert rec["expected"] <= rec["alpha_star"] + 1e-9
         if method == "greedy_drafts":
             assert abs(rec["expected"] - rec["alpha_star"]) < 1e-9
-    eff = trace.stats["verifier_efficiency"]
+    eff = trace.stats.verifier_efficiency
     assert eff == pytest.approx(sum(r["achieved"] for r in recs)
                                 / sum(r["alpha_star"] for r in recs))
 
@@ -136,18 +136,18 @@ def test_the_confidence_controller_stops_a_chain_at_the_first_unsure_draft():
     for r in trace.rounds:
         if not r.drafted:
             continue
-        steps, state = r.controller["steps"], r.controller
+        steps, state = r.controller.steps, r.controller
         assert [s["step"] for s in steps] == list(range(1, len(steps) + 1))
-        if state["stop_reason"] is None:  # the token budget ended the chain (the run's end)
+        if state.stop_reason is None:  # the token budget ended the chain (the run's end)
             assert len(steps) == r.drafted - 1 and all(s["continue"] for s in steps)
             continue
         assert len(steps) == r.drafted
         assert all(s["q"] >= 0.02 for s in steps[:-1] if s["q"] is not None)
         last = steps[-1]
         assert (last["continue"] is False) and (
-            (state["stop_reason"] == "confidence" and last["q"] < 0.02)
-            or (state["stop_reason"] == "cap" and r.drafted == 5))
-        reasons.add(state["stop_reason"])
+            (state.stop_reason == "confidence" and last["q"] < 0.02)
+            or (state.stop_reason == "cap" and r.drafted == 5))
+        reasons.add(state.stop_reason)
     assert reasons == {"confidence", "cap"}  # both ways of ending a chain were seen
 
 
@@ -160,7 +160,7 @@ def test_a_controller_cuts_mcsd_trees_by_depth_and_records_its_posterior(control
     depths = [r.drafted for r in trace.rounds if r.drafted]
     assert all(1 <= d <= 4 for d in depths) and min(depths) < 4  # stopped before level 4
     states = [r.controller for r in trace.rounds if r.drafted]
-    assert all(s["kind"] == controller and s["update"]["drafted"] == r.drafted
+    assert all(s.kind == controller and s.update["drafted"] == r.drafted
                for s, r in zip(states, [r for r in trace.rounds if r.drafted]))
     fixed = engine.generate(pair, [3, 4, 5, 6], "mcsd", k_config="2x2x2x2",
                             max_new_tokens=12)
@@ -179,18 +179,18 @@ def test_the_cost_switch_takes_plain_and_drafted_rounds_and_records_each_decisio
     assert list(trace.token_ids) == _ref(pair, [3, 4, 5, 6], 40)
     later = [r for r in trace.rounds if r.controller is not None]
     assert len(later) == len(trace.rounds)  # a plain round records its decision too
-    plain = [r for r in later if r.controller["switch"]["depth"] == 0]
-    drafted = [r for r in later if r.controller["switch"]["depth"] > 0]
+    plain = [r for r in later if r.controller.switch.depth == 0]
+    drafted = [r for r in later if r.controller.switch.depth > 0]
     assert plain and drafted
     assert all(r.drafted == 0 and r.draft_calls == 0 and not r.nodes[:-1] for r in plain)
     for r in drafted:
-        sw = r.controller["switch"]
-        assert r.drafted <= sw["depth"] and r.draft_calls == r.drafted
-        assert sw["predicted_gain"] == max(o["gain"] for o in sw["options"])
-        assert sw["profile"] == costs and 2 <= len(sw["options"]) <= 5  # depths 0..cap
+        sw = r.controller.switch
+        assert r.drafted <= sw.depth and r.draft_calls == r.drafted
+        assert sw.predicted_gain == max(o.gain for o in sw.options)
+        assert sw.profile == costs and 2 <= len(sw.options) <= 5  # depths 0..cap
     again = engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=40, **params)
-    assert [r.controller["switch"]["depth"] for r in again.rounds] == \
-        [r.controller["switch"]["depth"] for r in trace.rounds]  # the seed reproduces
+    assert [r.controller.switch.depth for r in again.rounds] == \
+        [r.controller.switch.depth for r in trace.rounds]  # the seed reproduces
 
 
 def test_an_unknown_cost_profile_is_one_clear_error():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 
 import pytest
 import torch
@@ -35,7 +35,9 @@ from engine.control.posterior import (
 )
 from engine.core.config import validate_params
 from engine.core.errors import ConfigError
+from engine.core.records import ControllerState
 from engine.core.sampling import TorchChooser, make_generator
+from engine.core.trace import _build
 from engine.methods import METHODS
 from tests.choosers import ScriptedChooser
 
@@ -107,9 +109,9 @@ def test_beta_ts_posterior_accumulates_over_rounds_and_state_shows_before_and_af
     ctl.begin_round()
     ctl.observe(4, 2)
     s = ctl.state()
-    assert (s["before"]["alpha"], s["before"]["beta"]) == (1.0, 1.0)
-    assert (s["after"]["alpha"], s["after"]["beta"]) == (3.0, 3.0)
-    assert s["update"] == {
+    assert (s.before["alpha"], s.before["beta"]) == (1.0, 1.0)
+    assert (s.after["alpha"], s.after["beta"]) == (3.0, 3.0)
+    assert s.update == {
         "drafted": 4,
         "accepted": 2,
         "rule": "paper",
@@ -119,8 +121,8 @@ def test_beta_ts_posterior_accumulates_over_rounds_and_state_shows_before_and_af
     ctl.begin_round()
     ctl.observe(3, 3)
     s = ctl.state()
-    assert (s["before"]["alpha"], s["before"]["beta"]) == (3.0, 3.0)
-    assert (s["after"]["alpha"], s["after"]["beta"], s["after"]["mean"]) == (6.0, 3.0, 6.0 / 9.0)
+    assert (s.before["alpha"], s.before["beta"]) == (3.0, 3.0)
+    assert (s.after["alpha"], s.after["beta"], s.after["mean"]) == (6.0, 3.0, 6.0 / 9.0)
 
 
 def test_clean_controller_update_on_drafted_4_accepted_2():
@@ -137,7 +139,7 @@ def test_fixed_drafts_exactly_gamma_every_round():
     g = make_generator(0)
     assert [draft_round(ctl, g, lambda k: 0)[0] for _ in range(4)] == [3, 3, 3, 3]
     assert ctl.max_len() == 3
-    assert [s["continue"] for s in ctl.state()["steps"]] == [True, True, False]
+    assert [s["continue"] for s in ctl.state().steps] == [True, True, False]
 
 
 def test_heuristic_adds_two_after_full_acceptance_else_subtracts_one_within_1_and_cap():
@@ -173,9 +175,9 @@ def test_cap_stop_is_recorded_without_sampling(kind):
     ctl = always_continue(kind)
     draft_round(ctl, make_generator(2))
     s = ctl.state()
-    assert (s["cap"], s["cap_hit"], s["stop_reason"]) == (3, True, "cap")
-    assert [st["continue"] for st in s["steps"]] == [True, True, False]
-    assert s["steps"][-1]["theta"] is None
+    assert (s.cap, s.cap_hit, s.stop_reason) == (3, True, "cap")
+    assert [st["continue"] for st in s.steps] == [True, True, False]
+    assert s.steps[-1]["theta"] is None
 
 
 # ------------------------------------------------------------------------------ determinism
@@ -298,10 +300,10 @@ def test_beta_ts_draft_length_is_geometric_with_mean_alpha_plus_beta_over_beta()
 def test_beta_ts_records_every_theta_and_decision():
     ctl = BetaTSController(control_config(cap=16))
     k, _ = draft_round(ctl, make_generator(4), lambda k: 0)
-    steps = ctl.state()["steps"]
+    steps = ctl.state().steps
     assert len(steps) == k and [s["step"] for s in steps] == list(range(1, k + 1))
     assert all(s["continue"] == (s["uniform"] < s["theta"]) for s in steps)
-    assert ctl.state()["stop_reason"] in ("chi0", "cap")
+    assert ctl.state().stop_reason in ("chi0", "cap")
 
 
 # ---------------------------------------------------------------------------------- Cali-TS
@@ -350,14 +352,14 @@ def test_cali_controller_uses_eq_6_7_and_the_fixed_theta_hat_over_rounds():
     for (mu, sigma), (drafted, accepted) in zip(expected, [(4, 2), (3, 3), (1, 0)]):
         ctl.begin_round()
         ctl.should_continue(1, g)
-        step = ctl.state()["steps"][0]
+        step = ctl.state().steps[0]
         torch.testing.assert_close((step["mu"], step["sigma"], step["theta_M"]), (mu, sigma, 0.3))
         ctl.observe(drafted, accepted)
     # theta_hat: (0.5 * 1 + 2) / 4 = 0.625, then (0.625 * 4 + 3) / 8 = 0.6875, t = 3, 7, 8
     s = ctl.state()
-    assert (s["before"]["n"], s["before"]["t"], s["before"]["theta_hat"]) == (2, 7, 0.6875)
-    assert (s["after"]["n"], s["after"]["t"]) == (3, 8)
-    assert s["after"]["theta_hat"] == pytest.approx(0.6875 * 8 / 9)
+    assert (s.before["n"], s.before["t"], s.before["theta_hat"]) == (2, 7, 0.6875)
+    assert (s.after["n"], s.after["t"]) == (3, 8)
+    assert s.after["theta_hat"] == pytest.approx(0.6875 * 8 / 9)
 
 
 def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
@@ -368,15 +370,15 @@ def test_cali_draws_go_through_the_chooser_and_theta_is_clipped():
     chooser = ScriptedChooser([r1, 0.0, 0.4, r1, 0.5, 0.2], allow_categorical=False)
     assert ctl.should_continue(1, chooser) is True
     assert ctl.should_continue(2, chooser) is False
-    steps = ctl.state()["steps"]
+    steps = ctl.state().steps
     torch.testing.assert_close([s["theta"] for s in steps], [0.5, 0.1])
-    assert ctl.state()["stop_reason"] == "chi0"
+    assert ctl.state().stop_reason == "chi0"
     # z = +4 -> raw 1.1 -> clipped to 1; z = -4 -> raw -0.5 -> clipped to 0
     ctl.begin_round()
     chooser = ScriptedChooser([r4, 0.0, 0.999, r4, 0.5, 0.0], allow_categorical=False)
     assert ctl.should_continue(1, chooser) is True
     assert ctl.should_continue(2, chooser) is False
-    first, second = ctl.state()["steps"]
+    first, second = ctl.state().steps
     assert (first["theta"], first["clipped"]) == (1.0, True)
     assert first["theta_raw"] == pytest.approx(1.1)
     assert (second["theta"], second["clipped"]) == (0.0, True)
@@ -390,7 +392,7 @@ def test_cali_thetas_stay_in_0_1_under_a_wide_posterior():
     for _ in range(100):  # no observe: the posterior stays N(1, 1)
         ctl.begin_round()
         ctl.should_continue(1, g)
-        steps += ctl.state()["steps"]
+        steps += ctl.state().steps
     assert all(0.0 <= s["theta"] <= 1.0 for s in steps)
     assert all(s["clipped"] == (s["theta_raw"] > 1.0 or s["theta_raw"] < 0.0) for s in steps)
     assert sum(s["theta_raw"] > 1.0 for s in steps) > 30 and any(s["theta"] == 1.0 for s in steps)
@@ -423,9 +425,9 @@ def test_state_is_json_serialisable_before_during_and_after_a_round(kind):
     snapshots.append(ctl.state())
     ctl.observe(1, 1)
     snapshots.append(ctl.state())
-    for s in snapshots:
-        assert json.loads(json.dumps(s, allow_nan=False)) == s
-    assert snapshots[-1]["kind"] == kind and snapshots[-1]["after"] is not None
+    for s in snapshots:  # JSON values that the trace's reader takes back unchanged
+        assert _build(ControllerState, json.loads(json.dumps(asdict(s), allow_nan=False))) == s
+    assert snapshots[-1].kind == kind and snapshots[-1].after is not None
 
 
 def test_control_params_declare_every_control_config_field_once():
@@ -443,7 +445,7 @@ def test_control_params_declare_every_control_config_field_once():
 def test_defaults_build_every_kind_and_its_state_names_its_parameters(kind):
     ctl = default_controller(kind)
     assert ctl.name == kind
-    config = ctl.state()["config"]
+    config = ctl.state().config
     if kind == "fixed":
         assert config == {"gamma": 5}
     else:
@@ -514,7 +516,7 @@ def test_every_controller_parameter_reaches_the_controller_unchanged(method, kin
     ctl = _method(method, **given).controller  # mcsd's default 4x2x2 is 3 deep: cap 3 stays
     assert ctl.name == kind
     assert {p.name: getattr(ctl.config, p.name) for p in CONTROL_PARAMS} == given
-    assert ctl.state()["config"] == {
+    assert ctl.state().config == {
         **({"start": 3} if kind == "heuristic" else {}),
         **{name: given[name] for name in ctl.reads},
     }
@@ -549,14 +551,14 @@ def test_confidence_controller_drafts_on_while_the_newest_token_is_likely_enough
     assert ctl.should_continue(2, rng, 0.4)  # at the threshold: go on
     assert not ctl.should_continue(3, rng, 0.39)
     st = ctl.state()
-    assert [s["q"] for s in st["steps"]] == [0.9, 0.4, 0.39]
-    assert [s["continue"] for s in st["steps"]] == [True, True, False]
-    assert st["stop_reason"] == "confidence" and not st["cap_hit"]
+    assert [s["q"] for s in st.steps] == [0.9, 0.4, 0.39]
+    assert [s["continue"] for s in st.steps] == [True, True, False]
+    assert st.stop_reason == "confidence" and not st.cap_hit
     ctl.observe(3, 1)
     ctl.begin_round()  # a sure drafter still stops at the cap
     assert all(ctl.should_continue(k, rng, 1.0) for k in (1, 2, 3))
     assert not ctl.should_continue(4, rng, 1.0)
-    assert ctl.state()["cap_hit"]
+    assert ctl.state().cap_hit
     with pytest.raises(ValueError, match="probability"):
         ctl.should_continue(1, rng, None)
 
@@ -564,6 +566,6 @@ def test_confidence_controller_drafts_on_while_the_newest_token_is_likely_enough
 def test_confidence_is_the_controller_the_config_names():
     ctl = make_controller(control_config(controller="confidence", confidence=0.25), gamma=3)
     assert isinstance(ctl, ConfidenceController) and ctl.max_len() == 16
-    assert ctl.state()["config"] == {"confidence": 0.25, "cap": 16}
+    assert ctl.state().config == {"confidence": 0.25, "cap": 16}
     with pytest.raises(ConfigError, match="confidence"):
         control_config(confidence=1.5)

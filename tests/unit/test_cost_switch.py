@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 
@@ -126,8 +127,8 @@ def test_switch_draws_reproduce_from_the_seed_and_record_the_decision():
         decisions.append((depths, switch.record()))
     assert decisions[0] == decisions[1]
     rec = decisions[0][1]
-    assert rec["profile"] == "flat" and len(rec["drawn"]) == 4 and len(rec["options"]) == 5
-    assert rec["depth"] == max(rec["options"], key=lambda o: o["gain"])["depth"]
+    assert rec.profile == "flat" and len(rec.drawn) == 4 and len(rec.options) == 5
+    assert rec.depth == max(rec.options, key=lambda o: o.gain).depth
 
 
 def test_switch_learns_to_stop_drafting_when_nothing_is_accepted():
@@ -167,7 +168,7 @@ def test_cost_controller_stops_at_the_planned_depth():
     assert [ctl.should_continue(d, make_generator(0), 0.9) for d in (1, 2, 3)] == \
         [True, True, False]
     state = ctl.state()
-    assert state["stop_reason"] == "plan" and state["switch"]["depth"] == 3
+    assert state.stop_reason == "plan" and state.switch.depth == 3
 
 
 def test_cost_controller_cuts_a_round_when_the_draft_is_unsure():
@@ -178,7 +179,7 @@ def test_cost_controller_cuts_a_round_when_the_draft_is_unsure():
     ctl.plan(chain_shape(4), make_generator(0))
     assert ctl.should_continue(1, make_generator(0), 0.8)
     assert not ctl.should_continue(2, make_generator(0), 0.2)
-    assert ctl.state()["stop_reason"] == "confidence"
+    assert ctl.state().stop_reason == "confidence"
 
 
 def test_cost_controller_plans_plain_steps_and_records_them():
@@ -188,7 +189,7 @@ def test_cost_controller_plans_plain_steps_and_records_them():
     ctl.switch.posterior.beta = [100.0] * 4
     assert ctl.plan(chain_shape(4), make_generator(0)) == 0
     ctl.observe(0, 0)
-    state = json.loads(json.dumps(ctl.state()))
+    state = json.loads(json.dumps(asdict(ctl.state())))
     assert state["switch"]["depth"] == 0 and state["switch"]["predicted_gain"] == 1.0
     assert state["config"]["costs"] == "measured" and not math.isnan(state["after"]["mean"][0])
 
@@ -205,7 +206,7 @@ def test_mean_plans_use_no_draws_and_plain_rounds_fade_back_to_drafting():
     for _ in range(6):  # every draft rejected: the means fall until a plain step wins
         switch.observe(switch.decide(chain_shape(4), make_generator(0)) or 1, 0)
     assert switch.decide(chain_shape(4), make_generator(0)) == 0
-    assert switch.record()["drawn"] == [round(m, 4) for m in switch.posterior.means()]
+    assert switch.record().drawn == tuple(round(m, 4) for m in switch.posterior.means())
     plain = 0
     while switch.decide(chain_shape(4), make_generator(0)) == 0:  # no new evidence: the
         switch.observe(0, 0)  # posterior drifts back to the prior's 0.5, and drafting resumes

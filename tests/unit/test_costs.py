@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import engine
+from engine.cli.cost_text import cost_sentence
 from engine.control.cost import CostProfile
 from engine.core.trace import (
     ACCEPTED,
@@ -51,16 +52,16 @@ def test_chain_cost_model_from_measured_phases():
     rounds = [_chain_round(0, 0, {"propose": 9.0}), _chain_round(1, 1, t),
               _chain_round(2, 1, t)]  # round 0 (prefill) is left out
     out = costs.cost_model("sd", {}, rounds, {}, False, lambda w: 0.1)
-    assert out["kind"] == "chain"
-    assert out["c_draft"] == pytest.approx(0.2) and out["c_verify"] == pytest.approx(1.2)
+    assert out.kind == "chain"
+    assert out.c_draft == pytest.approx(0.2) and out.c_verify == pytest.approx(1.2)
     # each round tested 2 drafts (accepted the 1st, rejected the 2nd): alpha = 2 / 4
-    assert out["acceptance"] == pytest.approx(0.5) and out["gamma"] == pytest.approx(2)
-    assert out["predicted_speedup"] == pytest.approx(1.75 / 1.6)
-    assert out["measured_speedup"] == pytest.approx(4 * 0.1 / 0.36)
-    assert out["efficiency"] == pytest.approx((0.4 / 0.36) / (1.75 / 1.6))
-    assert out["break_even_acceptance"] == pytest.approx(
+    assert out.acceptance == pytest.approx(0.5) and out.gamma == pytest.approx(2)
+    assert out.predicted_speedup == pytest.approx(1.75 / 1.6)
+    assert out.measured_speedup == pytest.approx(4 * 0.1 / 0.36)
+    assert out.efficiency == pytest.approx((0.4 / 0.36) / (1.75 / 1.6))
+    assert out.break_even_acceptance == pytest.approx(
         costs.break_even_acceptance(2, 0.2, 1.2))
-    assert "draft steps cost 0.20 of a target step" in out["summary"]
+    assert "draft steps cost 0.20 of a target step" in cost_sentence(out)
 
 
 def test_a_chain_of_varying_length_is_predicted_round_by_round():
@@ -74,11 +75,11 @@ def test_a_chain_of_varying_length_is_predicted_round_by_round():
     rounds = [_chain_round(0, 0, {"propose": 9.0}), long, none, half]
     out = costs.cost_model("sd", {}, rounds, {}, False, lambda w: 0.1)
     alpha = 5 / 6  # tested: 4 accepted, then 1 accepted + 1 rejected
-    assert out["kind"] == "chain" and out["acceptance"] == pytest.approx(alpha)
+    assert out.kind == "chain" and out.acceptance == pytest.approx(alpha)
     want = (costs.expected_tokens(alpha, 4) + 1 + costs.expected_tokens(alpha, 2)) / 3
-    assert out["expected_tokens"] == pytest.approx(want)
+    assert out.expected_tokens == pytest.approx(want)
     assert want < costs.expected_tokens(alpha, 2)  # E at the mean length (2) would overstate
-    assert out["predicted_speedup"] == pytest.approx(want / 1.0)  # drafts free, verify 1 step
+    assert out.predicted_speedup == pytest.approx(want / 1.0)  # drafts free, verify 1 step
 
 
 def test_chain_acceptance_counts_only_tested_drafts():
@@ -94,14 +95,14 @@ def test_a_plain_run_s_cost_model_is_its_median_round():
     rounds = [RoundTrace(i, committed=(CommittedToken(1, "a", "target"),), target_calls=1,
                          timings={"score": 0.05 + 0.01 * i}) for i in range(4)]
     out = costs.cost_model("greedy", {}, rounds, {}, True, lambda w: 1 / 0)
-    assert out["kind"] == "plain" and out["t_step_s"] == pytest.approx(0.07)
+    assert out.kind == "plain" and out.t_step_s == pytest.approx(0.07)
 
 
 def test_a_plain_run_records_its_step_in_the_pair_s_calibration_for_later_runs():
     pair = tiny_pair(seed=6)
     assert pair.calibration.step_s == {}
     trace = engine.generate(pair, [3, 4, 5], "greedy", max_new_tokens=6)
-    step = trace.stats["cost"]["t_step_s"]
+    step = trace.stats.cost.t_step_s
     assert pair.calibration.step_s == {1: step}
     assert plain_step_s(pair, 1) == step  # read, not measured again
 
@@ -134,21 +135,21 @@ def test_a_speculative_run_is_projected_at_the_stored_costs_and_its_tokens_per_r
     out = costs.cost_model("mcsd", {}, rounds, {}, False, lambda w: 0.1, projected=GPU)
     # drafted nodes a row: round 1 two (the resampled one is the target's), round 2 6 / 2;
     # draft calls (2 + 3) / 2, tokens (2 + 4) / 2
-    proj = out["projected"]
-    assert proj["nodes_per_row"] == pytest.approx(2.5)
-    assert proj["c_draft"] == 0.1 and proj["c_verify"] == pytest.approx(1.125)
-    assert proj["speedup"] == pytest.approx(3 / (2.5 * 0.1 + 1.125))
-    assert proj["profile"] == "h100" and proj["source"] == "a stored GPU"
-    assert "projected on an H100: 2.18x" in out["summary"]
-    assert "not a measurement" in out["summary"]
+    proj = out.projected
+    assert proj.nodes_per_row == pytest.approx(2.5)
+    assert proj.c_draft == 0.1 and proj.c_verify == pytest.approx(1.125)
+    assert proj.speedup == pytest.approx(3 / (2.5 * 0.1 + 1.125))
+    assert proj.profile == "h100" and proj.source == "a stored GPU"
+    assert "projected on an H100: 2.18x" in cost_sentence(out)
+    assert "not a measurement" in cost_sentence(out)
 
 
 def test_a_chain_is_projected_at_its_measured_tokens_per_round_not_its_expected_ones():
     t = {"propose": 0.04, "score": 0.12}
     rounds = [_chain_round(0, 0, t), _chain_round(1, 1, t), _chain_round(2, 0, t)]
     out = costs.cost_model("sd", {}, rounds, {}, False, lambda w: 0.1, projected=GPU)
-    assert out["kind"] == "chain"
-    assert out["projected"]["speedup"] == pytest.approx(1.5 / (2 * 0.1 + 1.1))
+    assert out.kind == "chain"
+    assert out.projected.speedup == pytest.approx(1.5 / (2 * 0.1 + 1.1))
 
 
 def test_a_plain_run_is_projected_at_one_and_no_profile_means_no_projection():
@@ -156,11 +157,11 @@ def test_a_plain_run_is_projected_at_one_and_no_profile_means_no_projection():
                          timings={"score": 0.05}) for i in range(3)]
     plain = costs.cost_model("greedy", {}, rounds, {}, True, lambda w: 1 / 0,
                              projected=GPU)
-    assert plain["projected"]["speedup"] == 1.0 and plain["projected"]["profile"] == "h100"
+    assert plain.projected.speedup == 1.0 and plain.projected.profile == "h100"
     t = {"propose": 0.04, "score": 0.12}
     chain = [_chain_round(0, 0, t), _chain_round(1, 1, t)]
     out = costs.cost_model("sd", {}, chain, {}, False, lambda w: 0.1)
-    assert "projected" not in out and "H100" not in out["summary"]
+    assert out.projected is None and "H100" not in cost_sentence(out)
 
 
 def test_a_finished_run_carries_the_stored_h100_projection():
@@ -168,7 +169,7 @@ def test_a_finished_run_carries_the_stored_h100_projection():
     from engine.run import profile
 
     trace = engine.generate(tiny_pair(), [3, 4, 5], "sd", max_new_tokens=6, gamma=2)
-    proj = trace.stats["cost"]["projected"]
+    proj = trace.stats.cost.projected
     stored = profile.stored("h100", "sd", 1)
-    assert proj["profile"] == "h100" and proj["c_draft"] == stored.c_draft
-    assert proj["source"] == stored.source and proj["speedup"] > 0
+    assert proj.profile == "h100" and proj.c_draft == stored.c_draft
+    assert proj.source == stored.source and proj.speedup > 0

@@ -1,8 +1,19 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
+from engine.cli.cost_text import cost_sentence
+from engine.core.records import (
+    ControllerState,
+    CostRecord,
+    DepthPosteriorState,
+    ProjectionRecord,
+    RunSummary,
+    SwitchOption,
+    SwitchPlan,
+)
 from engine.core.trace import (
     ACCEPTED,
     BONUS,
@@ -19,6 +30,16 @@ from engine.core.trace import (
     summarize,
 )
 
+COST = CostRecord(kind="chain", width=1, t_step_s=0.1, rounds_used=3, measured_speedup=1.2,
+                  predicted_speedup=1.5, efficiency=0.8, c_draft=0.2, c_verify=1.1,
+                  draft_calls_per_round=2.0, tokens_per_round=2.5, gamma=2.0, acceptance=0.7,
+                  break_even_acceptance=0.3, expected_tokens=2.19,
+                  projected=ProjectionRecord("h100", "stored", 2.1, 0.1, 1.05, 2.0))
+PLAN = SwitchPlan(depth=1, predicted_gain=1.5, drawn=(0.8, 0.4), profile="measured",
+                  options=(SwitchOption(0, 1.0, 1.0, 1.0), SwitchOption(1, 1.8, 1.2, 1.5)),
+                  posterior=DepthPosteriorState((2.0, 1.0), (1.0, 1.0), (0.6667, 0.5)))
+OLD_TRACE = Path(__file__).parent.parent / "data" / "trace_v1_old_stats.json"
+
 
 def _trace() -> RunTrace:
     rnd = RoundTrace(
@@ -30,11 +51,13 @@ def _trace() -> RunTrace:
         committed=(CommittedToken(5, "a", "accepted", 0, 0), CommittedToken(6, "b", "bonus")),
         drafted=1, accepted=1, target_calls=1, draft_calls=1,
         timings={"propose": 0.1, "score": 0.2},
-        controller={"kind": "beta_ts", "after": {"alpha": 2}},
+        controller=ControllerState(kind="beta_ts", after={"alpha": 2}, steps=(
+            {"step": 1, "theta": 0.4, "uniform": 0.1, "continue": True},)),
         extras={"width": [{"chosen": 2}]}, p_top=(TopK((5, 7), (0.25, 0.2)),),
     )
     return RunTrace("sd", {"gamma": 1}, "t", "d", "cpu", "hi", (1, 2), (rnd,), (5, 6), "ab",
-                    (BeamTrace((5, 6), -1.5, True),), summarize((rnd,), 2), "eos",
+                    (BeamTrace((5, 6), -1.5, True),),
+                    replace(summarize((rnd,), 2), wall_s=0.5, tokens_per_s=4.0, cost=COST), "eos",
                     ("accepted", "bonus"), (0, 0), ("h", "i"))
 
 
@@ -46,12 +69,43 @@ def test_run_trace_round_trips_through_json():
     assert back.rounds[0].p_top[0].token_ids == (5, 7)
 
 
+def test_the_typed_records_round_trip_through_json():
+    tr = _trace()
+    tr = replace(tr, rounds=(replace(tr.rounds[0], controller=replace(
+        tr.rounds[0].controller, kind="cost", switch=PLAN)),
+        RoundTrace(1, extras={"switch": json.loads(json.dumps(asdict(PLAN)))})))
+    back = RunTrace.from_json(tr.to_json())
+    assert back == tr and back.to_json() == tr.to_json()
+    assert back.stats.cost == COST and back.stats.cost.projected.speedup == 2.1
+    assert back.rounds[0].switch == PLAN  # a token method's plan: in its controller state
+    assert back.rounds[1].switch == PLAN  # a beam method's: in its extras
+    assert back.rounds[1].controller is None
+
+
+def test_a_trace_in_the_old_shape_still_imports():
+    """Written before the records (stats a dict with the cost model's English summary,
+    controller states without a switch): it imports, its extra keys ignored, and the
+    sentence the views build now is the one it stored."""
+    data = json.loads(OLD_TRACE.read_text())
+    old_cost = data["stats"]["cost"]
+    assert "summary" in old_cost and "switch" not in data["rounds"][1]["controller"]
+    tr = RunTrace.from_dict(data)
+    assert isinstance(tr.stats, RunSummary) and tr.stats.tau == data["stats"]["tau"]
+    assert tr.stats.cost.kind == "tree" and tr.stats.cost.projected is None
+    assert cost_sentence(tr.stats.cost) == old_cost["summary"]
+    state = tr.rounds[1].controller
+    assert isinstance(state, ControllerState) and state.kind == "confidence"
+    assert state.switch is None and tr.rounds[1].switch is None
+    assert RunTrace.from_json(tr.to_json()) == tr
+    assert RunTrace.from_dict({**data, "stats": {}}).stats == RunSummary()
+
+
 def test_summary_counts_acceptance_tau_and_per_depth():
     s = _trace().stats
-    assert s["acceptance_rate"] == 1.0
-    assert s["tau"] == 2.0
-    assert s["per_depth_acceptance"] == {"1": 1.0}
-    assert s["time_split_s"] == {"propose": 0.1, "score": 0.2}
+    assert s.acceptance_rate == 1.0
+    assert s.tau == 2.0
+    assert s.per_depth_acceptance == {"1": 1.0}
+    assert s.time_split_s == {"propose": 0.1, "score": 0.2}
 
 
 def _with_beam_steps() -> RunTrace:

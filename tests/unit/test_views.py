@@ -7,6 +7,15 @@ import json
 import pytest
 
 from engine.core.errors import ConfigError
+from engine.core.records import (
+    ControllerState,
+    CostRecord,
+    DepthPosteriorState,
+    ProjectionRecord,
+    RunSummary,
+    SwitchOption,
+    SwitchPlan,
+)
 from engine.core.trace import (
     STATUSES,
     BeamStep,
@@ -47,10 +56,11 @@ def _tree_round() -> RoundTrace:
     )
     committed = (CommittedToken(101, " b", "accepted", 0, 1),
                  CommittedToken(106, " e", "resampled", 0, -1))
-    controller = {"kind": "beta_ts", "before": {"alpha": 2.0, "beta": 3.0},
-                  "steps": [{"step": 1, "theta": 0.7, "uniform": 0.2, "continue": True},
-                            {"step": 2, "theta": 0.3, "uniform": 0.5, "continue": False}],
-                  "after": {"alpha": 3.0, "beta": 4.0}}
+    controller = ControllerState(
+        kind="beta_ts", before={"alpha": 2.0, "beta": 3.0},
+        steps=({"step": 1, "theta": 0.7, "uniform": 0.2, "continue": True},
+               {"step": 2, "theta": 0.3, "uniform": 0.5, "continue": False}),
+        after={"alpha": 3.0, "beta": 4.0})
     return RoundTrace(index=0, nodes=nodes, tests=tests, committed=committed, drafted=2,
                       accepted=1, target_calls=1, draft_calls=2,
                       timings={"propose": 0.01, "score": 0.02, "verify": 0.001,
@@ -83,7 +93,7 @@ def trace() -> RunTrace:
     rounds = (_tree_round(), _beam_round(), _baseline_round())
     return RunTrace(method="mcsd", params={"k_config": "3x2"}, target="t", draft="d",
                     device="cpu", prompt="Hi", prompt_ids=(5, 6), rounds=rounds,
-                    token_ids=(101, 106, 107, 7), text=" b e x!", beams=(), stats={},
+                    token_ids=(101, 106, 107, 7), text=" b e x!", beams=(), stats=RunSummary(),
                     token_origins=("accepted", "resampled", "accepted", "target"),
                     token_rounds=(0, 0, 1, 2), prompt_text=("H", "i"))
 
@@ -140,7 +150,7 @@ def test_big_forest_folds_not_reached_subtrees_and_hides_labels():
         nodes.append(_node(i, i - 1, i + 1, "z", "not_reached"))
     nodes += [_node(600 + i, -1, 1, "s", "skipped") for i in range(100)]
     r = RoundTrace(index=0, nodes=tuple(nodes))
-    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
     fig = forest_view.forest_figure(t, 0)
     shown = sum(len([x for x in tr.x if x is not None]) for tr in fig.data
                 if tr.name in STATUSES)
@@ -161,7 +171,7 @@ def test_text_segments_colour_tokens_by_origin_and_map_clicks_to_rounds(trace):
 
 
 def test_long_prompts_keep_their_tail_and_click_indices_follow():
-    t = RunTrace("sd", {}, "t", "d", "cpu", "", tuple(range(30)), (), (9,), "", (), {},
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", tuple(range(30)), (), (9,), "", (), RunSummary(),
                  token_origins=("target",), token_rounds=(0,),
                  prompt_text=tuple(str(i) for i in range(30)))
     segs = text_view.segments(t, max_prompt=5)
@@ -195,7 +205,7 @@ def test_extras_show_width_decision_and_optimal_next_to_achieved(trace):
 def test_lists_of_records_in_extras_become_tables():
     r = RoundTrace(0, extras={"width": [{"depth": 1, "alphas": [0.98, 0.41], "chosen": 2}],
                               "steps": [{"depth": 1, "accepted": True, "nested": {"a": 1}}]})
-    t = RunTrace("dsbd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+    t = RunTrace("dsbd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
     md = round_panel.extras_markdown(t, 0)
     assert "| depth | alphas | chosen |\n|---|---|---|\n| 1 | [0.98, 0.41] | 2 |" in md
     assert "**steps**\n\n| depth | accepted | nested |" in md and "| 1 | True | … |" in md
@@ -220,13 +230,14 @@ def test_posterior_figure_draws_beta_density_and_sampled_thetas(trace):
 
 
 def test_posterior_figure_draws_gaussian_for_cali_ts():
-    ctl = {"kind": "cali_ts", "before": {"sigma": 0.2},
-           "steps": [{"step": 1, "mu": 0.5, "sigma": 0.2, "theta": 0.4, "continue": True,
-                      "theta_M": 0.62},
-                     {"step": 2, "mu": 0.3, "sigma": 0.2, "theta": 0.1, "continue": False,
-                      "theta_M": 0.35}]}
+    ctl = ControllerState(
+        kind="cali_ts", before={"sigma": 0.2},
+        steps=({"step": 1, "mu": 0.5, "sigma": 0.2, "theta": 0.4, "continue": True,
+                "theta_M": 0.62},
+               {"step": 2, "mu": 0.3, "sigma": 0.2, "theta": 0.1, "continue": False,
+                "theta_M": 0.35}))
     t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=ctl),), (), "",
-                 (), {})
+                 (), RunSummary())
     fig = charts.posterior_figure(t, 0)
     curve = next(tr for tr in fig.data if tr.name.startswith("round 0: N(0.5"))
     assert max(curve.y) == pytest.approx(1.9947, abs=1e-3)
@@ -234,18 +245,19 @@ def test_posterior_figure_draws_gaussian_for_cali_ts():
 
 
 def test_posterior_figure_shows_the_confidence_controllers_q_per_step():
-    ctl = {"kind": "confidence", "before": {"threshold": 0.5},
-           "steps": [{"step": 1, "theta": None, "uniform": None, "q": 0.93, "continue": True},
-                     {"step": 2, "theta": None, "uniform": None, "q": 0.31, "continue": False}]}
+    ctl = ControllerState(
+        kind="confidence", before={"threshold": 0.5},
+        steps=({"step": 1, "theta": None, "uniform": None, "q": 0.93, "continue": True},
+               {"step": 2, "theta": None, "uniform": None, "q": 0.31, "continue": False}))
     t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=ctl),), (), "",
-                 (), {})
+                 (), RunSummary())
     text = charts.posterior_figure(t, 0).layout.annotations[0].text
     assert "threshold 0.5" in text and "q = 0.93, 0.31" in text
 
 
 def test_posterior_figure_explains_when_no_controller_ran(trace):
     fig = charts.posterior_figure(RunTrace("sd", {}, "t", "d", "cpu", "", (),
-                                           (_baseline_round(),), (), "", (), {}), 0)
+                                           (_baseline_round(),), (), "", (), RunSummary()), 0)
     assert "no draft-length controller" in fig.layout.annotations[0].text
 
 
@@ -283,8 +295,8 @@ def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_for
 
 
 def test_the_run_summary_labels_the_parameters_taken_from_the_pairs_tuned_settings():
-    t = RunTrace("sd", {"gamma": 2, "seed": 0}, "t", "d", "cpu", "", (), (), (), "", (), {},
-                 tuned_names=("gamma",))
+    t = RunTrace("sd", {"gamma": 2, "seed": 0}, "t", "d", "cpu", "", (), (), (), "", (),
+                 RunSummary(), tuned_names=("gamma",))
     assert "**sd** (gamma=2 (tuned), seed=0)" in round_panel.run_markdown(t)
 
 
@@ -315,10 +327,15 @@ def test_navigation_reuses_the_whole_trace_views_and_moves_only_the_marker(monke
 def test_run_summary_states_the_cost_model():
     from specviz import round_panel
 
-    cost = {"summary": "draft steps cost 0.20 of a target step · predicted 1.10x"}
+    cost = CostRecord(kind="chain", c_draft=0.2, c_verify=1.2, gamma=2.0, acceptance=0.5,
+                      break_even_acceptance=0.45, predicted_speedup=1.1, measured_speedup=1.0,
+                      efficiency=1.0 / 1.1)
     assert round_panel.cost_markdown(cost) == (
-        "\n\n**Cost model**: draft steps cost 0.20 of a target step · predicted 1.10x.")
-    assert round_panel.cost_markdown(None) == "" == round_panel.cost_markdown({})
+        "\n\n**Cost model**: draft steps cost 0.20 of a target step and verifying 1.20; at "
+        "2.0 drafts per round break-even needs acceptance 0.45; this run accepted 0.50 · "
+        "predicted 1.10x, measured 1.00x against plain decoding (implementation efficiency "
+        "91%).")
+    assert round_panel.cost_markdown(None) == "" == round_panel.cost_markdown(CostRecord())
 
 
 def test_session_state_is_json_round_trippable():
@@ -413,7 +430,7 @@ def _strict_trace() -> RunTrace:
     r = RoundTrace(index=0, nodes=nodes, beams_before=before, beams_after=before, drafted=2,
                    accepted=1, target_calls=1, draft_calls=2, beam_steps=steps)
     return RunTrace("atspeed_strict", {"beams": 2}, "t", "d", "cpu", "", (), (r,), (), "",
-                    (), {})
+                    (), RunSummary())
 
 
 def test_forest_rings_drafted_beams_in_the_target_top_k_with_their_rank():
@@ -472,7 +489,7 @@ def test_the_draft_gate_says_why_a_beam_round_drafted_or_not():
     for drafted, least in ((True, 0.62), (False, 0.12)):
         gate = {"threshold": 0.3, "confidence": least, "drafted": drafted}
         r = RoundTrace(0, extras={"gate": gate})
-        t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+        t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
         said[drafted] = round_panel.extras_markdown(t, 0)
     assert said[True] == ("**Draft gate**: drafted: every live beam's likeliest draftable "
                           "token has q >= 0.3 (least 0.62)")
@@ -480,7 +497,8 @@ def test_the_draft_gate_says_why_a_beam_round_drafted_or_not():
                                   "draftable token has q = 0.12 < 0.3")
     no_step = RoundTrace(0, extras={"gate": {"threshold": 0.3, "confidence": None,
                                              "drafted": False}})
-    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (no_step,), (), "", (), {})
+    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (no_step,), (), "", (),
+                 RunSummary())
     assert round_panel.extras_markdown(t, 0) == ""  # no draft step fitted: nothing to say
 
 
@@ -546,9 +564,9 @@ def test_compare_speedup_bars_hold_the_tables_measured_and_predicted_numbers():
     by = {j.label: j for j in jobs}
 
     def trace(tps, predicted=None):
-        cost = {"kind": "chain", "predicted_speedup": predicted} if predicted else {}
+        cost = CostRecord(kind="chain", predicted_speedup=predicted) if predicted else None
         return RunTrace("sd", {}, "t", "d", "cpu", "p", (), (), (), "", (),
-                        {"tokens_per_s": tps, "cost": cost})
+                        RunSummary(tokens_per_s=tps, cost=cost))
 
     traces = {by["sd"].key: trace(30.0, 1.8), by["greedy"].key: trace(20.0)}
     assert compare.speedups(jobs, traces, refs) == [("sd", 1.5, 1.8)]  # greedy: its own
@@ -566,10 +584,10 @@ def test_compare_shows_the_h100_projection_beside_the_measured_speedup():
     by = {j.label: j for j in jobs}
 
     def trace(tps, kind, projected):
-        cost = {"kind": kind, "predicted_speedup": 1.8, "summary": "costs",
-                "projected": {"profile": "h100", "speedup": projected}}
+        cost = CostRecord(kind=kind, predicted_speedup=1.8,
+                          projected=ProjectionRecord(profile="h100", speedup=projected))
         return RunTrace("sd", {}, "t", "d", "cpu", "p", (), (), (), "", (),
-                        {"tokens_per_s": tps, "cost": cost})
+                        RunSummary(tokens_per_s=tps, cost=cost))
 
     traces = {by["sd"].key: trace(30.0, "chain", 2.345), by["greedy"].key: trace(20.0, "plain",
                                                                                  1.0)}
@@ -586,6 +604,7 @@ def test_compare_shows_the_h100_projection_beside_the_measured_speedup():
 
 
 def _switch_rec(depth: int, gain: float) -> dict:
+    """A switch plan as a beam method's extras hold it (JSON values)."""
     return {"profile": "measured", "depth": depth, "predicted_gain": gain,
             "drawn": [0.8, 0.4], "posterior": {},
             "options": [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0},
@@ -593,13 +612,21 @@ def _switch_rec(depth: int, gain: float) -> dict:
                         {"depth": 2, "expected_tokens": 2.12, "cost": 1.5, "gain": 1.4133}]}
 
 
+def _switch_plan(depth: int, gain: float) -> SwitchPlan:
+    """The same plan as a token method's controller state holds it."""
+    return SwitchPlan(depth=depth, predicted_gain=gain, drawn=(0.8, 0.4), profile="measured",
+                      posterior=DepthPosteriorState(),
+                      options=(SwitchOption(0, 1.0, 1.0, 1.0), SwitchOption(1, 1.8, 1.2, 1.5),
+                               SwitchOption(2, 2.12, 1.5, 1.4133)))
+
+
 def test_the_round_panel_shows_the_cost_switchs_plan_and_every_option():
     token = RoundTrace(0, drafted=1, accepted=1,
-                       controller={"kind": "cost", "switch": _switch_rec(1, 1.5)})
+                       controller=ControllerState(kind="cost", switch=_switch_plan(1, 1.5)))
     beam = RoundTrace(0, extras={"switch": _switch_rec(0, 1.0)})
     md = {}
     for name, r in (("sd", token), ("atspeed_strict", beam)):
-        t = RunTrace(name, {}, "t", "d", "cpu", "", (), (r,), (), "", (), {})
+        t = RunTrace(name, {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
         md[name] = round_panel.extras_markdown(t, 0)
     assert md["sd"].startswith("**Cost switch** (profile `measured`): draft to depth 1, "
                                "predicted 1.5x tokens per target-step time of a plain step; "
@@ -615,7 +642,8 @@ def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
     rounds = (RoundTrace(0, drafted=2, accepted=1, extras={"switch": _switch_rec(2, 1.41)}),
               RoundTrace(1, extras={"switch": _switch_rec(0, 1.0)}),
               RoundTrace(2, drafted=1, accepted=1, extras={"switch": _switch_rec(1, 1.5)}))
-    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), rounds, (), "", (), {})
+    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), rounds, (), "", (),
+                 RunSummary())
     fig = charts.posterior_figure(t, 2)
     assert list(_by_name(fig, "planned depth").y) == [2, 0, 1]
     assert list(_by_name(fig, "drafted").y) == [2, 0, 1]

@@ -1,0 +1,123 @@
+"""Typed records a trace holds: the run's statistics and cost model, the cost switch's plan
+and a length controller's round state.
+
+Frozen and JSON-serialisable like the rest of the trace (engine.core.trace reads them back
+with its type-checking reader). Every field has a default: each method family fills what it
+has, and a trace written before a field existed still imports (unknown keys, such as the old
+cost ``summary`` sentence, are ignored). Numbers only: the sentences a view or the CLI shows
+are built from these records where they are shown (engine.cli.cost_text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProjectionRecord:
+    """The run's speedup at a stored GPU profile's costs and its own tokens per round
+    (engine.run.costs.projection): a projection, not a measurement."""
+
+    profile: str = ""  # the stored profile's name, e.g. "h100"
+    source: str = ""  # where its figures come from
+    speedup: float | None = None  # 1 for a plain method
+    c_draft: float | None = None  # the profile's costs (absent for a plain method)
+    c_verify: float | None = None  # at the run's drafted nodes per row
+    nodes_per_row: float | None = None  # drafted nodes per row per round, averaged
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    """The run's cost model (engine.run.costs.cost_model): every cost relative to a plain
+    target step of the run's width. ``kind``: "plain" (drafts nothing), "chain" (one drafted
+    path per round: gamma, acceptance, break-even, expected tokens are set) or "tree"."""
+
+    kind: str = ""
+    width: int = 1
+    t_step_s: float = 0.0  # seconds of one plain target step of this width
+    rounds_used: int = 0  # rounds the averages use (1.. when there are any)
+    measured_speedup: float | None = None
+    predicted_speedup: float | None = None
+    efficiency: float | None = None  # measured / predicted
+    c_draft: float | None = None  # a draft call, in plain steps
+    c_verify: float | None = None  # the round's target forward, in plain steps
+    draft_calls_per_round: float | None = None
+    tokens_per_round: float | None = None
+    gamma: float | None = None  # chains: drafts per round
+    acceptance: float | None = None  # chains: per-token acceptance alpha
+    break_even_acceptance: float | None = None  # chains: None = no alpha breaks even
+    expected_tokens: float | None = None  # chains: E(alpha, g_r) averaged over the rounds
+    projected: ProjectionRecord | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Run-level statistics (engine.core.trace.RunStats.result), the wall time and, once the
+    run has finished, its cost model."""
+
+    rounds: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float | None = None  # accepted / drafted
+    mean_accepted_per_round: float | None = None  # over the rounds that drafted
+    tau: float | None = None  # new tokens per target call
+    verifier_efficiency: float | None = None  # achieved / alpha* (runs with optimal records)
+    per_depth_acceptance: dict[str, float] = field(default_factory=dict)  # "1" -> rate
+    time_split_s: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    step_paths: dict[str, int] = field(default_factory=dict)  # "target:captured" -> forwards
+    wall_s: float = 0.0
+    tokens_per_s: float | None = None
+    cost: CostRecord | None = None  # set when the run has finished
+
+
+@dataclass(frozen=True)
+class SwitchOption:
+    """One depth the cost switch weighed (engine.control.cost.plan)."""
+
+    depth: int = 0
+    expected_tokens: float = 0.0
+    cost: float = 0.0  # in plain target steps
+    gain: float = 0.0  # expected_tokens / cost
+
+
+@dataclass(frozen=True)
+class DepthPosteriorState:
+    """The switch's Beta posterior per depth (engine.control.cost.DepthPosterior.state)."""
+
+    alpha: tuple[float, ...] = ()
+    beta: tuple[float, ...] = ()
+    mean: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """The cost switch's decision for one round (engine.control.cost.CostSwitch.decide)."""
+
+    depth: int = 0  # 0: a plain target step
+    predicted_gain: float = 0.0  # the chosen option's gain
+    options: tuple[SwitchOption, ...] = ()
+    drawn: tuple[float, ...] = ()  # the acceptances planned at, per depth
+    profile: str = ""  # the cost profile's name
+    posterior: DepthPosteriorState | None = None  # before the round
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """A draft-length controller's round (engine.control.recorder.RoundRecorder.state):
+    the posterior or length before and after, every continue/stop step, the outcome. The
+    parameters, steps and updates are the controller kind's own (JSON values)."""
+
+    kind: str = ""
+    config: dict[str, Any] = field(default_factory=dict)  # the settings it reads
+    cap: int = 0  # the round's cap on drafted tokens
+    before: dict[str, Any] = field(default_factory=dict)  # posterior / length before
+    steps: tuple[dict[str, Any], ...] = ()  # step, theta, uniform, continue (+ q, theta_M)
+    cap_hit: bool = False
+    stop_reason: str | None = None  # "cap" | "chi0" | "confidence" | "plan" | None
+    update: dict[str, Any] | None = None  # drafted, accepted + what the update used
+    after: dict[str, Any] | None = None  # posterior / length after the update
+    switch: SwitchPlan | None = None  # the cost controller's plan of the round
