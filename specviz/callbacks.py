@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from engine import METHODS
-from engine.core.errors import SpecvizError
+from engine.core.config import normalised
+from engine.core.errors import ConfigError, SpecvizError
 from specviz import pairs, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live
@@ -280,11 +281,15 @@ def import_trace(file: Any, state: SessionState) -> tuple[Any, ...]:
 
 
 def _imported_params(state: SessionState | None, method: str) -> dict[str, Any]:
-    """The parameters of an imported trace of this method (else nothing)."""
+    """The parameters of an imported trace of this method (else nothing), in canonical
+    spelling (an old trace's controller=cost is switch=cost)."""
     trace = state.trace if state is not None else None
     if trace is None or state.source != "import" or trace.method != method:
         return {}
-    return dict(trace.params or {})
+    try:
+        return normalised(METHODS[method].all_params, trace.params or {})
+    except (ConfigError, KeyError):  # data, not a request: shown as recorded
+        return dict(trace.params or {})
 
 
 def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:

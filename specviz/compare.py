@@ -23,7 +23,7 @@ import pandas as pd
 
 from engine import METHODS
 from engine.cli.cost_text import cost_sentence
-from engine.core.config import COMMON_PARAMS, validate_params
+from engine.core.config import COMMON_PARAMS, layered, validate_params
 from engine.core.errors import ConfigError
 from engine.core.trace import RunTrace
 from specviz import charts, pairs
@@ -140,12 +140,13 @@ def plan(entries: list[str], common: dict[str, Any],
     parsed = {}
     for e in entries:
         m, typed = parse_entry(e)
-        parsed[e] = m, {**tuned.get(m, {}), **typed}
+        kept, typed = layered(METHODS[m].all_params, tuned.get(m, {}), typed)
+        parsed[e] = m, {**kept, **typed}
         key = _key(m, {**common, **parsed[e][1]})
         roles.setdefault(key, set()).add("chosen")
         titles.setdefault(key, e)
         sources.setdefault(key, tuple(sorted(
-            {**{k: "tuned" for k in tuned.get(m, {})}, **{k: "typed" for k in typed}}.items())))
+            {**{k: "tuned" for k in kept}, **{k: "typed" for k in typed}}.items())))
     refs: dict[str, tuple] = {}
     for e, (m, params) in parsed.items():
         ref = plain_of(m, common["temperature"])

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import engine
 from engine.core import threads
+from engine.core.config import layered
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.run.api import tune_threads
 from engine.run.models import resolve_device
@@ -130,8 +131,12 @@ def with_tuned(target: str, draft: str, method: str, params: dict[str, Any]
                ) -> dict[str, Any]:
     """params over the pair's tuned settings of the method: what the engine will run with,
     short of the method's defaults (for the UI's limits, checked before any model work)."""
-    given = {k: v for k, v in params.items() if v is not None}
-    return {**tuned_params(target, draft).get(method, {}), **given}
+    spec = engine.METHODS.get(method)
+    tuned = tuned_params(target, draft).get(method, {})
+    if spec is None:
+        return {**tuned, **{k: v for k, v in params.items() if v is not None}}
+    kept, given = layered(spec.all_params, tuned, params)  # as engine.run.api.run_params
+    return {**kept, **given}
 
 
 def _same(row: engine.ParamSpec, a: Any, b: Any) -> bool:

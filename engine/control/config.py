@@ -15,13 +15,41 @@ from engine.control.posterior import (
 from engine.core.config import ParamSpec, check_config_fields, config_from_params, validate_params
 from engine.core.errors import ConfigError
 
-CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts", "confidence", "cost")
+CONTROLLER_KINDS = ("fixed", "heuristic", "beta_ts", "cali_ts", "confidence")
+SWITCH_KINDS = ("off", "cost")  # the cost-aware switch, spelt as the beam methods spell it
+
+
+def normalise_switch(given: dict[str, Any]) -> dict[str, Any]:
+    """The given ``controller``/``switch`` values in their canonical spelling (None or left
+    out: not given). The cost switch plans each round's depth itself, in place of a length
+    controller: ``switch=cost`` goes with ``controller=fixed`` (set when not given), any other
+    controller given with it is a ConfigError; ``controller=cost`` is the deprecated
+    spelling of ``switch=cost``. (A length controller given over a pair's tuned
+    ``switch=cost`` sets the tuned value aside: ``engine.core.config.layered``.)"""
+    out = dict(given)
+    controller, switch = out.get("controller"), out.get("switch")
+    if controller == "cost":  # deprecated: the cost switch was once a controller kind
+        if switch is not None and switch != "cost":
+            raise ConfigError(f"controller=cost (deprecated: use switch=cost) conflicts with "
+                              f"switch={switch}")
+        controller, switch = None, "cost"
+    if switch == "cost":
+        if controller is not None and controller != "fixed":
+            raise ConfigError(f"switch=cost plans the draft depth itself and cannot combine "
+                              f"with controller={controller} (use controller=fixed or "
+                              f"switch=off)")
+        out["controller"], out["switch"] = "fixed", "cost"
+    return out
 
 
 # ------------------------------------------------------------------------------------ configs
 
-CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kind; advanced: cap, priors, rules
+CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kinds; advanced: cap, priors, rules
     ParamSpec("controller", str, "fixed", "draft-length controller", choices=CONTROLLER_KINDS),
+    ParamSpec("switch", str, "off", "cost-aware switch: 'cost' plans each round's draft depth "
+              "(0: a plain target step) from the acceptance so far and the cost profile, in "
+              "place of a length controller (controller=cost: deprecated spelling)",
+              choices=SWITCH_KINDS, normalise=normalise_switch),
     ParamSpec("cap", int, 16, "hard cap K_max on the draft length (adaptive controllers)",
               min=1, max=64, advanced=True),
     ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0 (EESD Eq. 2)", min=0.0,
@@ -61,6 +89,7 @@ class ControlConfig:
     mcsd and eesd extend it, so a method's config is its controller's config too."""
 
     controller: str  # one of CONTROLLER_KINDS
+    switch: str  # one of SWITCH_KINDS: "cost" = the cost controller (controller is "fixed")
     cap: int  # hard cap K_max on a round's draft length (heuristic, beta_ts, cali_ts)
     alpha0: float  # Beta-TS prior alpha_0, beta_0 (EESD Eq. 2)
     beta0: float
@@ -74,6 +103,12 @@ class ControlConfig:
     costs: str  # cost controller: cost profile name (engine.run.profile)
     discount: float  # cost controller: posterior kept per drafted round
     plan: str  # cost controller: one of PLANS (Thompson draw or posterior means)
+
+
+    @property
+    def kind(self) -> str:
+        """The controller that runs: "cost" under the cost switch, else ``controller``."""
+        return "cost" if self.switch == "cost" else self.controller
 
 
 check_config_fields(ControlConfig, CONTROL_PARAMS)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from engine.control.config import (  # noqa: F401 - the package's one entry point
     CONTROL_PARAMS,
     CONTROLLER_KINDS,
+    SWITCH_KINDS,
     ControlConfig,
     control_config,
 )
@@ -42,11 +43,12 @@ from engine.core.errors import ConfigError
 
 
 def make_controller(config: ControlConfig, *, gamma: int) -> Controller:
-    """The controller ``config.controller`` names, built from ``config`` unchanged.
+    """The controller ``config.kind`` names (the cost controller under ``switch=cost``, else
+    ``config.controller``), built from ``config`` unchanged.
 
     gamma: the fixed controller's length and the heuristic's first length (capped at cap).
     """
-    kind = config.controller
+    kind = config.kind
     if kind == "fixed":
         return FixedController(gamma=gamma)
     if kind == "heuristic":

@@ -9,7 +9,7 @@ defaults, help and ranges stay in the rows), built by :func:`config_from_params`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar, get_type_hints
 
@@ -24,6 +24,9 @@ class ParamSpec:
     advanced: shown under the UI's "Advanced" accordion instead of with the everyday
     parameters (priors, sigmas, update-rule and implementation switches); the CLI is
     unaffected.
+    normalise: rewrites the given values (name -> value, a name left out or None: not given)
+    before any row checks them: a deprecated spelling into the canonical one, a conflicting
+    combination into a ConfigError (see :func:`normalised`).
     """
 
     name: str
@@ -35,6 +38,8 @@ class ParamSpec:
     max: float | None = None
     min_exclusive: bool = False
     advanced: bool = False
+    normalise: Callable[[dict[str, Any]], dict[str, Any]] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def flag(self) -> str:
@@ -120,9 +125,43 @@ def parse_k_config(text: str | tuple[int, ...]) -> tuple[int, ...]:
     return ks
 
 
+def normalised(specs: tuple[ParamSpec, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The given values with every row's ``normalise`` applied (a deprecated spelling in the
+    canonical one; ConfigError on a conflicting combination); unchanged when no row has one.
+    Apply it to one layer of values (the caller's, a pair's tuned settings) before merging
+    layers, so a value given in one layer sets aside the other layer's values it implies."""
+    out = dict(given)
+    for s in specs:
+        if s.normalise is not None:
+            out = s.normalise(out)
+    return out
+
+
+def layered(specs: tuple[ParamSpec, ...], tuned: Mapping[str, Any],
+            given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Given values (None: not given) over tuned ones (a pair's measured best settings),
+    each layer :func:`normalised` on its own: (the tuned values left standing, the given
+    values). A tuned value stands unless a value of its name is given or it conflicts with
+    the given ones (a given controller=beta_ts sets a tuned switch=cost aside): the given
+    layer wins, and only a conflict within it is a ConfigError."""
+    given = normalised(specs, {k: v for k, v in given.items() if v is not None})
+    kept: dict[str, Any] = {}
+    for k, v in normalised(specs, tuned).items():
+        if k in given:
+            continue
+        try:
+            normalised(specs, {**given, **kept, k: v})
+        except ConfigError:
+            continue
+        kept[k] = v
+    return kept, given
+
+
 def validate_params(specs: tuple[ParamSpec, ...], given: dict[str, Any],
                     method: str) -> dict[str, Any]:
-    """Defaults filled in, values converted; unknown names rejected."""
+    """Defaults filled in, values converted (after :func:`normalised`); unknown names
+    rejected."""
+    given = normalised(specs, given)
     known = {s.name: s for s in specs}
     unknown = [k for k in given if k not in known]
     if unknown:
@@ -144,7 +183,8 @@ def config_from_params(cls: type[C], specs: tuple[ParamSpec, ...],
                        params: Mapping[str, Any]) -> C:
     """The typed config ``cls`` from parameter values: one field per row of ``specs``, each
     value through ParamSpec.parse (missing or None: the row's default); names without a row
-    (the common parameters) are ignored."""
+    (the common parameters) are ignored; the values go through :func:`normalised` first."""
+    params = normalised(specs, params)
     values = {}
     for s in specs:
         v = params.get(s.name)

@@ -303,7 +303,7 @@ def build_chain(control: ControlConfig, *, gamma: int, optimal: bool = False,
                 rule: str = "sd") -> TreeSpeculation:
     """A chain of gamma drafts, or of the length an adaptive controller decides token by
     token."""
-    fixed = control.controller == "fixed"
+    fixed = control.kind == "fixed"
     cfg = TreeConfig((1,) * gamma, rule, chain_control=not fixed, record_optimal=optimal)
     return TreeSpeculation(cfg, controller=make_controller(control, gamma=gamma))
 
@@ -314,7 +314,7 @@ def build_tree(*, k_config: str, rule: str, optimal: bool,
     (its cap clipped to the tree's depth; drafted = the tree's depth, accepted = the accepted
     path's length)."""
     ks = parse_k_config(k_config)
-    adaptive = control is not None and control.controller != "fixed"
+    adaptive = control is not None and control.kind != "fixed"
     cfg = TreeConfig(ks, rule, depth_control=adaptive, record_optimal=optimal)
     if not adaptive:
         return TreeSpeculation(cfg)

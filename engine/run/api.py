@@ -17,7 +17,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from engine.core import layout, threads
-from engine.core.config import RunConfig, validate_params
+from engine.core.config import RunConfig, layered, validate_params
 from engine.core.errors import ConfigError
 from engine.core.records import CostRecord
 from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
@@ -81,9 +81,9 @@ def run_params(pair: ModelPair, method: str, params: Mapping[str, Any]
     the explicit ``params`` (None = not given); and the names whose value is the tuned one."""
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
-    given = {k: v for k, v in params.items() if v is not None}
-    tuned = {k: v for k, v in pair.tuned.get(method, {}).items() if k not in given}
-    full = validate_params(METHODS[method].all_params, {**tuned, **given}, method)
+    specs = METHODS[method].all_params
+    tuned, given = layered(specs, pair.tuned.get(method, {}), params)
+    full = validate_params(specs, {**tuned, **given}, method)
     return full, tuple(tuned)
 
 
@@ -114,9 +114,7 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
 def _switch_off(full: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters of the same method with its cost switch off (a fixed-shape round)."""
     off = {k: v for k, v in full.items() if k not in ("max_new_tokens", "seed")}
-    if off.get("controller") == "cost":
-        off["controller"] = "fixed"
-    if off.get("switch") == "cost":
+    if off.get("switch") == "cost":  # token methods: their controller is then "fixed"
         off["switch"] = "off"
     return off
 

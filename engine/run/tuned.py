@@ -29,7 +29,9 @@ def preset_rows() -> tuple[dict[str, Any], ...]:
 def tuned_settings(target: str, draft: str | None = "") -> dict[str, dict[str, Any]]:
     """method -> the parameters measured best on the pair (target, draft): the ``params`` of
     the first preset row whose parsed target and draft are the pair's; {} for a pair no row
-    names, or a spec that does not parse (loading the pair says why).
+    names, or a spec that does not parse (loading the pair says why). Each method's values
+    are as runs read them (``engine.core.config.normalised``: e.g. the deprecated
+    ``controller=cost`` as ``switch=cost`` with ``controller=fixed``).
 
     Args:
         target: a target spec string ('' = the embedded model).
@@ -41,5 +43,14 @@ def tuned_settings(target: str, draft: str | None = "") -> dict[str, dict[str, A
         return {}
     for row in preset_rows():
         if pair_key(row["target"], row.get("draft", "")) == key:
-            return {m: dict(v) for m, v in row.get("params", {}).items()}
+            return {m: _canonical(m, v) for m, v in row.get("params", {}).items()}
     return {}
+
+
+def _canonical(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A method's tuned values in canonical spelling (unchanged for an unknown method)."""
+    from engine.core.config import normalised
+    from engine.methods import METHODS
+
+    spec = METHODS.get(method)
+    return normalised(spec.params, values) if spec is not None else dict(values)

@@ -22,7 +22,12 @@ from engine.drafters.early_exit import (
 from engine.methods.eesd import drafter_for
 from tests.conftest import perturbed_exit_layer, tiny_pair
 
-CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts", "cost"]
+CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts", "cost"]  # cost: switch=cost
+
+
+def _control(kind: str) -> dict:
+    """The parameters that run controller `kind` (the cost switch is switch=cost)."""
+    return {"switch": "cost"} if kind == "cost" else {"controller": kind}
 
 
 def _ref(pair, prompt, n):
@@ -45,7 +50,7 @@ def test_temperature_zero_equals_greedy_generate(controller, drafter):
     else:
         pair = _trained_pair(shortlist=torch.arange(0, 64, 2) if drafter == "shortlist" else None)
     for prompt in ([3, 4, 5, 6], [11, 12]):
-        trace = engine.generate(pair, prompt, "eesd", controller=controller, gamma=3,
+        trace = engine.generate(pair, prompt, "eesd", **_control(controller), gamma=3,
                                 max_new_tokens=24)
         assert list(trace.token_ids) == _ref(pair, prompt, 24), (controller, drafter, prompt)
 
@@ -59,7 +64,8 @@ def test_qwen2_family_equals_greedy_generate_with_a_trained_layer():
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_every_round_trace_holds_the_controller_posterior(controller):
     pair = _trained_pair()
-    trace = engine.generate(pair, [3, 4, 5], "eesd", controller=controller, max_new_tokens=30,)
+    trace = engine.generate(pair, [3, 4, 5], "eesd", **_control(controller),
+                            max_new_tokens=30)
     assert trace.rounds and all(r.controller is not None for r in trace.rounds)
     states = [r.controller for r in trace.rounds]
     assert all(s.kind == controller for s in states)

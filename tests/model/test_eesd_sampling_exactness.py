@@ -42,7 +42,7 @@ def test_eesd_with_the_cost_switch_matches_the_target_law(exit_pair, stats_summa
     """The cost switch (Thompson plan at costs where plain and drafted rounds both win) over
     the shared cache: planned plain rounds leave the three caches to catch up at the next
     drafted round, and the law stays the target's."""
-    params = {"controller": "cost", "costs": MIXED.name, "plan": "thompson", "confidence": 0.0}
+    params = {"switch": "cost", "costs": MIXED.name, "plan": "thompson", "confidence": 0.0}
     law = exact_law(exit_pair.target)
     n, note = exactness_size(law, exact_law(exit_pair.drafter.model))
     stats_summary.append(f"eesd {params}: {note}")

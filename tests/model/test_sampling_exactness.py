@@ -68,8 +68,8 @@ def pair_size(law, models):
     ("greedy_drafts", {"k_config": "3x2"}),
     ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
     ("sd", {"controller": "confidence", "confidence": 0.3, "cap": 3}),  # cut by draft q
-    ("sd", {"controller": "cost", "costs": MIXED.name, "confidence": 0.0, "plan": "thompson"}),
-    ("mcsd", {"k_config": "2x2", "controller": "cost", "costs": MIXED.name, "plan": "thompson"}),
+    ("sd", {"switch": "cost", "costs": MIXED.name, "confidence": 0.0, "plan": "thompson"}),
+    ("mcsd", {"k_config": "2x2", "switch": "cost", "costs": MIXED.name, "plan": "thompson"}),
 ])
 def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, runs,
                                                                  method, params, stats_summary):
@@ -129,7 +129,7 @@ def test_the_cost_switch_cases_above_weigh_plain_and_drafted_rounds(pair):
     switch plans plain steps and drafted rounds on this pair."""
     depths = set()
     for seed in range(12):
-        tr = engine.generate(pair, [3, 4], "sd", controller="cost", costs=MIXED.name,
+        tr = engine.generate(pair, [3, 4], "sd", switch="cost", costs=MIXED.name,
                              confidence=0.0, plan="thompson", max_new_tokens=3,
                              temperature=1.0, seed=seed)
         depths |= {r.controller.switch.depth for r in tr.rounds}

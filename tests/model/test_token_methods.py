@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -23,9 +25,9 @@ METHODS = [
     ("mcsd", {"k_config": "2x2x2", "controller": "heuristic"}),
     ("sd", {"controller": "confidence", "confidence": 0.02, "cap": 6}),
     ("mcsd", {"k_config": "2x2x2", "controller": "confidence", "confidence": 0.02}),
-    ("sd", {"controller": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 6}),
-    ("mcsd", {"k_config": "2x2x2", "controller": "cost", "costs": MIXED.name}),
-    ("greedy_drafts", {"k_config": "3x2x2", "controller": "cost", "costs": MIXED.name}),
+    ("sd", {"switch": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 6}),
+    ("mcsd", {"k_config": "2x2x2", "switch": "cost", "costs": MIXED.name}),
+    ("greedy_drafts", {"k_config": "3x2x2", "switch": "cost", "costs": MIXED.name}),
 ]
 
 
@@ -173,7 +175,7 @@ def test_the_cost_switch_takes_plain_and_drafted_rounds_and_records_each_decisio
     options, the drawn acceptances, the predicted gain) and the output stays greedy's."""
     pair = tiny_pair(layers=4, early_exit_layers=2)
     costs = MIXED.name  # Thompson draws at these costs: some rounds plain, some drafted
-    params = {"controller": "cost", "costs": costs, "confidence": 0.0, "cap": 4,
+    params = {"switch": "cost", "costs": costs, "confidence": 0.0, "cap": 4,
               "plan": "thompson"}
     trace = engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=40, **params)
     assert list(trace.token_ids) == _ref(pair, [3, 4, 5, 6], 40)
@@ -196,4 +198,48 @@ def test_the_cost_switch_takes_plain_and_drafted_rounds_and_records_each_decisio
 def test_an_unknown_cost_profile_is_one_clear_error():
     pair = tiny_pair(layers=4, early_exit_layers=2)
     with pytest.raises(engine.ConfigError, match="unknown cost profile 'nope'"):
-        engine.generate(pair, [3, 4], "sd", controller="cost", costs="nope", max_new_tokens=4)
+        engine.generate(pair, [3, 4], "sd", switch="cost", costs="nope", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"cap": 4}), ("mcsd", {"k_config": "2x2x2"}), ("greedy_drafts", {"k_config": "2x2"}),
+    ("eesd", {}),
+])
+def test_switch_cost_and_the_deprecated_controller_cost_give_the_same_run(method, params):
+    """One switch, two spellings: the same validated (canonical) params, tokens and plans."""
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    common = {"costs": MIXED.name, "plan": "thompson", "temperature": 1.0, "seed": 5,
+              "max_new_tokens": 16, **params}
+    new = engine.generate(pair, [3, 4, 5], method, switch="cost", **common)
+    old = engine.generate(pair, [3, 4, 5], method, controller="cost", **common)
+    assert old.params == new.params
+    assert (new.params["switch"], new.params["controller"]) == ("cost", "fixed")
+    assert list(old.token_ids) == list(new.token_ids)
+    assert [r.controller["switch"] for r in old.rounds] == \
+        [r.controller["switch"] for r in new.rounds]
+    assert all(r.controller["kind"] == "cost" for r in new.rounds)
+
+
+def test_a_switch_and_a_length_controller_together_are_one_config_error():
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    with pytest.raises(engine.ConfigError) as err:
+        engine.generate(pair, [3, 4], "sd", switch="cost", controller="beta_ts",
+                        max_new_tokens=4)
+    assert "switch=cost" in str(err.value) and "controller=beta_ts" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_trace_recorded_with_controller_cost_still_imports():
+    from specviz.trace_file import parse_trace
+
+    pair = tiny_pair(layers=4, early_exit_layers=2)
+    trace = engine.generate(pair, [3, 4], "sd", switch="cost", costs=MIXED.name,
+                            max_new_tokens=4)
+    old = trace.to_dict()
+    del old["params"]["switch"]  # written before the switch had its one name
+    old["params"]["controller"] = "cost"
+    text = json.dumps(old)
+    assert engine.RunTrace.from_json(text).params["controller"] == "cost"  # data, as stored
+    assert parse_trace(text).token_ids == trace.token_ids
+    again = engine.generate(pair, [3, 4], "sd", **{k: v for k, v in old["params"].items()})
+    assert again.params == trace.params and again.token_ids == trace.token_ids

@@ -33,7 +33,7 @@ from engine.control.posterior import (
     sample_normal,
     theta_hat_update,
 )
-from engine.core.config import validate_params
+from engine.core.config import layered, validate_params
 from engine.core.errors import ConfigError
 from engine.core.records import ControllerState
 from engine.core.sampling import TorchChooser, make_generator
@@ -434,7 +434,8 @@ def test_control_params_declare_every_control_config_field_once():
     rows = {p.name: p for p in CONTROL_PARAMS}
     assert len(rows) == len(CONTROL_PARAMS)
     assert list(rows) == [f.name for f in fields(ControlConfig)]
-    assert rows["controller"].choices == (*KINDS, "confidence", "cost")  # KINDS: feature-free
+    assert rows["controller"].choices == (*KINDS, "confidence")  # KINDS: feature-free
+    assert rows["switch"].choices == ("off", "cost") and rows["switch"].default == "off"
     assert rows["update"].choices == BETA_RULES and rows["update"].default == "paper"
     assert rows["theta_hat_rule"].choices == THETA_HAT_RULES
     assert rows["theta_hat_rule"].default == "accepted"
@@ -512,10 +513,11 @@ def test_every_controller_parameter_reaches_the_controller_unchanged(method, kin
     rows = {p.name: p for p in METHODS[method].params}
     assert all(rows[p.name] == p or p.name == "controller" for p in CONTROL_PARAMS)
     assert all(rows[name].default != value for name, value in NOT_DEFAULT.items())
-    given = {**NOT_DEFAULT, "controller": kind}
+    given = {**NOT_DEFAULT, **({"switch": "cost"} if kind == "cost" else {"controller": kind})}
     ctl = _method(method, **given).controller  # mcsd's default 4x2x2 is 3 deep: cap 3 stays
     assert ctl.name == kind
-    assert {p.name: getattr(ctl.config, p.name) for p in CONTROL_PARAMS} == given
+    want = {"controller": "fixed", "switch": "off", **given}  # switch=cost: controller fixed
+    assert {p.name: getattr(ctl.config, p.name) for p in CONTROL_PARAMS} == want
     assert ctl.state().config == {
         **({"start": 3} if kind == "heuristic" else {}),
         **{name: given[name] for name in ctl.reads},
@@ -569,3 +571,72 @@ def test_confidence_is_the_controller_the_config_names():
     assert ctl.state().config == {"confidence": 0.25, "cap": 16}
     with pytest.raises(ConfigError, match="confidence"):
         control_config(confidence=1.5)
+
+
+# ------------------------------------------- the cost switch: one name, switch, in every family
+
+TOKEN_SWITCHED = ["sd", "mcsd", "greedy_drafts", "eesd"]
+
+
+@pytest.mark.parametrize("method", sorted(m for m, s in METHODS.items()
+                                          if s.family in ("token", "beam")))
+def test_every_speculative_family_turns_the_cost_switch_on_with_switch(method):
+    spec = METHODS[method]
+    rows = {p.name: p for p in spec.params}
+    assert (rows["switch"].choices, rows["switch"].default) == (("off", "cost"), "off")
+    if "controller" in rows:  # token methods: the alias is no controller kind on show
+        assert "cost" not in rows["controller"].choices
+        assert "cost" not in rows["controller"].help
+    full = validate_params(spec.all_params, {"switch": "cost", "temperature": 1.0}, method)
+    assert full["switch"] == "cost"
+    assert spec.make(full).costs_wanted() == "measured"  # the switch plans: it wants costs
+    off = validate_params(spec.all_params, {"temperature": 1.0}, method)
+    assert off["switch"] == "off" and spec.make(off).costs_wanted() is None
+
+
+@pytest.mark.parametrize("method", TOKEN_SWITCHED)
+def test_controller_cost_is_a_deprecated_alias_that_validates_to_switch_cost(method):
+    specs = METHODS[method].all_params
+    canonical = validate_params(specs, {"switch": "cost"}, method)
+    assert (canonical["switch"], canonical["controller"]) == ("cost", "fixed")
+    assert validate_params(specs, {"controller": "cost"}, method) == canonical
+    assert validate_params(specs, {"controller": "cost", "switch": "cost"}, method) == canonical
+    assert validate_params(specs, {"switch": "cost", "controller": "fixed"}, method) == canonical
+    assert validate_params(specs, canonical, method) == canonical  # a trace's params again
+    built = METHODS[method].make(validate_params(specs, {"controller": "cost"}, method))
+    assert built.controller.name == "cost"
+    assert control_config(controller="cost") == control_config(switch="cost")
+    assert "controller=cost: deprecated" in {p.name: p for p in specs}["switch"].help
+
+
+@pytest.mark.parametrize("method", TOKEN_SWITCHED)
+@pytest.mark.parametrize("given,message", [
+    ({"switch": "cost", "controller": "beta_ts"},
+     "switch=cost plans the draft depth itself and cannot combine with controller=beta_ts "
+     "(use controller=fixed or switch=off)"),
+    ({"switch": "cost", "controller": "confidence"},
+     "switch=cost plans the draft depth itself and cannot combine with controller=confidence "
+     "(use controller=fixed or switch=off)"),
+    ({"controller": "cost", "switch": "off"},
+     "controller=cost (deprecated: use switch=cost) conflicts with switch=off"),
+])
+def test_a_switch_that_conflicts_with_the_controller_is_one_config_error(method, given,
+                                                                          message):
+    with pytest.raises(ConfigError) as err:
+        validate_params(METHODS[method].all_params, given, method)
+    assert str(err.value) == message  # one line, naming both values
+
+
+def test_a_given_controller_sets_a_tuned_switch_aside_and_a_given_switch_a_tuned_controller():
+    sd, eesd = METHODS["sd"].all_params, METHODS["eesd"].all_params
+    tuned = {"switch": "cost"}  # read in full: with controller=fixed
+    assert layered(sd, tuned, {"controller": "beta_ts"}) == ({}, {"controller": "beta_ts"})
+    assert layered(sd, tuned, {"controller": "fixed", "gamma": None}) == (
+        {"switch": "cost"}, {"controller": "fixed"})
+    assert layered(sd, tuned, {"controller": "cost"}) == (
+        {}, {"controller": "fixed", "switch": "cost"})
+    assert layered(eesd, tuned, {"switch": "off"}) == ({"controller": "fixed"}, {"switch": "off"})
+    assert layered(sd, {"controller": "confidence", "cap": 8}, {"switch": "cost"}) == (
+        {"cap": 8}, {"switch": "cost", "controller": "fixed"})
+    with pytest.raises(ConfigError, match="cannot combine with controller=heuristic"):
+        layered(sd, tuned, {"switch": "cost", "controller": "heuristic"})  # one layer: an error

@@ -153,7 +153,7 @@ def test_switch_learns_to_draft_deep_when_everything_is_accepted():
 
 
 def _cost_controller(**kw) -> CostController:
-    ctl = CostController(control_config(controller="cost", plan="thompson", **kw))
+    ctl = CostController(control_config(switch="cost", plan="thompson", **kw))
     ctl.attach(FLAT)
     return ctl
 
@@ -195,7 +195,7 @@ def test_cost_controller_plans_plain_steps_and_records_them():
 
 
 def test_cost_controller_without_a_profile_says_so():
-    ctl = CostController(control_config(controller="cost"))
+    ctl = CostController(control_config(switch="cost"))
     ctl.begin_round()
     with pytest.raises(ValueError, match="cost profile"):
         ctl.plan(chain_shape(2), make_generator(0))
@@ -299,7 +299,7 @@ def test_every_controller_answers_the_switch_questions_without_planning(kind):
 
 
 def test_the_cost_controller_names_its_profile_and_plans():
-    ctl = CostController(control_config(controller="cost", costs="h100"))
+    ctl = CostController(control_config(switch="cost", costs="h100"))
     assert ctl.plans and ctl.reads_confidence and ctl.costs_wanted() == "h100"
     assert not ctl.decided
 

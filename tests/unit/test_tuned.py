@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import METHODS
-from engine.core.config import validate_params
+from engine.core.config import normalised, validate_params
 from engine.run.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, pair_key
 from engine.run.tuned import preset_rows, tuned_settings
 
@@ -15,6 +15,11 @@ from engine.run.tuned import preset_rows, tuned_settings
 def _shipped(preset_id: str) -> dict:
     row = next(r for r in preset_rows() if r["id"] == preset_id)
     return {m: dict(v) for m, v in row.get("params", {}).items()}
+
+
+def _read(preset_id: str) -> dict:
+    """The shipped settings as runs read them: switch=cost goes with controller=fixed."""
+    return {m: normalised(METHODS[m].all_params, v) for m, v in _shipped(preset_id).items()}
 
 
 def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
@@ -28,8 +33,9 @@ def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
 
 
 def test_tuned_settings_match_a_pair_by_its_parsed_specs_not_its_spelling():
-    want = _shipped("embedded")
-    assert want["sd"] == {"controller": "cost"}
+    assert _shipped("embedded")["sd"] == {"switch": "cost"}  # the canonical spelling
+    want = _read("embedded")
+    assert want["sd"] == want["eesd"] == {"switch": "cost", "controller": "fixed"}
     assert tuned_settings("embedded", "ngram+feature") == want
     assert tuned_settings("", " n-gram+feature ") == want  # aliases, spacing
     assert tuned_settings("smollm2-135m-instruct", "ngram+feature") == want
@@ -45,7 +51,7 @@ def test_a_spec_that_does_not_parse_has_no_tuned_settings_and_no_traceback(bad):
 
 def test_the_embedded_targets_default_drafter_is_the_pair_its_settings_were_measured_on():
     assert default_draft("embedded") == default_draft(" Default ") == EMBEDDED_DEFAULT_DRAFT
-    assert tuned_settings("embedded", default_draft("embedded")) == _shipped("embedded") != {}
+    assert tuned_settings("embedded", default_draft("embedded")) == _read("embedded") != {}
     assert default_draft("tiny") == ""  # other targets: their early exit
 
 
