@@ -96,9 +96,9 @@ class TreeSpeculation(SingleStart):
     def propose(self, ctx: RunState) -> Forest:
         budget = ctx.remaining - 1  # the round's own target token always fits
         levels = list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
+        self.controller.begin_round()  # first: a round with no room to draft plans nothing
         if budget < 1 or levels == []:
             return empty_forest(1)
-        self.controller.begin_round()
         if self.controller.plans:  # the cost switch
             shape = (chain_shape(min(budget, self.controller.config.cap)) if levels is None
                      else tree_shape(tuple(levels)))

@@ -21,6 +21,7 @@ from engine.drafters.early_exit import (
 )
 from engine.methods.eesd import drafter_for
 from tests.conftest import perturbed_exit_layer, tiny_pair
+from tests.profiles import EDGE
 
 CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts", "cost"]  # cost: switch=cost
 
@@ -408,3 +409,22 @@ def test_cali_ts_without_a_trained_predictor_uses_theta_m_or_refuses():
     with pytest.raises(ConfigError, match="no trained Cali-TS predictor"):
         engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", predictor="trained",
                         max_new_tokens=4)
+
+
+@pytest.mark.parametrize("method", ["eesd", "sd"])
+def test_a_round_with_no_room_to_draft_keeps_the_cost_posterior_it_was_handed(method):
+    """The last round of a run may have no room to draft (one token left): the switch did not
+    plan it, so it neither learns nor fades, and its record starts from the previous round's
+    posterior. A stored profile makes the plans (and so the lengths that reach such a round)
+    independent of this machine's timings."""
+    pair = _trained_pair()
+    reached = 0
+    for n in range(6, 16):
+        trace = engine.generate(pair, [3, 4, 5], method, switch="cost", costs=EDGE.name,
+                                gamma=3, max_new_tokens=n)
+        states = [r.controller for r in trace.rounds if r.controller is not None]
+        for prev, nxt in zip(states, states[1:]):
+            if prev.after is not None:
+                assert nxt.before == prev.after, (method, n)
+        reached += trace.rounds[-1].drafted == 0 and trace.rounds[-1].switch is None
+    assert reached, "no length ended on a round without room to draft"
