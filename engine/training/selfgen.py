@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import os
 import random
@@ -137,39 +138,45 @@ def _stdlib_files() -> list[Path]:
     return sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
 
 
-def _functions(files: list[Path]) -> list[str]:
-    """Top-level functions and methods of 5-22 lines, without their docstrings' bulk."""
-    out = []
-    for path in files:
+@functools.lru_cache(maxsize=1)
+def _material() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The code and text material of this Python's standard library (``_functions``,
+    ``_docstrings``), each file parsed once per process."""
+    funcs: list[str] = []
+    docs: list[str] = []
+    for path in _stdlib_files():
         try:
             src = path.read_text(encoding="utf-8")
             tree = ast.parse(src)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        lines = src.splitlines()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.end_lineno:
-                body = lines[node.lineno - 1: node.end_lineno]
-                if 5 <= len(body) <= 22 and max(len(b) for b in body) <= 100:
-                    indent = len(body[0]) - len(body[0].lstrip())
-                    out.append("\n".join(b[indent:] for b in body))
+        funcs += _functions(src, tree)
+        docs += _docstrings(tree)
+    return tuple(funcs), tuple(docs)
+
+
+def _functions(src: str, tree: ast.Module) -> list[str]:
+    """Top-level functions and methods of 5-22 lines, without their docstrings' bulk."""
+    out = []
+    lines = src.splitlines()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.end_lineno:
+            body = lines[node.lineno - 1: node.end_lineno]
+            if 5 <= len(body) <= 22 and max(len(b) for b in body) <= 100:
+                indent = len(body[0]) - len(body[0].lstrip())
+                out.append("\n".join(b[indent:] for b in body))
     return out
 
 
-def _docstrings(files: list[Path]) -> list[str]:
+def _docstrings(tree: ast.Module) -> list[str]:
     """First paragraphs (200-900 characters) of module and class docstrings."""
     out = []
-    for path in files:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in [tree] + [n for n in tree.body if isinstance(n, ast.ClassDef)]:
-            doc = ast.get_docstring(node) or ""
-            for para in doc.split("\n\n"):
-                para = " ".join(para.split())
-                if 200 <= len(para) <= 900 and ">>>" not in para:
-                    out.append(para)
+    for node in [tree] + [n for n in tree.body if isinstance(n, ast.ClassDef)]:
+        doc = ast.get_docstring(node) or ""
+        for para in doc.split("\n\n"):
+            para = " ".join(para.split())
+            if 200 <= len(para) <= 900 and ">>>" not in para:
+                out.append(para)
     return out
 
 
@@ -196,8 +203,7 @@ def build_prompts(seed: int = 0, chat: int = 2500, code: int = 1500, text: int =
     while len(prompts) < chat:
         t, u = rng.sample(topics, 2)
         prompts.add(rng.choice(CHAT_TEMPLATES).format(t=t, u=u))
-    files = _stdlib_files()
-    funcs, docs = _functions(files), _docstrings(files)
+    funcs, docs = map(list, _material())
     rng.shuffle(funcs)
     rng.shuffle(docs)
     out = sorted(prompts)
