@@ -28,7 +28,12 @@ applies itself, does the same (:func:`head_logits`), and so does a drafter's sho
 (:func:`weight_product`: an 8,192 x 576 shortlist costs 0.9 ms for 4 rows packed, 2.4 ms
 stock). Nothing in a modeling file or a value changes;
 only the order of floating-point sums does, as with any change of batch shape, and the
-exactness tests run with it. Models whose weights exceed DUAL_LIMIT_BYTES keep one copy (the
+exactness tests run with it. A toy model (under PACK_MIN_BYTES of linear weight, e.g. the
+tests' tiny models and ``tiny`` specs) stays stock: a packed or padded call costs a fixed 30-35
+us, more than the whole product of a small weight (measured, one thread, AMD EPYC, 1 / 2 / 3
+rows: a 32 x 16 weight 5 / 5 / 6 us stock against 41 / 40 / 40 padded; 512 x 256: 20 / 33 /
+49 against 51 / 51 / 52; 1024 x 384: 41 / 104 / 140 against 85 / 90 / 81); the packed paths'
+own tests lower the floor. Models whose weights exceed DUAL_LIMIT_BYTES keep one copy (the
 packed copy would cost that much memory again); a torch without oneDNN keeps the stock path. A
 weight replaced or changed in place after packing (its storage or version counter moved) is
 used stock from then on, never through a stale copy (a shortlisted head's is packed afresh).
@@ -55,6 +60,7 @@ SMALL_ROWS = 4  # forwards of fewer rows take the path the machine's LayoutRule 
 PATHS = ("stock", "packed", "padded")  # padded: packed, rows padded with zero rows to SMALL_ROWS
 DUAL_LIMIT_BYTES = 2 * 1024**3  # at most this much weight gets a packed copy
 CALIBRATE_BYTES = 64 * 1024**2  # the first model with this much linear weight measures the rule
+PACK_MIN_BYTES = 4 * 1024**2  # a model (or shortlisted head) with less linear weight stays stock
 CALIBRATION_REPS = 5
 
 
@@ -114,7 +120,8 @@ def _packed_weight(m: nn.Module) -> torch.Tensor | None:
 
 def prepare(model: nn.Module) -> nn.Module:
     """Give every decoder linear weight and the LM head of a CPU fp32 model a packed copy (the
-    modules keep their stock weights); models over DUAL_LIMIT_BYTES are left as they are."""
+    modules keep their stock weights); models under PACK_MIN_BYTES or over DUAL_LIMIT_BYTES
+    are left as they are."""
     if not _can_pack():
         return model
     mods = _linears(model)
@@ -123,6 +130,8 @@ def prepare(model: nn.Module) -> nn.Module:
         mods_and_head = [*mods, head]
     else:
         mods_and_head = mods
+    if _weight_bytes(mods_and_head) < PACK_MIN_BYTES:
+        return model  # a toy model: stock is cheaper at every row count
     new = [m for m in mods_and_head if m not in _PACKED]
     if sum(m.weight.numel() * m.weight.element_size() for m in new) > DUAL_LIMIT_BYTES:
         return model
@@ -263,13 +272,14 @@ def layout_for(model: nn.Module, rows: int):
 def weight_product(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ m.weight^T for a module with a 2-D weight that is not an nn.Linear (a
     shortlisted head): through a packed copy made on first use (CPU fp32 outside autograd,
-    with oneDNN, at most DUAL_LIMIT_BYTES, where the rule's path for these rows is not stock;
+    with oneDNN, from PACK_MIN_BYTES to DUAL_LIMIT_BYTES, where the rule's path for these rows
+    is not stock;
     re-made when the weight changes), the stock product otherwise."""
     w = m.weight
     path = rule().path(x.numel() // x.shape[-1])
     if (path == "stock" or not _can_pack() or torch.is_grad_enabled() or x.dtype != torch.float32
             or x.device.type != "cpu" or w.dtype != torch.float32 or w.device.type != "cpu"
-            or w.numel() * w.element_size() > DUAL_LIMIT_BYTES):
+            or not PACK_MIN_BYTES <= w.numel() * w.element_size() <= DUAL_LIMIT_BYTES):
         return x @ w.T  # (..., out)
     packed = _packed_weight(m)
     if packed is None:  # never packed, or the weight changed since: pack it afresh

@@ -244,14 +244,18 @@ def test_sd_with_the_hybrid_drafter_keeps_the_target_law(pair, stats_summary):
     assert stat < threshold, (n, stat, threshold)
 
 
-def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(pair):
-    """load_pair prepares the hybrid's feature drafter as it does a plain drafter's model."""
+def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(monkeypatch):
+    """load_pair prepares the hybrid's feature drafter as it does a plain drafter's model (a
+    model this small is packed only with the size floor lowered)."""
     from torch import nn
 
+    import engine.core.layout as layout
     from engine.core.layout import SMALL_ROWS, _can_pack, layout_for, packed_active
 
     if not _can_pack():
         pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(layout, "PACK_MIN_BYTES", 0)
+    pair = engine.load_pair(target=tiny_model(1, seed=5), draft="ngram+feature", device="cpu")
     model = pair.drafter.feature.model
     layer = [m for m in model.modules() if type(m) is nn.Linear]
     assert layer

@@ -36,11 +36,31 @@ def _linears(model):
 
 
 @pytest.fixture(autouse=True)
-def default_rule():
-    """Each test starts from the default rule (padded under SMALL_ROWS) and leaves it."""
+def default_rule(monkeypatch):
+    """Each test starts from the default rule (padded under SMALL_ROWS) and leaves it; the
+    tiny models here are packed (a toy model is not, by default: test below)."""
+    monkeypatch.setattr(layout, "PACK_MIN_BYTES", 0)
     layout.set_rule(LayoutRule())
     yield
     layout.set_rule(LayoutRule())
+
+
+def test_a_toy_model_and_a_small_shortlisted_head_stay_stock(monkeypatch):
+    """Under PACK_MIN_BYTES a packed call's fixed cost exceeds the product: no packed copy,
+    the stock forward at every row count, the same logits."""
+    monkeypatch.setattr(layout, "PACK_MIN_BYTES", 4 * 1024**2)
+    model = _tiny()
+    assert all(_packed_weight(m) is None for m in _linears(model))
+    ids = torch.tensor([[1, 2, 3]])  # (1, 3)
+    head = ShortlistHead(model.get_output_embeddings(), torch.arange(0, 64, 2))
+    x = torch.randn(2, model.config.hidden_size)  # (2, d)
+    with torch.no_grad():
+        with layout_for(model, 1):
+            assert not any(packed_active(m) for m in _linears(model))
+            out = model(ids).logits
+        assert torch.equal(out, model(ids).logits)
+        assert torch.equal(layout.weight_product(head, x), x @ head.weight.T)
+    assert _packed_weight(head) is None
 
 
 def test_packed_copies_only_inside_a_forward_the_rule_sends_there():
