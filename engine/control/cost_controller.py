@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -10,7 +9,7 @@ import torch
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.control.recorder import Features, RoundRecorder
-from engine.core.records import ControllerState
+from engine.core.records import SwitchPlan
 from engine.core.sampling import Chooser
 
 
@@ -76,6 +75,5 @@ class CostController(RoundRecorder):
             self.switch.observe(drafted, accepted)
         return {}
 
-    def state(self) -> ControllerState:
-        return replace(super().state(),
-                       switch=None if self.switch is None else self.switch.record())
+    def plan_record(self) -> SwitchPlan | None:
+        return None if self.switch is None else self.switch.record()

@@ -11,7 +11,7 @@ import torch
 
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, Shape
-from engine.core.records import ControllerState
+from engine.core.records import ControllerState, SwitchPlan
 from engine.core.sampling import Chooser
 
 Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing
@@ -52,6 +52,9 @@ class Controller(Protocol):
     def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
         """This round's depth in 0..shape.depth (0: a plain target step)."""
 
+    def plan_record(self) -> SwitchPlan | None:
+        """The round's plan (None: plan() did not run this round)."""
+
 
 class RoundRecorder:
     """Shared round bookkeeping: posterior before/after, per-step records, cap and outcome."""
@@ -71,6 +74,9 @@ class RoundRecorder:
 
     def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
         raise ValueError(f"the {self.name} controller does not plan rounds")
+
+    def plan_record(self) -> SwitchPlan | None:
+        return None
 
     def __init__(self) -> None:
         self.begin_round()

@@ -120,4 +120,3 @@ class ControllerState:
     stop_reason: str | None = None  # "cap" | "chi0" | "confidence" | "plan" | None
     update: dict[str, Any] | None = None  # drafted, accepted + what the update used
     after: dict[str, Any] | None = None  # posterior / length after the update
-    switch: SwitchPlan | None = None  # the cost controller's plan of the round

@@ -163,17 +163,10 @@ class RoundTrace:
     # or "draft:" + dynamic / static / captured / padded; the target's forwards first, then
     # the drafter's, each in call order
     step_paths: tuple[str, ...] = ()
-
-    @property
-    def switch(self) -> SwitchPlan | None:
-        """The cost switch's decision for this round (engine.control.cost: depth,
-        predicted_gain, options, drawn, profile): in the controller's state for token methods,
-        in the extras (as JSON values) for beam methods; None when no switch planned the
-        round."""
-        if self.controller is not None and self.controller.switch is not None:
-            return self.controller.switch
-        rec = self.extras.get("switch")
-        return _build(SwitchPlan, rec, "extras.switch") if isinstance(rec, dict) else None
+    # the cost switch's plan of the round (engine.control.cost: depth, predicted gain, the
+    # options, the drawn acceptances, the profile), for every method family; None when no
+    # switch planned the round
+    switch: SwitchPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -207,11 +200,30 @@ class RunTrace:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunTrace:
-        return _build(cls, d)
+        return _build(cls, _upgrade(d))
 
     @classmethod
     def from_json(cls, s: str) -> RunTrace:
         return cls.from_dict(json.loads(s))
+
+
+def _upgrade(d: Any) -> Any:
+    """A trace dict in today's shape: traces written before a round's switch plan was its own
+    field kept it in the controller's state (token methods) or in the extras (beam methods)."""
+    rounds = d.get("rounds") if isinstance(d, dict) else None
+    if not isinstance(rounds, list) or not any(
+            isinstance(r, dict) and "switch" not in r for r in rounds):
+        return d
+    up = []
+    for r in rounds:
+        if isinstance(r, dict) and "switch" not in r:
+            ctl, ex = r.get("controller"), r.get("extras")
+            plan = ((ctl.get("switch") if isinstance(ctl, dict) else None)
+                    or (ex.get("switch") if isinstance(ex, dict) else None))
+            if plan is not None:
+                r = {**r, "switch": plan}
+        up.append(r)
+    return {**d, "rounds": up}
 
 
 def _build(cls: type, d: Any, path: str = "trace") -> Any:

@@ -18,6 +18,7 @@ from engine.core.config import (
 )
 from engine.core.errors import ConfigError
 from engine.core.forest import Forest
+from engine.core.records import ControllerState, SwitchPlan
 from engine.core.sampling import Chooser, Warp
 from engine.core.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
 from engine.drafters.base import Drafter
@@ -120,7 +121,12 @@ class Method(Protocol):
         """scored: the target's step-2 result on the forest (root and node logits, hidden
         states)."""
 
-    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None: ...
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> ControllerState | None:
+        """After the commit: the controller learns from the round; its record (None: no
+        controller)."""
+
+    def switch_plan(self) -> SwitchPlan | None:
+        """The cost switch's plan of the round just observed (None: no switch planned it)."""
 
     def costs_wanted(self) -> str | None:
         """The cost profile the method's switch plans with (None: it plans nothing); the API

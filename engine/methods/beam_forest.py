@@ -10,7 +10,7 @@ old row each new beam descends from (the loop reorders/duplicates both caches wi
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -20,6 +20,7 @@ from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT, Forest, path_to
+from engine.core.records import ControllerState, SwitchPlan
 from engine.core.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 from engine.methods.base import RoundVerdict, RunState
 
@@ -321,14 +322,12 @@ class BeamStart:
         return lq
 
     def gate_extras(self) -> dict:
-        """The round's gate and switch records for its extras (gate: {} when off, confidence
-        None: no draft step fitted this round; switch: None when it did not plan)."""
-        rec = None if self.switch is None else self.switch.record()
-        out = {} if self.switch is None else {"switch": None if rec is None else asdict(rec)}
+        """The round's gate record for its extras ({} when off; confidence None: no draft
+        step fitted this round). The switch's plan is the round's own field (switch_plan)."""
         if self.draft_confidence <= 0:
-            return out
-        return {**out, "gate": self.gate_info or {"threshold": self.draft_confidence,
-                                                  "confidence": None, "drafted": False}}
+            return {}
+        return {"gate": self.gate_info or {"threshold": self.draft_confidence,
+                                           "confidence": None, "drafted": False}}
 
     def start(self, ctx: RunState) -> None:
         w = self.start_width
@@ -338,10 +337,13 @@ class BeamStart:
             ctx.pair.target.generation_config, w, ctx.cfg.max_new_tokens, len(ctx.prompt_ids))
         self.state = init_beams(torch.tensor([ctx.prompt_ids]), self.cfg)
 
-    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> ControllerState | None:
         if self.switch is not None and self.switch.decision is not None:
             self.switch.observe(verdict.drafted, verdict.accepted)
         return None
+
+    def switch_plan(self) -> SwitchPlan | None:
+        return None if self.switch is None else self.switch.record()
 
     def final(self) -> tuple[BeamTrace, ...]:
         return tuple(BeamTrace(h.tokens, h.score, True) for h in finalize(self.state, self.cfg))

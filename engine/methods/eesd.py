@@ -28,6 +28,7 @@ from engine.control.controllers import CONTROL_PARAMS, CaliTSController, Control
 from engine.control.predictor import CaliFeatures, draft_confidence
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
+from engine.core.records import ControllerState
 from engine.drafters.early_exit import EarlyExitDrafter, early_exit_drafter
 from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
 from engine.methods.base import MethodSpec, PairView, RoundVerdict, RunState, register
@@ -124,7 +125,7 @@ class EESD(TreeSpeculation):
                 verdict.extras["predictor"] = self._predictor_name
         return verdict
 
-    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> ControllerState:
         """Posterior update (Alg. 1 step 18); a round without drafts keeps the posterior,
         except a plain round the cost switch planned (it learns from those too)."""
         if verdict.drafted == 0 and not self.controller.decided:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.core.forest import Forest, empty_forest
+from engine.core.records import ControllerState, SwitchPlan
 from engine.core.sampling import probs_from_logits
 from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
@@ -55,7 +56,10 @@ class SingleStart:
     def start(self, ctx: RunState) -> None:
         ctx.seqs, ctx.origins, ctx.scores = [[]], [[]], [0.0]
 
-    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None:
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> ControllerState | None:
+        return None
+
+    def switch_plan(self) -> SwitchPlan | None:
         return None
 
     def costs_wanted(self) -> str | None:

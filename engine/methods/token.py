@@ -25,6 +25,7 @@ from engine.control.cost import chain_shape, tree_shape
 from engine.core.cached_model import Scored
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.forest import ROOT, Forest, depths, empty_forest
+from engine.core.records import ControllerState, SwitchPlan
 from engine.core.sampling import probs_from_logits
 from engine.core.trace import (
     ACCEPTED,
@@ -241,7 +242,10 @@ class TreeSpeculation(SingleStart):
     def use_costs(self, profile) -> None:
         self.controller.attach(profile)
 
-    def observe(self, ctx: RunState, verdict: RoundVerdict) -> dict | None:
+    def switch_plan(self) -> SwitchPlan | None:
+        return self.controller.plan_record()
+
+    def observe(self, ctx: RunState, verdict: RoundVerdict) -> ControllerState | None:
         if verdict.drafted == 0 and not self.controller.decided:
             return None
         self.controller.observe(verdict.drafted, verdict.accepted)

@@ -147,7 +147,7 @@ class Decoder:
             beams_after=tuple(BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores)),
             committed=committed, drafted=verdict.drafted, accepted=verdict.accepted,
             target_calls=1, draft_calls=ctx.draft_calls - draft_calls0, timings=t,
-            controller=controller, extras=verdict.extras,
+            controller=controller, switch=self.method.switch_plan(), extras=verdict.extras,
             p_top=_top_slices(scored, verdict), beam_steps=verdict.beam_steps,
             step_paths=self._step_paths(),
         )

@@ -168,7 +168,7 @@ def test_cost_controller_stops_at_the_planned_depth():
     assert [ctl.should_continue(d, make_generator(0), 0.9) for d in (1, 2, 3)] == \
         [True, True, False]
     state = ctl.state()
-    assert state.stop_reason == "plan" and state.switch.depth == 3
+    assert state.stop_reason == "plan" and ctl.plan_record().depth == 3
 
 
 def test_cost_controller_cuts_a_round_when_the_draft_is_unsure():
@@ -190,7 +190,8 @@ def test_cost_controller_plans_plain_steps_and_records_them():
     assert ctl.plan(chain_shape(4), make_generator(0)) == 0
     ctl.observe(0, 0)
     state = json.loads(json.dumps(asdict(ctl.state())))
-    assert state["switch"]["depth"] == 0 and state["switch"]["predicted_gain"] == 1.0
+    plan = json.loads(json.dumps(asdict(ctl.plan_record())))
+    assert plan["depth"] == 0 and plan["predicted_gain"] == 1.0
     assert state["config"]["costs"] == "measured" and not math.isnan(state["after"]["mean"][0])
 
 

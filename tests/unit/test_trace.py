@@ -4,7 +4,10 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import pytest
+
 from engine.cli.cost_text import cost_sentence
+from engine.core.errors import TraceError
 from engine.core.records import (
     ControllerState,
     CostRecord,
@@ -72,14 +75,32 @@ def test_run_trace_round_trips_through_json():
 def test_the_typed_records_round_trip_through_json():
     tr = _trace()
     tr = replace(tr, rounds=(replace(tr.rounds[0], controller=replace(
-        tr.rounds[0].controller, kind="cost", switch=PLAN)),
-        RoundTrace(1, extras={"switch": json.loads(json.dumps(asdict(PLAN)))})))
+        tr.rounds[0].controller, kind="cost"), switch=PLAN), RoundTrace(1, switch=PLAN)))
     back = RunTrace.from_json(tr.to_json())
     assert back == tr and back.to_json() == tr.to_json()
     assert back.stats.cost == COST and back.stats.cost.projected.speedup == 2.1
-    assert back.rounds[0].switch == PLAN  # a token method's plan: in its controller state
-    assert back.rounds[1].switch == PLAN  # a beam method's: in its extras
+    assert back.rounds[0].switch == PLAN and back.rounds[1].switch == PLAN
     assert back.rounds[1].controller is None
+
+
+def test_a_switch_plan_stored_in_the_old_places_becomes_the_round_s_own():
+    """Before the plan was a round's field, a token method kept it in its controller's state
+    and a beam method in its extras: both import as the round's switch."""
+    tr = _trace()
+    tr = replace(tr, rounds=(replace(tr.rounds[0], controller=replace(
+        tr.rounds[0].controller, kind="cost")), RoundTrace(1), RoundTrace(2)))
+    plan = json.loads(json.dumps(asdict(PLAN)))
+    d = json.loads(tr.to_json())
+    for r in d["rounds"]:
+        del r["switch"]
+    d["rounds"][0]["controller"]["switch"] = plan
+    d["rounds"][1]["extras"] = {"switch": plan}
+    back = RunTrace.from_dict(d)
+    assert [r.switch for r in back.rounds] == [PLAN, PLAN, None]
+    bad = json.loads(json.dumps(d))
+    bad["rounds"][1]["extras"]["switch"]["depth"] = "two"
+    with pytest.raises(TraceError, match=r"rounds\[1\]\.switch\.depth: expected int"):
+        RunTrace.from_dict(bad)
 
 
 def test_a_trace_in_the_old_shape_still_imports():
@@ -95,7 +116,7 @@ def test_a_trace_in_the_old_shape_still_imports():
     assert cost_sentence(tr.stats.cost) == old_cost["summary"]
     state = tr.rounds[1].controller
     assert isinstance(state, ControllerState) and state.kind == "confidence"
-    assert state.switch is None and tr.rounds[1].switch is None
+    assert tr.rounds[1].switch is None
     assert RunTrace.from_json(tr.to_json()) == tr
     assert RunTrace.from_dict({**data, "stats": {}}).stats == RunSummary()
 

@@ -603,17 +603,8 @@ def test_compare_shows_the_h100_projection_beside_the_measured_speedup():
     assert "*H100 (projected)*" in note and "not a measurement" in note
 
 
-def _switch_rec(depth: int, gain: float) -> dict:
-    """A switch plan as a beam method's extras hold it (JSON values)."""
-    return {"profile": "measured", "depth": depth, "predicted_gain": gain,
-            "drawn": [0.8, 0.4], "posterior": {},
-            "options": [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0},
-                        {"depth": 1, "expected_tokens": 1.8, "cost": 1.2, "gain": 1.5},
-                        {"depth": 2, "expected_tokens": 2.12, "cost": 1.5, "gain": 1.4133}]}
-
-
 def _switch_plan(depth: int, gain: float) -> SwitchPlan:
-    """The same plan as a token method's controller state holds it."""
+    """A round's cost switch plan (token and beam methods alike)."""
     return SwitchPlan(depth=depth, predicted_gain=gain, drawn=(0.8, 0.4), profile="measured",
                       posterior=DepthPosteriorState(),
                       options=(SwitchOption(0, 1.0, 1.0, 1.0), SwitchOption(1, 1.8, 1.2, 1.5),
@@ -621,9 +612,9 @@ def _switch_plan(depth: int, gain: float) -> SwitchPlan:
 
 
 def test_the_round_panel_shows_the_cost_switchs_plan_and_every_option():
-    token = RoundTrace(0, drafted=1, accepted=1,
-                       controller=ControllerState(kind="cost", switch=_switch_plan(1, 1.5)))
-    beam = RoundTrace(0, extras={"switch": _switch_rec(0, 1.0)})
+    token = RoundTrace(0, drafted=1, accepted=1, controller=ControllerState(kind="cost"),
+                       switch=_switch_plan(1, 1.5))
+    beam = RoundTrace(0, switch=_switch_plan(0, 1.0))
     md = {}
     for name, r in (("sd", token), ("atspeed_strict", beam)):
         t = RunTrace(name, {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
@@ -639,9 +630,9 @@ def test_the_round_panel_shows_the_cost_switchs_plan_and_every_option():
 
 
 def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
-    rounds = (RoundTrace(0, drafted=2, accepted=1, extras={"switch": _switch_rec(2, 1.41)}),
-              RoundTrace(1, extras={"switch": _switch_rec(0, 1.0)}),
-              RoundTrace(2, drafted=1, accepted=1, extras={"switch": _switch_rec(1, 1.5)}))
+    rounds = (RoundTrace(0, drafted=2, accepted=1, switch=_switch_plan(2, 1.41)),
+              RoundTrace(1, switch=_switch_plan(0, 1.0)),
+              RoundTrace(2, drafted=1, accepted=1, switch=_switch_plan(1, 1.5)))
     t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), rounds, (), "", (),
                  RunSummary())
     fig = charts.posterior_figure(t, 2)
