@@ -66,7 +66,7 @@ def outcomes(pair, ids, method, params, seeds) -> tuple[list[tuple], dict]:
     for s in seeds:
         trace = generate(pair, ids, method, **params, seed=s)
         out.append(tuple(trace.beams[0].token_ids))
-        calls.append(trace.stats["target_calls"])
+        calls.append(trace.stats.target_calls)
     return out, {"seconds_per_run": (time.perf_counter() - t0) / len(seeds),
                  "target_calls": float(np.mean(calls))}
 

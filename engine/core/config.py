@@ -141,19 +141,26 @@ def layered(specs: tuple[ParamSpec, ...], tuned: Mapping[str, Any],
             given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Given values (None: not given) over tuned ones (a pair's measured best settings),
     each layer :func:`normalised` on its own: (the tuned values left standing, the given
-    values). A tuned value stands unless a value of its name is given or it conflicts with
-    the given ones (a given controller=beta_ts sets a tuned switch=cost aside): the given
-    layer wins, and only a conflict within it is a ConfigError."""
+    values). A tuned value stands, with the values it implies (switch=cost: controller=fixed),
+    unless a value of one of their names is given or they conflict with the given ones (a
+    given controller=beta_ts or controller=fixed sets a tuned switch=cost aside, and a given
+    switch=off the controller=fixed it implied): the given layer wins, and only a conflict
+    within it is a ConfigError."""
     given = normalised(specs, {k: v for k, v in given.items() if v is not None})
+    tuned = normalised(specs, tuned)
+    implied = {j for k, v in tuned.items() for j in normalised(specs, {k: v}) if j != k}
     kept: dict[str, Any] = {}
-    for k, v in normalised(specs, tuned).items():
-        if k in given:
+    for k, v in tuned.items():
+        if k in implied:
+            continue  # stands or falls with the value that implies it
+        group = {j: tuned.get(j, w) for j, w in normalised(specs, {k: v}).items()}
+        if any(j in given for j in group):
             continue
         try:
-            normalised(specs, {**given, **kept, k: v})
+            normalised(specs, {**given, **kept, **group})
         except ConfigError:
             continue
-        kept[k] = v
+        kept.update(group)
     return kept, given
 
 

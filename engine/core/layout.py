@@ -28,7 +28,8 @@ applies itself, does the same (:func:`head_logits`), and so does a drafter's sho
 (:func:`weight_product`: an 8,192 x 576 shortlist costs 0.9 ms for 4 rows packed, 2.4 ms
 stock). Nothing in a modeling file or a value changes;
 only the order of floating-point sums does, as with any change of batch shape, and the
-exactness tests run with it. A toy model (under PACK_MIN_BYTES of linear weight, e.g. the
+exactness tests run with it (the embedded model's, and tests/model/test_packed_exactness.py
+on packed tiny models). A toy model (under PACK_MIN_BYTES of linear weight, e.g. the
 tests' tiny models and ``tiny`` specs) stays stock: a packed or padded call costs a fixed 30-35
 us, more than the whole product of a small weight (measured, one thread, AMD EPYC, 1 / 2 / 3
 rows: a 32 x 16 weight 5 / 5 / 6 us stock against 41 / 40 / 40 padded; 512 x 256: 20 / 33 /

@@ -38,7 +38,7 @@ class RunState(Protocol):
     """The state of one run as a method sees it: the members of the round loop's
     ``RunContext`` (engine.run.loop) that methods read or write. methods/ sits below run/, so
     methods take this protocol and the loop hands them its context
-    (tests/unit/test_repository.py checks that the context provides every member)."""
+    (tests/unit/test_run_state.py checks that the context provides every member)."""
 
     pair: PairView
     cfg: RunConfig  # max_new_tokens, seed, warp

@@ -197,7 +197,7 @@ class Run:
     def _finish(self) -> None:
         self.done = True
         plain = not METHODS[self.method].uses_draft
-        cost = costs.cost_model(self.method, None, self._rounds, self.params, plain,
+        cost = costs.cost_model(self.method, self._rounds, self.params, plain,
                                 lambda width: plain_step_s(self.pair, width),
                                 projected_profile(self.method, costs.run_width(self.params)))
         if plain and cost:  # a plain run measured the pair's plain step of its width

@@ -30,11 +30,11 @@ rounds); 1 for a plain method. It assumes the run's acceptance carries over unch
 stored costs fit its models and width: a projection, not a measurement.
 
 Round 0 also prefills the prompt, so every average uses rounds 1.. when there are any.
-``t_step`` is the median plain round of the latest plain run of this width on this target in
-this process, or else a calibration: a plain decode of 4 steps on a fixed 16-token prompt,
-measured once per process and width (``engine.run.api.calibrate``). Context length barely
-moves a step of the small models this runs on the CPU; on a GPU or with long prompts it is an
-approximation.
+``t_step`` is the median plain round of the latest plain run of this width on this pair, or
+else a calibration: a plain decode of 4 steps on a fixed 16-token prompt, measured once per
+pair and width (``engine.run.api.calibrate``; both kept in ``ModelPair.calibration``).
+Context length barely moves a step of the small models this runs on the CPU; on a GPU or with
+long prompts it is an approximation.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def projection(profile: CostProfile, rounds: list[RoundTrace], plain: bool) -> P
                             c_draft=profile.c_draft, c_verify=c_verify, nodes_per_row=nodes)
 
 
-def cost_model(method: str, stats: Any, rounds: list[RoundTrace],
+def cost_model(method: str, rounds: list[RoundTrace],
                params: dict[str, Any], plain: bool, step_s: Callable[[int], float],
                projected: CostProfile | None = None) -> CostRecord | None:
     """The run's cost model (see module docstring): numbers only (the sentence a view shows
@@ -137,7 +137,7 @@ def cost_model(method: str, stats: Any, rounds: list[RoundTrace],
     run without rounds. ``plain``: the method drafts nothing (its own rounds are the plain
     step, given back as ``t_step_s``); ``step_s(W)``: seconds of a plain step of width W
     (engine.run.api.plain_step_s: the pair's calibration); ``projected``: a stored profile to
-    project the run onto (None: no projection). ``stats`` is not read."""
+    project the run onto (None: no projection)."""
     width = run_width(params)
     later = rounds[1:] or rounds
     if not later:

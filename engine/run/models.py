@@ -31,6 +31,7 @@ from engine.core.placement import (
     resolve_map,
 )
 from engine.core.static_kv import kv_mode
+from engine.drafters.base import Drafter
 from engine.run.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
 from engine.run.tuned import Tuned, tuned_settings
 
@@ -315,7 +316,7 @@ class ModelPair:
     calibration: Calibration = field(default_factory=Calibration)  # measured on this machine
     # drafters a method builds over this target for its runs, by kind (eesd's early exits:
     # engine.methods.eesd.drafter_for), kept with the pair so later runs reuse them
-    exit_drafters: dict[str, object] = field(default_factory=dict)
+    exit_drafters: dict[str, Drafter] = field(default_factory=dict)
 
     @property
     def device_name(self) -> str:

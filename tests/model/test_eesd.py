@@ -4,7 +4,6 @@ trace, the trained early-exit layer (save / load, shortlist head) and a tiny tra
 from __future__ import annotations
 
 import json
-from dataclasses import fields
 
 import pytest
 import torch
@@ -99,7 +98,6 @@ def test_greedy_run_names_its_drafter_and_never_calls_generate(monkeypatch):
     monkeypatch.setattr(type(pair.target), "generate", lambda *a, **k: calls.append(1))
     trace = engine.generate(pair, [3, 4, 5], "eesd", max_new_tokens=16)
     assert calls == []  # timing against generate() is bench's and Compare's job
-    assert not any("generate" in f.name for f in fields(trace.stats))
     assert trace.rounds[0].extras["drafter"].startswith("early-exit (first 2/4 layers, trained")
 
 

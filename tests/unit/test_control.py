@@ -630,12 +630,19 @@ def test_a_switch_that_conflicts_with_the_controller_is_one_config_error(method,
 def test_a_given_controller_sets_a_tuned_switch_aside_and_a_given_switch_a_tuned_controller():
     sd, eesd = METHODS["sd"].all_params, METHODS["eesd"].all_params
     tuned = {"switch": "cost"}  # read in full: with controller=fixed
+    assert layered(sd, tuned, {}) == ({"switch": "cost", "controller": "fixed"}, {})
     assert layered(sd, tuned, {"controller": "beta_ts"}) == ({}, {"controller": "beta_ts"})
+    # controller=fixed turns the switch off, as it did when the switch was controller=cost
     assert layered(sd, tuned, {"controller": "fixed", "gamma": None}) == (
-        {"switch": "cost"}, {"controller": "fixed"})
+        {}, {"controller": "fixed"})
+    assert layered(sd, {"controller": "cost"}, {"controller": "fixed"}) == (
+        {}, {"controller": "fixed"})
     assert layered(sd, tuned, {"controller": "cost"}) == (
         {}, {"controller": "fixed", "switch": "cost"})
-    assert layered(eesd, tuned, {"switch": "off"}) == ({"controller": "fixed"}, {"switch": "off"})
+    # switch=off takes the controller=fixed the tuned switch implied with it: eesd's default
+    assert layered(eesd, tuned, {"switch": "off"}) == ({}, {"switch": "off"})
+    assert layered(eesd, {**tuned, "gamma": 3}, {"switch": "off"}) == (
+        {"gamma": 3}, {"switch": "off"})
     assert layered(sd, {"controller": "confidence", "cap": 8}, {"switch": "cost"}) == (
         {"cap": 8}, {"switch": "cost", "controller": "fixed"})
     with pytest.raises(ConfigError, match="cannot combine with controller=heuristic"):
