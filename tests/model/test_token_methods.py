@@ -123,8 +123,8 @@ def test_optimal_acceptance_is_recorded_per_verified_position(method, params, sc
         if method == "greedy_drafts":
             assert abs(rec.expected - rec.alpha_star) < 1e-9
     eff = trace.stats.verifier_efficiency
-    assert eff == pytest.approx(sum(r["achieved"] for r in recs)
-                                / sum(r["alpha_star"] for r in recs))
+    assert eff == pytest.approx(sum(r.achieved for r in recs)
+                                / sum(r.alpha_star for r in recs))
 
 
 def test_the_confidence_controller_stops_a_chain_at_the_first_unsure_draft():
