@@ -10,10 +10,11 @@ Absent fields render as "—".
 from __future__ import annotations
 
 import json
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from engine.cli.cost_text import cost_sentence
-from engine.core.records import CostRecord, SwitchPlan
+from engine.core.records import CostRecord, GateRecord, SwitchPlan
 from engine.core.trace import RoundTrace, RunTrace
 from specviz.forest_view import token_label, vocab_of
 
@@ -160,12 +161,12 @@ def _width(extras: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def gate_markdown(gate: Any) -> str:
+def gate_markdown(gate: GateRecord | None) -> str:
     """The beam methods' draft-confidence gate: why the round drafted or ran a plain step."""
-    if not isinstance(gate, dict) or gate.get("confidence") is None:
+    if gate is None or gate.confidence is None:
         return ""
-    c, least = _num(gate.get("threshold")), _num(gate.get("confidence"))
-    if gate.get("drafted"):
+    c, least = _num(gate.threshold), _num(gate.confidence)
+    if gate.drafted:
         return (f"**Draft gate**: drafted: every live beam's likeliest draftable token has "
                 f"q >= {c} (least {least})")
     return (f"**Draft gate**: not drafted: a live beam's likeliest draftable token has "
@@ -193,16 +194,34 @@ def _short(v: Any, limit: int = 120) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def _empty(v: Any) -> bool:
+    return v is None or (isinstance(v, (tuple, list, dict)) and not v)
+
+
+def _plain(v: Any) -> Any:
+    """JSON-like form of an extras value for the generic listing: a record becomes the dict
+    of its non-empty fields (None / empty left out), tuples become lists; free-form dicts
+    keep every key."""
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _plain(x) for f in fields(v)
+                if not _empty(x := getattr(v, f.name))}
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
 def extras_markdown(trace: RunTrace | None, index: int) -> str:
     """Method-specific numbers of the round: width decision, optimal acceptance, the rest
     (lists of records as tables, scalars inline), then the controller's posterior step."""
     if trace is None or not trace.rounds:
         return ""
     r = _round(trace, index)
-    ex = dict(r.extras or {})
-    ex.pop("switch", None)
+    ex = _plain(r.extras)  # the non-empty fields of the round's RoundExtras
+    ex.pop("gate", None)
     parts = [p for p in (switch_markdown(r.switch, r.drafted),
-                         gate_markdown(ex.pop("gate", None)), beam_match_markdown(trace, index),
+                         gate_markdown(r.extras.gate), beam_match_markdown(trace, index),
                          _width(ex), _optimal(ex.pop("optimal", None))) if p]
     rest = {k: v for k, v in ex.items() if "width" not in k.lower()}
     inline = {k: v for k, v in rest.items() if not _is_table(v)}

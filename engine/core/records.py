@@ -1,5 +1,5 @@
-"""Typed records a trace holds: the run's statistics and cost model, the cost switch's plan
-and a length controller's round state.
+"""Typed records a trace holds: the run's statistics and cost model, the cost switch's plan,
+a length controller's round state and a round's method-specific extras.
 
 Frozen and JSON-serialisable like the rest of the trace (engine.core.trace reads them back
 with its type-checking reader). Every field has a default: each method family fills what it
@@ -120,3 +120,84 @@ class ControllerState:
     stop_reason: str | None = None  # "cap" | "chi0" | "confidence" | "plan" | None
     update: dict[str, Any] | None = None  # drafted, accepted + what the update used
     after: dict[str, Any] | None = None  # posterior / length after the update
+
+
+@dataclass(frozen=True)
+class OptimalRecord:
+    """Optimal acceptance at one drafted position (engine.verify.optimality.position_record):
+    alpha* next to what the rule achieved. Fields a record lacks (older traces) stay None."""
+
+    depth: int | None = None  # depth of the drafted children (1 = children of the root)
+    parent: int | None = None  # forest node the children hang from
+    n: int | None = None  # drafted children
+    scheme: str | None = None  # "with" / "without" replacement
+    rule: str | None = None  # the verification rule
+    alpha_star: float = 0.0  # optimal acceptance over every verifier of the scheme
+    certificate_size: int | None = None  # |H| of the optimum's certificate
+    achieved: float = 0.0  # the rule's exact acceptance with these drafts
+    expected: float | None = None  # the rule's closed form over fresh drafts (None: none)
+    tv: float | None = None  # total variation between p and q
+
+
+@dataclass(frozen=True)
+class GateRecord:
+    """The beam methods' draft-confidence gate (engine.methods.beam_forest.confidence_gate)."""
+
+    threshold: float = 0.0
+    confidence: float | None = None  # the least top q over live rows; None: no draft step fitted
+    drafted: bool = False
+
+
+@dataclass(frozen=True)
+class WidthDecision:
+    """One DSBD width decision (Eq. 5-7, engine.verify.beam.choose_width) at a layer."""
+
+    depth: int | None = None  # the layer (1 = first drafted layer)
+    alphas: tuple[float, ...] = ()  # alpha_1..alpha_{W_S} (Eq. 4)
+    P: tuple[float, ...] = ()  # P(W_S, k), k = 0..W_S (Eq. 2-3)
+    tails: tuple[float, ...] = ()  # P(>= K accepted), K = 0..W_S (Eq. 5)
+    t: float | None = None  # the threshold
+    chosen: int | None = None  # the width (Eq. 6)
+    w_tilde: int | None = None  # Eq. 7: largest K with P(>= K) >= t
+    w_min: int | None = None
+    expected: float | None = None  # E[#accepted]
+    beta_min: float | None = None  # P(>= W_min accepted)
+
+
+@dataclass(frozen=True)
+class RoundExtras:
+    """A round's method-specific numbers (``RoundTrace.extras``): one field per key a method
+    family fills, None / empty where it has none.
+
+    Token methods: k_config, rule, tree_nodes, optimal. Beam search / AtSpeed strict: steps,
+    first_failing_step, draft_beams, fill, gate, beams, depth; beam sampling: draws, beams.
+    DSBD and relaxed: mode, draft_beams, threshold, min_width, beams, layers, last_layer,
+    depth, gate, width. EESD: kv_cache, drafter, predictor. The ``dict`` payloads are
+    free-form per method (their keys are the method's own and change with it).
+    """
+
+    # token methods
+    k_config: tuple[int, ...] = ()  # children per node at each depth
+    rule: str | None = None
+    tree_nodes: int | None = None
+    optimal: tuple[OptimalRecord, ...] = ()  # when the method records it (optimal=True)
+    # beam methods
+    steps: tuple[dict[str, Any], ...] = ()  # free-form: the replayed search's steps
+    first_failing_step: int | None = None
+    draft_beams: int | None = None
+    fill: bool | None = None
+    gate: GateRecord | None = None  # None: the gate is off
+    beams: int | None = None
+    depth: int | None = None
+    draws: tuple[tuple[Any, ...], ...] = ()  # beam sampling: (parent, token, p, finished)
+    # DSBD and relaxed sampling
+    mode: str | None = None  # "full" / "one_cache"
+    threshold: float | None = None
+    min_width: int | None = None
+    layers: tuple[dict[str, Any], ...] = ()  # free-form: per layer, its method's own numbers
+    last_layer: int | None = None
+    width: tuple[WidthDecision, ...] = ()  # DSBD: one per layer that chose a width
+    # EESD
+    kv_cache: dict[str, Any] = field(default_factory=dict)  # free-form: shared-trunk lengths
+    drafter: str | None = None
+    predictor: str | None = None

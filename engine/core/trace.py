@@ -2,11 +2,14 @@
 
 Only top-k slices of distributions are stored, never whole vocabularies. Beam methods record,
 per verified step, the target's top-K beams and which drafted beams matched them
-(``BeamStep``: K + N entries per step, what the verification rule already computed). Method-specific
-numbers (DSBD width decision, strict top-K hits, optimal acceptance) live in the ``extras``
-dict, which holds JSON values only; the run's statistics and cost model (``RunTrace.stats``), a
-length controller's round (``RoundTrace.controller``) and the cost switch's plan
-(``RoundTrace.switch``) are typed records of engine.core.records.
+(``BeamStep``: K + N entries per step, what the verification rule already computed). The run's
+statistics and cost model (``RunTrace.stats``), a length controller's round
+(``RoundTrace.controller``), the cost switch's plan (``RoundTrace.switch``) and the round's
+method-specific numbers (``RoundTrace.extras``, a ``RoundExtras``: DSBD width decisions, the
+confidence gate, optimal acceptance, ...) are typed records of engine.core.records; only the
+payloads that are free-form per method (a beam method's steps, DSBD's layers, EESD's cache
+lengths, a controller's parameters) stay JSON values. An extras dict of an older trace reads
+into a ``RoundExtras`` like any record (unknown keys ignored).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Callable
 
 from engine.core.errors import TraceError
-from engine.core.records import ControllerState, RunSummary, SwitchPlan
+from engine.core.records import ControllerState, RoundExtras, RunSummary, SwitchPlan
 
 # Node statuses, as drawn by the forest view.
 ACCEPTED = "accepted"
@@ -156,7 +159,7 @@ class RoundTrace:
     draft_calls: int = 0
     timings: dict[str, float] = field(default_factory=dict)  # propose/score/verify/commit/observe
     controller: ControllerState | None = None  # a length controller's round (token methods)
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: RoundExtras = field(default_factory=RoundExtras)  # the method family's numbers
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
     # the KV path that served each forward of the round (engine.core.static_kv): "target:"
@@ -356,9 +359,9 @@ class RunStats:
             self.split[k] = self.split.get(k, 0.0) + v
         for p in r.step_paths:
             self.paths[p] = self.paths.get(p, 0) + 1
-        for rec in r.extras.get("optimal", []):
-            self.opt_alpha += rec["alpha_star"]
-            self.opt_achieved += rec["achieved"]
+        for rec in r.extras.optimal:
+            self.opt_alpha += rec.alpha_star
+            self.opt_achieved += rec.achieved
             self.opt_n += 1
 
     def result(self, new_tokens: int) -> RunSummary:

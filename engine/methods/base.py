@@ -18,7 +18,7 @@ from engine.core.config import (
 )
 from engine.core.errors import ConfigError
 from engine.core.forest import Forest
-from engine.core.records import ControllerState, SwitchPlan
+from engine.core.records import ControllerState, RoundExtras, SwitchPlan
 from engine.core.sampling import Chooser, Warp
 from engine.core.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
 from engine.drafters.base import Drafter
@@ -104,7 +104,7 @@ class RoundVerdict:
     accepted: int = 0
     done: bool = False
     stop_reason: str = ""
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: RoundExtras = field(default_factory=RoundExtras)  # becomes RoundTrace.extras
     final_beams: tuple[BeamTrace, ...] = ()  # set by beam methods when done
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
 

@@ -25,6 +25,7 @@ from engine.beams.match import match_step, strict_reason
 from engine.beams.sample import beam_sample_step
 from engine.beams.search import beam_step
 from engine.core.forest import ROOT, Forest, empty_forest
+from engine.core.records import RoundExtras
 from engine.core.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, BeamStep, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
@@ -207,9 +208,9 @@ class BeamSearch(BeamStart):
             tests=tuple(rp.tests), drafted=depth, accepted=rp.accepted, done=done,
             stop_reason=stop_reason(ctx, last) if done else "",
             final_beams=self.final() if done else (),
-            extras={"steps": rp.steps, "first_failing_step": failing, "draft_beams": self.n,
-                    "fill": self.fill, **self.gate_extras(),
-                    "beams": self.start_width, "depth": depth},
+            extras=RoundExtras(steps=tuple(rp.steps), first_failing_step=failing,
+                               draft_beams=self.n, fill=self.fill, gate=self.gate_record(),
+                               beams=self.start_width, depth=depth),
             beam_steps=tuple(rp.matches),
         )
 
@@ -244,7 +245,7 @@ class BeamSampling(BeamStart):
                                                   beams, 1),
             done=done, stop_reason=stop_reason(ctx, 1) if done else "",
             final_beams=self.final() if done else (),
-            extras={"draws": draws, "beams": self.start_width},
+            extras=RoundExtras(draws=tuple(tuple(d) for d in draws), beams=self.start_width),
         )
 
 

@@ -20,7 +20,7 @@ from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT, Forest, path_to
-from engine.core.records import ControllerState, SwitchPlan
+from engine.core.records import ControllerState, GateRecord, SwitchPlan
 from engine.core.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 from engine.methods.base import RoundVerdict, RunState
 
@@ -321,13 +321,14 @@ class BeamStart:
         """(W, V) the draft log-probs the gate reads (a method masks what it never drafts)."""
         return lq
 
-    def gate_extras(self) -> dict:
-        """The round's gate record for its extras ({} when off; confidence None: no draft
+    def gate_record(self) -> GateRecord | None:
+        """The round's gate record for its extras (None when off; confidence None: no draft
         step fitted this round). The switch's plan is the round's own field (switch_plan)."""
         if self.draft_confidence <= 0:
-            return {}
-        return {"gate": self.gate_info or {"threshold": self.draft_confidence,
-                                           "confidence": None, "drafted": False}}
+            return None
+        if self.gate_info is None:
+            return GateRecord(threshold=self.draft_confidence)
+        return GateRecord(**self.gate_info)
 
     def start(self, ctx: RunState) -> None:
         w = self.start_width

@@ -31,6 +31,7 @@ from engine.beams.search import NEG_SCORE
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, empty_forest
+from engine.core.records import RoundExtras, WidthDecision
 from engine.core.sampling import EPS, draw_without_replacement
 from engine.core.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
@@ -228,8 +229,8 @@ class SampledBeams(BeamStart):
             tests=tuple(st.tests), drafted=depth, accepted=st.accepted, done=done,
             stop_reason=stop_reason(ctx, j) if done else "",
             final_beams=self.final() if done else (),
-            extras={**self.describe(), "layers": st.layers, "last_layer": j, "depth": depth,
-                    **self.gate_extras()},
+            extras=RoundExtras(**self.describe(), layers=tuple(st.layers), last_layer=j,
+                               depth=depth, gate=self.gate_record()),
             beam_steps=tuple(st.matches),
         )
 
@@ -301,9 +302,10 @@ class Dsbd(SampledBeams):
 
     def _verdict(self, ctx: RunState, forest, p_root, p_nodes, st, j, depth, beams) -> RoundVerdict:
         v = super()._verdict(ctx, forest, p_root, p_nodes, st, j, depth, beams)
-        v.extras["width"] = [dict(L["decision"], depth=L["depth"]) for L in st.layers
-                             if "decision" in L]
-        return v
+        width = tuple(WidthDecision(depth=L["depth"], **{
+            k: tuple(x) if isinstance(x, list) else x for k, x in L["decision"].items()})
+            for L in st.layers if "decision" in L)
+        return replace(v, extras=replace(v.extras, width=width))
 
 
 class Relaxed(SampledBeams):

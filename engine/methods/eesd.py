@@ -117,12 +117,12 @@ class EESD(TreeSpeculation):
                          else scored.root_hidden[0])  # (d,)
         tgt = ctx.target
         if isinstance(tgt, SharedSide):  # cache lengths before the rollback, for the trace
-            verdict.extras["kv_cache"] = {**tgt.trunk.len,
-                                          "kept": tgt.trunk.committed + verdict.accepted}
+            verdict.extras = replace(verdict.extras, kv_cache={
+                **tgt.trunk.len, "kept": tgt.trunk.committed + verdict.accepted})
         if ctx.round_index == 0:
-            verdict.extras["drafter"] = self._name
-            if isinstance(self.controller, CaliTSController):
-                verdict.extras["predictor"] = self._predictor_name
+            verdict.extras = replace(verdict.extras, drafter=self._name, predictor=(
+                self._predictor_name if isinstance(self.controller, CaliTSController)
+                else None))
         return verdict
 
     def observe(self, ctx: RunState, verdict: RoundVerdict) -> ControllerState:

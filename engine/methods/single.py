@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.core.forest import Forest, empty_forest
-from engine.core.records import ControllerState, SwitchPlan
+from engine.core.records import ControllerState, RoundExtras, SwitchPlan
 from engine.core.sampling import probs_from_logits
 from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def finish_single(ctx: RunState, path_nodes: list[int], path_tokens: list[int], final: int | None,
                   origins: list[str], nodes: tuple[NodeTrace, ...] = (),
                   tests: tuple[TestRecord, ...] = (), drafted: int = 0, accepted: int = 0,
-                  extras: dict | None = None) -> RoundVerdict:
+                  extras: RoundExtras | None = None) -> RoundVerdict:
     """RoundVerdict for one row: path + final token, cut at the first EOS and at the budget."""
     tokens = path_tokens + ([final] if final is not None else [])
     keep, reason = len(tokens), ""
@@ -41,7 +41,7 @@ def finish_single(ctx: RunState, path_nodes: list[int], path_tokens: list[int], 
         new_tokens=torch.tensor([new], dtype=torch.long).reshape(1, len(new)),
         origins=[origins[:keep]],
         nodes=nodes, tests=tests, drafted=drafted, accepted=accepted,
-        done=bool(reason), stop_reason=reason, extras=extras or {},
+        done=bool(reason), stop_reason=reason, extras=extras or RoundExtras(),
     )
 
 

@@ -25,7 +25,7 @@ from engine.control.cost import chain_shape, tree_shape
 from engine.core.cached_model import Scored
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.forest import ROOT, Forest, depths, empty_forest
-from engine.core.records import ControllerState, SwitchPlan
+from engine.core.records import ControllerState, OptimalRecord, RoundExtras, SwitchPlan
 from engine.core.sampling import probs_from_logits
 from engine.core.trace import (
     ACCEPTED,
@@ -230,9 +230,10 @@ class TreeSpeculation(SingleStart):
             ctx, path, [tokens[i] for i in path], final,
             [ORIGIN_ACCEPTED] * len(path) + [origin], nodes=tuple(nodes), tests=tuple(tests),
             drafted=drafted, accepted=len(path),
-            extras={"k_config": list(self.cfg.k_config), "rule": self.cfg.rule,
-                    "tree_nodes": len(tokens), **({"optimal": self._optimal}
-                                                  if self.cfg.record_optimal else {})},
+            extras=RoundExtras(k_config=tuple(self.cfg.k_config), rule=self.cfg.rule,
+                               tree_nodes=len(tokens),
+                               optimal=tuple(OptimalRecord(**rec) for rec in self._optimal)
+                               if self.cfg.record_optimal else ()),
         )
 
     def costs_wanted(self) -> str | None:

@@ -215,21 +215,21 @@ def test_the_confidence_gate_drafts_only_rounds_whose_every_beam_is_confident():
     for (_, free), (_, gated) in zip(gated_runs(0.0)[2], gated_runs(0.2)[2]):
         assert any(min(top_q(r)) < 0.2 for r in free.rounds if top_q(r))
         for r in gated.rounds:
-            info = r.extras["gate"]
-            assert info["threshold"] == 0.2
-            if info["confidence"] is None:  # the last token: no draft step fits
+            info = r.extras.gate
+            assert info.threshold == 0.2
+            if info.confidence is None:  # the last token: no draft step fits
                 continue
-            if info["drafted"]:
+            if info.drafted:
                 drafted += 1
-                assert min(top_q(r)) >= 0.2 and info["confidence"] >= 0.2
+                assert min(top_q(r)) >= 0.2 and info.confidence >= 0.2
             else:
                 skipped += 1
-                assert info["confidence"] < 0.2
+                assert info.confidence < 0.2
                 assert not any(n.q is not None for n in r.nodes) and r.drafted == 0
                 assert [s.kind for s in r.beam_steps] == ["target"]
     assert skipped and drafted
     never = [r for _, tr in gated_runs(1.0)[2] for r in tr.rounds[1:]]
-    assert not any(r.extras["gate"]["drafted"] for r in never)  # a tiny draft is never sure
+    assert not any(r.extras.gate.drafted for r in never)  # a tiny draft is never sure
 
 
 def test_filled_pad_slots_make_every_tree_as_wide_as_the_widest_at_each_depth():
@@ -255,10 +255,10 @@ def test_strict_traces_record_target_topk_hits_and_node_statuses():
     _, _, runs = strict_runs(2, False)
     for _, tr in runs:
         for r in tr.rounds:
-            steps = r.extras["steps"]
+            steps = r.extras.steps
             assert [s["depth"] for s in steps] == list(range(1, len(steps) + 1))
             assert r.accepted == sum(s["accepted"] for s in steps if s["kind"] == "drafted")
-            failing = r.extras["first_failing_step"]
+            failing = r.extras.first_failing_step
             assert failing is None or not steps[failing - 1]["accepted"]
             assert all(len(s["target_topk"]) == 2 for s in steps)
             drafted_steps = [s for s in steps if s["kind"] == "drafted"]
@@ -426,7 +426,7 @@ def dsbd_run(one_cache: bool):
 
 def check_layer_tests(r, width: int, n_drafts: int, capped: bool) -> None:
     """Every drafted candidate of every verified layer has a complete test record."""
-    for layer in r.extras["layers"]:
+    for layer in r.extras.layers:
         if layer["outcome"] == "bonus":
             continue
         tests = [t for t in r.tests if t.depth == layer["depth"]]
@@ -450,15 +450,15 @@ def test_dsbd_runs_end_to_end_with_complete_width_records(one_cache):
     for r in tr.rounds:
         assert len(r.beams_after) == (1 if one_cache else 4)
         check_layer_tests(r, 4, 4, capped=True)
-        for w, layer in zip(r.extras["width"], [x for x in r.extras["layers"] if "width" in x
+        for w, layer in zip(r.extras.width, [x for x in r.extras.layers if "width" in x
                                                and x["outcome"] != "bonus"]):
-            assert len(w["alphas"]) == 4 and len(w["P"]) == 5 and len(w["tails"]) == 5
-            assert abs(sum(w["P"]) - 1) < 1e-9 and abs(w["tails"][0] - 1) < 1e-9
-            assert w["chosen"] == layer["width"] == max(w["w_min"], w["w_tilde"])
-            assert w["t"] == 0.7
-        assert r.accepted == sum(x["outcome"] == "accepted" for x in r.extras["layers"])
+            assert len(w.alphas) == 4 and len(w.P) == 5 and len(w.tails) == 5
+            assert abs(sum(w.P) - 1) < 1e-9 and abs(w.tails[0] - 1) < 1e-9
+            assert w.chosen == layer["width"] == max(w.w_min, w.w_tilde)
+            assert w.t == 0.7
+        assert r.accepted == sum(x["outcome"] == "accepted" for x in r.extras.layers)
         assert {n.status for n in r.nodes} <= set(STATUSES)
-        outcomes.update(x["outcome"] for x in r.extras["layers"])
+        outcomes.update(x["outcome"] for x in r.extras.layers)
     assert outcomes["corrected"] and outcomes["accepted"]  # both paths were exercised
     assert RunTrace.from_json(tr.to_json()).to_json() == tr.to_json()
     print(f"dsbd one_cache={one_cache}: {tr.stats.target_calls} target calls, "
@@ -469,8 +469,8 @@ def test_dsbd_runs_end_to_end_with_complete_width_records(one_cache):
 def test_dsbd_beam_steps_rank_drafts_by_the_target_beam_law_and_give_the_layer_reason(one_cache):
     tr = dsbd_run(one_cache)
     for r in tr.rounds:
-        assert len(r.beam_steps) == len(r.extras["layers"])
-        for s, layer in zip(r.beam_steps, r.extras["layers"]):
+        assert len(r.beam_steps) == len(r.extras.layers)
+        for s, layer in zip(r.beam_steps, r.extras.layers):
             assert s.depth == layer["depth"] and s.accepted == (layer["outcome"] == "accepted")
             assert 1 <= len(s.target_beams) <= 4  # the W_S most probable target beams
             law = [b.p for b in s.target_beams]
@@ -508,7 +508,7 @@ def test_atspeed_relaxed_beam_steps_keep_k_target_beams_and_say_how_many_passed(
     steps = [s for r in tr.rounds for s in r.beam_steps]
     assert steps and all(len(s.target_beams) == 2 for s in steps)
     for r in tr.rounds:
-        for s, layer in zip(r.beam_steps, r.extras["layers"]):
+        for s, layer in zip(r.beam_steps, r.extras.layers):
             assert s.accepted == (layer["outcome"] == "accepted")
             if s.kind == "drafted":
                 assert len(s.drafted) == 4 and "K = 2" in s.reason
@@ -522,7 +522,7 @@ def test_atspeed_relaxed_runs_end_to_end_with_complete_records():
     for r in tr.rounds:
         assert len(r.beams_after) == 2
         check_layer_tests(r, 2, 4, capped=False)
-        for layer in r.extras["layers"]:
+        for layer in r.extras.layers:
             assert layer["width"] == 2
     json.loads(tr.to_json())
     from engine.methods import METHODS
@@ -554,9 +554,9 @@ def engine_law(pair, method: str, key=tuple, new: int = 2, gates: Counter | None
                                  **params)
         dec.ctx.chooser = chooser
         rounds = list(dec.rounds())
-        first = rounds[0].extras.get("layers", [{}])[0].get("outcome")
-        gated = tuple(r.extras["gate"]["drafted"] for r in rounds[1:]
-                      if r.extras.get("gate", {}).get("confidence") is not None)
+        first = (rounds[0].extras.layers or ({},))[0].get("outcome")
+        gated = tuple(r.extras.gate.drafted for r in rounds[1:]
+                      if r.extras.gate is not None and r.extras.gate.confidence is not None)
         return key(tuple(s) for s in dec.ctx.seqs), first, gated
 
     for w, (seqs, first, gated) in enumerate_outcomes(run):
@@ -606,11 +606,11 @@ def test_a_round_gated_dsbd_skips_is_a_plain_layer_and_says_so():
     pair = law_pair()
     tr = generate(pair, [2, 3, 4], "dsbd", draft_beams=2, min_width=2, gamma=1,
                   draft_confidence=GATE, temperature=1.0, max_new_tokens=8, seed=3)
-    kinds = {r.extras["gate"]["drafted"]: [s.kind for s in r.beam_steps] for r in tr.rounds
-             if r.extras["gate"]["confidence"] is not None}
+    kinds = {r.extras.gate.drafted: [s.kind for s in r.beam_steps] for r in tr.rounds
+             if r.extras.gate.confidence is not None}
     assert kinds[False] == ["target"] and kinds[True][0] == "drafted"
-    skipped = next(r for r in tr.rounds if r.extras["gate"]["confidence"] is not None
-                   and not r.extras["gate"]["drafted"])
+    skipped = next(r for r in tr.rounds if r.extras.gate.confidence is not None
+                   and not r.extras.gate.drafted)
     assert skipped.drafted == 0 and not any(n.q is not None for n in skipped.nodes)
     assert skipped.beam_steps[0].reason.startswith("no draft this round")
 

@@ -98,7 +98,7 @@ def test_greedy_run_names_its_drafter_and_never_calls_generate(monkeypatch):
     monkeypatch.setattr(type(pair.target), "generate", lambda *a, **k: calls.append(1))
     trace = engine.generate(pair, [3, 4, 5], "eesd", max_new_tokens=16)
     assert calls == []  # timing against generate() is bench's and Compare's job
-    assert trace.rounds[0].extras["drafter"].startswith("early-exit (first 2/4 layers, trained")
+    assert trace.rounds[0].extras.drafter.startswith("early-exit (first 2/4 layers, trained")
 
 
 def test_exit_drafter_choice_builds_an_untrained_exit_of_the_same_depth():
@@ -224,7 +224,7 @@ def test_a_tiny_training_run_lowers_the_loss_and_writes_a_recipe(tmp_path):
     pair.drafter = drafter
     trace = engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", predictor="trained",
                             max_new_tokens=8)
-    assert trace.rounds[0].extras["predictor"] == "trained"
+    assert trace.rounds[0].extras.predictor == "trained"
 
 
 def _write_shard(path, rows):
@@ -366,7 +366,7 @@ def test_cali_ts_predictor_sees_the_target_state_behind_the_root_and_the_draft_s
     trace = engine.generate(pair, prompt, "eesd", controller="cali_ts", predictor="trained",
                             max_new_tokens=20)
     assert list(trace.token_ids) == _ref(pair, prompt, 20)
-    assert trace.rounds[0].extras["predictor"] == "trained"
+    assert trace.rounds[0].extras.predictor == "trained"
     calls = iter(rec.calls)
     ids = list(prompt)
     checked = 0
@@ -403,7 +403,7 @@ def test_cali_ts_without_a_trained_predictor_uses_theta_m_or_refuses():
     thetas = {s["theta_M"] for r in trace.rounds for s in r.controller.steps
               if "theta_M" in s}
     assert thetas == {0.3}
-    assert trace.rounds[0].extras["predictor"] == "constant"
+    assert trace.rounds[0].extras.predictor == "constant"
     with pytest.raises(ConfigError, match="no trained Cali-TS predictor"):
         engine.generate(pair, [3, 4, 5], "eesd", controller="cali_ts", predictor="trained",
                         max_new_tokens=4)

@@ -98,7 +98,7 @@ def test_rounds_record_cache_lengths_before_the_rollback():
                             controller="fixed", gamma=3)
     committed = len(prompt)
     for r in trace.rounds:
-        kv = r.extras["kv_cache"]
+        kv = r.extras.kv_cache
         fed = committed + r.drafted  # root ... last draft, all scored by the target
         assert kv["shared"] == kv["deep"] == fed
         assert kv["ee"] == fed - 1  # the drafter never feeds its last draft

@@ -114,17 +114,17 @@ def test_optimal_acceptance_is_recorded_per_verified_position(method, params, sc
     pair = tiny_pair()
     trace = engine.generate(pair, [3, 4, 5], method, max_new_tokens=10, temperature=1.0,
                             optimal=True, **params)
-    recs = [rec for r in trace.rounds for rec in r.extras.get("optimal", [])]
-    assert recs and all(rec["scheme"] == scheme for rec in recs)
+    recs = [rec for r in trace.rounds for rec in r.extras.optimal]
+    assert recs and all(rec.scheme == scheme for rec in recs)
     for rec in recs:
-        assert 0 <= rec["achieved"] <= 1 and 0 <= rec["alpha_star"] <= 1
-        if rec["expected"] is not None:
-            assert rec["expected"] <= rec["alpha_star"] + 1e-9
+        assert 0 <= rec.achieved <= 1 and 0 <= rec.alpha_star <= 1
+        if rec.expected is not None:
+            assert rec.expected <= rec.alpha_star + 1e-9
         if method == "greedy_drafts":
-            assert abs(rec["expected"] - rec["alpha_star"]) < 1e-9
+            assert abs(rec.expected - rec.alpha_star) < 1e-9
     eff = trace.stats.verifier_efficiency
-    assert eff == pytest.approx(sum(r["achieved"] for r in recs)
-                                / sum(r["alpha_star"] for r in recs))
+    assert eff == pytest.approx(sum(r.achieved for r in recs)
+                                / sum(r.alpha_star for r in recs))
 
 
 def test_the_confidence_controller_stops_a_chain_at_the_first_unsure_draft():

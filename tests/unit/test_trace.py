@@ -12,10 +12,14 @@ from engine.core.records import (
     ControllerState,
     CostRecord,
     DepthPosteriorState,
+    GateRecord,
+    OptimalRecord,
     ProjectionRecord,
+    RoundExtras,
     RunSummary,
     SwitchOption,
     SwitchPlan,
+    WidthDecision,
 )
 from engine.core.trace import (
     ACCEPTED,
@@ -56,7 +60,7 @@ def _trace() -> RunTrace:
         timings={"propose": 0.1, "score": 0.2},
         controller=ControllerState(kind="beta_ts", after={"alpha": 2}, steps=(
             {"step": 1, "theta": 0.4, "uniform": 0.1, "continue": True},)),
-        extras={"width": [{"chosen": 2}]}, p_top=(TopK((5, 7), (0.25, 0.2)),),
+        extras=RoundExtras(width=(WidthDecision(chosen=2),)), p_top=(TopK((5, 7), (0.25, 0.2)),),
     )
     return RunTrace("sd", {"gamma": 1}, "t", "d", "cpu", "hi", (1, 2), (rnd,), (5, 6), "ab",
                     (BeamTrace((5, 6), -1.5, True),),
@@ -119,6 +123,74 @@ def test_a_trace_in_the_old_shape_still_imports():
     assert tr.rounds[1].switch is None
     assert RunTrace.from_json(tr.to_json()) == tr
     assert RunTrace.from_dict({**data, "stats": {}}).stats == RunSummary()
+
+
+OPTIMAL = {"depth": 1, "parent": -1, "n": 2, "scheme": "without_replacement", "rule": "rrs_wor",
+           "alpha_star": 0.9, "certificate_size": 3, "achieved": 0.7, "expected": None,
+           "tv": 0.2}
+DECISION = {"alphas": [0.98, 0.41], "P": [0.01, 0.6, 0.39], "tails": [1.0, 0.99, 0.39],
+            "t": 0.7, "chosen": 1, "w_tilde": 1, "w_min": 1, "expected": 1.38, "beta_min": 0.99,
+            "depth": 1}
+OLD_EXTRAS = [  # one round per method family, as the methods wrote them before RoundExtras
+    {"k_config": [2, 2], "rule": "rrs_wor", "tree_nodes": 6, "optimal": [OPTIMAL]},
+    {"steps": [{"depth": 1, "kind": "drafted", "accepted": False, "target_topk": [[5, -0.1]]}],
+     "first_failing_step": 1, "draft_beams": 2, "fill": True,
+     "gate": {"threshold": 0.2, "confidence": 0.35, "drafted": True}, "beams": 2, "depth": 1},
+    {"draws": [[0, 5, 0.25, False], [1, 7, 0.5, True]], "beams": 2},
+    {"mode": "one_cache", "draft_beams": 4, "threshold": 0.7, "min_width": 1,
+     "layers": [{"depth": 1, "width": 1, "outcome": "accepted", "decision": DECISION}],
+     "last_layer": 2, "depth": 1, "gate": {"threshold": 0.2, "confidence": None,
+                                           "drafted": False}, "width": [DECISION]},
+    {"kv_cache": {"shared": 7, "deep": 7, "ee": 6, "kept": 6}, "drafter": "early-exit",
+     "predictor": "trained", "switch": {"depth": 1}, "an_unknown_key": [1, 2]},
+]
+
+
+def test_old_shape_extras_of_every_method_family_import_as_round_extras():
+    """Extras written as a dict of JSON values per method family read into RoundExtras:
+    lists become tuples, the nested records their records, unknown keys are ignored."""
+    d = json.loads(_trace().to_json())
+    d["rounds"] = [{**d["rounds"][0], "index": i, "extras": ex}
+                   for i, ex in enumerate(OLD_EXTRAS)]
+    tr = RunTrace.from_dict(d)
+    token, strict, sampling, dsbd, eesd = (r.extras for r in tr.rounds)
+    assert token == RoundExtras(k_config=(2, 2), rule="rrs_wor", tree_nodes=6,
+                                optimal=(OptimalRecord(**OPTIMAL),))
+    assert strict.gate == GateRecord(0.2, 0.35, True) and strict.fill is True
+    assert strict.steps[0]["target_topk"] == [[5, -0.1]] and strict.first_failing_step == 1
+    assert sampling.draws == ((0, 5, 0.25, False), (1, 7, 0.5, True)) and sampling.beams == 2
+    width = WidthDecision(alphas=(0.98, 0.41), P=(0.01, 0.6, 0.39), tails=(1.0, 0.99, 0.39),
+                          t=0.7, chosen=1, w_tilde=1, w_min=1, expected=1.38, beta_min=0.99,
+                          depth=1)
+    assert dsbd.width == (width,) and dsbd.gate == GateRecord(0.2, None, False)
+    assert (dsbd.mode, dsbd.draft_beams, dsbd.threshold, dsbd.min_width, dsbd.last_layer,
+            dsbd.depth) == ("one_cache", 4, 0.7, 1, 2, 1)
+    assert dsbd.layers[0]["decision"] == DECISION  # free-form: kept as written
+    assert eesd == RoundExtras(kv_cache={"shared": 7, "deep": 7, "ee": 6, "kept": 6},
+                               drafter="early-exit", predictor="trained")
+    assert RunTrace.from_json(tr.to_json()) == tr
+    summary = summarize(tr.rounds, 2)
+    assert summary.verifier_efficiency == pytest.approx(0.7 / 0.9)
+    bad = json.loads(json.dumps(d))
+    bad["rounds"][1]["extras"]["gate"]["drafted"] = "yes"
+    with pytest.raises(TraceError, match=r"rounds\[1\]\.extras\.gate\.drafted: expected bool"):
+        RunTrace.from_dict(bad)
+
+
+def test_round_extras_round_trip_through_json():
+    ex = RoundExtras(
+        k_config=(4, 2), rule="sd", tree_nodes=3, optimal=(OptimalRecord(**OPTIMAL),),
+        steps=({"depth": 1, "accepted": True},), first_failing_step=None, draft_beams=2,
+        fill=False, gate=GateRecord(0.3, 0.5, True), beams=2, depth=1,
+        draws=((0, 5, 0.25, False),), mode="full", threshold=0.7, min_width=2,
+        layers=({"depth": 1, "width": 2, "outcome": "bonus"},), last_layer=1,
+        width=(WidthDecision(depth=1, alphas=(0.5,), P=(0.5, 0.5), chosen=1),),
+        kv_cache={"shared": 3, "kept": 2}, drafter="early-exit", predictor="constant")
+    tr = replace(_trace(), rounds=(replace(_trace().rounds[0], extras=ex), RoundTrace(1)))
+    back = RunTrace.from_json(tr.to_json())
+    assert back == tr and back.to_json() == tr.to_json()
+    assert back.rounds[0].extras == ex and back.rounds[1].extras == RoundExtras()
+    assert isinstance(back.rounds[0].extras.optimal[0], OptimalRecord)
 
 
 def test_summary_counts_acceptance_tau_and_per_depth():

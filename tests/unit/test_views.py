@@ -11,10 +11,14 @@ from engine.core.records import (
     ControllerState,
     CostRecord,
     DepthPosteriorState,
+    GateRecord,
+    OptimalRecord,
     ProjectionRecord,
+    RoundExtras,
     RunSummary,
     SwitchOption,
     SwitchPlan,
+    WidthDecision,
 )
 from engine.core.trace import (
     STATUSES,
@@ -66,9 +70,9 @@ def _tree_round() -> RoundTrace:
                       timings={"propose": 0.01, "score": 0.02, "verify": 0.001,
                                "commit": 0.002},
                       controller=controller,
-                      extras={"width": {"w_tilde": 2, "width": 2},
-                              "optimal": [{"alpha_star": 0.8, "achieved": 0.6,
-                                           "expected": 0.7}]})
+                      extras=RoundExtras(width=(WidthDecision(chosen=2, w_tilde=2),),
+                                         optimal=(OptimalRecord(alpha_star=0.8, achieved=0.6,
+                                                                expected=0.7),)))
 
 
 def _beam_round() -> RoundTrace:
@@ -196,15 +200,17 @@ def test_beam_table_shows_sets_before_and_after_with_scores(trace):
 
 def test_extras_show_width_decision_and_optimal_next_to_achieved(trace):
     md = round_panel.extras_markdown(trace, 0)
-    assert "**Width decision**: width = `{\"w_tilde\": 2, \"width\": 2}`" in md
+    assert ("**Width decision** (`width`, DSBD Eq. 5-7)\n\n| chosen | w_tilde |\n|---|---|\n"
+            "| 2 | 2 |") in md
     assert "| 0 | 0.8 | 0.6 | 0.7 |" in md
     assert "`beta_ts`" in md
     assert round_panel.extras_markdown(trace, 2) == ""
 
 
 def test_lists_of_records_in_extras_become_tables():
-    r = RoundTrace(0, extras={"width": [{"depth": 1, "alphas": [0.98, 0.41], "chosen": 2}],
-                              "steps": [{"depth": 1, "accepted": True, "nested": {"a": 1}}]})
+    r = RoundTrace(0, extras=RoundExtras(
+        width=(WidthDecision(depth=1, alphas=(0.98, 0.41), chosen=2),),
+        steps=({"depth": 1, "accepted": True, "nested": {"a": 1}},)))
     t = RunTrace("dsbd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
     md = round_panel.extras_markdown(t, 0)
     assert "| depth | alphas | chosen |\n|---|---|---|\n| 1 | [0.98, 0.41] | 2 |" in md
@@ -487,16 +493,16 @@ def test_beam_match_table_leads_the_round_extras_and_is_absent_elsewhere(trace):
 def test_the_draft_gate_says_why_a_beam_round_drafted_or_not():
     said = {}
     for drafted, least in ((True, 0.62), (False, 0.12)):
-        gate = {"threshold": 0.3, "confidence": least, "drafted": drafted}
-        r = RoundTrace(0, extras={"gate": gate})
+        gate = GateRecord(threshold=0.3, confidence=least, drafted=drafted)
+        r = RoundTrace(0, extras=RoundExtras(gate=gate))
         t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
         said[drafted] = round_panel.extras_markdown(t, 0)
     assert said[True] == ("**Draft gate**: drafted: every live beam's likeliest draftable "
                           "token has q >= 0.3 (least 0.62)")
     assert said[False].startswith("**Draft gate**: not drafted: a live beam's likeliest "
                                   "draftable token has q = 0.12 < 0.3")
-    no_step = RoundTrace(0, extras={"gate": {"threshold": 0.3, "confidence": None,
-                                             "drafted": False}})
+    no_step = RoundTrace(0, extras=RoundExtras(gate=GateRecord(threshold=0.3, confidence=None,
+                                                               drafted=False)))
     t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (no_step,), (), "", (),
                  RunSummary())
     assert round_panel.extras_markdown(t, 0) == ""  # no draft step fitted: nothing to say
