@@ -1,7 +1,7 @@
 """specviz engine: speculative decoding methods as rounds over a beam set.
 
-Public API: load_pair, start (a streaming Run), generate, iter_rounds, METHODS, and the
-trace / config types.
+Public API: load_pair, start (a streaming Run), generate, iter_rounds, METHODS, the trace /
+config types, and record (transformers' own assisted generate() recorded round by round).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.core.config import ParamSpec, RunConfig
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
 from engine.core.trace import RoundTrace, RunTrace
+from engine.hf.recorder import record
 from engine.methods import METHODS, MethodSpec
 from engine.run.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
 from engine.run.models import ModelPair, load_pair
@@ -18,5 +19,5 @@ __all__ = [
     "EMBEDDED", "METHODS", "Run", "ConfigError", "MethodSpec", "ModelLoadError", "ModelPair",
     "ParamSpec", "RoundTrace", "RunConfig", "RunTrace", "SpecvizError",
     "UnsupportedModelError", "encode_prompt", "generate", "iter_rounds", "load_pair",
-    "make_decoder", "start",
+    "make_decoder", "record", "start",
 ]

@@ -19,6 +19,7 @@ import json
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.core.errors import TraceError
@@ -200,6 +201,10 @@ class RunTrace:
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)
+
+    def save(self, path: str | Path) -> None:
+        """Write the trace as JSON (what the Debugger's import reads)."""
+        Path(path).write_text(self.to_json(separators=(",", ":")))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunTrace:

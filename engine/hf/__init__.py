@@ -1,0 +1,1 @@
+"""transformers' own speculative engines (assisted generation), recorded as specviz traces."""
