@@ -233,3 +233,30 @@ def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browse
     expect(page.locator(".js-plotly-plot")).to_have_count(4)
     page.screenshot(path=str(ARTIFACTS / "e2e-bench-report.png"), full_page=True)
     ctx.close()
+
+
+def test_a_shared_page_opens_offline_and_its_slider_shows_each_round(browser, tmp_path):
+    """specviz.share_page: the demo trace as one HTML file, opened from disk with the network
+    off; nothing is fetched, no script fails, the slider shows one round's forest at a time."""
+    from specviz.share_page import write_page
+    from specviz.state import DEMO_TRACE
+
+    trace = RunTrace.from_json(DEMO_TRACE.read_text())
+    path = write_page(trace, tmp_path / "run.html")
+    ctx = browser.new_context(offline=True, viewport={"width": 1300, "height": 900})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    urls: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("request", lambda r: urls.append(r.url))
+    pg.goto(path.as_uri())
+    pg.wait_for_function("typeof Plotly !== 'undefined'")
+    assert pg.is_visible("#round-0") and not pg.is_visible("#round-3")
+    pg.eval_on_selector("#sv-round", "e => {e.value = 3; e.dispatchEvent(new Event('input'))}")
+    assert pg.is_visible("#round-3") and not pg.is_visible("#round-0")
+    assert pg.locator("#round-3 .js-plotly-plot").count() == 1
+    assert pg.inner_text("#sv-round-label") == "3"
+    assert trace.text.split()[0] in pg.inner_text(".text")
+    _shot(pg, "e2e-shared-page")
+    ctx.close()
+    assert errors == [] and all(u.startswith("file:") for u in urls), (errors, urls)
