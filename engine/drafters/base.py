@@ -15,7 +15,7 @@ from engine.core.cached_model import CachedModel
 
 class Drafter(Protocol):
     name: str
-    model: nn.Module
+    model: nn.Module | None  # None: a drafter without a model (n-gram lookup)
 
     def runner(self) -> CachedModel:
         """A new cache over this drafter's model, for one run."""

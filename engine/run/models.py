@@ -384,7 +384,7 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     check_placed(tmodel)
     dev = input_device(tmodel)  # where inputs go and logits come out
     drafter, dtok = _drafter(tmodel, draft, early_exit_layers, dev, dt)
-    for model in (tmodel, getattr(drafter, "model", None)):
+    for model in (tmodel, drafter.model):
         if model is not None and dev.type == "cpu":
             prepare(model)  # engine.core.layout: packed weights for few-token forwards
     if warm and kv_mode(dev, tmodel) == "captured":  # the common step shapes captured now

@@ -78,7 +78,6 @@ def test_a_recorded_generate_is_token_identical_and_its_rounds_add_up(target, mo
     with engine.record(target) as rec:
         recorded = _generate(target, seed, **kw)
     assert recorded == plain
-    assert engine.generate.__module__  # the engine is untouched by the recorder
     trace = rec.trace()
     assert trace.method == mode.removesuffix("_sampled").removesuffix("_heuristic")
     assert list(trace.token_ids) == plain and trace.prompt_ids == tuple(PROMPT)
