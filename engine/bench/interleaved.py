@@ -21,6 +21,7 @@ import torch
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
 from engine.run.costs import run_width
+from engine.run.hf_run import generate_kwargs
 
 
 @dataclass(frozen=True)
@@ -73,16 +74,7 @@ def run_reference(pair, ids: list[int], kind: tuple[str, int], params: dict[str,
 def reference_output(pair, ids: list[int], kind: tuple[str, int], params: dict[str, Any]):
     """Time one generate() call; returns (wall seconds, generate()'s output: for beams a
     dict with ``sequences`` and ``sequences_scores``)."""
-    name, width = kind
-    kw: dict[str, Any] = {"max_new_tokens": params["max_new_tokens"]}
-    if name in ("sample", "beam_sample"):
-        kw.update(do_sample=True, temperature=params["temperature"],
-                  top_k=params["top_k"] or None, top_p=params["top_p"])
-    else:
-        kw.update(do_sample=False)
-    if name.startswith("beam"):
-        kw.update(num_beams=width, num_return_sequences=width, output_scores=True,
-                  return_dict_in_generate=True)
+    kw = generate_kwargs(kind, params)
     x = torch.tensor([ids], device=pair.device)
     _sync(pair.device)
     t0 = time.perf_counter()

@@ -157,6 +157,8 @@ def check_law(pair, ids: list[int], spec, full: dict, cfg: CheckConfig,
     warp = Warp(full["temperature"], full["top_k"], full["top_p"])
     eos = set(eos_ids(pair.target))
     law, q_law, depth = exact_laws(pair, ids, warp, 1 if beams else 2, eos)
+    if spec.runner != "loop":  # transformers drafts with its own candidate generator
+        q_law = None
     per_run = run_width(full) if beams else 1
     n_runs, wrongs = _size(law, q_law, cfg, per_run)
     params = {**full, "max_new_tokens": depth}
@@ -191,7 +193,10 @@ def check_law(pair, ids: list[int], spec, full: dict, cfg: CheckConfig,
     lines.append(f"N = {n_runs} runs ({n} samples, seeds 0..{n_runs - 1}); chi-square "
                  f"{stat:.2f}, dof {dof}, p-value {p_value:.3g} (alpha {cfg.alpha:g})")
     lines += [f"power {v:.4f} against {name}" for name, v in pw.items()]
-    if q_law is None:
+    if spec.runner != "loop":
+        lines.append(f"{spec.name} drafts inside transformers' generate(): power against the "
+                     "TV mixture only")
+    elif q_law is None:
         lines.append("the n-gram drafter proposes nothing after this prompt: no q to test")
     if outside:
         lines.append(f"{outside} samples are tokens the target's warped law gives probability 0")

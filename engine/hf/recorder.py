@@ -10,8 +10,9 @@ passes every call and attribute through unchanged and notes, per round:
   are its draft calls;
 - ``update_candidate_strategy(input_ids, scores, num_matches)`` -> the committed tokens (the
   new tail of ``input_ids``) and the target's processed logits at every drafted position
-  (p); the time since the candidates came back is the verify time (the target forward, the
-  acceptance and the cache crop).
+  (p); the time since the candidates came back is the verify time ("score": the target
+  forward, the acceptance and the cache crop), and the time from that call to the next
+  round's ``get_candidates`` (the strategy update, the stopping criteria) its "commit" time.
 
 Nothing is drawn and no tensor is changed, so the output is the same with and without the
 recorder (tests/model/test_hf_recorder.py, every mode). Each round becomes a ``RoundTrace``
@@ -80,6 +81,7 @@ class _Watch:
         hook = (draft.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
                 if isinstance(draft, torch.nn.Module) else None)
         t0 = time.perf_counter()
+        self._run.closed(t0)  # the previous round's bookkeeping ends here
         try:
             out = self._inner.get_candidates(input_ids, **kwargs)
         finally:
@@ -91,7 +93,9 @@ class _Watch:
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor,
                                   num_matches: int):
         self._run.verified(input_ids, scores, time.perf_counter())
-        return self._inner.update_candidate_strategy(input_ids, scores, num_matches)
+        out = self._inner.update_candidate_strategy(input_ids, scores, num_matches)
+        self._run.updated(time.perf_counter())
+        return out
 
 
 class _Run:
@@ -108,6 +112,7 @@ class _Run:
         self.t_start = time.perf_counter()
         self.t_end = self.t_start
         self._pending: tuple[int, list[int], torch.Tensor | None, float, int, float] | None = None
+        self._open: tuple[float, float] | None = None  # last round: (verified at, updated at)
 
     def drafted(self, input_ids: torch.Tensor, cand: torch.Tensor, logits: torch.Tensor | None,
                 seconds: float, calls: int) -> None:
@@ -130,8 +135,30 @@ class _Run:
                                   self.ids, draft_s, now - t_back, calls))
         self.ids += committed
         self.t_end = now
+        self._open = (now, now)
+
+    def updated(self, now: float) -> None:
+        """update_candidate_strategy returned (the last round's bookkeeping so far)."""
+        if self._open is not None:
+            self._open = (self._open[0], now)
+            self.t_end = now
+
+    def closed(self, now: float | None = None) -> None:
+        """The last round's bookkeeping ends at ``now`` (the next round's get_candidates, or
+        generate()'s return; None: when update_candidate_strategy returned): its "commit"
+        time, from update_candidate_strategy's call (transformers crops the cache and
+        appends the tokens just before it, and checks the stopping criteria after it)."""
+        if self._open is None or not self.rounds:
+            return
+        start, updated = self._open
+        end = updated if now is None else now
+        last = self.rounds[-1]
+        self.rounds[-1] = replace(last, timings={**last.timings, "commit": end - start})
+        self.t_end = max(self.t_end, end)
+        self._open = None
 
     def trace(self) -> RunTrace:
+        self.closed()
         new = self.ids[len(self.prompt_ids):]
         stats = summarize(self.rounds, len(new))
         wall = self.t_end - self.t_start
@@ -211,6 +238,12 @@ class Recording:
 
     def traces(self) -> list[RunTrace]:
         return [r.trace() for r in self._runs]
+
+    def close(self, now: float) -> None:
+        """The last generate() returned at ``now`` (time.perf_counter()): its last round's
+        bookkeeping ends there (without this, when update_candidate_strategy returned)."""
+        if self._runs:
+            self._runs[-1].closed(now)
 
     def trace(self) -> RunTrace:
         if not self._runs:

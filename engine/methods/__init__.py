@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from engine.methods import beam, dsbd, eesd, single, token  # noqa: F401  (registers the methods)
+from engine.methods import (  # noqa: F401  (registers the methods)
+    beam,
+    dsbd,
+    eesd,
+    hf,
+    single,
+    token,
+)
 from engine.methods.base import METHODS, MethodSpec
 
 __all__ = ["METHODS", "MethodSpec"]

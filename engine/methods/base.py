@@ -151,13 +151,17 @@ class MethodSpec:
     exactness: str  # what the tests prove about its output
     params: tuple[ParamSpec, ...]
     config: type
-    build: Callable[[Any], Method]
+    build: Callable[[Any], Any]  # config -> a Method, or an HfMode for runner 'transformers'
     reference: str  # matching generate() call: "greedy" | "sample" | "beam" | "beam_sample"
     uses_draft: bool = True
     sampling_only: bool = False  # draws from the warped beam law: needs temperature > 0
     exact: bool = True  # False: approximate by design (the check measures its distance)
     samples: bool = True  # False: argmax / top-K beams at any temperature (ignores it)
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of COMMON_PARAMS
+    # "loop": built into a Method for the engine's round loop; "transformers": built into
+    # the keywords of transformers' own generate(), run under the recorder
+    # (engine.methods.hf, engine.run.hf_run)
+    runner: str = "loop"
 
     def __post_init__(self) -> None:
         check_config_fields(self.config, self.params)
@@ -189,6 +193,7 @@ class MethodSpec:
             "exactness": self.exactness,
             "exact": self.exact,
             "reference": self.reference,
+            "runner": self.runner,
             "params": [
                 {"name": p.name, "type": p.type.__name__, "default": p.default, "help": p.help,
                  "choices": list(p.choices), "min": p.min, "max": p.max}

@@ -17,74 +17,22 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from engine.core import layout, threads
-from engine.core.config import RunConfig, layered, validate_params
+from engine.core.config import RunConfig
 from engine.core.errors import ConfigError
 from engine.core.records import CostRecord
 from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
 from engine.methods import METHODS
 from engine.run import costs, profile
+from engine.run.hf_run import HfRun
+from engine.run.inputs import (  # noqa: F401  (re-exported: the API's names)
+    IdTokenizer,
+    check_length,
+    encode_prompt,
+    run_params,
+    tokenizer_of,
+)
 from engine.run.loop import Decoder
 from engine.run.models import ModelPair
-
-
-class IdTokenizer:
-    """Fallback for models without a tokenizer (tiny test models): characters -> ids."""
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) % self.vocab_size for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(f"<{i}>" for i in ids)
-
-
-def tokenizer_of(pair: ModelPair):
-    return pair.tokenizer or IdTokenizer(pair.vocab_size)
-
-
-def encode_prompt(pair: ModelPair, prompt: str | list[int], raw: bool = False) -> list[int]:
-    """Token ids of the prompt; instruction models get their chat template unless raw."""
-    if isinstance(prompt, (list, tuple)):
-        ids = [int(i) for i in prompt]
-    else:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError("prompt is empty")
-        tok = tokenizer_of(pair)
-        if not raw and getattr(tok, "chat_template", None):
-            enc = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                          add_generation_prompt=True, tokenize=True)
-            ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
-        else:
-            ids = list(tok.encode(prompt))
-    if not ids:
-        raise ConfigError("prompt is empty")
-    if any(i < 0 or i >= pair.vocab_size for i in ids):
-        raise ConfigError(f"prompt token ids must be in [0, {pair.vocab_size})")
-    return ids
-
-
-def _check_length(pair: ModelPair, n_prompt: int, max_new: int) -> None:
-    limit = getattr(pair.target.config, "max_position_embeddings", None)
-    if limit and n_prompt + max_new > limit:
-        raise ConfigError(
-            f"prompt has {n_prompt} tokens; with max_new_tokens {max_new} it exceeds the "
-            f"context window of {limit}"
-        )
-
-
-def run_params(pair: ModelPair, method: str, params: Mapping[str, Any]
-               ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The validated parameters a run of ``method`` on ``pair`` starts from: the method's
-    defaults, over them the pair's tuned settings of the method (``pair.tuned``), over those
-    the explicit ``params`` (None = not given); and the names whose value is the tuned one."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
-    specs = METHODS[method].all_params
-    tuned, given = layered(specs, pair.tuned.get(method, {}), params)
-    full = validate_params(specs, {**tuned, **given}, method)
-    return full, tuple(tuned)
 
 
 def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
@@ -99,8 +47,11 @@ def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = Fa
 def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
              full: dict[str, Any]) -> tuple[Decoder, list[int]]:
     """The round loop of validated parameters, and the prompt's ids."""
+    if METHODS[method].runner != "loop":
+        raise ConfigError(f"{method} runs in transformers' own generate(), not on the round "
+                          "loop: use engine.start or engine.generate")
     ids = encode_prompt(pair, prompt, raw)
-    _check_length(pair, len(ids), full["max_new_tokens"])
+    check_length(pair, len(ids), full["max_new_tokens"])
     tok = tokenizer_of(pair)
     built = METHODS[method].make(full)
     wanted = built.costs_wanted()
@@ -236,11 +187,17 @@ class Run:
 
 
 def start(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
-          **params: Any) -> Run:
+          **params: Any) -> Run | HfRun:
     """A streaming run: iterate it for RoundTrace records; ``trace()`` at any point.
 
     Parameters start from the method's defaults, then the pair's tuned settings
-    (``pair.tuned``); the ones given here win (see ``run_params``)."""
+    (``pair.tuned``); the ones given here win (see ``run_params``). transformers' own modes
+    (``MethodSpec.runner`` "transformers", engine.methods.hf) give an ``HfRun``: the same
+    interface over a recorded generate() call (engine.run.hf_run)."""
+    spec = METHODS.get(method)
+    if spec is not None and spec.runner == "transformers":
+        return HfRun(pair, prompt, method, raw, lambda width: plain_step_s(pair, width),
+                     **params)
     return Run(pair, prompt, method, raw, **params)
 
 
