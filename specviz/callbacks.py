@@ -23,7 +23,7 @@ import gradio as gr
 from engine import METHODS
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
-from specviz import pairs, text_view, trace_file
+from specviz import pairs, share_page, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live
 from specviz.state import HELD, SessionState, coerce
@@ -259,6 +259,20 @@ def export_trace(state: SessionState) -> str | None:
     text = s.cached("json", s.trace.to_json)
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     return trace_file.write_export(s.trace.method or "run", text, digest)
+
+
+@guarded
+def export_page(state: SessionState) -> str | None:
+    """The session's trace as one self-contained HTML page (specviz.share_page), written
+    once per trace; its path (None if no finished run)."""
+    s = coerce(state)
+    if s.trace is None or s.live:
+        return None
+    trace = s.trace
+    text = s.cached("json", trace.to_json)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return trace_file.write_export(trace.method or "run", lambda: share_page.trace_page(trace),
+                                   digest, ".html")
 
 
 @guarded

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 import pandas as pd
 
 from engine import METHODS
-from engine.cli.cost_text import cost_sentence
+from engine.cli.cost_text import cost_sentence, round_time_sentence
 from engine.core.config import COMMON_PARAMS, layered, validate_params
 from engine.core.errors import ConfigError
 from engine.core.trace import RunTrace
@@ -322,5 +322,7 @@ def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]
     for j in jobs:
         cost = traces[j.key].stats.cost
         if j.chosen and cost is not None and cost.kind not in ("", "plain"):
-            lines.append(f"- **{j.label}**: {cost_sentence(cost)}.")
+            split = round_time_sentence(traces[j.key])
+            lines.append(f"- **{j.label}**: {cost_sentence(cost)}" +
+                         (f" · {split}" if split else "") + ".")
     return "\n".join(lines)

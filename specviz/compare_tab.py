@@ -10,7 +10,7 @@ import pandas as pd
 
 from engine import METHODS
 from specviz import charts, compare, pairs
-from specviz.wiring import MODEL, Shared, examples, fields, stream
+from specviz.wiring import MODEL, QUICK, Shared, examples, fields, stream
 
 INTRO = ("Run several methods on one prompt with the model pair of the Debugger tab. "
          "Each run starts from its method's defaults, over them the pair's tuned "
@@ -19,6 +19,10 @@ INTRO = ("Run several methods on one prompt with the model pair of the Debugger 
          "is a projection, not a measurement: the speedup stored H100 costs would give "
          "at the run's own tokens per round.")
 METHODS0 = ("greedy", "sd", "mcsd")  # checked at start, where registered
+# one click: transformers' own prompt lookup beside the engine's sd with the n-gram drafter
+HF_PRESET = ("hf_prompt_lookup", "sd")
+HF_PRESET_DRAFT = "ngram"
+HF_PRESET_LABEL = "transformers' prompt lookup vs the engine's n-gram sd"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class CompareTab:
     temperature: gr.Number
     seed: gr.Number
     go: gr.Button
+    hf: gr.Button  # sets transformers' prompt lookup beside the engine's n-gram sd
     note: gr.Markdown
     table: gr.Dataframe
     timeline: gr.Plot
@@ -55,7 +60,9 @@ def build(shared: Shared) -> CompareTab:
                                            maximum=compare.MAX_COMPARE_TOKENS)
                 temperature = gr.Number(0.0, label="temperature", minimum=0)
                 seed = gr.Number(0, precision=0, label="seed", minimum=0)
-    go = gr.Button("Compare", variant="primary", elem_id="sv-compare")
+    with gr.Row():
+        go = gr.Button("Compare", variant="primary", elem_id="sv-compare", scale=3)
+        hf = gr.Button(HF_PRESET_LABEL, size="sm", elem_id="sv-compare-hf", scale=2)
     note = gr.Markdown()
     table = gr.Dataframe(pd.DataFrame(columns=compare.HEADERS), interactive=False,
                          label="Results", wrap=True, elem_id="sv-compare-table",
@@ -65,7 +72,7 @@ def build(shared: Shared) -> CompareTab:
         bars = gr.Plot(charts.speedup_figure([]), label="Speedup", scale=2,
                        elem_id="sv-compare-bars")
     tab = CompareTab(prompt=prompt, methods=methods, more=more, max_new_tokens=max_new_tokens,
-                     temperature=temperature, seed=seed, go=go, note=note, table=table,
+                     temperature=temperature, seed=seed, go=go, hf=hf, note=note, table=table,
                      timeline=timeline, bars=bars)
     wire(tab, shared)
     return tab
@@ -79,6 +86,18 @@ def wire(tab: CompareTab, shared: Shared) -> None:
     inputs = {"prompt": tab.prompt, "methods": tab.methods,
               "max_new_tokens": tab.max_new_tokens, "temperature": tab.temperature,
               "seed": tab.seed, **shared.pair(), "more": tab.more}
+    def hf_preset(target: str, draft: str):
+        """The preset's methods, and the n-gram drafter where this server runs that pair
+        (with only preset pairs allowed, the Draft box stays as it is)."""
+        try:
+            pairs.check_pair_spec(target, HF_PRESET_DRAFT)
+            draft = HF_PRESET_DRAFT
+        except Exception:  # noqa: BLE001 - a pair this server refuses: keep the user's
+            pass
+        return list(HF_PRESET), "", draft
+
+    tab.hf.click(hf_preset, inputs_kwargs=shared.pair(), outputs=[
+        tab.methods, tab.more, shared.draft], api_visibility="private", **QUICK)
     tab.go.click(run_compare, inputs_kwargs=inputs,
                  outputs=fields(tab, compare.CompareView._fields), api_name="compare",
                  show_progress="minimal", show_progress_on=[tab.note, tab.table], **MODEL)

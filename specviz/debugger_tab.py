@@ -41,6 +41,8 @@ class Controls:
     draft: gr.Textbox
     upload: gr.UploadButton
     download: gr.DownloadButton
+    page: gr.Button  # writes the run as one self-contained HTML page into page_file
+    page_file: gr.File
 
 
 @dataclass(frozen=True)
@@ -131,9 +133,13 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
         upload = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
                                  elem_id="sv-import")
         download = gr.DownloadButton("Export trace", size="sm", elem_id="sv-export")
+        page = gr.Button("Export page", size="sm", elem_id="sv-export-page")
+    page_file = gr.File(label="The run as one HTML page (opens offline)", visible=False,
+                        interactive=False, elem_id="sv-page-file")
     return Controls(prompt=prompt, method=method, about=about, run=run, advanced=advanced,
                     pool=common.merge(everyday).merge(advanced_pool), preset=preset,
-                    target=target_box, draft=draft_box, upload=upload, download=download)
+                    target=target_box, draft=draft_box, upload=upload, download=download,
+                    page=page, page_file=page_file)
 
 
 def build_views(v: dict[str, Any]) -> Views:
@@ -192,6 +198,13 @@ def wire(tab: DebuggerTab) -> None:
                       **MODEL)
     run.then(cb.export_trace, inputs_kwargs={"state": state}, outputs=c.download,
              api_name="export", **QUICK)
+    def page(state):
+        path = cb.export_page(state)
+        return gr.File(path, visible=path is not None)
+
+    c.page.click(page, inputs_kwargs={"state": state}, outputs=c.page_file,
+                 api_name="export_page", concurrency_limit=2, concurrency_id="page",
+                 show_progress="minimal")
     imp = c.upload.upload(cb.import_trace, inputs_kwargs={"file": c.upload, "state": state},
                           outputs=tab.outputs, api_name="import", **QUICK)
     imp.then(cb.export_trace, inputs_kwargs={"state": state}, outputs=c.download,

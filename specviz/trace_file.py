@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.core.errors import ConfigError, SpecvizError
 from engine.core.trace import RoundTrace, RunTrace
@@ -129,12 +129,14 @@ def load_trace_file(path: str | Path) -> RunTrace:
     return parse_trace(text)
 
 
-def write_export(name: str, text: str, digest: str) -> str:
-    """Write an export into EXPORT_DIR (the newest MAX_EXPORTS files kept); its path."""
+def write_export(name: str, text: str | Callable[[], str], digest: str,
+                 suffix: str = ".json") -> str:
+    """Write an export into EXPORT_DIR (the newest MAX_EXPORTS files kept); its path. text:
+    the file's text, or a function that makes it (called only when the file is new)."""
     EXPORT_DIR.mkdir(parents=True, exist_ok=True)
-    path = EXPORT_DIR / f"specviz-{name}-{digest}.json"
+    path = EXPORT_DIR / f"specviz-{name}-{digest}{suffix}"
     if not path.exists():
-        path.write_text(text, encoding="utf-8")
+        path.write_text(text() if callable(text) else text, encoding="utf-8")
         _prune()
     return str(path)
 
@@ -142,7 +144,7 @@ def write_export(name: str, text: str, digest: str) -> str:
 def _prune() -> None:
     """Remove the oldest exports beyond MAX_EXPORTS (another session may prune too)."""
     try:
-        old = sorted(EXPORT_DIR.glob("specviz-*.json"), key=lambda f: f.stat().st_mtime)
+        old = sorted(EXPORT_DIR.glob("specviz-*"), key=lambda f: f.stat().st_mtime)
         for f in old[:-MAX_EXPORTS]:
             f.unlink(missing_ok=True)
     except OSError:

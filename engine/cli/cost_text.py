@@ -4,6 +4,9 @@ CLI's JSON show for a run's ``CostRecord`` (engine.run.costs computes the number
 from __future__ import annotations
 
 from engine.core.records import CostRecord
+from engine.core.trace import RunTrace
+
+DRAFT, VERIFY = "propose", "score"  # RoundTrace.timings: the drafter, the target forward
 
 
 def cost_sentence(cost: CostRecord | None) -> str:
@@ -47,3 +50,29 @@ def _projection(cost: CostRecord) -> str:
     name = proj.profile.upper()
     return (f" · projected on an {name}: {proj.speedup:.2f}x (a projection from stored {name} "
             "costs at this run's tokens per round, not a measurement)")
+
+
+def round_time_sentence(trace: RunTrace) -> str:
+    """Where a round's time went, in milliseconds per round: drafting, the target's verify
+    forward, the rest of the round (the engine's rule, cache commit and controller;
+    transformers' acceptance bookkeeping and stopping criteria), against the plain step the
+    cost model divides by, and the time outside the rounds (a transformers run's
+    generate() set-up); "" for a run without rounds."""
+    s = trace.stats
+    rounds = s.target_calls or len(trace.rounds)
+    if not rounds or not s.time_split_s:
+        return ""
+    split = dict(s.time_split_s)
+    ms = {k: 1000 * v / rounds for k, v in split.items()}
+    draft, verify = ms.pop(DRAFT, 0.0), ms.pop(VERIFY, 0.0)
+    rest = sum(ms.values())
+    outside = 1000 * max((s.wall_s or 0.0) - sum(split.values()), 0.0)
+    step = s.cost.t_step_s if s.cost is not None and s.cost.t_step_s else None
+    tokens = len(trace.token_ids) / rounds
+    text = (f"a round took {draft + verify + rest:.1f} ms: drafting {draft:.1f}, verifying "
+            f"{verify:.1f}, the rest {rest:.1f}, for {tokens:.2f} tokens over {rounds} rounds")
+    if step:
+        text += f"; a plain step takes {1000 * step:.1f} ms"
+    if outside >= 0.05 * 1000 * (s.wall_s or 0.0) and outside > 0:
+        text += f"; {outside:.0f} ms of the run fell outside its rounds"
+    return text

@@ -260,3 +260,50 @@ def test_a_shared_page_opens_offline_and_its_slider_shows_each_round(browser, tm
     _shot(pg, "e2e-shared-page")
     ctx.close()
     assert errors == [] and all(u.startswith("file:") for u in urls), (errors, urls)
+
+
+def test_a_transformers_mode_runs_in_the_app_shows_its_forest_and_exports_a_page(page,
+                                                                                 browser):
+    """hf_prompt_lookup (transformers' own generate(), recorded) in the Debugger: its rounds
+    step like the engine's, the forest shows a drafted chain, and Export page gives one HTML
+    file that opens offline."""
+    from playwright.sync_api import expect
+
+    page.locator("#sv-prompt textarea").fill(
+        "Repeat exactly: the red fox jumps over the lazy dog. the red fox jumps over the "
+        "lazy dog.")
+    _choose_method(page, "hf_prompt_lookup")
+    page.get_by_text("Sampling, seed and budget").click()
+    _set_number(page, "max_new_tokens", 24)
+    page.locator("#sv-run").click()
+    run_md = page.locator("#sv-run-md")
+    expect(run_md).to_contain_text("hf_prompt_lookup", timeout=RUN_TIMEOUT_MS)
+    expect(run_md).not_to_contain_text("running", timeout=RUN_TIMEOUT_MS)
+    expect(run_md).to_contain_text("prompt lookup (transformers")
+    n = int(re.search(r" of (\d+)", _round_md(page)).group(1))
+    assert 1 < n < 24  # the lookup's drafts committed more than a token in some round
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    forest0 = _plot_html(page, "sv-forest")
+    page.locator("#sv-step").click()
+    _wait_round(page, 1)
+    assert _plot_html(page, "sv-forest") != forest0
+    _shot(page, "05-transformers-prompt-lookup")
+
+    page.locator("#sv-export-page").click()
+    link = page.locator("#sv-page-file a").first
+    link.wait_for(timeout=60_000)
+    with page.expect_download() as info:
+        link.click()
+    saved = ARTIFACTS / "e2e-hf-page.html"
+    info.value.save_as(str(saved))
+    ctx = browser.new_context(offline=True)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(saved.as_uri())
+    pg.wait_for_function("typeof Plotly !== 'undefined'")
+    assert "hf_prompt_lookup" in pg.title()
+    assert pg.locator("#round-0 .js-plotly-plot").count() == 1
+    ctx.close()
+    assert errors == []

@@ -239,6 +239,33 @@ def test_compare_checks_each_output_against_its_reference(client):
     assert "Ran" in note and "- **sd**: draft steps cost" in note
 
 
+def test_compare_puts_transformers_prompt_lookup_beside_the_engines_ngram_sd(client):
+    """The Compare preset's pair of runs on one prompt: transformers' own prompt lookup and
+    the engine's sd with the n-gram drafter, each with its cost model and where a round's
+    time went."""
+    prompt = "one two three four one two three four one two three"
+    table, _, _, note = client.predict(prompt, ["hf_prompt_lookup", "sd"], 12, 0.0, 0, TINY,
+                                       "ngram", "", api_name="/compare")
+    rows = {r[0]: dict(zip(table["headers"], r)) for r in table["data"]}
+    for name in ("hf_prompt_lookup", "sd"):
+        assert rows[name]["equals plain decode"] == "yes", rows[name]
+        assert float(rows[name]["predicted ×"]) > 0 and float(rows[name]["measured ×"]) > 0
+    for name in ("hf_prompt_lookup", "sd"):
+        line = next(ln for ln in note.splitlines() if ln.startswith(f"- **{name}**"))
+        assert "a round took" in line and "drafting" in line and "verifying" in line
+        assert "a plain step takes" in line
+
+
+def test_a_run_exports_as_one_self_contained_html_page(client):
+    _run(client, method="hf_prompt_lookup", p_max_new_tokens=8,
+         prompt="one two one two one two")
+    out = client.predict(api_name="/export_page")  # the File's update: shown, with the page
+    assert out["visible"] is True
+    text = open(out["value"]).read()
+    assert text.startswith("<!DOCTYPE html>") and "hf_prompt_lookup" in text
+    assert "id='round-0'" in text and "https://" not in text.split("<script")[0]
+
+
 def test_compare_names_a_bad_extra_run_in_one_line(client):
     with pytest.raises(AppError) as err:
         client.predict("hello world", ["sd"], 8, 0.0, 0, TINY, "", "sd:gamma=0",
