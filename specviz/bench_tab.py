@@ -2,6 +2,7 @@
 
 A run takes a shipped set (assets/sets/*.jsonl) or an uploaded JSONL, runs every chosen method
 and its plain decode on each prompt on the model thread, and streams each row as it lands;
+between runs it lets other sessions' model work in (``pairs.pausing``), so their Runs go on;
 at the end it shows the per-position acceptance curves, tau by category and the speedup
 boxes (engine.bench.report's figures), the summary table, and offers the self-contained
 report.html and results.jsonl. One run at a time in a process (another session is told so in
@@ -54,7 +55,7 @@ RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-bench"
 HEADERS = ["prompt", "category", "method", "speedup ×", "tau", "accepted / drafted",
            "identical"]
 POLL_S = 0.25
-_BUSY = threading.Lock()  # one bench run per process: it holds the model thread for minutes
+_BUSY = threading.Lock()  # one bench run per process: it runs for minutes
 _CANCEL: dict[str, threading.Event] = {}  # session -> its run's cancel flag
 
 
@@ -106,11 +107,12 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 
 def run_plan(target: str, draft: str, settings: SetSettings, out_dir: Path,
              progress=None, cancelled=None, max_prompts: int | None = None):
-    """Plan and run a set on the app's model thread; returns the SetOutcome (the tab's and
-    the tests' one way in, so both get the CLI's numbers)."""
+    """Plan and run a set on the app's model thread, other sessions' work let in between its
+    runs; returns the SetOutcome (the tab's and the tests' one way in, so both get the CLI's
+    numbers)."""
     plan = plan_set(settings, max_prompts=max_prompts or pairs.HOST.config.bench_max_prompts)
     pair = pairs.get_pair(target, draft)
-    return pairs.WORKER.call(run_set, pair, plan, out_dir, progress=progress,
+    return pairs.WORKER.call(run_set, pair, plan, out_dir, progress=pairs.pausing(progress),
                              cancelled=cancelled)
 
 
@@ -152,7 +154,7 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
         pair = pairs.get_pair(target, draft)
         fut = pairs.WORKER.submit(
             run_set, pair, plan, out_dir,
-            progress=lambda done, total, row: events.put((done, total, row)),
+            progress=pairs.pausing(lambda done, total, row: events.put((done, total, row))),
             cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
         rows: list[dict] = []
         done, total = 0, plan.total

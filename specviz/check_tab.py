@@ -1,6 +1,7 @@
 """Check tab: is a method exact on this prompt and pair? engine/check/run.py on the model thread,
-its progress streamed as status lines, refused on ZeroGPU (a check is many runs). ``build``
-lays the tab out (``CheckTab``, named components) and wires ``check`` to it by name."""
+its progress streamed as status lines (where it reports progress, other sessions' model work
+runs: ``pairs.pausing``), refused on ZeroGPU (a check is many runs). ``build`` lays the tab out
+(``CheckTab``, named components) and wires ``check`` to it by name."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def check(*, prompt: str, method: str, params_text: str, temperature: float, top
     lines: queue.SimpleQueue = queue.SimpleQueue()
     job = pairs.WORKER.submit(run_check, pair, prompt, method,
                               config=CheckConfig(max_seconds=MAX_CHECK_S),
-                              progress=lambda done, total, msg: lines.put(msg), **params)
+                              progress=pairs.pausing(lambda done, total, msg: lines.put(msg)),
+                              **params)
     empty = charts.check_figure(())
     yield CheckView("checking …", empty)
     while not job.done():

@@ -1,8 +1,8 @@
 """The Debugger tab's layout and events: ``build`` makes the run controls (``Controls``) and the
 views (``Views``) as named components and wires them to ``specviz.callbacks``.
 
-Model work happens only in the Run event (one concurrency slot, shared with Compare, Check and
-Bench); navigation events (step, back, reset, slider, token click, play timer) are cheap
+Model work happens only in the Run event (in the model concurrency group it shares with
+Compare, Check and Bench: specviz.wiring.MODEL); navigation events (step, back, reset, slider, token click, play timer) are cheap
 re-renders of the session's stored trace and run without a concurrency limit. The callbacks
 return the views in ``specviz.render.OUTPUTS`` order, then the session state (then the play
 timer and button where they change); ``DebuggerTab.outputs`` lists those components by the

@@ -3,10 +3,18 @@ model work, and the streaming decode that a Run event consumes.
 
 Models are loaded once per process, keyed by (target, draft). Every load and every forward
 runs on ``WORKER``, one dedicated thread with the engine's thread rule (engine/core/threads.py):
-sessions queue for it, never share weights at the same time, and torch keeps one OpenMP team.
-A decode runs there to its end while the event handler renders what has arrived, so the UI's
-rendering overlaps the engine instead of adding to it; a handler that goes away (a client
-that disconnects) cancels its decode after the current round.
+torch keeps one OpenMP team, and no two jobs use the weights at the same time. The thread
+serves its jobs in turn (round-robin), one unit of work each: a decode (a Run, each Compare
+method) is a step job of one round a step; a load or any other call is one unit; a Bench set
+or a Check is one unit that lets the other jobs in between its runs (``pausing``, through the
+engine's progress callback; a sampled Check calls it about once a second). So another
+session's Run starts after about one round of each decode ahead of it, or one run of a Bench
+set, instead of after all of them (Gradio lets up to ``specviz.wiring.MODEL_SLOTS`` model
+events run at once; this thread shares the model among them). A unit is whole engine calls,
+never part of one, so a run's tokens do not depend on what else runs.
+A decode runs there while the event handler renders what has arrived, so the UI's rendering
+overlaps the engine instead of adding to it; a handler that goes away (a client that
+disconnects) cancels its decode after the current round.
 
 On ZeroGPU (``configure`` with a HostConfig whose zero_gpu is set) the rules differ: every
 allowed pair loads once at start in the main process (``preload_all``, weights moved to CUDA
@@ -20,7 +28,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
@@ -45,10 +53,22 @@ GPU_DURATION_S = 120  # ZeroGPU: a call that runs longer is aborted
 
 
 class ModelWorker:
-    """One daemon thread that runs every model call of the process, in submission order."""
+    """One daemon thread that runs every model call of the process, its jobs served in turn.
 
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+    A job is a generator of units: ``submit_steps`` takes one whose every ``next()`` is one
+    unit (a decode: one round), ``submit`` / ``call`` a function, run as a single unit. The
+    thread runs one unit of the job at the head of its ready queue, then puts the job back at
+    the tail unless it finished, so jobs take turns unit by unit (round-robin) and a new job
+    starts after at most one unit of each job ahead of it. A long job that is one unit (a
+    Bench set, a Check) lets others in at ``pause_point``, which it calls between its runs.
+    Never inside one engine call: a unit is whole engine calls, so runs keep their tokens.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ready: deque[tuple[Iterator, Future]] = deque()
+        self._wake = threading.Condition()
+        self._clock = clock
+        self._slice_start = 0.0  # when the unit running now started or last resumed
         self.thread = threading.Thread(target=self._loop, name="specviz-model", daemon=True)
         self.threads = 0
         self.thread.start()
@@ -56,27 +76,114 @@ class ModelWorker:
     def _loop(self) -> None:
         self.threads = threads.configure()
         while True:
-            fn, args, kwargs, fut = self._jobs.get()
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args, **kwargs))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                fut.set_exception(e)
+            with self._wake:
+                while not self._ready:
+                    self._wake.wait()
+                job = self._ready.popleft()
+            self._run_unit(job)
 
-    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
+    def _run_unit(self, job: tuple[Iterator, Future]) -> None:
+        """One unit of the job; the job back at the tail of the queue unless it finished."""
+        steps, fut = job
+        self._slice_start = self._clock()
+        if not fut.running() and not fut.set_running_or_notify_cancel():
+            steps.close()  # cancelled before its first unit
+            return
+        try:
+            next(steps)
+        except StopIteration as end:
+            fut.set_result(end.value)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+        else:
+            self._put(job)
+
+    def _put(self, job: tuple[Iterator, Future]) -> None:
+        with self._wake:
+            self._ready.append(job)
+            self._wake.notify()
+
+    def submit_steps(self, steps: Iterator) -> Future:
+        """Run a step job: each ``next(steps)`` one unit, in turn with the other jobs; the
+        future gets the generator's return value (or its exception)."""
         fut: Future = Future()
-        self._jobs.put((fn, args, kwargs, fut))
+        self._put((steps, fut))
         return fut
 
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
+        """Run fn(*args, **kwargs) on the model thread as one unit."""
+        return self.submit_steps(_one_unit(fn, args, kwargs))
+
     def call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Run fn on the model thread and wait for its result (or exception)."""
+        """Run fn on the model thread and wait for its result (or exception); on the model
+        thread itself, run it at once."""
         if threading.current_thread() is self.thread:
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
 
+    def call_steps(self, steps: Iterator) -> Any:
+        """``submit_steps`` and wait for the result; on the model thread, run every step at
+        once."""
+        if threading.current_thread() is self.thread:
+            return _to_end(steps)
+        return self.submit_steps(steps).result()
+
+    def pause_point(self) -> None:
+        """Let the other jobs in, then return (call it on the model thread, between whole
+        engine calls of a long unit).
+
+        Every job ready when it is called runs one unit, in turn; then they go on taking
+        turns until they have had about as long each as the caller ran since it last got the
+        thread, or none is ready. The caller is not in the queue while it runs, so none of its
+        own work runs here. A long job of one unit that starts here pauses in turn at its own
+        pause points, and the caller resumes only when that job has ended."""
+        if threading.current_thread() is not self.thread:
+            raise RuntimeError("pause_point is for the model thread")
+        now = self._clock()
+        with self._wake:
+            waiting = len(self._ready)
+        until = now + (now - self._slice_start) * waiting
+        turns = 0
+        while True:
+            with self._wake:
+                if not self._ready or (turns >= waiting and self._clock() >= until):
+                    break
+                job = self._ready.popleft()
+            self._run_unit(job)
+            turns += 1
+        self._slice_start = self._clock()
+
+
+def _one_unit(fn: Callable, args: tuple, kwargs: dict) -> Iterator:
+    """A job of one unit: the first next() runs fn, its result the StopIteration's value."""
+    return fn(*args, **kwargs)
+    yield  # a generator with no yield reached: never a step in between
+
+
+def _to_end(steps: Iterator) -> Any:
+    """Every step of a step job, at once; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
 
 WORKER = ModelWorker()
+
+
+def pausing(progress: Callable[..., None] | None = None) -> Callable[..., None]:
+    """A progress callback for a long job of one unit (engine.bench.set_runner.run_set,
+    engine.check.run.run_check, which call it between their runs): progress, then
+    ``WORKER.pause_point``, so other sessions' work runs between the job's runs."""
+
+    def report(*args: Any) -> None:
+        if progress is not None:
+            progress(*args)
+        WORKER.pause_point()
+
+    return report
+
 
 HEAD_EVERY_S = 0.35  # streaming: a run head (text, stats) at most this often
 _PAIRS: OrderedDict[tuple[str, str], engine.ModelPair] = OrderedDict()
@@ -311,11 +418,15 @@ def _updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator
     yield Update([], run.trace(with_rounds=False), final=True)
 
 
-def _produce(run: engine.Run, out: queue.SimpleQueue, cancel: threading.Event) -> None:
-    """The model thread's side: hand every Update of the run over to the handler."""
+def _produce(run: engine.Run, out: queue.SimpleQueue, cancel: threading.Event
+             ) -> Iterator[None]:
+    """The model thread's side, a step job of one round a step: hand every Update of the run
+    over to the handler."""
     try:
         for update in _updates(run, cancel):
             out.put(update)
+            if not update.final:
+                yield  # the next round: in this job's next turn
     except BaseException as e:  # noqa: BLE001 - re-raised in the handler's thread
         out.put(e)
     finally:
@@ -349,7 +460,7 @@ def decode_stream(target: str, draft: str, prompt: str, method: str,
     run = WORKER.call(_start, target, draft, prompt, method, params)
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
-    WORKER.submit(_produce, run, out, cancel)
+    WORKER.submit_steps(_produce(run, out, cancel))
     try:
         while True:
             items = [out.get()]
@@ -386,7 +497,17 @@ def run_trace(target: str, draft: str, prompt: str, method: str,
     check_forest_budget(method, full)
     if HOST.gpu_trace is not None:
         return HOST.gpu_trace(target, draft, prompt, method, params)
-    return WORKER.call(lambda: _start(target, draft, prompt, method, params).to_end())
+    return WORKER.call_steps(_whole_run(target, draft, prompt, method, params))
+
+
+def _whole_run(target: str, draft: str, prompt: str, method: str, params: dict[str, Any]
+               ) -> Iterator[None]:
+    """A step job: start the run, then one round a step; returns the whole RunTrace."""
+    run = _start(target, draft, prompt, method, params)
+    while not run.done:
+        yield
+        next(run, None)
+    return run.trace()
 
 
 # ------------------------------------------------------------ ZeroGPU: the GPU functions

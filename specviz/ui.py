@@ -1,8 +1,8 @@
 """build_demo(): the app's shared state and its tabs, each laid out and wired by its own module
 (debugger_tab, compare_tab, bench_tab, check_tab; no logic here).
 
-Model work happens only in the Run, Compare, Check and Bench events (one concurrency slot
-shared by all); navigation events are cheap re-renders of the session's stored trace and run
+Model work happens only in the Run, Compare, Check and Bench events (``MODEL_SLOTS`` of them
+at once, sharing the one model thread in turns: specviz.pairs); navigation events are cheap re-renders of the session's stored trace and run
 without a concurrency limit.
 """
 

@@ -20,7 +20,10 @@ import gradio as gr
 from specviz.state import ASSETS
 
 QUICK = dict(concurrency_limit=None, show_progress="hidden")  # cheap re-renders
-MODEL = dict(concurrency_limit=1, concurrency_id="model")  # model work: one slot, shared
+MODEL_SLOTS = 4  # model events (Run, Compare, Check, Bench) served at once, all sessions
+# together: they share the one model thread in turns (specviz.pairs.ModelWorker); more wait
+# in Gradio's queue
+MODEL = dict(concurrency_limit=MODEL_SLOTS, concurrency_id="model")
 
 
 def examples() -> list[str]:
