@@ -43,13 +43,10 @@ from engine.bench.set_runner import (
     write_summary,
 )
 from engine.core.errors import ConfigError
-from engine.core.paths import ASSETS
-from specviz import pairs
+from specviz import pairs, tune_tab
 from specviz.callbacks import guarded
-from specviz.wiring import MODEL, QUICK, Shared, fields, stream
+from specviz.wiring import MODEL, QUICK, Shared, fields, set_path, shipped_sets, stream
 
-SETS_DIR = ASSETS / "sets"
-MAX_UPLOAD_BYTES = 1_000_000
 KEEP_RUNS = 20  # newest run folders kept in the temp folder
 RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-bench"
 HEADERS = ["prompt", "category", "method", "speedup ×", "tau", "accepted / drafted",
@@ -57,22 +54,6 @@ HEADERS = ["prompt", "category", "method", "speedup ×", "tau", "accepted / draf
 POLL_S = 0.25
 _BUSY = threading.Lock()  # one bench run per process: it runs for minutes
 _CANCEL: dict[str, threading.Event] = {}  # session -> its run's cancel flag
-
-
-def shipped_sets() -> list[str]:
-    return sorted(p.name for p in SETS_DIR.glob("*.jsonl"))
-
-
-def set_path(name: str | None, upload: str | None) -> str:
-    """The set a run reads: the uploaded file (size-capped) or a shipped set by name."""
-    if upload:
-        path = Path(upload)
-        if path.stat().st_size > MAX_UPLOAD_BYTES:
-            raise ConfigError(f"the uploaded set is over {MAX_UPLOAD_BYTES // 1000} kB")
-        return str(path)
-    if name not in shipped_sets():
-        raise ConfigError(f"pick a prompt set ({', '.join(shipped_sets())}) or upload one")
-    return str(SETS_DIR / name)
 
 
 def settings_of(path: str, methods: list[str], categories: str, limit: float | None,
@@ -286,6 +267,8 @@ def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
     summary = gr.HTML()
     files = gr.File(label="report.html and results.jsonl", file_count="multiple",
                     elem_id="sv-bench-files")
+    with gr.Accordion("Tune the pair", open=False, elem_id="sv-tune-box"):
+        tune_tab.build(shared, set_name, upload)
     tab = BenchTab(set_name=set_name, upload=upload, methods=methods, categories=categories,
                    limit=limit, max_new_tokens=max_new_tokens, go=go, cancel=cancel_button,
                    status=status, rows=rows, acceptance=acceptance, tau=tau, speedup=speedup,

@@ -23,6 +23,7 @@ import gradio as gr
 from engine import METHODS
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
+from engine.run.specs import EMBEDDED, pair_key
 from specviz import pairs, share_page, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live
@@ -309,19 +310,35 @@ def _imported_params(state: SessionState | None, method: str) -> dict[str, Any]:
 def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:
     @guarded
     def method_change(method: str, state: SessionState | None = None, target: str = "",
-                      draft: str = "") -> list[Any]:
-        """The method's about line and widgets: an imported trace's parameters, else the
-        pair's measured best (its preset's params), else the method's defaults."""
+                      draft: str = "", session: dict | None = None) -> list[Any]:
+        """The method's about line and widgets: an imported trace's parameters, else this
+        session's tuned settings for the pair (the Bench tab's Use as defaults), else the
+        pair's measured best (its tuned settings), else the method's defaults."""
         spec = METHODS.get(method)
         if spec is None:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         about = (f"**{spec.name}** ({spec.family}) — {spec.summary}\n\n"
                  f"<small>exactness: {spec.exactness}</small>")
         values = {**pairs.tuned_params(target, draft).get(method, {}),
+                  **session_params(session, target, draft, method),
                   **_imported_params(state, method)}
         return [about, *pool.updates(method, values)]
 
     return method_change
+
+
+def session_params(session: dict | None, target: str, draft: str, method: str
+                   ) -> dict[str, Any]:
+    """The method's values in this session's tuned settings when they are for this pair
+    ({} otherwise)."""
+    if not session or method not in session.get("params", {}):
+        return {}
+    try:
+        same = pair_key(session["target"] or EMBEDDED, session.get("draft", "")) == \
+            pair_key((target or "").strip() or EMBEDDED, (draft or "").strip())
+    except (ConfigError, OSError, KeyError, TypeError, ValueError):
+        return {}
+    return dict(session["params"][method]) if same else {}
 
 
 def make_import_controls(pool: ParamPool) -> Callable[[SessionState], list[Any]]:

@@ -2,8 +2,9 @@
 views (``Views``) as named components and wires them to ``specviz.callbacks``.
 
 Model work happens only in the Run event (in the model concurrency group it shares with
-Compare, Check and Bench: specviz.wiring.MODEL); navigation events (step, back, reset, slider, token click, play timer) are cheap
-re-renders of the session's stored trace and run without a concurrency limit. The callbacks
+Compare, Check and Bench: specviz.wiring.MODEL); navigation events (step, back, reset,
+slider, token click, play timer) are cheap re-renders of the session's stored trace and run
+without a concurrency limit. The callbacks
 return the views in ``specviz.render.OUTPUTS`` order, then the session state (then the play
 timer and button where they change); ``DebuggerTab.outputs`` lists those components by the
 same names, in the one place that order is written.
@@ -43,6 +44,9 @@ class Controls:
     download: gr.DownloadButton
     page: gr.Button  # writes the run as one self-contained HTML page into page_file
     page_file: gr.File
+    # this session's tuned settings (the Bench tab's Use as defaults): {"target", "draft",
+    # "params": method -> values}; the method widgets open on them for that pair
+    session_tuned: gr.State
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,23 @@ class DebuggerTab:
         return self.outputs + [self.timer, self.views.play]
 
     @property
+    def method_inputs(self) -> dict[str, Any]:
+        """The method change's inputs (/method: method, target, draft)."""
+        c = self.controls
+        return {"method": c.method, "state": self.state, "target": c.target, "draft": c.draft,
+                "session": c.session_tuned}
+
+    @property
+    def method_outputs(self) -> list[Any]:
+        return [self.controls.about, *self.controls.pool.widgets.values()]
+
+    @property
     def shared(self) -> Shared:
         c = self.controls
-        return Shared(target=c.target, draft=c.draft, prompt=c.prompt, method=c.method)
+        return Shared(target=c.target, draft=c.draft, prompt=c.prompt, method=c.method,
+                      session_tuned=c.session_tuned,
+                      refresh_method=(cb.make_method_change(c.pool), self.method_inputs,
+                                      self.method_outputs))
 
 
 def method_about(name: str) -> str:
@@ -139,7 +157,7 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
     return Controls(prompt=prompt, method=method, about=about, run=run, advanced=advanced,
                     pool=common.merge(everyday).merge(advanced_pool), preset=preset,
                     target=target_box, draft=draft_box, upload=upload, download=download,
-                    page=page, page_file=page_file)
+                    page=page, page_file=page_file, session_tuned=gr.State({}))
 
 
 def build_views(v: dict[str, Any]) -> Views:
@@ -230,9 +248,7 @@ def wire(tab: DebuggerTab) -> None:
                     inputs_kwargs={"method": c.method}, outputs=c.advanced,
                     api_visibility="private", **QUICK)
     method_change = cb.make_method_change(pool)
-    method_inputs = {"method": c.method, "state": state, "target": c.target,
-                     "draft": c.draft}  # /method: method, target, draft
-    method_outputs = [c.about, *pool.widgets.values()]
+    method_inputs, method_outputs = tab.method_inputs, tab.method_outputs
     c.method.change(method_change, inputs_kwargs=method_inputs, outputs=method_outputs,
                     api_name="method", **QUICK)
     c.preset.change(cb.preset_change, inputs_kwargs={"name": c.preset},

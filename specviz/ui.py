@@ -2,8 +2,8 @@
 (debugger_tab, compare_tab, bench_tab, check_tab; no logic here).
 
 Model work happens only in the Run, Compare, Check and Bench events (``MODEL_SLOTS`` of them
-at once, sharing the one model thread in turns: specviz.pairs); navigation events are cheap re-renders of the session's stored trace and run
-without a concurrency limit.
+at once, sharing the one model thread in turns: specviz.pairs); navigation events are cheap
+re-renders of the session's stored trace and run without a concurrency limit.
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 import gradio as gr
 
+from engine.core.errors import ConfigError
 from specviz.state import ASSETS
 
 QUICK = dict(concurrency_limit=None, show_progress="hidden")  # cheap re-renders
@@ -40,6 +42,10 @@ class Shared:
     draft: gr.Textbox
     prompt: gr.Textbox
     method: gr.Dropdown
+    session_tuned: gr.State  # this session's tuned settings (the Bench tab's tuner)
+    # (handler, its keyword inputs, its outputs): refills the method widgets (the Debugger's
+    # method change), after session_tuned changed
+    refresh_method: tuple[Any, dict[str, Any], list[Any]]
 
     def pair(self) -> dict[str, gr.Textbox]:
         """The model pair as keyword inputs of a handler (``target``, ``draft``)."""
@@ -62,3 +68,23 @@ def stream(tab: Any, results: Iterator[NamedTuple]) -> Iterator[dict[Any, Any]]:
     with closing(results):
         for result in results:
             yield keyed(tab, result)
+
+
+SETS_DIR = ASSETS / "sets"  # the shipped prompt sets (Bench, and its tuner)
+MAX_UPLOAD_BYTES = 1_000_000
+
+
+def shipped_sets() -> list[str]:
+    return sorted(p.name for p in SETS_DIR.glob("*.jsonl"))
+
+
+def set_path(name: str | None, upload: str | None) -> str:
+    """The set a run reads: the uploaded file (size-capped) or a shipped set by name."""
+    if upload:
+        path = Path(upload)
+        if path.stat().st_size > MAX_UPLOAD_BYTES:
+            raise ConfigError(f"the uploaded set is over {MAX_UPLOAD_BYTES // 1000} kB")
+        return str(path)
+    if name not in shipped_sets():
+        raise ConfigError(f"pick a prompt set ({', '.join(shipped_sets())}) or upload one")
+    return str(SETS_DIR / name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # one thread, and no thread measurement (engine.core.threads): tiny models gain nothing from
 # OpenMP and lose a lot when the two pytest processes of make test share the cores
 os.environ.setdefault("SPECVIZ_THREADS", "1")
+# a tune stored on this machine never changes what the tests run (engine.run.tuned)
+os.environ["SPECVIZ_TUNED"] = tempfile.mkdtemp(prefix="specviz-tuned-")
 torch.set_num_threads(1)
 
 

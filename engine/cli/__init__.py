@@ -1,4 +1,4 @@
-"""Command line: python -m engine {methods, generate, check, bench, bench-set, optimal,
+"""Command line: python -m engine {methods, generate, check, bench, bench-set, tune, optimal,
 train-draft, train-feature}.
 
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
@@ -21,6 +21,7 @@ from engine.cli import (
     optimal,
     train_draft,
     train_feature,
+    tune,
 )
 from engine.cli.flags import OneLineParser
 from engine.core.errors import SpecvizError
@@ -32,6 +33,8 @@ COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
     ("bench", "time methods against generate() (markdown + JSON)", bench),
     ("bench-set", "methods against generate() over a JSONL prompt set, resumable; summary "
      "per category, --report for an HTML page", bench_set),
+    ("tune", "each method's best exact setting on the pair over a prompt set, within a "
+     "budget; stored as the pair's tuned settings", tune),
     ("optimal", "alpha* per position vs what RRS, K-SEQ and greedy drafts achieve", optimal),
     ("train-draft", "train the EESD early-exit drafter and its Cali-TS predictor", train_draft),
     ("train-feature", "train the feature (EAGLE-style) drafter on token shards", train_feature),

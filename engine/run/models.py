@@ -19,6 +19,7 @@ from engine.control.cost import CostProfile
 from engine.core.cached_model import CachedModel, check_supported, warm_steps
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.layout import prepare
+from engine.core.paths import cache_root
 from engine.core.placement import (
     DeviceMap,
     check_placed,
@@ -37,13 +38,6 @@ from engine.run.tuned import Tuned, tuned_settings
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
-
-
-def cache_root() -> Path:
-    """Where converted models live: $SPECVIZ_CACHE or ~/.cache/specviz."""
-    env = os.environ.get("SPECVIZ_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base if env else base / "specviz"
 
 
 def embedded_gguf_dir() -> Path:

@@ -307,3 +307,36 @@ def test_a_transformers_mode_runs_in_the_app_shows_its_forest_and_exports_a_page
     assert pg.locator("#round-0 .js-plotly-plot").count() == 1
     ctx.close()
     assert errors == []
+
+
+def test_tuning_in_the_bench_tab_streams_trials_and_its_winners_become_the_defaults(browser,
+                                                                                   app_url):
+    """The Bench tab's tuner on the tiny pair: the trials chart and the winners table fill,
+    and Use as defaults applies them (tests/ui/test_tune_tab.py checks the widgets' values)."""
+    from playwright.sync_api import expect
+
+    from tests.ui.helpers import TINY
+
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(app_url)
+    page.get_by_text("Model pair").first.click()
+    target = page.get_by_label("Target (p): embedded, hub id or local dir")
+    target.fill(TINY)
+    target.press("Tab")
+    page.get_by_role("tab", name="Bench").click()
+    page.locator("#sv-tune-box").get_by_text("Tune the pair").click()
+    box = page.locator("#sv-tune-minutes input")
+    box.fill("0.1")
+    box.press("Tab")
+    page.locator("#sv-tune-methods").get_by_text("mcsd", exact=True).click()  # sd alone
+    page.locator("#sv-tune").click()
+    expect(page.locator("#sv-tune-status")).to_contain_text("done:", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#sv-tune-chart .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#sv-tune-table")).to_contain_text("sd")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-tune.png"), full_page=True)
+    page.locator("#sv-tune-use").click()
+    expect(page.locator("#sv-tune-status")).to_contain_text("now start from the tuned")
+    ctx.close()
