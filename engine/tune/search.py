@@ -332,6 +332,8 @@ def search_method(trials: _Trials, plan: TunePlan, method: str) -> MethodResult:
             alive = ranked[:1]
             break
         alive = ranked[:max(1, math.ceil(len(ranked) / s.eta))]
+        if len(alive) == 1:  # decided on this rung: no rung of one setting
+            break
         n = min(len(tune), n * s.eta)
     if not rungs:  # not even the first rung: keep the current setting
         winner = plan.spaces[method][0]

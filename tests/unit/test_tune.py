@@ -96,6 +96,7 @@ def test_halving_keeps_the_best_third_and_the_winner_is_the_fastest(tmp_path):
     n = len(plan.spaces["sd"])
     assert [len(r["scores"]) for r in res.rungs][:2] == [n, -(-n // 3)]
     assert [len(r["prompts"]) for r in res.rungs][:2] == [1, 3]
+    assert all(len(r["scores"]) > 1 for r in res.rungs)  # no rung of one setting alone
     best = max(plan.spaces["sd"], key=lambda c: _speed(c.label, plan.tune[0].id,
                                                         c.values.get("gamma", 0)))
     assert res.winner.label == "sd:controller=fixed:gamma=6" == best.label
