@@ -7,6 +7,8 @@
   brute force over every draft tuple, for tiny vocabularies.
 - ``draft_prob_of_set``: Q(H) for one token set H, to check the alpha* prefix scan against the
   minimum over every subset.
+- ``packed4_error_bound``: how far a 4-bit packed linear's bf16 product may be from the
+  dequantised fp32 product, per output.
 """
 
 from __future__ import annotations
@@ -168,3 +170,18 @@ def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
         return min(1.0, float(q[ids].sum())) ** n
     order = torch.cat([ids, torch.nonzero(~torch.isin(torch.arange(q.numel()), ids)).flatten()])
     return float(_q_without(q[order], n)[ids.numel()])
+
+
+def packed4_error_bound(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, x: torch.Tensor,
+                        ref: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """|error| allowed per output of a Q4_1 weight (w = d q + m per group) run in bf16 as
+    (q - 8) scale + zero: bf16's unit roundoff u = 2^-9 on scale = d and zero = m + 8 d
+    (|dw| <= u (|q - 8| |d| + |m + 8 d|)) and on the output (u |y|), each doubled.
+
+    q (out, in) in 0..15, d and m (out, in / group), x (R, in) bf16-representable inputs,
+    ref (R, out) the fp32 product x W^T -> (R, out)."""
+    n, k = q.shape
+    qg = q.view(n, k // group, group).float()  # (out, in / G, G)
+    dg, mg = d.float()[..., None], m.float()[..., None]  # (out, in / G, 1)
+    dw = ((qg - 8).abs() * dg.abs() + (mg + 8 * dg).abs()).view(n, k)  # (out, in)
+    return 2**-8 * (x.abs() @ dw.T) + 2**-8 * ref.abs()  # (R, out)

@@ -316,12 +316,16 @@ def is_placed(model: nn.Module) -> bool:
 
 def unhooked_copy(module: nn.Module) -> nn.Module:
     """A deep copy of a module without accelerate's hooks (a drafter's own copy of a target
-    layer or norm; it runs where its weights are moved)."""
+    layer or norm; it runs where its weights are moved), its 4-bit packed linears as stock
+    fp32 nn.Linear of their dequantised weights (a drafter trains or loads its copy as a
+    stock layer)."""
     from accelerate.hooks import remove_hook_from_module
+
+    from engine.core.packed4 import unpack_linears
 
     out = copy.deepcopy(module)
     if is_placed(out):
         remove_hook_from_module(out, recurse=True)
         for m in out.modules():
             m.__dict__.pop("forward", None)  # the stock forward again, not a bound copy
-    return out
+    return unpack_linears(out)

@@ -1,6 +1,7 @@
-"""Model loading: the embedded SmolLM2 (GGUF -> cached safetensors), hub ids, local
-directories and tiny random models built from a config; the target/draft :class:`ModelPair`
-with the pair's tuned method settings (engine.run.tuned).
+"""Model loading: the embedded SmolLM2 (GGUF -> cached safetensors; or with its 4-bit
+weights packed again, engine.core.packed4), hub ids, local directories and tiny random models
+built from a config; the target/draft :class:`ModelPair` with the pair's tuned method settings
+(engine.run.tuned).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from engine.run.tuned import Tuned, tuned_settings
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
+EMBEDDED_Q4_NAME = "SmolLM2-135M-Instruct (embedded GGUF, 4-bit packed)"
 
 
 def embedded_gguf_dir() -> Path:
@@ -263,11 +265,28 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
         except (ValueError, TypeError, KeyError, RuntimeError) as e:
             raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
         return _put(model, device, device_map), None, parsed.text
+    if parsed.kind == "embedded-q4":
+        return _load_embedded_q4(device, dtype, device_map)
     src = str(embedded_model_dir()) if parsed.kind == "embedded" else parsed.text
     model, tok = _load_dir_or_hub(src, dtype, device_map)
     if device_map is None:
         model = model.to(device)
     return model, tok, EMBEDDED_NAME if parsed.kind == "embedded" else parsed.text
+
+
+def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
+                      device_map: DeviceMap | None):
+    """The embedded model with its Q4_1 linear layers packed in 4 bits as the GGUF ships
+    them (engine.core.packed4): the dequantised model, its linears then swapped; CPU only
+    (torch's int4 weight-packed matmul used here is a CPU kernel)."""
+    from engine.core.packed4 import pack_linears
+
+    if device.type != "cpu" or device_map is not None:
+        raise ConfigError("'embedded-q4' runs on the CPU only: use --device cpu and no "
+                          "device map, or the target 'embedded'")
+    model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
+    pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
+    return model, tok, EMBEDDED_Q4_NAME
 
 
 VerifyPoints = tuple[float, tuple[tuple[int, float], ...]]  # (plain forward s, (n, c_verify))
@@ -339,8 +358,8 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     those of the preset whose target and draft specs are this pair's, else none).
 
     Args:
-        target: a spec (see parse_model_spec: embedded, tiny, tiny:{json}, local dir, hub id),
-            a transformers config or a model.
+        target: a spec (see parse_model_spec: embedded, embedded-q4, tiny, tiny:{json}, local
+            dir, hub id), a transformers config or a model.
         draft: the same kinds, or '' / 'early-exit' / 'early-exit:N' for the target's own
             first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style),
             'ngram+feature[:N]' (the lookup where it matches, else the feature drafter).

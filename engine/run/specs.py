@@ -13,6 +13,10 @@ from engine.core.errors import ConfigError
 
 EMBEDDED = "embedded"
 EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
+# The embedded model run as shipped: its Q4_1 linear weights kept packed in 4 bits
+# (engine.core.packed4), on the CPU; a separate target (its logits are not the fp32 model's).
+EMBEDDED_Q4 = "embedded-q4"
+EMBEDDED_Q4_ALIASES = ("embedded-q4",)
 # The embedded target's default drafter: the one measured fastest on held-out prompts
 # (README, "Measured numbers").
 EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
@@ -20,12 +24,14 @@ EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
 
 def default_draft(target: str) -> str:
     """The draft spec paired with a target when none is given: EMBEDDED_DEFAULT_DRAFT for
-    the embedded model, else '' (the target's early exit)."""
-    return EMBEDDED_DEFAULT_DRAFT if target.strip().lower() in EMBEDDED_ALIASES else ""
+    the embedded model, fp32 or 4-bit packed (the shipped drafters match both: their
+    embeddings are the same), else '' (the target's early exit)."""
+    embedded = EMBEDDED_ALIASES + EMBEDDED_Q4_ALIASES
+    return EMBEDDED_DEFAULT_DRAFT if target.strip().lower() in embedded else ""
 
 
-SPEC_KINDS = ("embedded", "tiny", "early-exit", "ngram", "feature", "ngram+feature", "local",
-              "hub")
+SPEC_KINDS = ("embedded", "embedded-q4", "tiny", "early-exit", "ngram", "feature",
+              "ngram+feature", "local", "hub")
 NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 
 
@@ -42,7 +48,8 @@ class ModelSpec:
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
-    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias), exactly
+    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias),
+    'embedded-q4' (the embedded model with its 4-bit weights packed, CPU only), exactly
     'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of
@@ -90,6 +97,8 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
         return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
     if text.lower() in EMBEDDED_ALIASES:
         return ModelSpec("embedded", text)
+    if text.lower() in EMBEDDED_Q4_ALIASES:
+        return ModelSpec("embedded-q4", text)
     if text == "tiny" or (head == "tiny" and colon):
         try:
             kw = json.loads(rest) if colon else {}

@@ -9,13 +9,17 @@ prompts, taken from the categories in turn), the rest is tuned on. The two never
 engine.tune.space runs on the first ``first_prompts`` tune prompts; a *trial* is one
 interleaved pair of runs, the setting and its plain ``generate()`` call
 (engine.bench.interleaved.measure_run), scored by the speedup. A candidate's score on a rung
-is the geometric mean of its speedups there. After each rung the best 1/eta go on, to eta
-times as many prompts, until one is left or every tune prompt is used. After the first rung
-the cost model prunes settings that cannot pay: a candidate whose runs' cost model predicts
-a speedup below 1 at every prompt (a round's costs exceed what its acceptance returns, even
-with no overhead) is dropped whatever its rank. The budget is spent trial by trial (each
-trial's seconds, stored): when a method's share is spent its search stops, and its winner is
-the best candidate of its last complete rung.
+is the geometric mean of its speedups there. After each rung the best 1/eta of the
+challengers go on, to eta times as many prompts; the current setting (the pair's tuned
+values, else the defaults) runs on every rung, so the last rung is a duel of the best
+challenger and the current setting on the most prompts, or every tune prompt is used. After
+the first rung the cost model prunes settings that cannot pay: a challenger whose runs' cost
+model predicts a speedup below 1 at every prompt (a round's costs exceed what its acceptance
+returns, even with no overhead) is dropped whatever its rank. The winner is the best
+challenger of the last complete rung if it beats the current setting there by ``margin``
+(2 %), else the current setting: a tune never swaps the defaults on noise. The budget is spent
+trial by trial (each trial's seconds, stored): when a method's share is spent its search
+stops at its last complete rung.
 
 **Resume.** Every trial appends one JSON line to DIR/trials.jsonl at once and every
 decision is a function of the plan and those rows only (scores, pruning and the budget's
@@ -64,6 +68,7 @@ class TuneSettings:
     report_limit: int | None = 12  # report prompts at most
     first_prompts: int = 2  # tune prompts per candidate on the first rung
     eta: int = 3  # 1/eta of the candidates go on, to eta times the prompts
+    margin: float = 0.02  # a challenger replaces the current setting only if this much faster
     approximate: bool = False  # allow approximate methods (their label says so)
 
 
@@ -89,7 +94,7 @@ class MethodResult:
     method: str
     winner: Candidate
     score: float | None  # the winner's score on the last complete rung
-    current_score: float | None  # the current setting's score on the deepest rung it reached
+    current_score: float | None  # the current setting's score on the same (last) rung
     rungs: tuple[dict[str, Any], ...]  # per rung: prompts and candidates with their scores
     stopped: str  # "done" | "budget" | "cancelled"
     pruned: tuple[str, ...] = ()  # labels the cost model dropped
@@ -291,57 +296,44 @@ def cannot_pay(rows: list[dict]) -> bool:
 
 
 def search_method(trials: _Trials, plan: TunePlan, method: str) -> MethodResult:
-    """Successive halving for one method (module docstring)."""
+    """Successive halving for one method (module docstring): the challengers halve rung by
+    rung, the current setting runs on every rung, and the last rung is a duel of the best
+    challenger and the current setting, which the challenger wins only by ``margin``."""
     s, tune = plan.settings, list(plan.tune)
-    alive = list(plan.spaces[method])
+    current, *challengers = plan.spaces[method]
     n, rungs, pruned, stopped = min(s.first_prompts, len(tune)), [], [], "done"
     last: dict[str, float | None] = {}
-    current_score = None
     while True:
-        prompts = tune[:n]
+        prompts, alive = tune[:n], [current, *challengers]
         got: dict[str, list[dict]] = {}
-        complete = True
         for cand in alive:
-            rows = []
-            for p in prompts:
-                row = trials.get(cand, p)
-                if row is None:
-                    complete = False
-                    break
-                rows.append(row)
-            got[cand.label] = rows
-            if not complete:
+            rows = [trials.get(cand, p) for p in prompts]
+            if any(r is None for r in rows):
+                stopped = "budget"
                 break
-        if not complete:
-            stopped = "budget"
+            got[cand.label] = rows
+        if stopped == "budget":
             break
-        scores = {c.label: score(got[c.label]) for c in alive}
-        if CURRENT in scores:
-            current_score = scores[CURRENT]
-        rungs.append({"prompts": [p.id for p in prompts],
-                      "scores": {k: v for k, v in scores.items()}})
-        last = scores
-        ranked = sorted(alive, key=lambda c: -(scores[c.label] or 0.0))
-        if not rungs[1:]:  # after the first rung: drop what cannot pay (one stays)
+        last = {c.label: score(got[c.label]) for c in alive}
+        rungs.append({"prompts": [p.id for p in prompts], "scores": dict(last)})
+        ranked = sorted(challengers, key=lambda c: -(last[c.label] or 0.0))
+        if len(rungs) == 1:  # after the first rung: drop what cannot pay
             drop = [c for c in ranked if cannot_pay(got[c.label])]
-            if len(drop) == len(ranked):
-                drop = drop[1:]
             pruned = [c.label for c in drop]
             ranked = [c for c in ranked if c not in drop]
-        if len(ranked) == 1 or n >= len(tune):
-            alive = ranked[:1]
-            break
-        alive = ranked[:max(1, math.ceil(len(ranked) / s.eta))]
-        if len(alive) == 1:  # decided on this rung: no rung of one setting
-            break
+        if len(challengers) <= 1 or not ranked or n >= len(tune):
+            break  # the duel (or the whole set) is measured
+        challengers = ranked[:max(1, math.ceil(len(ranked) / s.eta))]
         n = min(len(tune), n * s.eta)
     if not rungs:  # not even the first rung: keep the current setting
-        winner = plan.spaces[method][0]
-        return MethodResult(method, winner, None, None, (), stopped, ())
-    winner = max((c for c in plan.spaces[method] if c.label in last and c.label not in pruned),
-                 key=lambda c: last[c.label] or 0.0)
-    return MethodResult(method, winner, last[winner.label], current_score, tuple(rungs),
-                        stopped, tuple(pruned))
+        return MethodResult(method, current, None, None, (), stopped, ())
+    best = max((c for c in plan.spaces[method][1:] if c.label in last
+                and c.label not in pruned), key=lambda c: last[c.label] or 0.0, default=None)
+    mine = last[current.label]
+    wins = best is not None and (last[best.label] or 0.0) > (mine or 0.0) * (1 + s.margin)
+    winner = best if wins else current
+    return MethodResult(method, winner, last[winner.label], mine, tuple(rungs), stopped,
+                        tuple(pruned))
 
 
 # ------------------------------------------------------------------ the whole tune

@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 
 from engine.cli import main as cli_main
-from specviz import bench_tab
+from specviz import bench_tab, wiring
 from specviz.hosting import HostConfig
 
 pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -89,7 +89,7 @@ def test_a_bad_upload_becomes_one_line(tmp_path, text, message):
 def test_an_upload_over_the_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"prompt": "x" * 200}) + "\n")
-    monkeypatch.setattr(bench_tab, "MAX_UPLOAD_BYTES", 100)
+    monkeypatch.setattr(wiring, "MAX_UPLOAD_BYTES", 100)
     with pytest.raises(gr.Error, match="over"):
         _tab_run(path)
 

@@ -93,10 +93,10 @@ def test_halving_keeps_the_best_third_and_the_winner_is_the_fastest(tmp_path):
                                   first_prompts=1, eta=3), {})
     outcome = _tune(plan, tmp_path / "out", Fake())
     (res,) = outcome.results
-    n = len(plan.spaces["sd"])
-    assert [len(r["scores"]) for r in res.rungs][:2] == [n, -(-n // 3)]
-    assert [len(r["prompts"]) for r in res.rungs][:2] == [1, 3]
-    assert all(len(r["scores"]) > 1 for r in res.rungs)  # no rung of one setting alone
+    n = len(plan.spaces["sd"])  # the current setting and n - 1 challengers
+    assert [len(r["scores"]) for r in res.rungs] == [n, -(-(n - 1) // 3) + 1, 3]
+    assert [len(r["prompts"]) for r in res.rungs] == [1, 3, 9]  # 9: every tune prompt
+    assert all("current" in r["scores"] for r in res.rungs)  # the incumbent runs every rung
     best = max(plan.spaces["sd"], key=lambda c: _speed(c.label, plan.tune[0].id,
                                                         c.values.get("gamma", 0)))
     assert res.winner.label == "sd:controller=fixed:gamma=6" == best.label
@@ -180,3 +180,18 @@ def test_a_set_too_small_to_split_is_refused(tmp_path):
         plan_tune(TuneSettings(str(path), methods=("sd",)), {})
     with pytest.raises(ConfigError, match="not found"):
         plan_tune(TuneSettings(str(tmp_path / "missing.jsonl"), methods=("sd",)), {})
+
+
+@pytest.mark.parametrize("edge,wins", [(1.01, False), (1.05, True)])
+def test_a_challenger_replaces_the_current_setting_only_by_the_margin(tmp_path, edge, wins):
+    plan = plan_tune(TuneSettings(_set(tmp_path), methods=("sd",), minutes=60,
+                                  first_prompts=1), {})
+
+    def measure(pair, prompt, cand, shared, raw):
+        s = 1.0 if cand.label == CURRENT else edge if "gamma=2" in cand.label else 0.9
+        return {"speedup": s, "predicted": s, "identical": True, "tau": 1.0, "seconds": 1.0}
+
+    (res,) = _tune(plan, tmp_path / "out", measure).results
+    assert res.rungs[-1]["scores"].keys() == {CURRENT, "sd:controller=fixed:gamma=2"}
+    assert res.winner.label == ("sd:controller=fixed:gamma=2" if wins else CURRENT)
+    assert res.current_score == 1.0
