@@ -76,13 +76,19 @@ def _run_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="tune-", dir=RUNS_DIR))
 
 
+def search_cap() -> float:
+    """The most minutes of search a tune may ask for here: half the host's seconds (the other
+    half is for the held-out report)."""
+    return pairs.HOST.config.bench_max_seconds / 120
+
+
 def settings_of(path: str, methods: list[str], minutes: float | None,
                 max_new_tokens: float | None) -> TuneSettings:
     """The tune a request asks for, within the host's caps (one ConfigError line if not)."""
     cfg = pairs.HOST.config
     if not methods:
         raise ConfigError("pick at least one method to tune")
-    cap = cfg.bench_max_seconds / 60
+    cap = search_cap()
     if minutes is None or not 0 < float(minutes) <= cap:
         raise ConfigError(f"minutes must be in (0, {cap:g}] on this server")
     return TuneSettings(set_path=path, methods=tuple(methods), minutes=float(minutes),
@@ -199,8 +205,7 @@ def build(shared: Shared, set_name: gr.Dropdown, upload: gr.File) -> TuneTab:
     from engine.tune.space import SPACES
 
     tunable = sorted(m for m in SPACES if m in METHODS and METHODS[m].exact)
-    cfg = pairs.HOST.config
-    cap = cfg.bench_max_seconds / 60
+    cap = search_cap()
     gr.Markdown(f"**Tune the pair** over the chosen set: each method's exact settings race by "
                 "successive halving against their plain decode on part of the set, the "
                 "winners then run beside the current settings on the held-out rest. At most "
