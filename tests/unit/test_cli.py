@@ -127,10 +127,10 @@ def _section(out: str, method: str) -> str:
 def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys):
     assert _main(["methods"]) == 0  # the embedded target with its default drafter
     out = capsys.readouterr().out
-    assert "    --switch (str, default 'off', tuned 'cost') " in _section(out, "sd")
+    assert "    --gamma (int, default 4, tuned 3): " in _section(out, "sd")
     assert "    --controller (str, default 'fixed', tuned 'fixed') " in _section(out, "sd")
-    assert "cost" not in _section(out, "sd").split("--controller")[1].split("\n")[0]
-    assert "    --gamma (int, default 4): " in _section(out, "sd")  # not tuned
+    assert "    --switch (str, default 'off') " in _section(out, "sd")  # not tuned
+    assert "    --switch (str, default 'off', tuned 'cost') " in _section(out, "eesd")
     assert "    --k-config (str, default '4x2x2', tuned '2x2'): " in _section(out, "mcsd")
     assert "    --top-p (float, default 1.0): " in _section(out, "sd")  # not tuned
     assert "tuned" not in _section(out, "greedy")
@@ -141,16 +141,16 @@ def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys)
 
 
 def test_methods_json_gives_the_tuned_value_beside_the_default(capsys):
-    def switch_of_sd(argv):
+    def gamma_of_sd(argv):
         assert _main(argv) == 0
         sd = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == "sd")
-        row = next(p for p in sd["params"] if p["name"] == "switch")
+        row = next(p for p in sd["params"] if p["name"] == "gamma")
         return row["default"], row["tuned"]
 
-    assert switch_of_sd(["methods", "--json"]) == ("off", "cost")
-    assert switch_of_sd(["methods", "--json", "--target", "default",
-                         "--draft", "n-gram+feature"]) == ("off", "cost")
-    assert switch_of_sd(["methods", "--json", "--target", "tiny"]) == ("off", None)
+    assert gamma_of_sd(["methods", "--json"]) == (4, 3)
+    assert gamma_of_sd(["methods", "--json", "--target", "default",
+                        "--draft", "n-gram+feature"]) == (4, 3)
+    assert gamma_of_sd(["methods", "--json", "--target", "tiny"]) == (4, None)
 
 
 # ----------------------------------------------------------------- CLI input checks

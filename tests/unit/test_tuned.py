@@ -33,9 +33,10 @@ def test_every_presets_tuned_params_are_valid_parameters_of_their_method():
 
 
 def test_tuned_settings_match_a_pair_by_its_parsed_specs_not_its_spelling():
-    assert _shipped("embedded")["sd"] == {"switch": "cost"}  # the canonical spelling
+    assert _shipped("embedded")["eesd"] == {"switch": "cost"}  # the canonical spelling
     want = _read("embedded")
-    assert want["sd"] == want["eesd"] == {"switch": "cost", "controller": "fixed"}
+    assert want["eesd"] == {"switch": "cost", "controller": "fixed"}
+    assert want["sd"] == {"controller": "fixed", "gamma": 3}  # found by python -m engine tune
     assert tuned_settings("embedded", "ngram+feature") == want
     assert tuned_settings("", " n-gram+feature ") == want  # aliases, spacing
     assert tuned_settings("smollm2-135m-instruct", "ngram+feature") == want
