@@ -366,7 +366,8 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
             None: the target's default drafter (default_draft: ngram+feature for the
             embedded model) when the target is a spec string and early_exit_layers is not
             given, else the target's early exit.
-        device: 'auto' (CUDA when present), 'cpu', 'cuda', ... (not used with a device map).
+        device: 'auto' (CUDA when present; the CPU for 'embedded-q4'), 'cpu', 'cuda', ...
+            (not used with a device map).
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
         device_map: a target bigger than one GPU: 'auto', 'balanced', 'balanced_low_0',
             'sequential', or {module name: device} (a dict or a JSON object string; devices
@@ -390,6 +391,9 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
         early_exit_layers = _early_exit_layers(draft, early_exit_layers)
     _quiet_transformers()
     device_map = requested_map(device_map)
+    if str(device) == "auto" and isinstance(target, str) and \
+            parse_model_spec(target).kind == "embedded-q4":
+        device = "cpu"  # its packed matmul is a CPU kernel
     dev = resolve_device(device) if device_map is None else map_device(device_map)
     dt = resolve_dtype(dtype, dev)
     tmodel, tok, tname = load_model(target, dev, dt, device_map)

@@ -1,0 +1,227 @@
+"""4-bit packed linear layers: a GGUF's Q4_1 weights kept packed in memory and multiplied by
+torch's CPU int4 weight-packed matmul.
+
+Q4_1 (ggml) stores each weight row in blocks of 32 input columns, 20 bytes a block: d and m
+(fp16), then 16 bytes of 4-bit q (byte j holds q_j in its low nibble and q_{j+16} in its
+high one), and w = d * q + m. torch's kernel (``aten._weight_int4pack_mm_for_cpu``,
+aten/src/ATen/native/cpu/int4mm_kernel.cpp) computes each weight as (q - 8) * scale + zero per
+group of 32 input columns, with a scales-and-zeros tensor of shape (in / 32, out, 2) and of
+the activation's dtype; so Q4_1's block maps onto scale = d, zero = m + 8 d, and the 4-bit q
+are packed as they are (``aten._convert_weight_to_int4pack_for_cpu``).
+
+The kernel is vectorised for bf16 activations only (on AVX2 / AVX512; fp32 activations take
+its scalar loop, measured 19x slower than an fp32 matmul), so :class:`Packed4Linear` runs in
+bf16: activations, scale and zero are rounded to bf16, the products summed in fp32 and the
+output rounded to bf16, then returned in the caller's dtype. That is what separates it from
+the dequantised fp32 layer (tests/model/test_packed4.py bounds it); the packed q and the
+exact fp16 d and m are kept, so :meth:`Packed4Linear.dequantize` gives back the GGUF's
+dequantised weight bit for bit.
+
+:func:`pack_linears` swaps the linear layers of a stock transformers model loaded from the
+same GGUF (dequantised) for Packed4Linear, naming them with transformers' own GGUF name map
+and tensor processor (which also undoes llama.cpp's row permutation of the q and k
+projections). A linear tensor of another type is refused. The LM head (on the embedded model
+tied to the Q8_0 input embedding), the embedding and the norms stay as the dequantised model
+has them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.core.errors import ConfigError
+
+GROUP = 32  # Q4_1's block: input columns sharing one (d, m)
+BLOCK_BYTES = 20  # d (fp16), m (fp16), 16 bytes of packed q
+Q_OFFSET = 8  # the kernel's q - 8: zero = m + Q_OFFSET * d
+ROW_MULTIPLE = 16  # the kernel tiles output rows by 16 (its smallest block)
+
+
+@dataclass(frozen=True)
+class Q4Blocks:
+    """One Q4_1 weight, unpacked from its blocks: w = d * q + m per block of GROUP."""
+
+    name: str  # the GGUF tensor's name
+    q: torch.Tensor  # (out, in) uint8 in 0..15
+    d: torch.Tensor  # (out, in / GROUP) fp16
+    m: torch.Tensor  # (out, in / GROUP) fp16
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight (out, in), computed as gguf's own dequantisation does."""
+        n, k = self.q.shape
+        q = self.q.view(n, k // GROUP, GROUP).float()  # (out, in / G, G)
+        w = q * self.d.float()[..., None] + self.m.float()[..., None]  # (out, in / G, G)
+        return w.view(n, k)
+
+
+def q4_1_blocks(raw: np.ndarray, name: str) -> Q4Blocks:
+    """Q4Blocks of a Q4_1 tensor's raw rows: (out, in / GROUP * BLOCK_BYTES) uint8."""
+    rows = torch.from_numpy(np.array(raw, dtype=np.uint8))  # (out, nb * 20), a copy
+    n = rows.shape[0]
+    blocks = rows.view(n, -1, BLOCK_BYTES)  # (out, nb, 20)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]  # (out, nb)
+    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]  # (out, nb)
+    qs = blocks[..., 4:]  # (out, nb, 16)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # (out, nb, 32): q_j, then q_{j+16}
+    return Q4Blocks(name, q.reshape(n, -1), d, m)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A 16-bit float tensor's bit pattern (int16): a model-wide .to(dtype) leaves it alone."""
+    return t.contiguous().view(torch.int16)
+
+
+class Packed4Linear(nn.Module):
+    """y = x W^T (+ b) with W kept as packed 4-bit q and per-group scale and zero, run by
+    torch's CPU int4 weight-packed matmul in bf16 (module docstring)."""
+
+    def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None = None):
+        super().__init__()
+        n, k = blocks.q.shape
+        if k % GROUP or n % ROW_MULTIPLE:
+            raise ConfigError(f"cannot pack {blocks.name}: shape {n}x{k} (the int4 kernel "
+                              f"needs a multiple of {GROUP} inputs, {ROW_MULTIPLE} outputs)")
+        self.in_features, self.out_features = k, n
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            blocks.q.to(torch.int32), 1)  # (out, in / 2) uint8
+        d, m = blocks.d.float(), blocks.m.float()  # (out, in / G)
+        sz = torch.stack([d, m + Q_OFFSET * d], dim=-1)  # (out, in / G, 2)
+        sz = sz.transpose(0, 1).to(torch.bfloat16)  # (in / G, out, 2): scale, zero
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", _bits(sz))  # bf16 bits
+        self.register_buffer("d", _bits(blocks.d))  # (out, in / G) fp16 bits
+        self.register_buffer("m", _bits(blocks.m))  # (out, in / G) fp16 bits
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
+                                                           requires_grad=False)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, q4 group={GROUP}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (R, in)
+        sz = self.scales_and_zeros.view(torch.bfloat16)  # (in / G, out, 2)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP,
+                                                         sz)  # (R, out) bf16
+        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., out)
+        return out if self.bias is None else out + self.bias
+
+    def unpacked_q(self) -> torch.Tensor:
+        """The packed q back as (out, in) uint8, read through the kernel itself (an identity
+        input, scale 1 and zero 8: each output is q exactly), whatever its packed layout."""
+        k, n = self.in_features, self.out_features
+        eye = torch.eye(k, dtype=torch.bfloat16)  # (in, in)
+        unit = torch.tensor([1.0, float(Q_OFFSET)], dtype=torch.bfloat16)
+        unit = unit.expand(k // GROUP, n, 2).contiguous()  # (in / G, out, 2)
+        q = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, unit)  # (in, out)
+        return q.t().to(torch.uint8)  # (out, in)
+
+    def blocks(self, name: str = "") -> Q4Blocks:
+        """The Q4_1 weight this module holds (its q unpacked, d and m exact)."""
+        return Q4Blocks(name, self.unpacked_q(), self.d.view(torch.float16),
+                        self.m.view(torch.float16))
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight (out, in) = d * q + m: the GGUF's dequantised weight exactly."""
+        return self.blocks().dequantize()
+
+    def to_linear(self) -> nn.Linear:
+        """A stock fp32 nn.Linear with the dequantised weight (a trainable copy)."""
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        with torch.no_grad():
+            lin.weight.copy_(self.dequantize())
+            if self.bias is not None:
+                lin.bias.copy_(self.bias)
+        return lin
+
+
+def _processor(model: nn.Module, reader):
+    """transformers' tensor processor of the GGUF's architecture (its row fix-ups)."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        read_field,
+    )
+
+    arch = read_field(reader, "general.architecture")[0]
+    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=_head_counts(model))
+
+
+def _gguf_names(model: nn.Module, reader) -> dict[str, str]:
+    """HF module name -> GGUF tensor name, by gguf-py's name map of the file's architecture
+    (the map transformers' GGUF loader builds its own from)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    arch_name = read_field(reader, "general.architecture")[0]
+    arch = next((a for a, n in MODEL_ARCH_NAMES.items() if n == arch_name), None)
+    if arch is None:
+        raise ConfigError(f"cannot pack a GGUF of architecture '{arch_name}'")
+    name_map = get_tensor_name_map(arch, int(model.config.num_hidden_layers))
+    names = {}
+    for hf_name, module in model.named_modules():
+        gguf_name = name_map.get_name(hf_name) if type(module) is nn.Linear else None
+        if gguf_name is not None:
+            names[hf_name] = gguf_name + ".weight"
+    return names
+
+
+def _head_counts(model: nn.Module) -> dict[str, int]:
+    """The config keys transformers' tensor processors read (the q / k row permutation)."""
+    cfg = model.config
+    return {"num_attention_heads": int(cfg.num_attention_heads),
+            "num_key_value_heads": int(getattr(cfg, "num_key_value_heads", None)
+                                       or cfg.num_attention_heads)}
+
+
+def gguf_linears(model: nn.Module, path: str | Path) -> dict[str, Q4Blocks]:
+    """HF module name -> Q4Blocks for every nn.Linear of `model` (loaded from the GGUF at
+    `path`) that the GGUF holds as its own tensor, the LM head excepted (the engine reads its
+    weight); ConfigError (one line) for a linear tensor of a type other than Q4_1."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    reader = GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    processor = _processor(model, reader)
+    names = _gguf_names(model, reader)
+    head = model.get_output_embeddings()
+    out = {}
+    for hf_name, module in model.named_modules():
+        if type(module) is not nn.Linear or module is head or hf_name not in names:
+            continue
+        t = tensors.get(names[hf_name])
+        if t is None:
+            continue
+        if t.tensor_type != GGMLQuantizationType.Q4_1:
+            raise ConfigError(f"cannot pack GGUF tensor {t.name}: type {t.tensor_type.name} "
+                              "(4-bit packing takes Q4_1 only)")
+        raw = processor.process(weights=np.asarray(t.data), name=t.name).weights  # HF rows
+        out[hf_name] = q4_1_blocks(raw, t.name)
+    return out
+
+
+def pack_linears(model: nn.Module, path: str | Path) -> int:
+    """Swap the nn.Linear layers of a stock transformers model, loaded (dequantised) from the
+    GGUF at `path`, for Packed4Linear of that GGUF's Q4_1 blocks; return how many."""
+    found = gguf_linears(model, path)
+    for hf_name, blocks in found.items():
+        old = model.get_submodule(hf_name)
+        model.set_submodule(hf_name, Packed4Linear(blocks, old.bias))
+    return len(found)
+
+
+def unpack_linears(module: nn.Module) -> nn.Module:
+    """`module` with every Packed4Linear inside it replaced (in place) by its stock fp32
+    nn.Linear; a Packed4Linear itself becomes its nn.Linear."""
+    packed = [(name, m) for name, m in module.named_modules() if isinstance(m, Packed4Linear)]
+    for name, m in packed:
+        lin = m.to_linear()
+        if not name:
+            return lin
+        module.set_submodule(name, lin)
+    return module

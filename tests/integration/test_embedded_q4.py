@@ -1,0 +1,125 @@
+"""The embedded model with its Q4_1 weights packed in 4 bits ('embedded-q4'): every linear
+packed losslessly, each within the bf16 kernel's bound of the dequantised fp32 layer, and the
+engine's methods at temperature 0 equal to the packed model's own generate() up to ties of
+its logits within the bf16 kernel's noise (TIE)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import engine
+from engine.core import layout
+from engine.core.packed4 import GROUP, Packed4Linear
+from tests.oracles import packed4_error_bound
+
+pytestmark = pytest.mark.embedded
+
+PROMPTS = [
+    "Write a haiku about autumn leaves.",
+    "List three uses of a paperclip.",
+]
+N = 40
+# measured on the 210 packed layers, random bf16 inputs (seed 0): the largest error is
+# 0.53 % of the largest output of its layer, 0.18 of the per-output packed4_error_bound
+MAX_REL_ERROR = 0.008
+# The packed model's logits move with the shape of a forward (one-token steps against a
+# batched verify, a masked attention against an unmasked one): the bf16 rounding inside every
+# packed layer turns float-order differences of the fp32 parts into logit differences of up
+# to 0.44 (measured: generate()'s one-token steps against one forward of the whole sequence,
+# 6 prompts x 40 tokens; the fp32 model's differ by about 1e-4). Two argmaxes can differ
+# only where the top two logits are closer than twice that.
+TIE = 1.0
+
+
+@pytest.fixture(scope="module")
+def q4_pair():
+    return engine.load_pair("embedded-q4", draft="early-exit")  # device auto: the CPU
+
+
+def _ref(pair, prompt, n=N) -> tuple[list[int], torch.Tensor]:
+    """generate()'s greedy tokens and its logits at each of them: (n',), (n', V)."""
+    ids = engine.encode_prompt(pair, prompt)
+    out = pair.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                               output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, len(ids):].tolist(), torch.cat(out.logits)  # (n',), (n', V)
+
+
+@pytest.fixture(scope="module")
+def refs(q4_pair):
+    return {p: _ref(q4_pair, p) for p in PROMPTS}
+
+
+def assert_greedy_up_to_ties(pair, prompt, tokens: list[int], ref) -> None:
+    """tokens equal generate()'s up to their first difference, where generate()'s top two
+    logits are within TIE; and each token is, up to TIE, the argmax of one forward over the
+    prompt and the tokens (every position checked, after a difference too)."""
+    ref_tokens, ref_logits = ref  # (n,), (n, V)
+    top2 = ref_logits.topk(2, dim=-1).values  # (n, 2)
+    first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+    if first is None:
+        assert tokens == ref_tokens
+    else:
+        assert top2[first, 0] - top2[first, 1] < TIE, (prompt, first)
+    ids = engine.encode_prompt(pair, prompt)
+    seq = torch.tensor([ids + tokens])  # (1, L + n)
+    with torch.no_grad():
+        logits = pair.target(seq).logits[0, len(ids) - 1: -1]  # (n, V)
+    chosen = logits.gather(-1, torch.tensor(tokens)[:, None])[:, 0]  # (n,)
+    assert (logits.max(-1).values - chosen < TIE).all(), prompt
+
+
+def _packed(pair) -> dict[str, Packed4Linear]:
+    return {n: m for n, m in pair.target.named_modules() if isinstance(m, Packed4Linear)}
+
+
+def _bound(m: Packed4Linear, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    b = m.blocks()
+    return packed4_error_bound(b.q, b.d, b.m, x, ref, GROUP)  # (R, out)
+
+
+def test_every_decoder_linear_is_packed_and_the_head_is_not(q4_pair):
+    assert len(_packed(q4_pair)) == 30 * 7
+    assert type(q4_pair.target.lm_head) is nn.Linear
+    assert "4-bit" in q4_pair.target_name
+
+
+def test_packed_weights_dequantise_to_the_fp32_embedded_weights(q4_pair, embedded_pair):
+    for name, m in _packed(q4_pair).items():
+        assert torch.equal(m.dequantize(), embedded_pair.target.get_submodule(name).weight), name
+
+
+def test_each_packed_layer_is_within_its_bound_of_the_fp32_layer(q4_pair, embedded_pair):
+    gen = torch.Generator().manual_seed(0)
+    for name, m in _packed(q4_pair).items():
+        w = embedded_pair.target.get_submodule(name).weight  # (out, in)
+        x = torch.randn(4, m.in_features, generator=gen).bfloat16().float()  # (4, in)
+        y, ref = m(x), x @ w.T  # (4, out)
+        err = (y - ref).abs()
+        assert (err <= _bound(m, x, ref)).all(), name
+        assert err.max() <= MAX_REL_ERROR * ref.abs().max(), name
+
+
+def test_layout_packs_only_the_head(q4_pair):
+    mods = list(_packed(q4_pair).values())
+    assert layout._packed_weight(q4_pair.target.lm_head) is not None
+    with layout.layout_for(q4_pair.target, 4):
+        assert not any(layout.packed_active(m) for m in mods)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_equals_generate_up_to_float_ties(q4_pair, refs, prompt):
+    trace = engine.generate(q4_pair, prompt, "greedy", max_new_tokens=N)
+    assert_greedy_up_to_ties(q4_pair, prompt, list(trace.token_ids), refs[prompt])
+
+
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"gamma": 4}),
+    ("mcsd", {"k_config": "4x2x2"}),
+])
+def test_token_methods_at_temperature_zero_equal_generate_up_to_float_ties(
+        q4_pair, refs, method, params):
+    for prompt in PROMPTS:
+        trace = engine.generate(q4_pair, prompt, method, max_new_tokens=N, **params)
+        assert_greedy_up_to_ties(q4_pair, prompt, list(trace.token_ids), refs[prompt])

@@ -1,0 +1,157 @@
+"""4-bit packed linears (engine.core.packed4) on a tiny llama written as a Q4_1 GGUF: lossless
+packing, the bf16 kernel's bound, the engine's greedy on the packed model, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import engine
+from engine.core import layout
+from engine.core.errors import ConfigError
+from engine.core.packed4 import GROUP, Packed4Linear, pack_linears
+from engine.core.placement import unhooked_copy
+from engine.run.models import load_model, model_from_config, tiny_config
+from engine.run.specs import default_draft, parse_model_spec
+from tests.oracles import packed4_error_bound
+
+LAYERS = 2
+HEADS, KV_HEADS = 4, 2
+
+
+def _tiny():
+    cfg = tiny_config("llama", vocab_size=64, layers=LAYERS, hidden_size=32,
+                      intermediate_size=64, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS)
+    return model_from_config(cfg, seed=0)
+
+
+def _llama_cpp_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's row order of a q / k projection (convert_hf_to_gguf's permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def write_gguf(path, model, qtypes=None) -> dict[str, torch.Tensor]:
+    """Write the model's decoder linear weights as a GGUF (Q4_1 unless qtypes names another
+    type for a tensor); return HF module name -> the dequantised fp32 weight, in HF order."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(LAYERS)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, LAYERS)
+    expected = {}
+    for hf_name, module in model.named_modules():
+        if type(module) is not nn.Linear or module is model.get_output_embeddings():
+            continue
+        name = names.get_name(hf_name) + ".weight"
+        qtype = (qtypes or {}).get(name, gguf.GGMLQuantizationType.Q4_1)
+        w = module.weight.detach().numpy()  # (out, in)
+        raw = gguf.quants.quantize(w, qtype)
+        expected[hf_name] = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+        heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[2])
+        if heads:
+            raw = gguf.quants.quantize(_llama_cpp_rows(w, heads), qtype)
+        writer.add_tensor(name, raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+@pytest.fixture
+def packed(tmp_path):
+    model = _tiny()
+    expected = write_gguf(tmp_path / "tiny.gguf", model)
+    n = pack_linears(model, tmp_path / "tiny.gguf")
+    assert n == 7 * LAYERS
+    return model, expected
+
+
+def _bound(m: Packed4Linear, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    b = m.blocks()
+    return packed4_error_bound(b.q, b.d, b.m, x, ref, GROUP)  # (R, out)
+
+
+def test_packing_q4_1_is_lossless(packed):
+    model, expected = packed
+    for name, w in expected.items():
+        m = model.get_submodule(name)
+        assert isinstance(m, Packed4Linear)
+        assert torch.equal(m.dequantize(), w), name
+
+
+def test_packed_layer_stays_within_bf16_bound_of_the_dequantised_layer(packed):
+    model, expected = packed
+    gen = torch.Generator().manual_seed(0)
+    for name, w in expected.items():
+        m = model.get_submodule(name)
+        x = torch.randn(2, 3, m.in_features, generator=gen).bfloat16().float()  # (2, 3, in)
+        y, ref = m(x), x @ w.T  # (2, 3, out)
+        assert y.shape == ref.shape and y.dtype == torch.float32
+        assert ((y - ref).abs() <= _bound(m, x.view(-1, m.in_features),
+                                          ref.view(-1, m.out_features)).view_as(ref)).all()
+
+
+def test_engine_greedy_on_a_packed_model_equals_its_generate(packed):
+    model, _ = packed
+    pair = engine.load_pair(target=model, draft=None, device="cpu", early_exit_layers=1)
+    prompt = [3, 17, 5, 9]
+    ref = model.generate(torch.tensor([prompt]), do_sample=False,
+                         max_new_tokens=16)[0, len(prompt):].tolist()
+    trace = engine.generate(pair, prompt, "greedy", max_new_tokens=16)
+    assert list(trace.token_ids) == ref and len(ref) > 4
+
+
+def test_layout_packing_leaves_packed4_linears_alone(packed):
+    model, _ = packed
+    mods = [m for m in model.modules() if isinstance(m, Packed4Linear)]
+    assert mods and all(m not in layout._linears(model) for m in mods)
+    with layout.layout_for(model, 4):
+        assert not any(layout.packed_active(m) for m in mods)
+
+
+def test_a_drafters_copy_of_a_packed_layer_is_a_stock_linear(packed):
+    model, expected = packed
+    copy = unhooked_copy(model.model.layers[-1])
+    proj = copy.self_attn.q_proj
+    assert type(proj) is nn.Linear
+    assert torch.equal(proj.weight, expected[f"model.layers.{LAYERS - 1}.self_attn.q_proj"])
+
+
+def test_a_linear_tensor_of_another_type_is_refused_in_one_line(tmp_path):
+    import gguf
+
+    model = _tiny()
+    write_gguf(tmp_path / "bad.gguf", model,
+               {"blk.1.ffn_up.weight": gguf.GGMLQuantizationType.Q8_0})
+    with pytest.raises(ConfigError) as e:
+        pack_linears(model, tmp_path / "bad.gguf")
+    assert str(e.value) == ("cannot pack GGUF tensor blk.1.ffn_up.weight: type Q8_0 "
+                            "(4-bit packing takes Q4_1 only)")
+
+
+def test_embedded_q4_spec_parses_and_keeps_the_embedded_default_drafter():
+    spec = parse_model_spec("embedded-q4")
+    assert spec.kind == "embedded-q4"
+    assert default_draft("embedded-q4") == default_draft("embedded")
+
+
+def test_embedded_q4_off_the_cpu_is_refused_before_loading():
+    with pytest.raises(ConfigError, match="CPU only"):
+        load_model("embedded-q4", torch.device("cuda"), torch.float32)
+
+
+def test_feature_drafter_over_a_packed_target_drafts_with_stock_layers(packed):
+    model, _ = packed
+    pair = engine.load_pair(target=model, draft="feature", device="cpu")
+    layer = pair.drafter.parts.layer
+    assert not any(isinstance(m, Packed4Linear) for m in layer.modules())
+    prompt = [3, 17, 5, 9]
+    ref = model.generate(torch.tensor([prompt]), do_sample=False,
+                         max_new_tokens=16)[0, len(prompt):].tolist()
+    trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3)
+    assert list(trace.token_ids) == ref
