@@ -1,0 +1,114 @@
+"""llama.cpp's plain decode of the embedded GGUF beside the engine's greedy and sd, same prompts,
+same thread count, interleaved (docs/benchmarks.md, "The embedded model run as shipped").
+
+llama-cpp-python lives in a side environment, outside the app and `make test` (building it
+natively takes minutes)::
+
+    python3 -m venv /tmp/lcp-env
+    CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/lcp-env/bin/pip install --no-binary llama-cpp-python \
+        llama-cpp-python
+    SPECVIZ_THREADS=1 taskset -c 0 .venv/bin/python scripts/llama_cpp_bench.py \
+        --llama-python /tmp/lcp-env/bin/python
+
+(``--no-binary``: a cached wheel without the native library fails to import.)
+
+Each repeat, for each prompt (the chat template's token ids, the same for every runner): the
+engine's greedy on `embedded` and `embedded-q4`, its `sd` on both, then llama.cpp greedy
+(temperature 0, a persistent subprocess of the side environment fed the same token ids), one
+after another. Prints tokens/s min / median / max per runner and the ratios of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SERVER = r"""
+import json, sys, time
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
+            n_ctx=2048, verbose=False)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    llm.reset()
+    t0 = time.perf_counter()
+    out = llm.create_completion(prompt=job["ids"], max_tokens=job["max_new"], temperature=0.0,
+                                top_k=1)
+    dt = time.perf_counter() - t0
+    n = out["usage"]["completion_tokens"]
+    print(json.dumps({"tokens": n, "seconds": dt}), flush=True)
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-python", required=True, help="python of the llama-cpp-python env")
+    ap.add_argument("--prompts", type=int, default=4, help="first N held-out prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+
+    import torch
+
+    import engine
+    from engine.run.models import EMBEDDED_GGUF, embedded_gguf_dir
+
+    torch.set_num_threads(args.threads)
+    rows = [json.loads(ln) for ln in (ROOT / "assets/heldout/heldout.jsonl").read_text()
+            .splitlines() if ln.strip()][:args.prompts]
+    fp32 = engine.load_pair("embedded", device="cpu")
+    q4 = engine.load_pair("embedded-q4", device="cpu")
+    server = subprocess.Popen(
+        [args.llama_python, "-c", SERVER, str(embedded_gguf_dir() / EMBEDDED_GGUF),
+         str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert json.loads(server.stdout.readline())["ready"]
+
+    def llama(ids: list[int]) -> float:
+        server.stdin.write(json.dumps({"ids": ids, "max_new": args.max_new_tokens}) + "\n")
+        server.stdin.flush()
+        r = json.loads(server.stdout.readline())
+        return r["tokens"] / r["seconds"]
+
+    def engine_tps(pair, prompt: str, method: str) -> float:
+        t = engine.generate(pair, prompt, method, max_new_tokens=args.max_new_tokens)
+        return t.stats.tokens_per_s or 0.0
+
+    runners = {"engine greedy, embedded (fp32)": lambda p, ids: engine_tps(fp32, p, "greedy"),
+               "engine greedy, embedded-q4": lambda p, ids: engine_tps(q4, p, "greedy"),
+               "engine sd, embedded (fp32)": lambda p, ids: engine_tps(fp32, p, "sd"),
+               "engine sd, embedded-q4": lambda p, ids: engine_tps(q4, p, "sd"),
+               "llama.cpp greedy": lambda p, ids: llama(ids)}
+    first = rows[0]["prompt"]
+    for run in runners.values():  # warm-up, not recorded
+        run(first, engine.encode_prompt(fp32, first))
+    got: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(args.repeats):
+        for row in rows:
+            ids = engine.encode_prompt(fp32, row["prompt"])
+            for name, run in runners.items():
+                got[name].append(run(row["prompt"], ids))
+    server.stdin.close()
+    server.wait(timeout=30)
+    ref = statistics.median(got["llama.cpp greedy"])
+    print(f"{args.prompts} held-out prompts x {args.repeats} repeats, {args.max_new_tokens} "
+          f"new tokens, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
+    print("| runner | tokens/s min / median / max | median vs llama.cpp |\n|---|---|---|")
+    for name, vals in got.items():
+        med = statistics.median(vals)
+        print(f"| {name} | {min(vals):.1f} / **{med:.1f}** / {max(vals):.1f} | "
+              f"{med / ref:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
