@@ -130,7 +130,7 @@ def open_run_dir(out_dir: str | Path, arguments: dict[str, Any], set_path: str) 
         try:
             old = json.loads(path.read_text())["arguments"]
         except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"{path} is not a set benchmark's run.json") from None
+            raise ConfigError(f"{path} is not a run.json of a set benchmark or a tune") from None
         diff = next((k for k in {**old, **arguments} if old.get(k) != arguments.get(k)), None)
         if diff is not None:
             raise ConfigError(f"{out} was made with other arguments ({diff}: "

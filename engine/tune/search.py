@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.bench.set_runner import open_run_dir
 from engine.bench.sets import SetPrompt, check_prompt_tokens, read_set, set_digest
 from engine.core.errors import ConfigError
 from engine.tune.space import CURRENT, DEFAULT_METHODS, Candidate, candidates
@@ -219,26 +220,6 @@ def started_from(out_dir: str | Path) -> dict[str, dict[str, Any]] | None:
         return None
 
 
-def open_dir(out_dir: str | Path, arguments: dict[str, Any]) -> Path:
-    """Create DIR with its run.json, or check that an existing one holds these arguments."""
-    out = Path(out_dir)
-    path = out / RUN_FILE
-    if path.is_file():
-        old = json.loads(path.read_text()).get("arguments", {})
-        diff = next((k for k in {**old, **arguments} if old.get(k) != arguments.get(k)), None)
-        if diff is not None:
-            raise ConfigError(f"{out} was made with other arguments ({diff}: "
-                              f"{old.get(diff)!r} there, {arguments.get(diff)!r} now); "
-                              "choose another output folder or remove it")
-        return out
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} is not empty and holds no {RUN_FILE}; choose another folder")
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"arguments": arguments,
-                                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
-    return out
-
-
 class _Trials:
     """The stored trials of a tune (DIR/trials.jsonl) and the one way new ones are made."""
 
@@ -360,7 +341,7 @@ def run_tune(pair, plan: TunePlan, out_dir: str | Path, *, measure: Measure = me
     if measure is measure_trial:
         check_prompt_tokens(pair, list(plan.tune + plan.report), raw=s.raw,
                             max_new_tokens=s.max_new_tokens)
-    out = open_dir(out_dir, run_arguments(names, plan))
+    out = open_run_dir(out_dir, run_arguments(names, plan), s.set_path)
     report_cb = progress or (lambda phase, row: None)
     stop = cancelled or (lambda: False)
     trials = _Trials(out, pair, plan, measure, lambda row: report_cb("trial", row), stop)
