@@ -7,8 +7,8 @@
   brute force over every draft tuple, for tiny vocabularies.
 - ``draft_prob_of_set``: Q(H) for one token set H, to check the alpha* prefix scan against the
   minimum over every subset.
-- ``packed4_error_bound``: how far a 4-bit packed linear's bf16 product may be from the
-  dequantised fp32 product, per output.
+- ``packed4_error_bound`` / ``packed8_error_bound``: how far a 4-bit packed linear's (a Q8_0
+  head's two 4-bit halves') bf16 product may be from the dequantised fp32 product, per output.
 """
 
 from __future__ import annotations
@@ -185,3 +185,19 @@ def packed4_error_bound(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, x: to
     dg, mg = d.float()[..., None], m.float()[..., None]  # (out, in / G, 1)
     dw = ((qg - 8).abs() * dg.abs() + (mg + 8 * dg).abs()).view(n, k)  # (out, in)
     return 2**-8 * (x.abs() @ dw.T) + 2**-8 * ref.abs()  # (R, out)
+
+
+def packed8_error_bound(q: torch.Tensor, d: torch.Tensor, x: torch.Tensor,
+                        group: int = 32) -> torch.Tensor:
+    """|error| allowed per output of a Q8_0 weight (w = d q per group) run as two bf16 4-bit
+    halves, q = 16 hi + lo: u = 2^-9 on the scale d (|dw| <= u |q d|) and on each half's
+    output (u (|y_hi| + |y_lo|) <= u |x| (|16 d hi| + |d lo|)^T), each doubled.
+
+    q (out, in) int8, d (out, in / group), x (R, in) bf16-representable inputs -> (R, out)."""
+    n, k = q.shape
+    qg = q.view(n, k // group, group).float()  # (out, in / G, G)
+    dg = d.float().abs()[..., None]  # (out, in / G, 1)
+    hi = torch.div(qg, 16, rounding_mode="floor")  # (out, in / G, G)
+    halves = ((16 * hi).abs() + (qg - 16 * hi).abs()) * dg  # (out, in / G, G)
+    dw = (qg.abs() * dg).view(n, k)  # (out, in)
+    return 2**-8 * (x.abs() @ dw.T) + 2**-8 * (x.abs() @ halves.view(n, k).T)  # (R, out)

@@ -279,13 +279,14 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     """The embedded model with its Q4_1 linear layers packed in 4 bits as the GGUF ships
     them (engine.core.packed4): the dequantised model, its linears then swapped; CPU only
     (torch's int4 weight-packed matmul used here is a CPU kernel)."""
-    from engine.core.packed4 import pack_linears
+    from engine.core.packed4 import pack_head, pack_linears
 
     if device.type != "cpu" or device_map is not None:
         raise ConfigError("'embedded-q4' runs on the CPU only: use --device cpu and no "
                           "device map, or the target 'embedded'")
     model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
     pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
+    pack_head(model, embedded_gguf_dir() / EMBEDDED_GGUF)
     return model, tok, EMBEDDED_Q4_NAME
 
 

@@ -1,9 +1,9 @@
-"""4-bit packed linears (engine.core.packed4) on a tiny llama written as a Q4_1 GGUF: lossless
-packing, the bf16 kernel's bound, the engine's greedy on the packed model, refusals."""
+"""4-bit packed linears (engine.core.packed4) on a tiny llama written as a GGUF (Q4_1 linears,
+a Q8_0 head): lossless packing, the bf16 kernel's bound, row independence, the engine's greedy
+on the packed model, refusals."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -11,11 +11,12 @@ from torch import nn
 import engine
 from engine.core import layout
 from engine.core.errors import ConfigError
-from engine.core.packed4 import GROUP, Packed4Linear, pack_linears
+from engine.core.packed4 import GROUP, Packed4Linear, Packed8Linear, pack_linears, unpack_linears
 from engine.core.placement import unhooked_copy
 from engine.run.models import load_model, model_from_config, tiny_config
 from engine.run.specs import default_draft, parse_model_spec
-from tests.oracles import packed4_error_bound
+from tests.gguf_tiny import load_packed, write_gguf
+from tests.oracles import packed4_error_bound, packed8_error_bound
 
 LAYERS = 2
 HEADS, KV_HEADS = 4, 2
@@ -28,40 +29,6 @@ def _tiny():
     return model_from_config(cfg, seed=0)
 
 
-def _llama_cpp_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's row order of a q / k projection (convert_hf_to_gguf's permute)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
-
-
-def write_gguf(path, model, qtypes=None) -> dict[str, torch.Tensor]:
-    """Write the model's decoder linear weights as a GGUF (Q4_1 unless qtypes names another
-    type for a tensor); return HF module name -> the dequantised fp32 weight, in HF order."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(LAYERS)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, LAYERS)
-    expected = {}
-    for hf_name, module in model.named_modules():
-        if type(module) is not nn.Linear or module is model.get_output_embeddings():
-            continue
-        name = names.get_name(hf_name) + ".weight"
-        qtype = (qtypes or {}).get(name, gguf.GGMLQuantizationType.Q4_1)
-        w = module.weight.detach().numpy()  # (out, in)
-        raw = gguf.quants.quantize(w, qtype)
-        expected[hf_name] = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
-        heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(name.split(".")[2])
-        if heads:
-            raw = gguf.quants.quantize(_llama_cpp_rows(w, heads), qtype)
-        writer.add_tensor(name, raw, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return expected
-
-
 @pytest.fixture
 def packed(tmp_path):
     model = _tiny()
@@ -69,6 +36,14 @@ def packed(tmp_path):
     n = pack_linears(model, tmp_path / "tiny.gguf")
     assert n == 7 * LAYERS
     return model, expected
+
+
+@pytest.fixture
+def packed_head(tmp_path):
+    """The tiny llama as a GGUF with Q4_1 linears and a Q8_0 head, loaded and packed."""
+    model = _tiny()
+    expected = write_gguf(tmp_path / "tiny.gguf", model, head=True)
+    return load_packed(model, tmp_path / "tiny.gguf", expected), expected
 
 
 def _bound(m: Packed4Linear, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -94,6 +69,59 @@ def test_packed_layer_stays_within_bf16_bound_of_the_dequantised_layer(packed):
         assert y.shape == ref.shape and y.dtype == torch.float32
         assert ((y - ref).abs() <= _bound(m, x.view(-1, m.in_features),
                                           ref.view(-1, m.out_features)).view_as(ref)).all()
+
+
+def test_packing_a_q8_0_head_is_lossless_and_keeps_its_tied_weight(packed_head):
+    model, expected = packed_head
+    head = model.get_output_embeddings()
+    assert isinstance(head, Packed8Linear)
+    assert torch.equal(head.dequantize(), expected["lm_head"])
+    assert torch.equal(head.weight, expected["lm_head"])  # the dense weight it was tied to
+
+
+def test_packed_head_stays_within_bf16_bound_of_the_dequantised_head(packed_head):
+    model, expected = packed_head
+    head, w = model.get_output_embeddings(), expected["lm_head"]
+    x = torch.randn(5, head.in_features,
+                    generator=torch.Generator().manual_seed(1)).bfloat16().float()  # (5, in)
+    y, ref = head(x), x @ w.T  # (5, V)
+    assert y.dtype == torch.float32
+    b = head.blocks()
+    assert ((y - ref).abs() <= packed8_error_bound(b.q, b.d, x, GROUP)).all()
+    assert (y - ref).abs().max() > 0  # bf16 on the way: not the fp32 product itself
+
+
+def test_a_packed_product_of_many_rows_equals_its_one_row_products(packed_head):
+    model, _ = packed_head
+    mods = [model.model.layers[0].mlp.down_proj, model.get_output_embeddings()]
+    assert isinstance(mods[0], Packed4Linear) and isinstance(mods[1], Packed8Linear)
+    for m in mods:
+        x = torch.randn(7, m.in_features, generator=torch.Generator().manual_seed(2))  # (7, in)
+        rows = torch.cat([m(x[i:i + 1]) for i in range(7)])  # (7, out)
+        assert torch.equal(m(x), rows), type(m).__name__
+
+
+def test_a_head_that_is_not_q8_0_stays_a_stock_linear(packed):
+    model, _ = packed  # its GGUF holds no output tensor
+    assert type(model.get_output_embeddings()) is nn.Linear
+
+
+def test_a_drafters_copy_of_a_packed_head_is_a_stock_linear(packed_head):
+    model, expected = packed_head
+    lin = unpack_linears(model.get_output_embeddings())
+    assert type(lin) is nn.Linear and torch.equal(lin.weight, expected["lm_head"])
+
+
+def test_engine_greedy_on_a_model_with_packed_head_equals_its_generate(packed_head):
+    model, _ = packed_head
+    pair = engine.load_pair(target=model, draft=None, device="cpu", early_exit_layers=1)
+    prompt = [3, 17, 5, 9]
+    ref = model.generate(torch.tensor([prompt]), do_sample=False,
+                         max_new_tokens=16)[0, len(prompt):].tolist()
+    trace = engine.generate(pair, prompt, "greedy", max_new_tokens=16)
+    assert list(trace.token_ids) == ref and len(ref) > 4
+    trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3)
+    assert list(trace.token_ids) == ref
 
 
 def test_engine_greedy_on_a_packed_model_equals_its_generate(packed):
