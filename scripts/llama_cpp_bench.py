@@ -12,10 +12,12 @@ natively takes minutes)::
 
 (``--no-binary``: a cached wheel without the native library fails to import.)
 
-Each repeat, for each prompt (the chat template's token ids, the same for every runner): the
-engine's greedy on `embedded` and `embedded-q4`, its `sd` on both, then llama.cpp greedy
-(temperature 0, a persistent subprocess of the side environment fed the same token ids), one
-after another. Prints tokens/s min / median / max per runner and the ratios of medians.
+Each repeat, for each prompt (the chat template's token ids, the same for every runner):
+llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
+token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` and on
+`embedded-q4`, one after another. Prints tokens/s min / median / max per runner, the ratios of
+medians, and the engine's mean tokens per target forward (a drafter's acceptance on each
+target).
 """
 
 from __future__ import annotations
@@ -79,15 +81,19 @@ def main() -> int:
         r = json.loads(server.stdout.readline())
         return r["tokens"] / r["seconds"]
 
-    def engine_tps(pair, prompt: str, method: str) -> float:
+    per_round: dict[str, list[float]] = {}  # runner -> tokens per target forward, each run
+
+    def engine_tps(name: str, pair, prompt: str, method: str) -> float:
         t = engine.generate(pair, prompt, method, max_new_tokens=args.max_new_tokens)
+        per_round.setdefault(name, []).append(len(t.token_ids) / max(len(t.rounds), 1))
         return t.stats.tokens_per_s or 0.0
 
-    runners = {"engine greedy, embedded (fp32)": lambda p, ids: engine_tps(fp32, p, "greedy"),
-               "engine greedy, embedded-q4": lambda p, ids: engine_tps(q4, p, "greedy"),
-               "engine sd, embedded (fp32)": lambda p, ids: engine_tps(fp32, p, "sd"),
-               "engine sd, embedded-q4": lambda p, ids: engine_tps(q4, p, "sd"),
-               "llama.cpp greedy": lambda p, ids: llama(ids)}
+    runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
+    for method in ("greedy", "sd", "mcsd"):
+        for label, pair in (("embedded (fp32)", fp32), ("embedded-q4", q4)):
+            name = f"engine {method}, {label}"
+            runners[name] = (lambda n, pr, m: lambda p, ids: engine_tps(n, pr, p, m))(
+                name, pair, method)
     first = rows[0]["prompt"]
     for run in runners.values():  # warm-up, not recorded
         run(first, engine.encode_prompt(fp32, first))
@@ -102,11 +108,13 @@ def main() -> int:
     ref = statistics.median(got["llama.cpp greedy"])
     print(f"{args.prompts} held-out prompts x {args.repeats} repeats, {args.max_new_tokens} "
           f"new tokens, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
-    print("| runner | tokens/s min / median / max | median vs llama.cpp |\n|---|---|---|")
+    print("| runner | tokens/s min / median / max | median vs llama.cpp | tokens a round |\n"
+          "|---|---|---|---|")
     for name, vals in got.items():
         med = statistics.median(vals)
+        tpr = f"{statistics.mean(per_round[name]):.2f}" if name in per_round else ""
         print(f"| {name} | {min(vals):.1f} / **{med:.1f}** / {max(vals):.1f} | "
-              f"{med / ref:.2f} |")
+              f"{med / ref:.2f} | {tpr} |")
     return 0
 
 
