@@ -307,15 +307,15 @@ class CachedModel:
             (rows == torch.arange(W2, device=self.device)).all()
         )
         if f == 0 and identity_rows:
-            if length > prefix:
-                for layer in self.cache.layers:
-                    if layer.keys is not None and layer.keys.numel():
-                        layer.keys = layer.keys[:, :, :prefix]
-                        layer.values = layer.values[:, :, :prefix]
+            self._truncate(prefix)
             return
         if f and not bool(((node_slots >= prefix) & (node_slots < length)).all()):
             raise ValueError("a kept node's cache slot is outside the fed forest")  # the flat
             # index_select below would read another row's or head's KV instead of failing
+        if identity_rows and bool((node_slots == torch.arange(
+                prefix, prefix + f, device=node_slots.device)).all()):
+            self._truncate(prefix + f)  # the kept nodes already follow the prefix (a chain's
+            return  # accepted drafts): nothing moves
         idx = torch.cat(
             [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
         )  # (W', prefix + f)
@@ -329,6 +329,15 @@ class CachedModel:
                 flats[key] = static_kv.flat_index(rows.to(dev), idx.to(dev), *key[:2])
             layer.keys = _take(layer.keys, flats[key], idx.shape)
             layer.values = _take(layer.values, flats[key], idx.shape)
+
+    def _truncate(self, keep: int) -> None:
+        """Keep the first ``keep`` slots of every row (dynamic path)."""
+        if self.cache.get_seq_length() <= keep:
+            return
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys[:, :, :keep]  # (W, H, keep, D)
+                layer.values = layer.values[:, :, :keep]
 
     def _gather_static(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
         """The static path's commit: moves inside the leased buffers (grown for more rows)."""
