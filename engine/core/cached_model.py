@@ -7,7 +7,8 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
 - every fed token sees the row's cached prefix, its ancestors and itself, through a
   full-width additive float 4D mask (transformers 5 uses a 4D mask as given);
 - position_ids = cached length + depth, so a node gets the position it would have in
-  sequential decoding (both from :func:`engine.core.forest.attention_inputs`);
+  sequential decoding (both from :func:`engine.core.forest.attention_inputs`, kept per
+  forest shape across rounds by a :class:`~engine.core.forest.TreeBuffers`);
 - :meth:`feed` returns a :class:`Scored`: logits and hidden states of what it fed;
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
   kept path (one index_select over row, head and slot), and reorders or duplicates rows.
@@ -30,7 +31,7 @@ from transformers import DynamicCache
 
 from engine.core import static_kv
 from engine.core.errors import UnsupportedModelError
-from engine.core.forest import ROOT, attention_inputs
+from engine.core.forest import ROOT, TreeBuffers
 from engine.core.layout import head_logits, layout_for
 from engine.core.placement import input_device
 
@@ -95,6 +96,7 @@ class CachedModel:
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)
         self.tail = torch.zeros((1, 0), dtype=torch.long)  # (W, t) committed, not cached
+        self.buffers = TreeBuffers()  # masks and positions per forest shape, across rounds
         self._reset_round()
 
     # ----------------------------------------------------------------- state
@@ -214,9 +216,9 @@ class CachedModel:
         t_new = self.tail.shape[1] - self.tail_fed
         par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
         self.round_par = par  # (W, f) forest parents, forest index space
-        mask, pos = attention_inputs(cached=self.base, tail=self.tail.shape[1], new_tail=t_new,
-                                     parents=par, new_nodes=tokens.shape[1],
-                                     dtype=self.dtype)  # (W, 1, q, kv), (W, q)
+        mask, pos = self.buffers.inputs(cached=self.base, tail=self.tail.shape[1],
+                                        new_tail=t_new, parents=par, new_nodes=tokens.shape[1],
+                                        dtype=self.dtype)  # (W, 1, q, kv), (W, q)
         ids = torch.cat([self.tail[:, self.tail.shape[1] - t_new:], tokens], 1)  # (W, q)
         if ids.shape[1] == 0:
             cfg = self.model.config
@@ -305,15 +307,15 @@ class CachedModel:
             (rows == torch.arange(W2, device=self.device)).all()
         )
         if f == 0 and identity_rows:
-            if length > prefix:
-                for layer in self.cache.layers:
-                    if layer.keys is not None and layer.keys.numel():
-                        layer.keys = layer.keys[:, :, :prefix]
-                        layer.values = layer.values[:, :, :prefix]
+            self._truncate(prefix)
             return
         if f and not bool(((node_slots >= prefix) & (node_slots < length)).all()):
             raise ValueError("a kept node's cache slot is outside the fed forest")  # the flat
             # index_select below would read another row's or head's KV instead of failing
+        if identity_rows and bool((node_slots == torch.arange(
+                prefix, prefix + f, device=node_slots.device)).all()):
+            self._truncate(prefix + f)  # the kept nodes already follow the prefix (a chain's
+            return  # accepted drafts): nothing moves
         idx = torch.cat(
             [torch.arange(prefix, device=self.device).expand(W2, prefix), node_slots], dim=1
         )  # (W', prefix + f)
@@ -327,6 +329,15 @@ class CachedModel:
                 flats[key] = static_kv.flat_index(rows.to(dev), idx.to(dev), *key[:2])
             layer.keys = _take(layer.keys, flats[key], idx.shape)
             layer.values = _take(layer.values, flats[key], idx.shape)
+
+    def _truncate(self, keep: int) -> None:
+        """Keep the first ``keep`` slots of every row (dynamic path)."""
+        if self.cache.get_seq_length() <= keep:
+            return
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys[:, :, :keep]  # (W, H, keep, D)
+                layer.values = layer.values[:, :, :keep]
 
     def _gather_static(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
         """The static path's commit: moves inside the leased buffers (grown for more rows)."""

@@ -7,6 +7,7 @@ to make rows rectangular (padding sees only itself and is never kept).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,53 @@ def attention_inputs(
     depth = anc[:, f - new_nodes:].sum(-1)  # (W, m) 1 = child of the root
     node_pos = torch.where(new_par == PAD, 0, tail - 1 + depth)  # (W, m)
     return mask, cached + torch.cat([tail_pos, node_pos], dim=1)  # (W, q)
+
+
+class TreeBuffers:
+    """Masks and positions built once per forest shape and reused across rounds (as
+    Medusa's buffers): :func:`attention_inputs` of a forward depends on ``cached`` only
+    through the prefix columns (all visible) and an offset of the positions, so the part
+    after the prefix is kept per (tail, new_tail, parents, new_nodes, dtype, device) and a
+    forward gets it with the prefix prepended, equal to a fresh ``attention_inputs``.
+
+    Forwards of more than ``max_query`` fed tokens (a prompt's prefill) are built fresh and not
+    kept; at most ``size`` shapes are kept (the oldest dropped first).
+    """
+
+    def __init__(self, size: int = 64, max_query: int = 64):
+        self.size, self.max_query = size, max_query
+        self._kept: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.hits = self.built = 0  # for tests and the curious
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def inputs(self, *, cached: int, tail: int, new_tail: int, parents: torch.Tensor,
+               new_nodes: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :func:`attention_inputs` (same arguments, same values); the caller must not
+        write into what it returns (the position ids are fresh, the mask's kept part is
+        copied into a fresh mask only where ``cached`` > 0)."""
+        if new_tail + new_nodes > self.max_query:
+            return attention_inputs(cached=cached, tail=tail, new_tail=new_tail,
+                                    parents=parents, new_nodes=new_nodes, dtype=dtype)
+        key = (tail, new_tail, new_nodes, dtype, parents.device, parents.shape,
+               tuple(parents.reshape(-1).tolist()))
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = attention_inputs(cached=0, tail=tail, new_tail=new_tail, parents=parents,
+                                    new_nodes=new_nodes, dtype=dtype)  # (W, 1, q, tail + f)
+            self._kept[key] = kept
+            self.built += 1
+            if len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        else:
+            self.hits += 1
+        mask, pos = kept  # (W, 1, q, tail + f), (W, q)
+        if cached:
+            W, _, q, _ = mask.shape
+            prefix = torch.zeros((W, 1, q, cached), dtype=dtype, device=mask.device)
+            mask = torch.cat([prefix, mask], dim=3)  # (W, 1, q, cached + tail + f)
+        return mask, pos + cached  # (W, 1, q, kv), (W, q)
 
 
 def children(parents: torch.Tensor, row: int, node: int) -> list[int]:

@@ -31,29 +31,42 @@ from torch import nn
 from engine.core.cached_model import Scored
 from engine.core.forest import PAD
 from engine.drafters.feature import FeatureDrafter, FeatureRunner
-from engine.drafters.ngram import NGramDrafter, NGramRunner, ngram_law
+from engine.drafters.ngram import Laws, NGramDrafter, NGramRunner, ngram_law
 
 HYBRID_SPECS = ("ngram+feature", "n-gram+feature", "ngram+eagle")
 
 
 def as_float(logits: torch.Tensor) -> torch.Tensor:
-    """Logits in float32, the dtype's minimum ("proposes nothing") kept as float32's."""
+    """Logits in float32, the dtype's minimum ("proposes nothing") kept as float32's (and
+    -inf raised to it)."""
+    low32 = torch.finfo(torch.float32).min
+    if logits.dtype == torch.float32:  # one op: max(x, min) is the masked fill below
+        return logits.clamp_min(low32)
     low = logits <= torch.finfo(logits.dtype).min
-    return logits.float().masked_fill(low, torch.finfo(torch.float32).min)
+    return logits.float().masked_fill(low, low32)
 
 
-def hybrid_logits(ngram: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+def hybrid_logits(ngram: torch.Tensor, feature: torch.Tensor,
+                  has: torch.Tensor | None = None) -> torch.Tensor:
     """Per node: the n-gram logits where the lookup proposes something, else the feature's.
 
     Args:
         ngram: (..., V) n-gram logits (all float32 minimum: no recurring suffix).
         feature: (..., V) feature drafter logits (all its dtype's minimum: blind).
+        has: (...,) bool, whether the lookup proposes at each node, when the caller knows it
+            (the n-gram runner's ``laws``); else read off ``ngram``.
     Returns:
         (..., V) float32.
     """
-    ngram, feature = as_float(ngram), as_float(feature.to(ngram.device))
-    has = (ngram > torch.finfo(torch.float32).min).any(-1, keepdim=True)  # (..., 1)
-    return torch.where(has, ngram, feature)  # (..., V)
+    ngram = as_float(ngram)
+    if has is None:
+        has = (ngram > torch.finfo(torch.float32).min).any(-1)  # (...,)
+    if bool(has.all()):  # every node from the lookup: the feature logits are not read
+        return ngram
+    if not bool(has.any()):  # no node from the lookup
+        return as_float(feature.to(ngram.device))
+    return torch.where(has.to(ngram.device)[..., None], ngram,
+                       as_float(feature.to(ngram.device)))  # (..., V)
 
 
 class HybridDrafter:
@@ -92,24 +105,20 @@ class HybridDrafter:
         return out
 
 
-def lookup_covers(n: Scored, parents: torch.Tensor | None) -> bool:
-    """Whether the n-gram runner's Scored has a law at every real node it fed (PAD nodes
+def lookup_covers(laws: Laws, parents: torch.Tensor | None) -> bool:
+    """Whether the n-gram runner's feed had a law at every real node it fed (PAD nodes
     aside) and, on a round's first call, at every row's root: then no feature law is read.
 
     Args:
-        n: the n-gram runner's Scored of one feed.
+        laws: the n-gram runner's ``laws`` of that feed.
         parents: (W, m) the fed nodes' parents (None: the tail alone).
     """
-    def proposes(x: torch.Tensor) -> torch.Tensor:  # (..., V) -> (...): any law at all
-        return (x > torch.finfo(x.dtype).min).any(-1)
-
-    if n.root_logits is not None and not bool(proposes(n.root_logits).all()):
+    if laws.root is not None and not bool(laws.root.all()):
         return False
-    if n.node_logits.shape[1] == 0:
+    if laws.nodes.shape[1] == 0:
         return True
-    has = proposes(n.node_logits)  # (W, m)
-    real = parents.to(has.device) != PAD  # (W, m)
-    return bool((has | ~real).all())
+    real = parents.to(laws.nodes.device) != PAD  # (W, m)
+    return bool((laws.nodes | ~real).all())
 
 
 class HybridRunner:
@@ -149,7 +158,8 @@ class HybridRunner:
         """As CachedModel.feed: the n-gram law at nodes where the lookup proposes, the
         feature drafter's elsewhere."""
         n = self.ngram.feed(tokens, parents)
-        if self.lazy and lookup_covers(n, parents):
+        laws = self.ngram.laws
+        if self.lazy and lookup_covers(laws, parents):
             self.deferred.append((tokens, parents))
             return self._lookup_only(n)
         for t, p in self.deferred:  # the feature runner catches up, feed by feed
@@ -158,9 +168,9 @@ class HybridRunner:
         f = self._feature_feed(tokens, parents)
         root = None  # the round's first call (a blind feature runner always returns one)
         if n.root_logits is not None and f.root_logits is not None:
-            root = hybrid_logits(n.root_logits, f.root_logits)  # (W, V)
-        return Scored(hybrid_logits(n.node_logits, f.node_logits), f.node_hidden, root,
-                      f.root_hidden if root is not None else None, f.tail_hidden)
+            root = hybrid_logits(n.root_logits, f.root_logits, laws.root)  # (W, V)
+        return Scored(hybrid_logits(n.node_logits, f.node_logits, laws.nodes), f.node_hidden,
+                      root, f.root_hidden if root is not None else None, f.tail_hidden)
 
     def _feature_feed(self, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> Scored:
         self.feature_feeds += 1
@@ -171,8 +181,8 @@ class HybridRunner:
         states (read by no token or beam method's rule for this drafter)."""
         W, m = n.node_logits.shape[:2]
         d = self.feature.feats.shape[-1]
-        root = as_float(n.root_logits) if n.root_logits is not None else None  # (W, V)
-        return Scored(as_float(n.node_logits),
+        root = n.root_logits  # (W, V) or None; the lookup's logits are float32 already
+        return Scored(n.node_logits,
                       torch.zeros((W, m, d), device=n.node_logits.device), root,
                       torch.zeros((W, d), device=n.node_logits.device) if root is not None
                       else None, None)

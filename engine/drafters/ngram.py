@@ -17,6 +17,8 @@ every match so sampling methods stay exact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -63,6 +65,16 @@ def support(logits: torch.Tensor) -> int:
     return int((logits > torch.finfo(logits.dtype).min).sum())
 
 
+@dataclass(frozen=True)
+class Laws:
+    """Which nodes of one feed got a law (the lookup proposes there), as the feed found them
+    (no scan of the logits): ``nodes`` (W, m) bool for the fed nodes (False at PAD nodes),
+    ``root`` (W,) bool on a round's first call, else None."""
+
+    nodes: torch.Tensor
+    root: torch.Tensor | None = None
+
+
 class NGramDrafter:
     """Prompt lookup over the context (see the module docstring)."""
 
@@ -96,6 +108,7 @@ class NGramRunner:
 
     def _reset_round(self) -> None:
         self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
+        self.laws = Laws(torch.zeros((len(self.rows), 0), dtype=torch.bool))  # the last feed's
 
     def take_served(self) -> list[str]:
         """No model forward runs here: no KV path to report."""
@@ -120,35 +133,42 @@ class NGramRunner:
             path.append(tok)
         return np.asarray(self.rows[row] + path[::-1], dtype=np.int64)
 
-    def _logits(self, row: int, node: int) -> torch.Tensor:
-        """(V,) log q after a node (ROOT: after the committed tokens); all minimum: none."""
-        out = torch.full((self.vocab_size,), torch.finfo(self.dtype).min)  # (V,)
+    def _write_law(self, out: torch.Tensor, row: int, node: int) -> bool:
+        """Write log q after a node (ROOT: after the committed tokens) into ``out`` (V,),
+        which holds the dtype's minimum; whether the lookup proposes there."""
         tokens, probs = ngram_law(self._context(row, node), self.max_n, self.min_n)
         if tokens.size:
             out[torch.from_numpy(tokens)] = torch.from_numpy(np.log(probs)).float()
-        return out
+        return bool(tokens.size)
 
     def feed(self, tokens: torch.Tensor | None = None,
              parents: torch.Tensor | None = None) -> Scored:
-        """Draft logits at the root (first call of a round) and/or at new nodes (W, m)."""
+        """Draft logits at the root (first call of a round) and/or at new nodes (W, m);
+        ``laws`` says afterwards which of them got a law."""
         W = self.width
         first = all(not n for n in self.nodes)
         m = 0 if tokens is None else int(tokens.shape[1])
-        node_logits = torch.empty((W, m, self.vocab_size))  # (W, m, V)
+        low = torch.finfo(self.dtype).min
+        node_logits = torch.full((W, m, self.vocab_size), low)  # (W, m, V); PAD nodes: none
+        has = [[False] * m for _ in range(W)]
+        if m:
+            toks, pars = tokens.tolist(), parents.tolist()
         for r in range(W):
             start = len(self.nodes[r])
             if m:
-                self.nodes[r] += list(zip(tokens[r].tolist(), parents[r].tolist()))
+                self.nodes[r] += list(zip(toks[r], pars[r]))
             for j in range(m):
-                if self.nodes[r][start + j][1] >= ROOT:  # PAD nodes: junk logits
-                    node_logits[r, j] = self._logits(r, start + j)
-                else:
-                    node_logits[r, j] = torch.finfo(self.dtype).min
+                if pars[r][j] >= ROOT:  # PAD nodes: no law
+                    has[r][j] = self._write_law(node_logits[r, j], r, start + j)
         dev = self.device
         hidden = torch.zeros((W, m, 0), device=dev)  # (W, m, 0): no features
+        nodes_have = torch.tensor(has, dtype=torch.bool).reshape(W, m)  # (W, m)
         if not first:
+            self.laws = Laws(nodes_have)
             return Scored(node_logits.to(dev), hidden)
-        root = torch.stack([self._logits(r, ROOT) for r in range(W)])  # (W, V)
+        root = torch.full((W, self.vocab_size), low)  # (W, V)
+        root_has = [self._write_law(root[r], r, ROOT) for r in range(W)]
+        self.laws = Laws(nodes_have, torch.tensor(root_has, dtype=torch.bool))  # (W, m), (W,)
         return Scored(node_logits.to(dev), hidden, root.to(dev), torch.zeros((W, 0), device=dev))
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,

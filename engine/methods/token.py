@@ -63,18 +63,37 @@ class TreeConfig:
         return SCHEME[self.rule]
 
 
+def children_at(logits: torch.Tensor, k: int,
+                 ctx: RunState) -> tuple[int, torch.Tensor | None]:
+    """How many children a node proposes: min(k, its support), and at temperature 0 the
+    top-k indices draft_dist would take for them when that is k (one topk over the
+    vocabulary serves both; None otherwise).
+
+    Args:
+        logits: (V,) draft logits at the node.
+    """
+    if not ctx.warp.greedy:
+        return min(k, support(logits)), None
+    top = torch.topk(logits.float(), min(k, logits.shape[-1]))  # (k,) values and indices
+    low = torch.finfo(logits.dtype).min  # the top k above it: min(k, support) of them
+    n = int((top.values > low).sum())
+    return n, top.indices if n == k else None
+
+
 def draft_dist(logits: torch.Tensor, k: int, scheme: str,
-               ctx: RunState) -> tuple[torch.Tensor, list[int]]:
+               ctx: RunState, top: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
     """Draft law q at a node and its k children (MCSD §3.1-3.2; at temperature 0, §4.1
     argmax sampling, the top-k law of the MCSD authors' code).
 
     Args:
         logits: (V,) draft logits at the node.
+        top: (k,) at temperature 0, ``torch.topk(logits.float(), k).indices`` when the
+            caller has it (children_at).
     Returns:
         ((V,) q, candidate tokens in draw order).
     """
     if ctx.warp.greedy:
-        top = torch.topk(logits.float(), k).indices  # (k,)
+        top = torch.topk(logits.float(), k).indices if top is None else top  # (k,)
         if scheme == "with_replacement":
             q = torch.zeros_like(logits, dtype=torch.float32)
             q[top[0]] = 1.0
@@ -117,10 +136,10 @@ class TreeSpeculation(SingleStart):
             k = self._branching(depth, levels)
             new, conf = [], 0.0
             for node, logits, _ in frontier:
-                n_kids = min(k, support(logits))  # a node may propose fewer (n-gram: none)
-                if n_kids == 0:
+                n_kids, top = children_at(logits, k, ctx)  # a node may propose fewer
+                if n_kids == 0:  # (n-gram: none)
                     continue
-                q, cands = draft_dist(logits, n_kids, self.cfg.scheme, ctx)
+                q, cands = draft_dist(logits, n_kids, self.cfg.scheme, ctx, top)
                 q_at[node] = q
                 if wants_conf:  # the draft's own probability of its surest new token
                     q1 = torch.softmax(logits.float(), dim=-1)  # (V,) temperature 1

@@ -172,3 +172,28 @@ def test_cache_select_takes_each_new_rows_parent_and_slots_in_one_copy():
     # a non-contiguous cache view selects the same
     view = torch.randn(3, 2, 9, 4)[:, :, :7]
     assert torch.equal(_select(view, rows, idx), _select(view.contiguous(), rows, idx))
+
+
+@pytest.mark.parametrize("kept", [[0, 1], [0, 1, 2], [1], [1, 3]])
+def test_a_commit_keeps_the_prefix_and_the_kept_slots_whether_they_move_or_not(kept):
+    """[0, 1] and [0, 1, 2] of the chain already follow the prefix (the cache is cut there);
+    [1] and [1, 3] of the tree move: either way the cache equals a fresh gather of them."""
+    model = _model("llama")
+    cached = CachedModel(model)
+    cached.start(torch.tensor([[5, 6, 7, 8]]))
+    chain = kept[0] == 0
+    parents = [[ROOT, 0, 1]] if chain else [[ROOT, ROOT, 0, 1]]
+    tokens = torch.tensor([[9, 10, 11]]) if chain else torch.tensor([[9, 12, 10, 13]])
+    cached.feed(tokens, torch.tensor(parents))
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cached.cache.layers]
+    prefix = cached.base + cached.tail_fed
+    cached.commit(torch.tensor([0]), torch.tensor([kept]), tokens[:, kept],
+                  torch.tensor([[14]]))
+    slots = list(range(prefix)) + [prefix + n for n in kept]
+    for (keys, values), layer in zip(before, cached.cache.layers):
+        assert torch.equal(layer.keys, keys[:, :, slots])
+        assert torch.equal(layer.values, values[:, :, slots])
+    assert cached.base == prefix + len(kept) and cached.tail.tolist() == [[14]]
+    seq = [5, 6, 7, 8] + tokens[0, kept].tolist() + [14]
+    torch.testing.assert_close(cached.feed().root_logits[0], _sequential_logits(model, seq),
+                               atol=1e-5, rtol=1e-5)

@@ -86,13 +86,15 @@ def root_sources(monkeypatch):
     seen = {"ngram": 0, "feature": 0}
     plain = engine.drafters.hybrid.hybrid_logits
 
-    def spy(ngram, feature):
+    def spy(ngram, feature, laws=None):
         if ngram.dim() == 2:  # (W, V): a round's root
             has = (ngram > torch.finfo(ngram.dtype).min).any(-1)  # (W,)
             alive = (feature > torch.finfo(feature.dtype).min).any(-1)  # (W,)
+            if laws is not None:  # the n-gram runner's own record agrees with its logits
+                assert torch.equal(laws, has)
             seen["ngram"] += int(has.sum())
             seen["feature"] += int((~has & alive).sum())
-        return plain(ngram, feature)
+        return plain(ngram, feature, laws)
 
     monkeypatch.setattr(engine.drafters.hybrid, "hybrid_logits", spy)
     lookup_only = engine.drafters.hybrid.HybridRunner._lookup_only

@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.forest import PAD, ROOT, ancestors, attention_inputs, children, depths, path_to
+from engine.core.forest import (
+    PAD,
+    ROOT,
+    TreeBuffers,
+    ancestors,
+    attention_inputs,
+    children,
+    depths,
+    path_to,
+)
 
 
 def test_depths_paths_and_children_follow_parent_pointers():
@@ -86,3 +95,61 @@ def test_a_tail_without_a_forest_is_a_plain_causal_block():
                        parents=torch.zeros((1, 0), dtype=torch.long), new_nodes=0)
     assert vis == [[[1, 0, 0], [1, 1, 0], [1, 1, 1]]]
     assert pos == [[0, 1, 2]]
+
+
+SHAPES = [  # (tail, new_tail, parents, new_nodes): a plain step, chains, trees, padding
+    (1, 1, [[]], 0),
+    (3, 3, [[]], 0),
+    (1, 1, [[ROOT, 0, 1]], 3),
+    (2, 2, [[ROOT]], 1),
+    (2, 0, [[ROOT, ROOT, 0, 1]], 4),
+    (1, 1, [[ROOT, ROOT, 0, 0, 1, 1]], 6),
+    (1, 0, [[ROOT, ROOT, 0, 0, 1, 1]], 4),
+    (1, 0, [[ROOT, 0, 1], [ROOT, PAD, PAD]], 2),
+    (4, 2, [[ROOT, 0], [ROOT, ROOT]], 2),
+]
+
+
+def test_tree_buffers_give_what_a_fresh_attention_inputs_builds():
+    buffers = TreeBuffers()
+    for rnd in range(3):  # the first pass builds every shape, the later ones reuse them
+        for cached in (0, 1, 5, 37):
+            for tail, new_tail, par, new_nodes in SHAPES:
+                parents = torch.tensor(par, dtype=torch.long).reshape(len(par), -1)
+                for dtype in (torch.float32, torch.bfloat16):
+                    kw = dict(cached=cached, tail=tail, new_tail=new_tail, parents=parents,
+                              new_nodes=new_nodes, dtype=dtype)
+                    mask, pos = buffers.inputs(**kw)
+                    fresh_mask, fresh_pos = attention_inputs(**kw)
+                    assert mask.dtype == fresh_mask.dtype and pos.dtype == fresh_pos.dtype
+                    assert mask.shape == fresh_mask.shape and torch.equal(mask, fresh_mask)
+                    assert torch.equal(pos, fresh_pos)
+    assert buffers.built == len(SHAPES) * 2  # one build per shape and dtype, whatever cached
+    assert buffers.hits == 3 * 4 * len(SHAPES) * 2 - buffers.built
+
+
+def test_tree_buffers_hand_out_fresh_positions_and_keep_their_own_intact():
+    buffers = TreeBuffers()
+    kw = dict(tail=1, new_tail=1, parents=torch.tensor([[ROOT, 0, 1]]), new_nodes=3,
+              dtype=torch.float32)
+    mask, pos = buffers.inputs(cached=4, **kw)
+    mask.fill_(0.0)  # a caller writing into its mask or positions changes no later round
+    pos.fill_(99)
+    again_mask, again_pos = buffers.inputs(cached=4, **kw)
+    fresh_mask, fresh_pos = attention_inputs(cached=4, **kw)
+    assert torch.equal(again_mask, fresh_mask) and torch.equal(again_pos, fresh_pos)
+
+
+def test_tree_buffers_keep_few_shapes_and_no_prefill():
+    buffers = TreeBuffers(size=2, max_query=4)
+    empty = torch.zeros((1, 0), dtype=torch.long)
+    for tail in (1, 2, 3):
+        buffers.inputs(cached=0, tail=tail, new_tail=tail, parents=empty, new_nodes=0,
+                       dtype=torch.float32)
+    assert len(buffers) == 2  # the oldest shape dropped
+    mask, pos = buffers.inputs(cached=2, tail=5, new_tail=5, parents=empty, new_nodes=0,
+                               dtype=torch.float32)  # 5 fed tokens > max_query: not kept
+    assert len(buffers) == 2 and buffers.built == 3
+    fresh = attention_inputs(cached=2, tail=5, new_tail=5, parents=empty, new_nodes=0,
+                             dtype=torch.float32)
+    assert torch.equal(mask, fresh[0]) and torch.equal(pos, fresh[1])

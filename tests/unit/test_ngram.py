@@ -76,6 +76,21 @@ def test_runner_scores_roots_and_tree_nodes_from_their_own_paths():
     assert deeper.root_logits is None
 
 
+def test_runner_laws_say_where_its_logits_propose_without_reading_them():
+    r = NGramDrafter(vocab_size=10, min_n=1).runner()
+    r.start(torch.tensor([[1, 2, 3, 1, 2, 4, 1], [5, 6, 5, 6, 5, 6, 7]]))
+    root = r.feed()
+    assert r.laws.root.tolist() == [support(x) > 0 for x in root.root_logits] == [True, False]
+    assert r.laws.nodes.shape == (2, 0)
+    fed = r.feed(torch.tensor([[2, 9], [6, 0]]), torch.tensor([[ROOT, ROOT], [ROOT, PAD]]))
+    want = [[support(x) > 0 for x in row] for row in fed.node_logits]
+    assert r.laws.nodes.tolist() == want == [[True, False], [True, False]]  # PAD: none
+    deeper = r.feed(torch.tensor([[3], [5]]), torch.tensor([[0], [0]]))
+    assert deeper.root_logits is None and r.laws.root is None  # nodes fed before: no root
+    assert r.laws.nodes.tolist() == [[support(deeper.node_logits[0, 0]) > 0],
+                                     [support(deeper.node_logits[1, 0]) > 0]]
+
+
 def test_runner_commit_reorders_rows_and_appends_the_kept_tokens():
     r = NGramDrafter(vocab_size=10).runner()
     r.start(torch.tensor([[1, 2], [3, 4]]))
