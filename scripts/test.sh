@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite: lint, then two pytest processes side by side (one per core) of about equal
 # time: the chi-square laws of the one-layer pair, of eesd, of the n-gram drafter and of a
-# packed target, and the simulated Space, in one; everything else (unit, the other model tests
+# packed target, the compiled path's tests, and the simulated Space, in one; everything else (unit, the other model tests
 # and laws, the embedded model, the UI, the browser) in the other. Arguments go to both (e.g. -x). Exit code is non-zero if
 # either fails.
 set -uo pipefail
@@ -10,7 +10,7 @@ mkdir -p artifacts
 .venv/bin/python -m ruff check engine specviz tests app.py || exit 1
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=10)
 FIRST=(tests/model/test_sampling_exactness.py tests/model/test_eesd_sampling_exactness.py
-       tests/model/test_packed4_sampling_exactness.py
+       tests/model/test_packed4_sampling_exactness.py tests/model/test_compiled_kv.py
        tests/model/test_ngram_sampling_exactness.py tests/space)
 "${PYTEST[@]}" "${FIRST[@]}" "$@" > artifacts/first.log 2>&1 &
 first=$!

@@ -36,6 +36,9 @@ from engine.core.layout import head_logits, layout_for
 from engine.core.placement import input_device
 
 RESERVE = 512  # slots leased beyond the prompt (a longer run moves to a larger buffer)
+COMPILED_RESERVE = 128  # the same on the compiled path, whose steps attend every slot: a
+# 40-token prompt gets 512 slots, not 1024 (a compiled greedy step of embedded-q4: 48 against
+# 30 tokens/s, one thread)
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -91,7 +94,10 @@ class CachedModel:
         self.device = input_device(model)  # a placed model's offloaded weights sit on meta
         self.dtype = next(model.parameters()).dtype
         self.cache: DynamicCache | None = None
-        self.mode = static_kv.kv_mode(self.device, model)  # dynamic / static / captured
+        self.mode = static_kv.kv_mode(self.device, model)  # dynamic / static / captured /
+        # compiled
+        if self.mode == "compiled" and type(self)._inputs is not CachedModel._inputs:
+            self.mode = "static"  # embeddings fed (a feature drafter): not compiled
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)
@@ -127,7 +133,11 @@ class CachedModel:
         set, if any, goes back to the pool)."""
         if self.kv is not None:
             static_kv.release(self.kv)
-        self.kv = static_kv.lease(self.model, rows, length + RESERVE, self)
+        if self.mode == "compiled":
+            self.kv = static_kv.lease(self.model, rows, length + COMPILED_RESERVE, self,
+                                      static_kv.COMPILED_MIN_SLOTS)
+        else:
+            self.kv = static_kv.lease(self.model, rows, length + RESERVE, self)
         self.cache = self.kv.cache
 
     def _grow(self, rows: int, length: int) -> None:
@@ -251,7 +261,8 @@ class CachedModel:
         step = functools.partial(decoder_step, self.model.model, self.kv.cache)  # holds no
         # runner: a captured step outlives this run in the pool
         out, path = static_kv.run_step(self.kv, step, inputs, mask, pos,
-                                       captured=self.mode == "captured")
+                                       captured=self.mode == "captured",
+                                       compiled=self.mode == "compiled")
         self.served.append(path)
         return out
 

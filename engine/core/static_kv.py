@@ -14,6 +14,17 @@ measured rule):
   token sees; a padded query sees slot 0 only, so nothing is NaN. On a CPU the same fixed-shape
   steps run eagerly from their static inputs (served as ``padded``): the padding, masks and
   slots of a captured step are tested there.
+- ``compiled`` (CPU): the captured path with every step shape of up to COMPILED_MAX_TOKENS fed
+  tokens per row compiled once by torch's inductor (``torch.compile``, static shapes) instead
+  of run eagerly; longer forwards (a prompt) run on the static path. Fused, the small
+  operations of a stock decoder shrink; they are most of a small model's CPU step once its
+  weights are packed (docs/benchmarks.md, "Compiled steps on the CPU"). A shape compiles in
+  about a minute on one thread the first time on a machine (inductor keeps its work on disk
+  for later processes), so the mode is chosen (``SPECVIZ_KV=compiled``), never the default,
+  and a model fed embeddings (a feature drafter) runs it static. Attention covers all of a
+  buffer's slots, so the buffers are sized tighter (CachedModel's COMPILED_RESERVE). Fused
+  kernels sum in another order: results equal the eager path's up to float rounding, as the
+  captured path's do. On CUDA it is the captured path.
 
 The same 4D masks and position ids as the dynamic path (:func:`engine.core.forest.attention_inputs`)
 are used, padded with the dtype's minimum to the attended width. The results equal the
@@ -47,9 +58,13 @@ from engine.core.placement import is_placed
 LOG = logging.getLogger(__name__)
 Forward = Callable[[dict], torch.Tensor]  # inputs -> (W, q, d) last hidden states
 
-MODES = ("dynamic", "static", "captured")
+MODES = ("dynamic", "static", "captured", "compiled")
+COMPILED_MAX_TOKENS = 16  # fed tokens per row of a compiled step; more run static (eager)
+RECOMPILE_LIMIT = 64  # compiled step shapes per process (dynamo's default, 8, would send the
+# ninth shape to eager silently)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed tokens per row of a captured step; more runs eager
 MIN_SLOTS = 1024  # the smallest buffer (slots per row); larger ones are powers of two
+COMPILED_MIN_SLOTS = 256  # the same for a compiled model, whose steps attend every slot
 SPARE_SLOTS = 64  # kept free at a buffer's end: capture warm-ups and padded slots land there
 
 
@@ -64,7 +79,7 @@ def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
     if env:
         if env not in MODES:
             raise ConfigError(f"SPECVIZ_KV={env!r}: expected one of {', '.join(MODES)}")
-        return env
+        return "captured" if env == "compiled" and device.type == "cuda" else env
     return "captured" if device.type == "cuda" else "dynamic"
 
 
@@ -73,9 +88,10 @@ def bucket(q: int) -> int | None:
     return next((b for b in BUCKETS if b >= q), None)
 
 
-def slots_for(length: int) -> int:
-    """Buffer slots per row for sequences up to ``length`` (plus the spare end)."""
-    need = max(MIN_SLOTS, length + SPARE_SLOTS)
+def slots_for(length: int, minimum: int = MIN_SLOTS) -> int:
+    """Buffer slots per row for sequences up to ``length`` (plus the spare end), at least
+    ``minimum``."""
+    need = max(minimum, length + SPARE_SLOTS)
     return 1 << (need - 1).bit_length()
 
 
@@ -192,11 +208,12 @@ def _new_set(model: torch.nn.Module, rows: int, slots: int) -> KVSet:
     return KVSet(SlotCache(layers), slots)
 
 
-def lease(model: torch.nn.Module, rows: int, length: int, owner: object) -> KVSet:
+def lease(model: torch.nn.Module, rows: int, length: int, owner: object,
+          minimum: int = MIN_SLOTS) -> KVSet:
     """A free KV set of ``model`` with ``rows`` rows and room for ``length`` slots per row,
     held until ``owner`` is collected or :func:`release` (the pool keeps it for later runs)."""
     sets = _POOL.setdefault(model, [])
-    need = slots_for(length)
+    need = slots_for(length, minimum)
     free = [s for s in sets if not s.busy and s.rows == rows and s.slots >= need]
     kv = min(free, key=lambda s: s.slots) if free else _new_set(model, rows, need)
     if not free:  # a new, larger set supersedes the smaller free ones of the same rows
@@ -222,7 +239,8 @@ def pool_sets(model: torch.nn.Module) -> list[KVSet]:
 
 
 def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
-             mask: torch.Tensor, pos: torch.Tensor, captured: bool) -> tuple[torch.Tensor, str]:
+             mask: torch.Tensor, pos: torch.Tensor, captured: bool,
+             compiled: bool = False) -> tuple[torch.Tensor, str]:
     """One forward writing its (W, q) fed tokens at slots [written, written + q).
 
     Args:
@@ -230,6 +248,8 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
             attention_mask, position_ids) with ``kv.cache``; returns (W, q, d) hidden states.
         mask: (W, 1, q, kv) additive mask over the written slots and the fed ones.
         pos: (W, q) position ids.
+        captured: fixed-shape steps (CUDA graphs; eager on a CPU).
+        compiled: fixed-shape steps compiled by inductor (CPU), up to COMPILED_MAX_TOKENS.
     Returns:
         the (W, q, d) hidden states (a fresh tensor) and the path that served the step.
     """
@@ -238,7 +258,9 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
     if start + q > kv.slots - SPARE_SLOTS:
         raise RuntimeError("static KV buffer full")  # CachedModel grows it before this
     b = bucket(q) if captured else None
-    graph = _graph(kv, forward, inputs, W, b) if b is not None else None
+    if compiled and q <= COMPILED_MAX_TOKENS:
+        b = bucket(q)
+    graph = _graph(kv, forward, inputs, W, b, compiled) if b is not None else None
     if graph is None:
         cache.rows, cache.view = W, start + q
         cache.slots = torch.arange(start, start + q, device=pos.device)  # (q,)
@@ -248,7 +270,8 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
     _fill(graph, kv, inputs, mask, pos, start)
     graph.graph.replay()
     cache.written = start + q
-    return graph.out[:, :q].clone(), "captured" if pos.device.type == "cuda" else "padded"
+    path = "captured" if pos.device.type == "cuda" else "compiled" if compiled else "padded"
+    return graph.out[:, :q].clone(), path
 
 
 def _fill(g: _Graph, kv: KVSet, inputs: dict, mask: torch.Tensor, pos: torch.Tensor,
@@ -269,14 +292,15 @@ def _fill(g: _Graph, kv: KVSet, inputs: dict, mask: torch.Tensor, pos: torch.Ten
     full[:, :, q:, 0] = 0  # padded queries: slot 0 only
 
 
-def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int) -> _Graph | None:
+def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
+           compiled: bool = False) -> _Graph | None:
     """The captured step of (W rows, b fed tokens, this input kind), captured on first use;
     None where capture failed (that shape then runs eager, recorded as static)."""
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
     key = (W, b, name)
     if key not in kv.graphs:
         try:
-            kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name)
+            kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name, compiled)
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - a shape that cannot be captured runs eager
@@ -287,7 +311,7 @@ def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int) -> _Graph 
 
 
 def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
-             name: str) -> _Graph:
+             name: str, compiled: bool = False) -> _Graph:
     """Capture one step shape: its static inputs write the spare end of the buffer, so the
     warm-up and the capture never touch a live slot. Raises what the capture raised (the
     stream is synchronised first)."""
@@ -302,7 +326,8 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
     cache.rows, cache.view, cache.slots = W, kv.slots, slots
     try:
         if dev.type != "cuda":
-            replay = _EagerReplay(forward, inputs, cache, (W, kv.slots, slots))
+            step = _compile(forward, cache) if compiled else forward
+            replay = _EagerReplay(step, inputs, cache, (W, kv.slots, slots))
             return _Graph(replay, inputs, slots, replay.out)
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
@@ -322,9 +347,24 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
         cache.rows, cache.view, cache.slots = saved
 
 
+def _compile(forward: Forward, cache: SlotCache) -> Forward:
+    """`forward` compiled by inductor for the static shapes of its first call (one compiled
+    function per step shape); the cache's buffers, written in place by every step, are
+    marked as fixed addresses."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               RECOMPILE_LIMIT)
+    for layer in cache.layers:
+        torch._dynamo.mark_static_address(layer.keys)
+        torch._dynamo.mark_static_address(layer.values)
+    return torch.compile(forward, dynamic=False, options={
+        "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+
+
 class _EagerReplay:
-    """A CPU stand-in for a CUDA graph: replay runs the forward eagerly on the same static
-    inputs and writes into the same output buffer."""
+    """A CPU stand-in for a CUDA graph: replay runs the forward (eager, or compiled) on the
+    same static inputs and writes into the same output buffer."""
 
     def __init__(self, forward: Forward, inputs: dict, cache: SlotCache, state: tuple):
         self.forward, self.inputs, self.cache, self.state = forward, inputs, cache, state

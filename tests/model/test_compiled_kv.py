@@ -1,0 +1,62 @@
+"""The compiled path (``SPECVIZ_KV=compiled``, engine.core.static_kv): on a CPU the captured
+path's fixed-shape steps compiled by inductor. Its runs equal generate() at temperature 0 and
+draw the dynamic path's tokens under the same seed on a tiny model; forwards of more tokens
+than a compiled step takes, and a drafter fed embeddings, run on the static path; buffers
+are sized for steps that attend every slot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.core import static_kv
+from engine.core.cached_model import COMPILED_RESERVE, CachedModel
+from tests.conftest import tiny_pair
+
+pytestmark = pytest.mark.slow  # each step shape compiles (seconds on a tiny model)
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_KV", "compiled")
+
+
+def test_compiled_is_a_cpu_path_and_the_captured_one_on_cuda(compiled):
+    assert static_kv.kv_mode(torch.device("cpu")) == "compiled"
+    assert static_kv.kv_mode(torch.device("cuda")) == "captured"
+
+
+@pytest.mark.parametrize("method,params", [("greedy", {}), ("sd", {"gamma": 3}),
+                                           ("mcsd", {"k_config": "2x2"})])
+def test_greedy_token_methods_equal_generate_on_the_compiled_path(compiled, method, params):
+    pair = tiny_pair(draft="feature")
+    for prompt in ([3, 4, 5, 6, 3, 4, 5], [11, 12, 13, 14, 15] * 4):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
+        ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)
+        assert list(trace.token_ids) == ref[0, len(prompt):].tolist(), (method, prompt)
+        paths = trace.stats.step_paths
+        long_prompt = len(prompt) > static_kv.COMPILED_MAX_TOKENS  # its forward runs static
+        assert paths.get("target:static", 0) == int(long_prompt)
+        assert paths.get("target:compiled", 0) == len(trace.rounds) - long_prompt
+        assert not any(k.startswith("draft:compiled") for k in paths)  # embeddings fed: static
+
+
+def test_sampled_runs_draw_the_dynamic_paths_tokens_under_the_same_seed(monkeypatch):
+    pair = tiny_pair()
+    runs = {}
+    for mode in ("dynamic", "compiled"):
+        monkeypatch.setenv("SPECVIZ_KV", mode)
+        runs[mode] = [engine.generate(pair, [3, 4, 5], "sd", temperature=1.0, seed=s,
+                                      max_new_tokens=12, gamma=3).token_ids for s in range(4)]
+    assert runs["compiled"] == runs["dynamic"]
+
+
+def test_a_compiled_model_leases_buffers_sized_for_its_run(compiled):
+    pair = tiny_pair()
+    cached = CachedModel(pair.target)
+    cached.start(torch.tensor([[3, 4, 5]]))
+    assert cached.kv.slots == static_kv.slots_for(3 + COMPILED_RESERVE,
+                                                  static_kv.COMPILED_MIN_SLOTS)
+    assert cached.kv.slots < static_kv.MIN_SLOTS
+    assert static_kv.slots_for(10, 256) == 256
