@@ -15,9 +15,9 @@ natively takes minutes)::
 Each repeat, for each prompt (the chat template's token ids, the same for every runner):
 llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
 token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` and on
-`embedded-q4`, one after another. Prints tokens/s min / median / max per runner, the ratios of
-medians, and the engine's mean tokens per target forward (a drafter's acceptance on each
-target).
+`embedded-q4` (with ``--compiled`` also on `embedded-q4`'s compiled path, SPECVIZ_KV=compiled),
+one after another. Prints tokens/s min / median / max per runner, the ratios of medians, and
+the engine's mean tokens per target forward (a drafter's acceptance on each target).
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also run embedded-q4's methods on the compiled path "
+                         "(SPECVIZ_KV=compiled; the warm-up compiles each step shape)")
     args = ap.parse_args()
 
     import torch
@@ -83,14 +86,20 @@ def main() -> int:
 
     per_round: dict[str, list[float]] = {}  # runner -> tokens per target forward, each run
 
+    from engine.bench.steps import kv_path
+
     def engine_tps(name: str, pair, prompt: str, method: str) -> float:
-        t = engine.generate(pair, prompt, method, max_new_tokens=args.max_new_tokens)
+        with kv_path("compiled" if name.endswith("compiled") else "dynamic"):
+            t = engine.generate(pair, prompt, method, max_new_tokens=args.max_new_tokens)
         per_round.setdefault(name, []).append(len(t.token_ids) / max(len(t.rounds), 1))
         return t.stats.tokens_per_s or 0.0
 
     runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
+    targets = [("embedded (fp32)", fp32), ("embedded-q4", q4)]
+    if args.compiled:
+        targets.append(("embedded-q4, compiled", q4))
     for method in ("greedy", "sd", "mcsd"):
-        for label, pair in (("embedded (fp32)", fp32), ("embedded-q4", q4)):
+        for label, pair in targets:
             name = f"engine {method}, {label}"
             runners[name] = (lambda n, pr, m: lambda p, ids: engine_tps(n, pr, p, m))(
                 name, pair, method)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole suite: lint, then two pytest processes side by side (one per core) of about equal
 # time: the chi-square laws of the one-layer pair, of eesd, of the n-gram drafter and of a
-# packed target, the compiled path's tests, and the simulated Space, in one; everything else (unit, the other model tests
-# and laws, the embedded model, the UI, the browser) in the other. Arguments go to both (e.g. -x). Exit code is non-zero if
-# either fails.
+# packed target, the compiled path's tests, and the simulated Space, in one; everything else
+# (unit, the other model tests and laws, the embedded model, the UI, the browser) in the
+# other. Arguments go to both (e.g. -x). Exit code is non-zero if either fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p artifacts
