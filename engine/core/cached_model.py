@@ -58,7 +58,13 @@ def cache_kwarg(module: torch.nn.Module, cache) -> dict:
 
 def decoder_step(decoder: torch.nn.Module, cache, inputs: dict) -> torch.Tensor:
     """A stock decoder's (W, q, d) last hidden states for one forward over ``cache``."""
-    return decoder(**inputs, **cache_kwarg(decoder, cache), use_cache=True).last_hidden_state
+    return decoder_call(decoder, cache_kwarg(decoder, cache), inputs)
+
+
+def decoder_call(decoder: torch.nn.Module, cache_kw: dict, inputs: dict) -> torch.Tensor:
+    """decoder_step with its cache keyword already made (a compiled step traces no cached
+    signature lookup)."""
+    return decoder(**inputs, **cache_kw, use_cache=True).last_hidden_state
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -258,7 +264,8 @@ class CachedModel:
         W, q = pos.shape
         if self.kv.cache.written + q > self.kv.slots - static_kv.SPARE_SLOTS or W > self.kv.rows:
             self._grow(W, self.kv.cache.written + q)
-        step = functools.partial(decoder_step, self.model.model, self.kv.cache)  # holds no
+        step = functools.partial(decoder_call, self.model.model,
+                                 cache_kwarg(self.model.model, self.kv.cache))  # holds no
         # runner: a captured step outlives this run in the pool
         out, path = static_kv.run_step(self.kv, step, inputs, mask, pos,
                                        captured=self.mode == "captured",
