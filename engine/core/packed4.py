@@ -117,17 +117,22 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16)
 
 
+def _packable_shape(name: str, q: torch.Tensor) -> tuple[int, int]:
+    """(in, out) of a weight's (out, in) q; ConfigError where the int4 kernel cannot take it."""
+    n, k = q.shape
+    if k % GROUP or n % ROW_MULTIPLE:
+        raise ConfigError(f"cannot pack {name}: shape {n}x{k} (the int4 kernel needs a "
+                          f"multiple of {GROUP} inputs, {ROW_MULTIPLE} outputs)")
+    return k, n
+
+
 class Packed4Linear(nn.Module):
     """y = x W^T (+ b) with W kept as packed 4-bit q and per-group scale and zero, run by
     torch's CPU int4 weight-packed matmul in bf16 (module docstring)."""
 
     def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None = None):
         super().__init__()
-        n, k = blocks.q.shape
-        if k % GROUP or n % ROW_MULTIPLE:
-            raise ConfigError(f"cannot pack {blocks.name}: shape {n}x{k} (the int4 kernel "
-                              f"needs a multiple of {GROUP} inputs, {ROW_MULTIPLE} outputs)")
-        self.in_features, self.out_features = k, n
+        self.in_features, self.out_features = _packable_shape(blocks.name, blocks.q)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             blocks.q.to(torch.int32), 1)  # (out, in / 2) uint8
         d, m = blocks.d.float(), blocks.m.float()  # (out, in / G)
@@ -189,11 +194,7 @@ class Packed8Linear(nn.Module):
 
     def __init__(self, blocks: Q8Blocks, weight: nn.Parameter):
         super().__init__()
-        n, k = blocks.q.shape
-        if k % GROUP or n % ROW_MULTIPLE:
-            raise ConfigError(f"cannot pack {blocks.name}: shape {n}x{k} (the int4 kernel "
-                              f"needs a multiple of {GROUP} inputs, {ROW_MULTIPLE} outputs)")
-        self.in_features, self.out_features = k, n
+        self.in_features, self.out_features = _packable_shape(blocks.name, blocks.q)
         q = blocks.q.to(torch.int32)  # (out, in) in -128..127
         hi = torch.div(q, 16, rounding_mode="floor")  # (out, in) in -8..7
         lo = q - 16 * hi  # (out, in) in 0..15

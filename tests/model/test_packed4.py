@@ -11,7 +11,14 @@ from torch import nn
 import engine
 from engine.core import layout
 from engine.core.errors import ConfigError
-from engine.core.packed4 import GROUP, Packed4Linear, Packed8Linear, pack_linears, unpack_linears
+from engine.core.packed4 import (
+    GROUP,
+    Packed4Linear,
+    Packed8Linear,
+    pack_head,
+    pack_linears,
+    unpack_linears,
+)
 from engine.core.placement import unhooked_copy
 from engine.run.models import load_model, model_from_config, tiny_config
 from engine.run.specs import default_draft, parse_model_spec
@@ -101,8 +108,12 @@ def test_a_packed_product_of_many_rows_equals_its_one_row_products(packed_head):
         assert torch.equal(m(x), rows), type(m).__name__
 
 
-def test_a_head_that_is_not_q8_0_stays_a_stock_linear(packed):
-    model, _ = packed  # its GGUF holds no output tensor
+def test_a_head_the_gguf_does_not_hold_as_its_q8_0_weight_stays_a_stock_linear(tmp_path):
+    model = _tiny()
+    write_gguf(tmp_path / "none.gguf", model)  # no output tensor
+    assert not pack_head(model, tmp_path / "none.gguf")
+    write_gguf(tmp_path / "q8.gguf", model, head=True)  # Q8_0, but the head is not its value
+    assert not pack_head(model, tmp_path / "q8.gguf")  # (not loaded from this file)
     assert type(model.get_output_embeddings()) is nn.Linear
 
 
@@ -112,26 +123,16 @@ def test_a_drafters_copy_of_a_packed_head_is_a_stock_linear(packed_head):
     assert type(lin) is nn.Linear and torch.equal(lin.weight, expected["lm_head"])
 
 
-def test_engine_greedy_on_a_model_with_packed_head_equals_its_generate(packed_head):
-    model, _ = packed_head
+@pytest.mark.parametrize("fixture", ["packed", "packed_head"])
+def test_engine_greedy_and_sd_on_a_packed_model_equal_its_generate(fixture, request):
+    model, _ = request.getfixturevalue(fixture)
     pair = engine.load_pair(target=model, draft=None, device="cpu", early_exit_layers=1)
     prompt = [3, 17, 5, 9]
     ref = model.generate(torch.tensor([prompt]), do_sample=False,
                          max_new_tokens=16)[0, len(prompt):].tolist()
-    trace = engine.generate(pair, prompt, "greedy", max_new_tokens=16)
-    assert list(trace.token_ids) == ref and len(ref) > 4
-    trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3)
-    assert list(trace.token_ids) == ref
-
-
-def test_engine_greedy_on_a_packed_model_equals_its_generate(packed):
-    model, _ = packed
-    pair = engine.load_pair(target=model, draft=None, device="cpu", early_exit_layers=1)
-    prompt = [3, 17, 5, 9]
-    ref = model.generate(torch.tensor([prompt]), do_sample=False,
-                         max_new_tokens=16)[0, len(prompt):].tolist()
-    trace = engine.generate(pair, prompt, "greedy", max_new_tokens=16)
-    assert list(trace.token_ids) == ref and len(ref) > 4
+    for method, params in (("greedy", {}), ("sd", {"gamma": 3})):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=16, **params)
+        assert list(trace.token_ids) == ref and len(ref) > 4, method
 
 
 def test_layout_packing_leaves_packed4_linears_alone(packed):
