@@ -7,8 +7,8 @@
   brute force over every draft tuple, for tiny vocabularies.
 - ``draft_prob_of_set``: Q(H) for one token set H, to check the alpha* prefix scan against the
   minimum over every subset.
-- ``packed4_error_bound`` / ``packed8_error_bound``: how far a 4-bit packed linear's (a Q8_0
-  head's two 4-bit halves') bf16 product may be from the dequantised fp32 product, per output.
+- ``qmm_error_bound``: how far a 4-bit packed linear's product (engine.core.qmm: 8-bit
+  activations) may be from the dequantised fp32 product, per output.
 """
 
 from __future__ import annotations
@@ -172,32 +172,21 @@ def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
     return float(_q_without(q[order], n)[ids.numel()])
 
 
-def packed4_error_bound(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, x: torch.Tensor,
-                        ref: torch.Tensor, group: int = 32) -> torch.Tensor:
-    """|error| allowed per output of a Q4_1 weight (w = d q + m per group) run in bf16 as
-    (q - 8) scale + zero: bf16's unit roundoff u = 2^-9 on scale = d and zero = m + 8 d
-    (|dw| <= u (|q - 8| |d| + |m + 8 d|)) and on the output (u |y|), each doubled.
+def qmm_error_bound(w_abs: torch.Tensor, x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """|error| allowed per output of engine.core.qmm's product against the fp32 product
+    x W^T, given |W| (out, in) (for a Q8_0 weight run as two 4-bit halves, the sum of the
+    halves' magnitudes) and x (R, in):
 
-    q (out, in) in 0..15, d and m (out, in / group), x (R, in) bf16-representable inputs,
-    ref (R, out) the fp32 product x W^T -> (R, out)."""
-    n, k = q.shape
-    qg = q.view(n, k // group, group).float()  # (out, in / G, G)
-    dg, mg = d.float()[..., None], m.float()[..., None]  # (out, in / G, 1)
-    dw = ((qg - 8).abs() * dg.abs() + (mg + 8 * dg).abs()).view(n, k)  # (out, in)
-    return 2**-8 * (x.abs() @ dw.T) + 2**-8 * ref.abs()  # (R, out)
+    - the 8-bit activations: each x is rounded to a step dx = max|x| / 127 of its block, so
+      off by at most dx / 2 (widened by 2^-10 for the rounding of x / dx itself);
+    - fp32 rounding: the kernel's 2 fused multiply-adds a block and the reference's K-term
+      sum, each at most u = 2^-24 of the magnitudes summed, (|x| + dx) |W|^T.
 
-
-def packed8_error_bound(q: torch.Tensor, d: torch.Tensor, x: torch.Tensor,
-                        group: int = 32) -> torch.Tensor:
-    """|error| allowed per output of a Q8_0 weight (w = d q per group) run as two bf16 4-bit
-    halves, q = 16 hi + lo: u = 2^-9 on the scale d (|dw| <= u |q d|) and on each half's
-    output (u (|y_hi| + |y_lo|) <= u |x| (|16 d hi| + |d lo|)^T), each doubled.
-
-    q (out, in) int8, d (out, in / group), x (R, in) bf16-representable inputs -> (R, out)."""
-    n, k = q.shape
-    qg = q.view(n, k // group, group).float()  # (out, in / G, G)
-    dg = d.float().abs()[..., None]  # (out, in / G, 1)
-    hi = torch.div(qg, 16, rounding_mode="floor")  # (out, in / G, G)
-    halves = ((16 * hi).abs() + (qg - 16 * hi).abs()) * dg  # (out, in / G, G)
-    dw = (qg.abs() * dg).view(n, k)  # (out, in)
-    return 2**-8 * (x.abs() @ dw.T) + 2**-8 * (x.abs() @ halves.view(n, k).T)  # (R, out)
+    -> (R, out)."""
+    r, k = x.shape
+    xb = x.double().view(r, k // group, group)  # (R, nb, G)
+    dx = (xb.abs().amax(-1, keepdim=True) / 127).expand_as(xb).reshape(r, k)  # (R, in)
+    w = w_abs.double()  # (out, in)
+    steps = 2 * (k // group) + 2 + k
+    return (0.5 * (1 + 2**-10) * (dx @ w.T)
+            + steps * 2**-24 * ((x.double().abs() + dx) @ w.T))  # (R, out)

@@ -1,21 +1,16 @@
 """4-bit packed linear layers: a GGUF's Q4_1 weights kept packed in memory and multiplied by
-torch's CPU int4 weight-packed matmul.
+engine.core.qmm's 4-bit weight x 8-bit activation kernel.
 
 Q4_1 (ggml) stores each weight row in blocks of 32 input columns, 20 bytes a block: d and m
 (fp16), then 16 bytes of 4-bit q (byte j holds q_j in its low nibble and q_{j+16} in its
-high one), and w = d * q + m. torch's kernel (``aten._weight_int4pack_mm_for_cpu``,
-aten/src/ATen/native/cpu/int4mm_kernel.cpp) computes each weight as (q - 8) * scale + zero per
-group of 32 input columns, with a scales-and-zeros tensor of shape (in / 32, out, 2) and of
-the activation's dtype; so Q4_1's block maps onto scale = d, zero = m + 8 d, and the 4-bit q
-are packed as they are (``aten._convert_weight_to_int4pack_for_cpu``).
+high one), and w = d * q + m. :class:`Packed4Linear` keeps q, d and m exactly, rearranged into
+qmm's tiled layout (:func:`engine.core.qmm.pack`), so :meth:`Packed4Linear.dequantize` gives
+back the GGUF's dequantised weight bit for bit.
 
-The kernel is vectorised for bf16 activations only (on AVX2 / AVX512; fp32 activations take
-its scalar loop, measured 19x slower than an fp32 matmul), so :class:`Packed4Linear` runs in
-bf16: activations, scale and zero are rounded to bf16, the products summed in fp32 and the
-output rounded to bf16, then returned in the caller's dtype. That is what separates it from
-the dequantised fp32 layer (tests/model/test_packed4.py bounds it); the packed q and the
-exact fp16 d and m are kept, so :meth:`Packed4Linear.dequantize` gives back the GGUF's
-dequantised weight bit for bit.
+The kernel quantises each row of activations per block of 32 to 8 bits (dx = max|x| / 127, as
+llama.cpp does) and sums exact integer dot products scaled in fp32: that rounding of the
+activations is what separates a packed layer from the dequantised fp32 layer
+(tests/oracles.qmm_error_bound bounds it: half a step dx of each activation, times |w|).
 
 :func:`pack_linears` swaps the linear layers of a stock transformers model loaded from the
 same GGUF (dequantised) for Packed4Linear, naming them with transformers' own GGUF name map
@@ -23,21 +18,21 @@ and tensor processor (which also undoes llama.cpp's row permutation of the q and
 projections). A linear tensor of another type is refused.
 
 The LM head of the embedded model is tied to its Q8_0 input embedding (w = d * q per block of
-32, q in -128..127, d fp16). :func:`pack_head` runs it through the same int4 kernel as two
-4-bit halves: q = 16 hi + lo with hi = floor(q / 16) in -8..7 and lo in 0..15, so
-w = (16 d) hi + d lo; the hi half packs hi + 8 with scale 16 d and zero 0, the lo half packs lo
-with scale d and zero 8 d, and :class:`Packed8Linear` sums the two bf16 outputs in fp32. Both
-halves stream 0.5 byte a weight where the fp32 head streamed 4 (measured, one thread, AMD
-EPYC: 3.2 ms a 1-row product against 9.5 ms fp32, 5.6 against 17 ms for 4 rows). The head keeps
-the fp32 weight it is tied to (the embedding's own tensor, no copy), which a drafter's
-shortlisted head and training read; its output is the packed product. The embedding and the
-norms stay as the dequantised model has them.
+32, q in -128..127, d fp16). :func:`pack_head` runs it through the same kernel as one 4-bit
+weight of twice the inputs: q = 16 hi + lo with hi = floor(q / 16) in -8..7 and lo in 0..15,
+so w = 16 d (hi + 8) - 128 d + d lo; the first half packs hi + 8 with scale 16 d and offset
+-128 d, the second lo with scale d and offset 0 (all exact in fp16), and
+:class:`Packed8Linear` feeds the kernel [x, x]. That streams one byte a weight, as Q8_0 does,
+where the fp32 head streamed four. The head keeps the fp32 weight it is tied to (the
+embedding's own tensor, no copy), which a drafter's shortlisted head and training read; its
+output is the packed product. The embedding and the norms stay as the dequantised model has
+them.
 
-The int4 kernel computes each output row from that row alone (tested: a product over R rows
-equals the R one-row products bit for bit), so a packed layer gives a token the same output in
-a one-token step and in a verify forward; what still moves with a forward's shape is the fp32
+The kernel computes each output row from that row alone (tested: a product over R rows equals
+the R one-row products bit for bit), so a packed layer gives a token the same output in a
+one-token step and in a verify forward; what still moves with a forward's shape is the fp32
 part between the layers (attention and its reductions), whose float-order differences the
-bf16 rounding of the next layer's input can magnify.
+8-bit rounding of the next layer's input can magnify.
 """
 
 from __future__ import annotations
@@ -49,13 +44,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.core import qmm
 from engine.core.errors import ConfigError
 
-GROUP = 32  # Q4_1's and Q8_0's block: input columns sharing one (d, m) / one d
+GROUP = qmm.GROUP  # Q4_1's and Q8_0's block: input columns sharing one (d, m) / one d
 BLOCK_BYTES = 20  # Q4_1: d (fp16), m (fp16), 16 bytes of packed q
 Q8_BLOCK_BYTES = 34  # Q8_0: d (fp16), 32 int8 q
-Q_OFFSET = 8  # the kernel's q - 8: zero = m + Q_OFFSET * d
-ROW_MULTIPLE = 16  # the kernel tiles output rows by 16 (its smallest block)
+Q_OFFSET = 8  # a Q8_0 weight's hi half is packed as hi + Q_OFFSET (0..15)
+ROW_MULTIPLE = qmm.TILE  # the kernel tiles output rows by 16
 
 
 @dataclass(frozen=True)
@@ -87,6 +83,19 @@ def q4_1_blocks(raw: np.ndarray, name: str) -> Q4Blocks:
     return Q4Blocks(name, q.reshape(n, -1), d, m)
 
 
+def quantize_q4_1(w: torch.Tensor, name: str = "") -> Q4Blocks:
+    """Q4Blocks of an fp32 weight (out, in), block by block as ggml's Q4_1 reference
+    quantiser does: m = min, d = (max - min) / 15, q = min(15, floor((w - m) / d + 1/2)), d
+    and m then stored in fp16."""
+    n, k = w.shape
+    wb = w.detach().float().reshape(n, k // GROUP, GROUP)  # (out, in / G, G)
+    lo, hi = wb.amin(-1), wb.amax(-1)  # (out, in / G)
+    d = (hi - lo) / 15
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))  # (out, in / G)
+    q = ((wb - lo[..., None]) * inv[..., None] + 0.5).floor().clamp(0, 15)  # (out, in/G, G)
+    return Q4Blocks(name, q.to(torch.uint8).reshape(n, k), d.half(), lo.half())
+
+
 @dataclass(frozen=True)
 class Q8Blocks:
     """One Q8_0 weight, unpacked from its blocks: w = d * q per block of GROUP."""
@@ -112,36 +121,26 @@ def q8_0_blocks(raw: np.ndarray, name: str) -> Q8Blocks:
     return Q8Blocks(name, q.reshape(n, -1), d)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """A 16-bit float tensor's bit pattern (int16): a model-wide .to(dtype) leaves it alone."""
-    return t.contiguous().view(torch.int16)
-
-
 def _packable_shape(name: str, q: torch.Tensor) -> tuple[int, int]:
-    """(in, out) of a weight's (out, in) q; ConfigError where the int4 kernel cannot take it."""
+    """(in, out) of a weight's (out, in) q; ConfigError where the kernel cannot take it."""
     n, k = q.shape
     if k % GROUP or n % ROW_MULTIPLE:
-        raise ConfigError(f"cannot pack {name}: shape {n}x{k} (the int4 kernel needs a "
+        raise ConfigError(f"cannot pack {name}: shape {n}x{k} (the 4-bit kernel needs a "
                           f"multiple of {GROUP} inputs, {ROW_MULTIPLE} outputs)")
     return k, n
 
 
 class Packed4Linear(nn.Module):
-    """y = x W^T (+ b) with W kept as packed 4-bit q and per-group scale and zero, run by
-    torch's CPU int4 weight-packed matmul in bf16 (module docstring)."""
+    """y = x W^T (+ b) with W kept as its Q4_1 blocks in the layout of engine.core.qmm, run
+    by qmm's 4-bit x 8-bit kernel (module docstring)."""
 
     def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = _packable_shape(blocks.name, blocks.q)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            blocks.q.to(torch.int32), 1)  # (out, in / 2) uint8
-        d, m = blocks.d.float(), blocks.m.float()  # (out, in / G)
-        sz = torch.stack([d, m + Q_OFFSET * d], dim=-1)  # (out, in / G, 2)
-        sz = sz.transpose(0, 1).to(torch.bfloat16)  # (in / G, out, 2): scale, zero
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", _bits(sz))  # bf16 bits
-        self.register_buffer("d", _bits(blocks.d))  # (out, in / G) fp16 bits
-        self.register_buffer("m", _bits(blocks.m))  # (out, in / G) fp16 bits
+        qw, dw, mw = qmm.pack(blocks.q, blocks.d, blocks.m)
+        self.register_buffer("qw", qw)  # packed 4-bit q, the kernel's layout
+        self.register_buffer("dw", dw)  # (out / 16, in / G, 16) fp16 bits: d
+        self.register_buffer("mw", mw)  # (out / 16, in / G, 16) fp16 bits: m
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
                                                            requires_grad=False)
 
@@ -150,27 +149,19 @@ class Packed4Linear(nn.Module):
                 f"bias={self.bias is not None}, q4 group={GROUP}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (R, in)
-        sz = self.scales_and_zeros.view(torch.bfloat16)  # (in / G, out, 2)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP,
-                                                         sz)  # (R, out) bf16
-        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., out)
+        flat = x.reshape(-1, self.in_features)  # (R, in)
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        out = qmm.matmul(flat, self.qw, self.dw, self.mw, self.out_features)  # (R, out)
+        if x.dtype != torch.float32:
+            out = out.to(x.dtype)
+        out = out.view(*x.shape[:-1], self.out_features)  # (..., out)
         return out if self.bias is None else out + self.bias
 
-    def unpacked_q(self) -> torch.Tensor:
-        """The packed q back as (out, in) uint8, read through the kernel itself (an identity
-        input, scale 1 and zero 8: each output is q exactly), whatever its packed layout."""
-        k, n = self.in_features, self.out_features
-        eye = torch.eye(k, dtype=torch.bfloat16)  # (in, in)
-        unit = torch.tensor([1.0, float(Q_OFFSET)], dtype=torch.bfloat16)
-        unit = unit.expand(k // GROUP, n, 2).contiguous()  # (in / G, out, 2)
-        q = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, unit)  # (in, out)
-        return q.t().to(torch.uint8)  # (out, in)
-
     def blocks(self, name: str = "") -> Q4Blocks:
-        """The Q4_1 weight this module holds (its q unpacked, d and m exact)."""
-        return Q4Blocks(name, self.unpacked_q(), self.d.view(torch.float16),
-                        self.m.view(torch.float16))
+        """The Q4_1 weight this module holds (q, d and m exact)."""
+        q, d, m = qmm.unpack(self.qw, self.dw, self.mw, self.out_features, self.in_features)
+        return Q4Blocks(name, q, d, m)
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight (out, in) = d * q + m: the GGUF's dequantised weight exactly."""
@@ -187,10 +178,11 @@ class Packed4Linear(nn.Module):
 
 
 class Packed8Linear(nn.Module):
-    """y = x W^T for a Q8_0 weight W = d q, run as two 4-bit halves through the int4 kernel
-    (module docstring): q = 16 hi + lo, y = x (16 d hi)^T + x (d lo)^T, each half in bf16, the
-    two summed in fp32. ``weight`` is the fp32 weight the module was tied to (not copied):
-    read by those who need the dense weight (a shortlisted head, training), never by forward."""
+    """y = x W^T for a Q8_0 weight W = d q, run by qmm's kernel as one 4-bit weight of twice
+    the inputs (module docstring): q = 16 hi + lo, the hi half as hi + 8 with scale 16 d and
+    offset -128 d, the lo half with scale d and offset 0, fed [x, x]. ``weight`` is the fp32
+    weight the module was tied to (not copied): read by those who need the dense weight (a
+    shortlisted head, training), never by forward."""
 
     def __init__(self, blocks: Q8Blocks, weight: nn.Parameter):
         super().__init__()
@@ -199,14 +191,15 @@ class Packed8Linear(nn.Module):
         hi = torch.div(q, 16, rounding_mode="floor")  # (out, in) in -8..7
         lo = q - 16 * hi  # (out, in) in 0..15
         d = blocks.d.float()  # (out, in / G)
-        sz_hi = torch.stack([16 * d, torch.zeros_like(d)], dim=-1)  # (out, in / G, 2)
-        sz_lo = torch.stack([d, Q_OFFSET * d], dim=-1)  # (out, in / G, 2)
-        for name, half, sz in (("hi", hi + Q_OFFSET, sz_hi), ("lo", lo, sz_lo)):
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(half, 1)  # (out, in/2)
-            self.register_buffer(f"packed_{name}", packed)
-            self.register_buffer(f"sz_{name}", _bits(sz.transpose(0, 1).to(torch.bfloat16)))
-        self.register_buffer("q", blocks.q.clone())  # (out, in) int8, for dequantize
-        self.register_buffer("d", _bits(blocks.d))  # (out, in / G) fp16 bits
+        halves = torch.cat([hi + Q_OFFSET, lo], dim=1).to(torch.uint8)  # (out, 2 in)
+        dw = torch.cat([16 * d, d], dim=1).to(torch.float16)  # (out, 2 in / G), exact
+        mw = torch.cat([-16 * Q_OFFSET * d, torch.zeros_like(d)], dim=1).to(torch.float16)
+        if not (torch.isfinite(dw).all() and torch.isfinite(mw).all()):
+            raise ConfigError(f"cannot pack {blocks.name}: its scales overflow fp16 x 128")
+        qw, dw, mw = qmm.pack(halves, dw, mw)
+        self.register_buffer("qw", qw)
+        self.register_buffer("dw", dw)
+        self.register_buffer("mw", mw)
         self.weight = weight
 
     def extra_repr(self) -> str:
@@ -214,15 +207,17 @@ class Packed8Linear(nn.Module):
                 f"q8 group={GROUP} as two 4-bit halves")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (R, in)
-        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
-        y_hi = mm(flat, self.packed_hi, GROUP, self.sz_hi.view(torch.bfloat16))  # (R, out)
-        y_lo = mm(flat, self.packed_lo, GROUP, self.sz_lo.view(torch.bfloat16))  # (R, out)
-        y = y_hi.float() + y_lo.float()  # (R, out) fp32
+        flat = x.reshape(-1, self.in_features).float()  # (R, in)
+        both = torch.cat([flat, flat], dim=1)  # (R, 2 in): the hi half's, the lo half's
+        y = qmm.matmul(both, self.qw, self.dw, self.mw, self.out_features)  # (R, out)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., out)
 
     def blocks(self, name: str = "") -> Q8Blocks:
-        return Q8Blocks(name, self.q, self.d.view(torch.float16))
+        """The Q8_0 weight this module holds (q and d exact)."""
+        k = self.in_features
+        halves, dw, _ = qmm.unpack(self.qw, self.dw, self.mw, self.out_features, 2 * k)
+        q = 16 * (halves[:, :k].to(torch.int32) - Q_OFFSET) + halves[:, k:]  # (out, in)
+        return Q8Blocks(name, q.to(torch.int8), dw[:, k // GROUP:].contiguous())
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight (out, in) = d * q: the GGUF's dequantised weight exactly."""
@@ -308,6 +303,26 @@ def pack_linears(model: nn.Module, path: str | Path) -> int:
     for hf_name, blocks in found.items():
         old = model.get_submodule(hf_name)
         model.set_submodule(hf_name, Packed4Linear(blocks, old.bias))
+    return len(found)
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether a model runs 4-bit packed layers (a packed target)."""
+    return any(isinstance(m, Packed4Linear) for m in model.modules())
+
+
+def quantize_linears(module: nn.Module) -> int:
+    """Swap every nn.Linear inside `module` (in place) whose shape the kernel takes for a
+    Packed4Linear of its weight quantised to Q4_1 (:func:`quantize_q4_1`); return how many.
+    For a drafter's own layers over a packed target: q's numerics are the drafter's to choose
+    (verification keeps the output p's), and a 4-bit layer streams an eighth of the bytes."""
+    found = [(name, m) for name, m in module.named_modules()
+             if type(m) is nn.Linear and m.in_features % GROUP == 0
+             and m.out_features % ROW_MULTIPLE == 0]
+    if any(not name for name, _ in found):
+        raise ConfigError("quantize_linears swaps the linears inside a module, not itself")
+    for name, m in found:
+        module.set_submodule(name, Packed4Linear(quantize_q4_1(m.weight, name), m.bias))
     return len(found)
 
 

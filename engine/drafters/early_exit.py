@@ -23,6 +23,14 @@ from torch import nn
 from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.layout import weight_product
+from engine.core.packed4 import (
+    ROW_MULTIPLE,
+    Packed4Linear,
+    Packed8Linear,
+    is_packed,
+    quantize_linears,
+    quantize_q4_1,
+)
 from engine.core.placement import missing_tensors, unhooked_copy
 from engine.core.weights import (
     DRAFTER_DIR,
@@ -121,7 +129,9 @@ class EarlyExitDrafter:
         self.model = build_early_exit_model(target, self.n_layers, extra_layer, norm, head)
         kind = "trained" if self.trained else "untrained"
         short = f", {len(shortlist)}-token head" if shortlist is not None else ""
-        self.name = label or f"early-exit (first {self.n_layers}/{total} layers, {kind}{short})"
+        bits = ", 4-bit" if extra_layer is not None and is_packed(extra_layer) else ""
+        self.name = label or (f"early-exit (first {self.n_layers}/{total} layers, "
+                              f"{kind}{short}{bits})")
 
     def runner(self) -> CachedModel:
         return CachedModel(self.model)
@@ -157,6 +167,10 @@ class ShortlistHead(nn.Module):
 
     Logits outside the shortlist are the dtype's minimum, so q is 0 there: the draft never
     proposes them and every verification rule stays exact. Costs S x d instead of V x d.
+
+    Over a packed target (its head a Packed8Linear) the shortlisted rows run in 4 bits as
+    well (``q4``: the rows quantised to Q4_1, padded to the kernel's 16-row tiles): the draft's
+    numerics are its own to choose.
     """
 
     def __init__(self, head: nn.Module, ids: torch.Tensor):
@@ -164,12 +178,25 @@ class ShortlistHead(nn.Module):
         self.vocab_size = int(head.weight.shape[0])
         self.register_buffer("ids", ids.long().clone())  # (S,)
         self.weight = nn.Parameter(head.weight.detach()[self.ids].clone(), requires_grad=False)
+        self.q4 = _packed_rows(self.weight) if isinstance(head, Packed8Linear) else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d) hidden states -> (..., V) logits."""
         out = h.new_full((*h.shape[:-1], self.vocab_size), torch.finfo(h.dtype).min)
-        out[..., self.ids] = weight_product(self, h)  # (..., S): packed on CPU (engine.core.layout)
+        if self.q4 is not None and not torch.is_grad_enabled():  # (training: the dense rows)
+            out[..., self.ids] = self.q4(h)[..., :len(self.ids)]  # (..., S)
+        else:  # (..., S): packed on CPU (engine.core.layout)
+            out[..., self.ids] = weight_product(self, h)
         return out
+
+
+def _packed_rows(weight: torch.Tensor) -> Packed4Linear:
+    """A Packed4Linear of `weight` (S, d) quantised to Q4_1, zero rows padding S to the
+    kernel's tile."""
+    s, d = weight.shape
+    rows = -(-s // ROW_MULTIPLE) * ROW_MULTIPLE
+    padded = torch.cat([weight.detach().float(), weight.new_zeros(rows - s, d).float()])
+    return Packed4Linear(quantize_q4_1(padded, "shortlist"))
 
 
 def init_extra_layer(target: nn.Module, n_layers: int) -> nn.Module:
@@ -225,6 +252,8 @@ def load_trained(target: nn.Module, path: Path | None = None, check: bool = True
     layer = init_extra_layer(target, n_layers)
     layer.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("layer.")})
     layer.to(device=device, dtype=dtype)
+    if is_packed(target):  # its own layer in 4 bits too (inference only: this loader's use)
+        quantize_linears(layer)
     norm = None
     if "norm.weight" in tensors:
         norm = unhooked_copy(_decoder(target).norm)

@@ -46,6 +46,7 @@ from torch import nn
 from engine.core.cached_model import CachedModel, Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
+from engine.core.packed4 import is_packed, quantize_linears
 from engine.core.paths import ASSETS
 from engine.core.placement import unhooked_copy
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
@@ -126,7 +127,8 @@ class FeatureDrafter:
         self.model = build_feature_model(target, self.parts, shortlist)
         kind = "trained" if trained else "untrained"
         short = f", {len(shortlist)}-token head" if shortlist is not None else ""
-        self.name = f"feature (EAGLE-style, 1 layer, {kind}{short})"
+        bits = ", 4-bit" if is_packed(self.parts) else ""
+        self.name = f"feature (EAGLE-style, 1 layer, {kind}{short}{bits})"
 
     def runner(self) -> FeatureRunner:
         return FeatureRunner(self)
@@ -302,6 +304,8 @@ def load_feature(target: nn.Module, path: Path) -> FeatureDrafter:
     state = {k: v for k, v in tensors.items() if k != "shortlist"}
     dtype = next(target.parameters()).dtype
     parts.load_state_dict({k: v.to(dtype) for k, v in state.items()})
+    if is_packed(target):  # fc and the layer in 4 bits too (inference only: this loader's use)
+        quantize_linears(parts)
     return FeatureDrafter(target, parts, tensors.get("shortlist"), trained=True,
                           source=str(path))
 

@@ -278,7 +278,7 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
                       device_map: DeviceMap | None):
     """The embedded model with its Q4_1 linear layers packed in 4 bits as the GGUF ships
     them (engine.core.packed4): the dequantised model, its linears then swapped; CPU only
-    (torch's int4 weight-packed matmul used here is a CPU kernel)."""
+    (engine.core.qmm, the kernel used here, is a CPU kernel)."""
     from engine.core.packed4 import pack_head, pack_linears
 
     if device.type != "cpu" or device_map is not None:

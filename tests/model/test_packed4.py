@@ -1,5 +1,5 @@
 """4-bit packed linears (engine.core.packed4) on a tiny llama written as a GGUF (Q4_1 linears,
-a Q8_0 head): lossless packing, the bf16 kernel's bound, row independence, the engine's greedy
+a Q8_0 head): lossless packing, the 8-bit activations' bound, row independence, the engine's greedy
 on the packed model, refusals."""
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from engine.core.packed4 import (
     Packed8Linear,
     pack_head,
     pack_linears,
+    quantize_q4_1,
     unpack_linears,
 )
 from engine.core.placement import unhooked_copy
 from engine.run.models import load_model, model_from_config, tiny_config
 from engine.run.specs import default_draft, parse_model_spec
 from tests.gguf_tiny import load_packed, write_gguf
-from tests.oracles import packed4_error_bound, packed8_error_bound
+from tests.oracles import qmm_error_bound
 
 LAYERS = 2
 HEADS, KV_HEADS = 4, 2
@@ -53,9 +54,16 @@ def packed_head(tmp_path):
     return load_packed(model, tmp_path / "tiny.gguf", expected), expected
 
 
-def _bound(m: Packed4Linear, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+def _bound(m: Packed4Linear | Packed8Linear, x: torch.Tensor) -> torch.Tensor:
+    """qmm_error_bound of m's weight: |W|, or a Q8_0 weight's two halves' magnitudes."""
     b = m.blocks()
-    return packed4_error_bound(b.q, b.d, b.m, x, ref, GROUP)  # (R, out)
+    if isinstance(m, Packed4Linear):
+        return qmm_error_bound(b.dequantize().abs(), x, GROUP)  # (R, out)
+    n, k = b.q.shape
+    q = b.q.view(n, k // GROUP, GROUP).float()  # (out, in / G, G)
+    hi = torch.div(q, 16, rounding_mode="floor")  # (out, in / G, G)
+    halves = ((16 * hi).abs() + (q - 16 * hi).abs()) * b.d.float().abs()[..., None]
+    return qmm_error_bound(halves.view(n, k), x, GROUP)  # (R, out)
 
 
 def test_packing_q4_1_is_lossless(packed):
@@ -66,16 +74,18 @@ def test_packing_q4_1_is_lossless(packed):
         assert torch.equal(m.dequantize(), w), name
 
 
-def test_packed_layer_stays_within_bf16_bound_of_the_dequantised_layer(packed):
+def test_packed_layer_stays_within_the_8_bit_activation_bound_of_the_dequantised_layer(
+        packed):
     model, expected = packed
     gen = torch.Generator().manual_seed(0)
     for name, w in expected.items():
         m = model.get_submodule(name)
-        x = torch.randn(2, 3, m.in_features, generator=gen).bfloat16().float()  # (2, 3, in)
+        x = torch.randn(2, 3, m.in_features, generator=gen)  # (2, 3, in)
         y, ref = m(x), x @ w.T  # (2, 3, out)
         assert y.shape == ref.shape and y.dtype == torch.float32
-        assert ((y - ref).abs() <= _bound(m, x.view(-1, m.in_features),
-                                          ref.view(-1, m.out_features)).view_as(ref)).all()
+        bound = _bound(m, x.view(-1, m.in_features)).view_as(ref)
+        assert ((y - ref).abs() <= bound).all(), name
+        assert (y - ref).abs().max() > 0  # 8-bit activations: not the fp32 product itself
 
 
 def test_packing_a_q8_0_head_is_lossless_and_keeps_its_tied_weight(packed_head):
@@ -86,16 +96,15 @@ def test_packing_a_q8_0_head_is_lossless_and_keeps_its_tied_weight(packed_head):
     assert torch.equal(head.weight, expected["lm_head"])  # the dense weight it was tied to
 
 
-def test_packed_head_stays_within_bf16_bound_of_the_dequantised_head(packed_head):
+def test_packed_head_stays_within_the_8_bit_activation_bound_of_the_dequantised_head(
+        packed_head):
     model, expected = packed_head
     head, w = model.get_output_embeddings(), expected["lm_head"]
-    x = torch.randn(5, head.in_features,
-                    generator=torch.Generator().manual_seed(1)).bfloat16().float()  # (5, in)
+    x = torch.randn(5, head.in_features, generator=torch.Generator().manual_seed(1))  # (5, in)
     y, ref = head(x), x @ w.T  # (5, V)
     assert y.dtype == torch.float32
-    b = head.blocks()
-    assert ((y - ref).abs() <= packed8_error_bound(b.q, b.d, x, GROUP)).all()
-    assert (y - ref).abs().max() > 0  # bf16 on the way: not the fp32 product itself
+    assert ((y - ref).abs() <= _bound(head, x)).all()
+    assert (y - ref).abs().max() > 0  # 8-bit activations: not the fp32 product itself
 
 
 def test_a_packed_product_of_many_rows_equals_its_one_row_products(packed_head):
@@ -184,3 +193,61 @@ def test_feature_drafter_over_a_packed_target_drafts_with_stock_layers(packed):
                          max_new_tokens=16)[0, len(prompt):].tolist()
     trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3)
     assert list(trace.token_ids) == ref
+
+
+def test_quantize_q4_1_puts_each_weight_on_its_blocks_grid_within_half_a_step():
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(3))  # (out, in)
+    b = quantize_q4_1(w)
+    d = b.d.float().repeat_interleave(GROUP, dim=1)  # (out, in)
+    m = b.m.float().repeat_interleave(GROUP, dim=1)  # (out, in)
+    err = (b.dequantize() - w).abs()  # (out, in)
+    assert (err <= 0.5 * d + 2**-10 * (m.abs() + 15 * d) + 1e-6).all()  # fp16 d and m
+    q = b.q.view(32, 2, GROUP)
+    assert (q.amin(-1) == 0).all() and (q.amax(-1) == 15).all()  # min and max on the grid
+
+
+def test_a_trained_feature_drafter_over_a_packed_target_runs_in_4_bits_and_stays_exact(
+        packed, tmp_path):
+    from engine.drafters.feature import FeatureParts, save_feature
+
+    model, _ = packed
+    path = save_feature(tmp_path / "feature.safetensors", model, FeatureParts(model))
+    pair = engine.load_pair(target=model, draft=f"feature:{path}", device="cpu")
+    parts = pair.drafter.parts
+    assert isinstance(parts.fc, Packed4Linear) and "4-bit" in pair.drafter.name
+    assert sum(isinstance(m, Packed4Linear) for m in parts.layer.modules()) == 7
+    prompt = [3, 17, 5, 9]
+    ref = model.generate(torch.tensor([prompt]), do_sample=False,
+                         max_new_tokens=16)[0, len(prompt):].tolist()
+    trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3)
+    assert list(trace.token_ids) == ref
+
+
+def test_a_trained_early_exit_over_a_packed_target_runs_its_own_layer_in_4_bits(
+        packed, tmp_path):
+    from engine.drafters.early_exit import init_extra_layer, load_trained, save_trained
+
+    model, _ = packed
+    path = save_trained(tmp_path / "ee.safetensors", model, 1, init_extra_layer(model, 1))
+    drafter = load_trained(model, path)
+    assert sum(isinstance(m, Packed4Linear) for m in drafter.extra_layer.modules()) == 7
+    assert "4-bit" in drafter.name
+
+
+def test_a_shortlisted_head_over_a_packed_head_runs_its_rows_in_4_bits(packed_head):
+    from engine.drafters.early_exit import ShortlistHead
+
+    model, expected = packed_head
+    ids = torch.tensor([1, 5, 9, 20, 33])  # 5 rows: padded to one 16-row tile
+    head = ShortlistHead(model.get_output_embeddings(), ids)
+    assert isinstance(head.q4, Packed4Linear) and head.q4.out_features == 16
+    h = torch.randn(3, head.weight.shape[1], generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        out = head(h)  # (3, V)
+    w = head.q4.dequantize()[:5]  # (5, d): the shortlisted rows on their Q4_1 grids
+    rows = quantize_q4_1(expected["lm_head"][ids])  # ... which quantise the dense rows
+    assert torch.equal(w, rows.dequantize())
+    assert ((out[:, ids] - h @ w.T).abs() <= qmm_error_bound(w.abs(), h, GROUP)).all()
+    others = torch.ones(out.shape[-1], dtype=torch.bool)
+    others[ids] = False
+    assert (out[:, others] == torch.finfo(out.dtype).min).all()  # q is 0 off the shortlist

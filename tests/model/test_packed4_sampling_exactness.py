@@ -1,5 +1,5 @@
 """End to end on a packed target: sampling methods reproduce the law of 3-token continuations
-of a vocab-8 llama whose linears are Q4_1 blocks run by the int4 kernel (engine.core.packed4).
+of a vocab-8 llama whose linears are Q4_1 blocks run by the 4-bit kernel (engine.core.qmm).
 
 The packed model is its own target: its law p is enumerated through its own forward
 (tests/laws.py), and the chi-square test and its size N (a power calculation, tests/stats.py)
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A one-layer vocab-8 target packed from its Q4_1 GGUF (the smallest widths the int4
+    """A one-layer vocab-8 target packed from its Q4_1 GGUF (the smallest widths the 4-bit
     kernel takes: 32 inputs, 16 outputs), and a one-layer stock draft model."""
     cfg = tiny_config("llama", vocab_size=V, layers=1, hidden_size=32, intermediate_size=64,
                       num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)

@@ -1,0 +1,249 @@
+/* 4-bit weight, 8-bit activation matrix products for the packed CPU target.
+ * engine/core/qmm.py builds this file with the machine's C compiler and loads it with ctypes;
+ * engine/core/qmm.py's `reference` is the same computation in torch (the tests' oracle).
+ *
+ * y[r, n] = sum_b ( dot_b(r, n) * (dw[n, b] * dx[r, b]) + mw[n, b] * sx[r, b] )
+ *
+ * over blocks b of 32 input columns, where
+ *   - the weight's block is w = dw q + mw with q in 0..15 (GGUF Q4_1: dw = d, mw = m);
+ *   - the activation's block is quantised as llama.cpp's Q8 activations are: dx = max|x| / 127,
+ *     qx = round-to-nearest-even(x / dx) in -127..127 (x * (1 / dx), computed in fp32),
+ *     sx = dx * sum(qx);
+ *   - dot_b = sum of q * qx over the block, an exact integer.
+ * The sum over b runs in block order, two fused multiply-adds a block, in fp32. Every path
+ * (AVX512-VNNI, AVX2, plain C) forms the same integers and the same float operations in the
+ * same order, so all give the same bits; and a row's output never depends on the other rows
+ * (R rows give the bits of R one-row products).
+ *
+ * Weight layout (engine/core/qmm.py `pack`): columns in tiles of 16; for tile t and block b,
+ * 256 bytes: four 64-byte vectors P_j (j = 0..3), P_j's byte 4 c + e holding, for column
+ * 16 t + c, q[32 b + 4 j + e] in its low nibble and q[32 b + 16 + 4 j + e] in its high one.
+ * So P_j's low nibbles are input group j (4 columns) and its high nibbles group j + 4, laid out
+ * as a 4-byte dot product per column: one VNNI instruction per group for 16 columns.
+ * dw and mw: fp16, (tile, block, 16).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP 32
+#define TILE 16
+
+#if defined(QMM_PLAIN) /* the plain C path, whatever the machine (tests compare the paths) */
+#define PATH 0
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define PATH 512
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PATH 256
+#include <immintrin.h>
+#else
+#define PATH 0
+#endif
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 1024)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((man & 1023) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | (255u << 23) | (man << 13);
+    } else {
+        bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* x (R, K) fp32 -> qx (R, K) int8, dx and sx (R, K / 32) fp32: the header's quantisation */
+static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *qx, float *dx,
+                          float *sx) {
+    const int64_t nb = K / GROUP;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * K + b * GROUP;
+            float amax = 0.0f;
+            for (int k = 0; k < GROUP; k++) amax = fmaxf(amax, fabsf(xb[k]));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int k = 0; k < GROUP; k++) {
+                const int q = (int)nearbyintf(xb[k] * id);
+                qx[r * K + b * GROUP + k] = (int8_t)q;
+                sum += q;
+            }
+            dx[r * nb + b] = d;
+            sx[r * nb + b] = d * (float)sum;
+        }
+}
+
+#if PATH == 512
+/* MR rows against tile t: acc[r] holds the tile's 16 columns */
+static inline __attribute__((always_inline)) void tile_rows(
+    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
+    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = qw + (t * nb + b) * 256;
+        __m512i w[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+            w[j] = _mm512_and_si512(v, low);
+            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        const __m512 vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dw + (t * nb + b) * 16)));
+        const __m512 vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mw + (t * nb + b) * 16)));
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const int32_t *xg = (const int32_t *)(qx + r * K + b * GROUP);
+            /* four independent chains (integer sums: any order gives the same dot) */
+            __m512i d4[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++)
+                d4[g] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], _mm512_set1_epi32(xg[g]));
+#pragma GCC unroll 4
+            for (int g = 4; g < 8; g++)
+                d4[g - 4] = _mm512_dpbusd_epi32(d4[g - 4], w[g], _mm512_set1_epi32(xg[g]));
+            const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(d4[0], d4[1]),
+                                                 _mm512_add_epi32(d4[2], d4[3]));
+            const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
+}
+#elif PATH == 256
+/* as above, the 16 columns as two halves of 8 */
+static inline __attribute__((always_inline)) void tile_rows(
+    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
+    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = qw + (t * nb + b) * 256 + 32 * h;
+            __m256i w[8];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const void *)(p + 64 * j));
+                w[j] = _mm256_and_si256(v, low);
+                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            const __m256 vdw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dw + (t * nb + b) * 16 + 8 * h)));
+            const __m256 vmw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mw + (t * nb + b) * 16 + 8 * h)));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const int32_t *xg = (const int32_t *)(qx + r * K + b * GROUP);
+                __m256i dot = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) {
+                    /* q <= 15, |qx| <= 127: a pair's sum fits int16 without saturating */
+                    const __m256i pairs = _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(xg[g]));
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+                }
+                const __m256 scale = _mm256_mul_ps(vdw, _mm256_set1_ps(dx[r * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+                acc[r] = _mm256_fmadd_ps(vmw, _mm256_set1_ps(sx[r * nb + b]), acc[r]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) _mm256_storeu_ps(y + r * N + t * TILE + 8 * h, acc[r]);
+    }
+}
+#else
+static inline void tile_rows(int MR, const int8_t *qx, const float *dx, const float *sx,
+                             int64_t K, const uint8_t *qw, const uint16_t *dw,
+                             const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < TILE; c++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *p = qw + (t * nb + b) * 256 + 4 * c;
+                const int8_t *xb = qx + r * K + b * GROUP;
+                int32_t dot = 0;
+                for (int j = 0; j < 4; j++)
+                    for (int e = 0; e < 4; e++) {
+                        const int v = p[64 * j + e];
+                        dot += (v & 15) * xb[4 * j + e] + (v >> 4) * xb[16 + 4 * j + e];
+                    }
+                const float scale = half_to_float(dw[(t * nb + b) * 16 + c]) * dx[r * nb + b];
+                acc = fmaf((float)dot, scale, acc);
+                acc = fmaf(half_to_float(mw[(t * nb + b) * 16 + c]), sx[r * nb + b], acc);
+            }
+            y[r * N + t * TILE + c] = acc;
+        }
+}
+#endif
+
+#define ROWS(MR)                                                                           \
+    static void rows_##MR(const int8_t *qx, const float *dx, const float *sx, int64_t K,  \
+                          const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,      \
+                          float *y, int64_t N, int threads) {                             \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1)") \
+        for (int64_t t = 0; t < N / TILE; t++)                                            \
+            tile_rows(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                            \
+    }
+ROWS(1)
+ROWS(2)
+ROWS(3)
+ROWS(4)
+ROWS(5)
+ROWS(6)
+ROWS(7)
+ROWS(8)
+
+typedef void (*rows_fn)(const int8_t *, const float *, const float *, int64_t,
+                        const uint8_t *, const uint16_t *, const uint16_t *, float *, int64_t,
+                        int);
+static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
+                                   rows_5, rows_6, rows_7, rows_8};
+
+/* y (R, N) fp32 = x (R, K) fp32 times the packed weight (N, K); K a multiple of 32, N of 16.
+ * Returns 0, or -1 when the scratch memory could not be had. */
+int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+           const uint16_t *mw, float *y, int64_t N, int threads) {
+    const int64_t nb = K / GROUP;
+    int8_t *qx = malloc((size_t)(R * K));
+    float *dx = malloc((size_t)(R * nb) * sizeof(float));
+    float *sx = malloc((size_t)(R * nb) * sizeof(float));
+    if (!qx || !dx || !sx) {
+        free(qx);
+        free(dx);
+        free(sx);
+        return -1;
+    }
+    quantize_rows(x, R, K, qx, dx, sx);
+    for (int64_t r0 = 0; r0 < R; r0 += 8) {
+        const int64_t mr = R - r0 < 8 ? R - r0 : 8;
+        ROWS_OF[mr](qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, qw, dw, mw, y + r0 * N, N,
+                    threads);
+    }
+    free(qx);
+    free(dx);
+    free(sx);
+    return 0;
+}
+
+/* which path this build took: 512 (AVX512-VNNI), 256 (AVX2) or 0 (plain C) */
+int qmm_path(void) { return PATH; }

@@ -1,0 +1,214 @@
+"""4-bit weight x 8-bit activation products on the CPU: the kernel of the packed target.
+
+The product (qmm.c's header has it in full): a weight kept in blocks of 32 input columns,
+w = dw q + mw with q in 0..15 and fp16 dw, mw (GGUF's Q4_1), against activations quantised
+per row and block as llama.cpp quantises its Q8 activations (dx = max|x| / 127, qx = round(x /
+dx) in -127..127): y = sum_b dot_b dw dx + mw sx, with dot_b the block's exact integer dot
+product and sx = dx sum(qx). The integer work runs as 8-bit dot products (AVX512-VNNI, or AVX2's
+multiply-add pairs), one block's weights unpacked once for up to 8 rows: so a forward of a few
+rows costs little more than one (measured in docs/benchmarks.md), where torch's own int4
+kernel (fp32 multiply-adds on bf16 activations) costs in proportion to the rows past one.
+
+qmm.c is built once per machine by the C compiler (``$CC``, else ``cc`` / ``gcc``) with
+``-march=native`` into the cache (:func:`engine.core.paths.cache_root`/kernels), keyed by the
+source, the flags and the CPU's flags, and loaded with ctypes. Every path the build can take
+(AVX512-VNNI, AVX2, plain C) gives the same bits, a row's output does not depend on the other
+rows, and :func:`reference` is the same computation in torch: the tests' oracle and the
+fallback (slow: it unpacks the weight on every call) where no compiler is found.
+
+Under ``torch.compile`` the product is the op ``specviz::qmm`` (opaque to inductor); eager
+calls go to the library directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.core.paths import cache_root
+
+GROUP = 32  # input columns a block
+TILE = 16  # output columns a tile of the packed layout
+SOURCE = Path(__file__).with_name("qmm.c")
+FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
+OPENMP = "-fopenmp"
+PATHS = {512: "avx512-vnni", 256: "avx2", 0: "c"}
+
+log = logging.getLogger(__name__)
+
+
+def pack(q: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's layout (qmm.c header) of a weight w = dw q + mw:
+    q (N, K) uint8 in 0..15, dw and mw (N, K / GROUP) fp16 ->
+    qw (N / TILE * K / GROUP * 256,) uint8, dw and mw (N / TILE, K / GROUP, TILE) int16 bits."""
+    n, k = q.shape
+    nb = k // GROUP
+    w = q.view(n // TILE, TILE, nb, 2, 4, 4)  # (t, c, b, half, j, e)
+    w = w.permute(0, 2, 4, 1, 5, 3)  # (t, b, j, c, e, half)
+    qw = (w[..., 0] | (w[..., 1] << 4)).contiguous().view(-1)  # (t * b * 256,)
+
+    def tiles(a: torch.Tensor) -> torch.Tensor:
+        a = a.to(torch.float16).view(n // TILE, TILE, nb).permute(0, 2, 1)  # (t, b, c)
+        return a.contiguous().view(torch.int16)
+
+    return qw, tiles(dw), tiles(mw)
+
+
+def unpack(qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor, n: int, k: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack`: q (N, K) uint8, dw and mw (N, K / GROUP) fp16."""
+    nb = k // GROUP
+    w = qw.view(n // TILE, nb, 4, TILE, 4)  # (t, b, j, c, e)
+    halves = torch.stack([w & 15, w >> 4], dim=-1)  # (t, b, j, c, e, half)
+    q = halves.permute(0, 3, 1, 5, 2, 4).reshape(n, k)  # (t, c, b, half, j, e) -> (N, K)
+
+    def untile(a: torch.Tensor) -> torch.Tensor:
+        return a.view(torch.float16).permute(0, 2, 1).reshape(n, nb)  # (N, K / G)
+
+    return q.contiguous(), untile(dw), untile(mw)
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (R, K) fp32 -> qx (R, K / G, G) fp32 integers in -127..127, dx and sx (R, K / G):
+    the activation quantisation of qmm.c, in torch."""
+    r, k = x.shape
+    xb = x.view(r, k // GROUP, GROUP)  # (R, nb, G)
+    dx = xb.abs().amax(-1) / 127.0  # (R, nb)
+    inv = torch.where(dx != 0, 1.0 / dx, torch.zeros_like(dx))  # (R, nb)
+    qx = torch.round(xb * inv[..., None])  # (R, nb, G), half to even as nearbyintf
+    return qx, dx, dx * qx.sum(-1)
+
+
+def reference(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+              n: int) -> torch.Tensor:
+    """The product of qmm.c computed in torch: x (R, K) fp32 -> (R, N) fp32. Its integers
+    are qmm.c's; its float steps are qmm.c's fused multiply-adds, each formed in fp64 and
+    rounded to fp32 (equal bits but for a rare double rounding)."""
+    r, k = x.shape
+    nb = k // GROUP
+    q, d, m = unpack(qw, dw, mw, n, k)
+    qx, dx, sx = quantize(x)
+    qb = q.view(n, nb, GROUP).float()  # (N, nb, G)
+    dot = torch.einsum("rbg,nbg->rnb", qx, qb)  # (R, N, nb): exact integers below 2^24
+    scale = d.float()[None] * dx[:, None, :]  # (R, N, nb)
+    m64, sx64 = m.double(), sx.double()
+    y = torch.zeros(r, n)  # (R, N)
+    for b in range(nb):  # each step in fp64, rounded to fp32: a fused multiply-add
+        y = (y.double() + dot[..., b].double() * scale[..., b].double()).float()
+        y = (y.double() + m64[None, :, b] * sx64[:, None, b]).float()
+    return y
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _cc() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
+          ) -> ctypes.CDLL | None:
+    """qmm.c built into `out` for `march` (with -D `defines`) and loaded; None (and a log
+    line) where it does not build. Atomic: several processes may build at once."""
+    cc = _cc()
+    if cc is None:
+        log.warning("no C compiler: the packed target runs qmm's torch reference (slow)")
+        return None
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            flags = [f"-march={march}", *FLAGS, *(f"-D{d}" for d in defines)]
+            for extra in ((OPENMP,), ()):  # OpenMP threads where the compiler has them
+                done = subprocess.run([cc, *flags, *extra, "-o", tmp, str(SOURCE), "-lm"],
+                                      capture_output=True, text=True, timeout=300)
+                if done.returncode == 0:
+                    os.replace(tmp, out)
+                    break
+            else:
+                log.warning("qmm.c did not build with %s: %s", cc,
+                            (done.stderr.strip().splitlines() or ["?"])[-1])
+                return None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.qmm_q4.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int]
+    lib.qmm_q4.restype = ctypes.c_int
+    lib.qmm_path.restype = ctypes.c_int
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """qmm.c built for this machine (cached per source, compiler and CPU) and loaded; None
+    where no C compiler builds it, or with SPECVIZ_QMM=torch."""
+    if os.environ.get("SPECVIZ_QMM") == "torch":
+        return None
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), str(_cc()),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    return build(cache_root() / "kernels" / f"qmm-{key}.so")
+
+
+def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
+             mw: torch.Tensor, n: int) -> torch.Tensor:
+    """x (R, K) fp32 times the packed weight (N, K) by `lib` -> (R, N) fp32."""
+    x = x.contiguous()  # (R, K): a compiled graph may hand over any strides
+    r, k = x.shape
+    y = torch.empty(r, n)  # (R, N)
+    if lib.qmm_q4(x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(),
+                  y.data_ptr(), n, torch.get_num_threads()) != 0:
+        raise MemoryError("qmm: no scratch memory for the activations")
+    return y
+
+
+def path() -> str:
+    """Which code runs the product here: 'avx512-vnni', 'avx2', 'c' or 'torch'."""
+    lib = library()
+    return "torch" if lib is None else PATHS[lib.qmm_path()]
+
+
+def _run(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+         n: int) -> torch.Tensor:
+    lib = library()
+    return reference(x, qw, dw, mw, n) if lib is None else run_with(lib, x, qw, dw, mw, n)
+
+
+# The op torch.compile sees (opaque to inductor). Defined with torch.library.Library, not
+# custom_op: its dispatch costs about 1 us a call against custom_op's 8 (measured, one
+# thread), which counts at 211 products a step.
+_LIB = torch.library.Library("specviz", "DEF")
+_LIB.define("qmm(Tensor x, Tensor qw, Tensor dw, Tensor mw, int n) -> Tensor")
+_LIB.impl("qmm", lambda x, qw, dw, mw, n: _run(x, qw, dw, mw, n), "CPU")
+
+
+@torch.library.register_fake("specviz::qmm")
+def _(x, qw, dw, mw, n):
+    return x.new_empty(x.shape[0], n)
+
+
+def matmul(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+           n: int) -> torch.Tensor:
+    """x (R, K) fp32 times the packed weight (N, K) -> (R, N) fp32."""
+    if torch.compiler.is_compiling():
+        return torch.ops.specviz.qmm(x, qw, dw, mw, n)
+    return _run(x, qw, dw, mw, n)

@@ -1,0 +1,131 @@
+"""engine.core.qmm, the 4-bit x 8-bit kernel of the packed target: its layout round-trips,
+the C build equals the torch reference, every code path of qmm.c gives the same bits, a row's
+output depends on its row alone, and the op is fit for torch.compile."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from engine.core import qmm
+
+
+def _weight(n: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)  # (N, K)
+    dw = (torch.rand(n, k // qmm.GROUP, generator=gen) * 0.02).half()  # (N, K / G)
+    mw = (torch.rand(n, k // qmm.GROUP, generator=gen) * -0.1).half()  # (N, K / G)
+    return q, dw, mw
+
+
+def _x(r: int, k: int, seed: int) -> torch.Tensor:
+    x = torch.randn(r, k, generator=torch.Generator().manual_seed(seed))  # (R, K)
+    x[0, :qmm.GROUP] = 0.0  # an all-zero block: dx = 0
+    return x
+
+
+@pytest.fixture(scope="module")
+def packed():
+    q, dw, mw = _weight(48, 96, seed=0)
+    return (q, dw, mw), qmm.pack(q, dw, mw)
+
+
+def test_the_layout_round_trips(packed):
+    (q, dw, mw), (qw, pdw, pmw) = packed
+    back = qmm.unpack(qw, pdw, pmw, 48, 96)
+    assert all(torch.equal(a, b) for a, b in zip(back, (q, dw, mw)))
+
+
+def test_the_layout_puts_a_blocks_two_halves_in_one_bytes_nibbles(packed):
+    (q, _, _), (qw, _, _) = packed
+    # tile 0, block 0, vector j = 0, column 0, byte e = 0: q[0, 0] low, q[0, 16] high
+    assert int(qw[0]) == int(q[0, 0]) | int(q[0, 16]) << 4
+    # column 1's first byte follows column 0's four
+    assert int(qw[4]) == int(q[1, 0]) | int(q[1, 16]) << 4
+
+
+def test_the_built_kernel_equals_the_torch_reference(packed):
+    lib = qmm.library()
+    assert lib is not None, "qmm.c must build here (a C compiler is part of the setup)"
+    _, (qw, dw, mw) = packed
+    x = _x(11, 96, seed=1)
+    y = qmm.run_with(lib, x, qw, dw, mw, 48)  # (11, 48)
+    ref = qmm.reference(x, qw, dw, mw, 48)  # (11, 48)
+    assert (y == ref).float().mean() > 0.99  # equal bits but for a rare double rounding
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_the_reference_quantises_activations_as_llama_cpp_does():
+    x = torch.zeros(1, qmm.GROUP)
+    x[0, :3] = torch.tensor([2.54, -1.0, 0.01])
+    qx, dx, sx = qmm.quantize(x)
+    assert dx[0, 0] == pytest.approx(2.54 / 127)
+    assert qx[0, 0, :3].tolist() == [127.0, -50.0, 0.0]
+    assert sx[0, 0] == pytest.approx(dx[0, 0] * 77)
+
+
+def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packed):
+    lib = qmm.library()
+    _, (qw, dw, mw) = packed
+    x = _x(4, 96, seed=2)
+    y = qmm.run_with(lib, x, qw, dw, mw, 48)
+
+    def truncating(v):  # the negative control: round toward zero instead of to nearest
+        r, k = v.shape
+        xb = v.view(r, k // qmm.GROUP, qmm.GROUP)
+        dx = xb.abs().amax(-1) / 127.0
+        qx = torch.trunc(xb / dx.clamp_min(1e-30)[..., None])
+        return qx, dx, dx * qx.sum(-1)
+
+    right = qmm.quantize
+    try:
+        qmm.quantize = truncating
+        wrong = qmm.reference(x, qw, dw, mw, 48)
+    finally:
+        qmm.quantize = right
+    assert (y - wrong).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name,march,defines", [
+    ("plain C", "native", ("QMM_PLAIN",)),
+    ("AVX2", "x86-64-v3", ()),
+])
+def test_every_code_path_gives_the_same_bits(packed, tmp_path, name, march, defines):
+    if march != "native" and platform.machine() != "x86_64":
+        pytest.skip(f"{march} is an x86 target")
+    lib = qmm.build(tmp_path / "qmm.so", march=march, defines=defines)
+    assert lib is not None
+    assert qmm.PATHS[lib.qmm_path()] == {"plain C": "c", "AVX2": "avx2"}[name]
+    _, (qw, dw, mw) = packed
+    x = _x(11, 96, seed=3)
+    assert torch.equal(qmm.run_with(lib, x, qw, dw, mw, 48),
+                       qmm.run_with(qmm.library(), x, qw, dw, mw, 48))
+
+
+def test_rows_are_independent_across_the_8_row_tiles(packed):
+    _, (qw, dw, mw) = packed
+    x = _x(19, 96, seed=4)
+    y = qmm.matmul(x, qw, dw, mw, 48)  # (19, 48): tiles of 8, 8 and 3 rows
+    for i in range(19):
+        assert torch.equal(qmm.matmul(x[i:i + 1].clone(), qw, dw, mw, 48)[0], y[i]), i
+
+
+def test_threads_do_not_change_the_bits(packed):
+    _, (qw, dw, mw) = packed
+    x = _x(5, 96, seed=5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = qmm.matmul(x, qw, dw, mw, 48)
+        torch.set_num_threads(2)
+        two = qmm.matmul(x, qw, dw, mw, 48)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_the_custom_op_passes_torchs_op_check(packed):
+    _, (qw, dw, mw) = packed
+    torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48))
