@@ -129,3 +129,18 @@ def test_threads_do_not_change_the_bits(packed):
 def test_the_custom_op_passes_torchs_op_check(packed):
     _, (qw, dw, mw) = packed
     torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48))
+
+
+def test_a_packed_layer_compiled_by_inductor_gives_the_eager_bits():
+    from engine.core.packed4 import Packed4Linear, quantize_q4_1
+
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))  # (out, in)
+    layer = Packed4Linear(quantize_q4_1(w), bias=torch.zeros(32))
+    x = _x(3, 64, seed=8)[None] * 2  # (1, 3, in): a shape to view, a product to fuse around
+
+    def f(v):
+        return torch.relu(layer(v * 0.5)) + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x), f(x))
