@@ -16,8 +16,10 @@ Each repeat, for each prompt (the chat template's token ids, the same for every 
 llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
 token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` and on
 `embedded-q4` (with ``--compiled`` also on `embedded-q4`'s compiled path, SPECVIZ_KV=compiled),
-one after another. Prints tokens/s min / median / max per runner, the ratios of medians, and
-the engine's mean tokens per target forward (a drafter's acceptance on each target).
+one after another. Prints tokens/s min / median / max per runner, the ratios of medians, the
+engine's mean tokens per target forward (a drafter's acceptance on each target), and for each
+speculative runner on how many prompts its tokens equal the greedy runner's of the same target
+and path (last repeat).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def main() -> int:
         return r["tokens"] / r["seconds"]
 
     per_round: dict[str, list[float]] = {}  # runner -> tokens per target forward, each run
+    tokens: dict[tuple[str, str], list[int]] = {}  # (runner, prompt) -> its last run's tokens
 
     from engine.bench.steps import kv_path
 
@@ -92,6 +95,7 @@ def main() -> int:
         with kv_path("compiled" if name.endswith("compiled") else "dynamic"):
             t = engine.generate(pair, prompt, method, max_new_tokens=args.max_new_tokens)
         per_round.setdefault(name, []).append(len(t.token_ids) / max(len(t.rounds), 1))
+        tokens[name, prompt] = list(t.token_ids)
         return t.stats.tokens_per_s or 0.0
 
     runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
@@ -114,16 +118,25 @@ def main() -> int:
                 got[name].append(run(row["prompt"], ids))
     server.stdin.close()
     server.wait(timeout=30)
+
+    def same_as_greedy(name: str) -> str:
+        """How many prompts' tokens equal the greedy run's on the same target and path."""
+        if not name.startswith("engine ") or name.startswith("engine greedy"):
+            return ""
+        greedy = "engine greedy, " + name.split(", ", 1)[1]
+        same = sum(tokens[name, r["prompt"]] == tokens[greedy, r["prompt"]] for r in rows)
+        return f"{same}/{len(rows)}"
+
     ref = statistics.median(got["llama.cpp greedy"])
     print(f"{args.prompts} held-out prompts x {args.repeats} repeats, {args.max_new_tokens} "
           f"new tokens, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
-    print("| runner | tokens/s min / median / max | median vs llama.cpp | tokens a round |\n"
-          "|---|---|---|---|")
+    print("| runner | tokens/s min / median / max | median vs llama.cpp | tokens a round | "
+          "same tokens as its greedy |\n|---|---|---|---|---|")
     for name, vals in got.items():
         med = statistics.median(vals)
         tpr = f"{statistics.mean(per_round[name]):.2f}" if name in per_round else ""
         print(f"| {name} | {min(vals):.1f} / **{med:.1f}** / {max(vals):.1f} | "
-              f"{med / ref:.2f} | {tpr} |")
+              f"{med / ref:.2f} | {tpr} | {same_as_greedy(name)} |")
     return 0
 
 

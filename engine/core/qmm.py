@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from engine.core.errors import ConfigError
 from engine.core.paths import cache_root
 
 GROUP = 32  # input columns a block
@@ -42,6 +43,7 @@ SOURCE = Path(__file__).with_name("qmm.c")
 FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
 OPENMP = "-fopenmp"
 PATHS = {512: "avx512-vnni", 256: "avx2", 0: "c"}
+ENV = "SPECVIZ_QMM"  # native (the default) or torch (the reference: slow, for checking)
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +163,12 @@ def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     """qmm.c built for this machine (cached per source, compiler and CPU) and loaded; None
-    where no C compiler builds it, or with SPECVIZ_QMM=torch."""
-    if os.environ.get("SPECVIZ_QMM") == "torch":
+    where no C compiler builds it, or with SPECVIZ_QMM=torch (ConfigError, one line, for
+    another value)."""
+    mode = os.environ.get(ENV, "").strip().lower()
+    if mode not in ("", "native", "torch"):
+        raise ConfigError(f"{ENV}={mode!r}: expected native or torch")
+    if mode == "torch":
         return None
     key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), str(_cc()),
                                     _cpu_flags()]).encode()).hexdigest()[:16]

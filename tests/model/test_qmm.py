@@ -144,3 +144,30 @@ def test_a_packed_layer_compiled_by_inductor_gives_the_eager_bits():
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, dynamic=False)
     assert torch.equal(compiled(x), f(x))
+
+
+def test_an_unknown_kernel_choice_is_refused_in_one_line(monkeypatch):
+    from engine.core.errors import ConfigError
+
+    monkeypatch.setenv("SPECVIZ_QMM", "fast")
+    qmm.library.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="SPECVIZ_QMM='fast': expected native or torch"):
+            qmm.library()
+    finally:
+        monkeypatch.delenv("SPECVIZ_QMM")
+        qmm.library.cache_clear()
+
+
+def test_without_the_library_a_packed_layer_runs_the_torch_reference(monkeypatch, packed):
+    _, (qw, dw, mw) = packed
+    x = _x(2, 96, seed=9)
+    monkeypatch.setenv("SPECVIZ_QMM", "torch")
+    qmm.library.cache_clear()
+    try:
+        assert qmm.path() == "torch"
+        assert torch.equal(qmm.matmul(x, qw, dw, mw, 48), qmm.reference(x, qw, dw, mw, 48))
+    finally:
+        monkeypatch.delenv("SPECVIZ_QMM")
+        qmm.library.cache_clear()
+    assert qmm.path() != "torch"
