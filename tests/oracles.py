@@ -7,7 +7,7 @@
   brute force over every draft tuple, for tiny vocabularies.
 - ``draft_prob_of_set``: Q(H) for one token set H, to check the alpha* prefix scan against the
   minimum over every subset.
-- ``qmm_error_bound``: how far a 4-bit packed linear's product (engine.core.qmm: 8-bit
+- ``qmm_error_bound``: how far a 4-bit packed linear's product (engine.core.qmm: 16-bit
   activations) may be from the dequantised fp32 product, per output.
 """
 
@@ -172,20 +172,21 @@ def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
     return float(_q_without(q[order], n)[ids.numel()])
 
 
-def qmm_error_bound(w_abs: torch.Tensor, x: torch.Tensor, group: int = 32) -> torch.Tensor:
+def qmm_error_bound(w_abs: torch.Tensor, x: torch.Tensor, group: int = 32,
+                    levels: int = 32767) -> torch.Tensor:
     """|error| allowed per output of engine.core.qmm's product against the fp32 product
     x W^T, given |W| (out, in) (for a Q8_0 weight run as two 4-bit halves, the sum of the
     halves' magnitudes) and x (R, in):
 
-    - the 8-bit activations: each x is rounded to a step dx = max|x| / 127 of its block, so
-      off by at most dx / 2 (widened by 2^-10 for the rounding of x / dx itself);
+    - the quantised activations: each x is rounded to a step dx = max|x| / levels of its
+      block, so off by at most dx / 2 (widened by 2^-10 for the rounding of x / dx itself);
     - fp32 rounding: the kernel's 2 fused multiply-adds a block and the reference's K-term
       sum, each at most u = 2^-24 of the magnitudes summed, (|x| + dx) |W|^T.
 
     -> (R, out)."""
     r, k = x.shape
     xb = x.double().view(r, k // group, group)  # (R, nb, G)
-    dx = (xb.abs().amax(-1, keepdim=True) / 127).expand_as(xb).reshape(r, k)  # (R, in)
+    dx = (xb.abs().amax(-1, keepdim=True) / levels).expand_as(xb).reshape(r, k)  # (R, in)
     w = w_abs.double()  # (out, in)
     steps = 2 * (k // group) + 2 + k
     return (0.5 * (1 + 2**-10) * (dx @ w.T)

@@ -1,5 +1,5 @@
 """4-bit packed linear layers: a GGUF's Q4_1 weights kept packed in memory and multiplied by
-engine.core.qmm's 4-bit weight x 8-bit activation kernel.
+engine.core.qmm's 4-bit weight x 16-bit activation kernel.
 
 Q4_1 (ggml) stores each weight row in blocks of 32 input columns, 20 bytes a block: d and m
 (fp16), then 16 bytes of 4-bit q (byte j holds q_j in its low nibble and q_{j+16} in its
@@ -7,10 +7,10 @@ high one), and w = d * q + m. :class:`Packed4Linear` keeps q, d and m exactly, r
 qmm's tiled layout (:func:`engine.core.qmm.pack`), so :meth:`Packed4Linear.dequantize` gives
 back the GGUF's dequantised weight bit for bit.
 
-The kernel quantises each row of activations per block of 32 to 8 bits (dx = max|x| / 127, as
-llama.cpp does) and sums exact integer dot products scaled in fp32: that rounding of the
-activations is what separates a packed layer from the dequantised fp32 layer
-(tests/oracles.qmm_error_bound bounds it: half a step dx of each activation, times |w|).
+The kernel quantises each row of activations per block of 32 to 16 bits (dx = max|x| / 32767)
+and sums exact integer dot products scaled in fp32: that rounding of the activations is what
+separates a packed layer from the dequantised fp32 layer (tests/oracles.qmm_error_bound bounds
+it: half a step dx of each activation, times |w|; measured, 4e-5 of a layer's largest output).
 
 :func:`pack_linears` swaps the linear layers of a stock transformers model loaded from the
 same GGUF (dequantised) for Packed4Linear, naming them with transformers' own GGUF name map
@@ -32,7 +32,8 @@ The kernel computes each output row from that row alone (tested: a product over 
 the R one-row products bit for bit), so a packed layer gives a token the same output in a
 one-token step and in a verify forward; what still moves with a forward's shape is the fp32
 part between the layers (attention and its reductions), whose float-order differences the
-8-bit rounding of the next layer's input can magnify.
+rounding of the next layer's input can magnify (rarely: its step is a 32767th of a block's
+largest input).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _packable_shape(name: str, q: torch.Tensor) -> tuple[int, int]:
 
 class Packed4Linear(nn.Module):
     """y = x W^T (+ b) with W kept as its Q4_1 blocks in the layout of engine.core.qmm, run
-    by qmm's 4-bit x 8-bit kernel (module docstring)."""
+    by qmm's 4-bit x 16-bit kernel (module docstring)."""
 
     def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None = None):
         super().__init__()

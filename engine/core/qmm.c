@@ -1,4 +1,4 @@
-/* 4-bit weight, 8-bit activation matrix products for the packed CPU target.
+/* 4-bit weight, 16-bit activation matrix products for the packed CPU target.
  * engine/core/qmm.py builds this file with the machine's C compiler and loads it with ctypes;
  * engine/core/qmm.py's `reference` is the same computation in torch (the tests' oracle).
  *
@@ -6,10 +6,11 @@
  *
  * over blocks b of 32 input columns, where
  *   - the weight's block is w = dw q + mw with q in 0..15 (GGUF Q4_1: dw = d, mw = m);
- *   - the activation's block is quantised as llama.cpp's Q8 activations are: dx = max|x| / 127,
- *     qx = round-to-nearest-even(x / dx) in -127..127 (x * (1 / dx), computed in fp32),
+ *   - the activation's block is quantised to 16 bits: dx = max|x| / 32767,
+ *     qx = round-to-nearest-even(x / dx) in -32767..32767 (x * (1 / dx), computed in fp32),
  *     sx = dx * sum(qx);
- *   - dot_b = sum of q * qx over the block, an exact integer.
+ *   - dot_b = sum of q * qx over the block, an exact integer (at most 32 * 15 * 32767 < 2^24
+ *     in size, so its conversion to fp32 is exact too).
  * The sum over b runs in block order, two fused multiply-adds a block, in fp32. Every path
  * (AVX512-VNNI, AVX2, plain C) forms the same integers and the same float operations in the
  * same order, so all give the same bits; and a row's output never depends on the other rows
@@ -18,8 +19,11 @@
  * Weight layout (engine/core/qmm.py `pack`): columns in tiles of 16; for tile t and block b,
  * 256 bytes: four 64-byte vectors P_j (j = 0..3), P_j's byte 4 c + e holding, for column
  * 16 t + c, q[32 b + 4 j + e] in its low nibble and q[32 b + 16 + 4 j + e] in its high one.
- * So P_j's low nibbles are input group j (4 columns) and its high nibbles group j + 4, laid out
- * as a 4-byte dot product per column: one VNNI instruction per group for 16 columns.
+ * So P_j's low nibbles are input group j (4 inputs) and its high nibbles group j + 4. Widened to
+ * 16 bits, a group's bytes e = 0, 2 and e = 1, 3 make two vectors of 16 columns x 2 inputs:
+ * one VNNI instruction (vpdpwssd) each. The activations are laid out to match (quantize_rows):
+ * per block, for each group g (inputs i = 4 g, or 16 + 4 (g - 4)), x[i], x[i + 2], x[i + 1],
+ * x[i + 3].
  * dw and mw: fp16, (tile, block, 16).
  */
 #include <math.h>
@@ -65,21 +69,24 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-/* x (R, K) fp32 -> qx (R, K) int8, dx and sx (R, K / 32) fp32: the header's quantisation */
-static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *qx, float *dx,
+/* x (R, K) fp32 -> qx (R, K) int16 in the order of the header, dx and sx (R, K / 32) fp32 */
+static void quantize_rows(const float *x, int64_t R, int64_t K, int16_t *qx, float *dx,
                           float *sx) {
     const int64_t nb = K / GROUP;
+    static const int order[GROUP] = {0,  2,  1,  3,  4,  6,  5,  7,  8,  10, 9,
+                                     11, 12, 14, 13, 15, 16, 18, 17, 19, 20, 22,
+                                     21, 23, 24, 26, 25, 27, 28, 30, 29, 31};
     for (int64_t r = 0; r < R; r++)
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + r * K + b * GROUP;
             float amax = 0.0f;
             for (int k = 0; k < GROUP; k++) amax = fmaxf(amax, fabsf(xb[k]));
-            const float d = amax / 127.0f;
+            const float d = amax / 32767.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             int sum = 0;
             for (int k = 0; k < GROUP; k++) {
-                const int q = (int)nearbyintf(xb[k] * id);
-                qx[r * K + b * GROUP + k] = (int8_t)q;
+                const int q = (int)nearbyintf(xb[order[k]] * id);
+                qx[r * K + b * GROUP + k] = (int16_t)q;
                 sum += q;
             }
             dx[r * nb + b] = d;
@@ -90,35 +97,39 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *qx, floa
 #if PATH == 512
 /* MR rows against tile t: acc[r] holds the tile's 16 columns */
 static inline __attribute__((always_inline)) void tile_rows(
-    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
+    int MR, const int16_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
     const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
     const int64_t nb = K / GROUP;
-    const __m512i low = _mm512_set1_epi8(15);
+    const __m512i low = _mm512_set1_epi8(15), even = _mm512_set1_epi32(0x00FF00FF);
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = qw + (t * nb + b) * 256;
-        __m512i w[8];
+        __m512i w[16]; /* group g's inputs (e = 0, 2), then (e = 1, 3), as int16 */
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
-            w[j] = _mm512_and_si512(v, low);
-            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            const __m512i lo = _mm512_and_si512(v, low);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            w[2 * j] = _mm512_and_si512(lo, even);
+            w[2 * j + 1] = _mm512_srli_epi16(lo, 8);
+            w[8 + 2 * j] = _mm512_and_si512(hi, even);
+            w[8 + 2 * j + 1] = _mm512_srli_epi16(hi, 8);
         }
         const __m512 vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dw + (t * nb + b) * 16)));
         const __m512 vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mw + (t * nb + b) * 16)));
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            const int32_t *xg = (const int32_t *)(qx + r * K + b * GROUP);
+            const int32_t *xp = (const int32_t *)(qx + r * K + b * GROUP); /* 16 pairs */
             /* four independent chains (integer sums: any order gives the same dot) */
             __m512i d4[4];
 #pragma GCC unroll 4
-            for (int g = 0; g < 4; g++)
-                d4[g] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[g], _mm512_set1_epi32(xg[g]));
-#pragma GCC unroll 4
-            for (int g = 4; g < 8; g++)
-                d4[g - 4] = _mm512_dpbusd_epi32(d4[g - 4], w[g], _mm512_set1_epi32(xg[g]));
+            for (int i = 0; i < 4; i++)
+                d4[i] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w[i], _mm512_set1_epi32(xp[i]));
+#pragma GCC unroll 12
+            for (int i = 4; i < 16; i++)
+                d4[i % 4] = _mm512_dpwssd_epi32(d4[i % 4], w[i], _mm512_set1_epi32(xp[i]));
             const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(d4[0], d4[1]),
                                                  _mm512_add_epi32(d4[2], d4[3]));
             const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
@@ -132,35 +143,36 @@ static inline __attribute__((always_inline)) void tile_rows(
 #elif PATH == 256
 /* as above, the 16 columns as two halves of 8 */
 static inline __attribute__((always_inline)) void tile_rows(
-    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
+    int MR, const int16_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
     const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
     const int64_t nb = K / GROUP;
-    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(15), even = _mm256_set1_epi32(0x00FF00FF);
     for (int h = 0; h < 2; h++) {
         __m256 acc[8];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *p = qw + (t * nb + b) * 256 + 32 * h;
-            __m256i w[8];
+            __m256i w[16];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const __m256i v = _mm256_loadu_si256((const void *)(p + 64 * j));
-                w[j] = _mm256_and_si256(v, low);
-                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                const __m256i lo = _mm256_and_si256(v, low);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                w[2 * j] = _mm256_and_si256(lo, even);
+                w[2 * j + 1] = _mm256_srli_epi16(lo, 8);
+                w[8 + 2 * j] = _mm256_and_si256(hi, even);
+                w[8 + 2 * j + 1] = _mm256_srli_epi16(hi, 8);
             }
             const __m256 vdw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dw + (t * nb + b) * 16 + 8 * h)));
             const __m256 vmw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mw + (t * nb + b) * 16 + 8 * h)));
 #pragma GCC unroll 8
             for (int r = 0; r < MR; r++) {
-                const int32_t *xg = (const int32_t *)(qx + r * K + b * GROUP);
+                const int32_t *xp = (const int32_t *)(qx + r * K + b * GROUP);
                 __m256i dot = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int g = 0; g < 8; g++) {
-                    /* q <= 15, |qx| <= 127: a pair's sum fits int16 without saturating */
-                    const __m256i pairs = _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(xg[g]));
-                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
-                }
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) /* |w x| <= 15 * 32767: a pair fits int32 */
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(w[i], _mm256_set1_epi32(xp[i])));
                 const __m256 scale = _mm256_mul_ps(vdw, _mm256_set1_ps(dx[r * nb + b]));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
                 acc[r] = _mm256_fmadd_ps(vmw, _mm256_set1_ps(sx[r * nb + b]), acc[r]);
@@ -171,7 +183,7 @@ static inline __attribute__((always_inline)) void tile_rows(
     }
 }
 #else
-static inline void tile_rows(int MR, const int8_t *qx, const float *dx, const float *sx,
+static inline void tile_rows(int MR, const int16_t *qx, const float *dx, const float *sx,
                              int64_t K, const uint8_t *qw, const uint16_t *dw,
                              const uint16_t *mw, int64_t t, float *y, int64_t N) {
     const int64_t nb = K / GROUP;
@@ -180,13 +192,15 @@ static inline void tile_rows(int MR, const int8_t *qx, const float *dx, const fl
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *p = qw + (t * nb + b) * 256 + 4 * c;
-                const int8_t *xb = qx + r * K + b * GROUP;
+                const int16_t *xb = qx + r * K + b * GROUP; /* the header's order */
                 int32_t dot = 0;
-                for (int j = 0; j < 4; j++)
-                    for (int e = 0; e < 4; e++) {
-                        const int v = p[64 * j + e];
-                        dot += (v & 15) * xb[4 * j + e] + (v >> 4) * xb[16 + 4 * j + e];
+                for (int j = 0; j < 4; j++) {
+                    const int e[4] = {0, 2, 1, 3};
+                    for (int k = 0; k < 4; k++) {
+                        const int v = p[64 * j + e[k]];
+                        dot += (v & 15) * xb[4 * j + k] + (v >> 4) * xb[16 + 4 * j + k];
                     }
+                }
                 const float scale = half_to_float(dw[(t * nb + b) * 16 + c]) * dx[r * nb + b];
                 acc = fmaf((float)dot, scale, acc);
                 acc = fmaf(half_to_float(mw[(t * nb + b) * 16 + c]), sx[r * nb + b], acc);
@@ -197,7 +211,7 @@ static inline void tile_rows(int MR, const int8_t *qx, const float *dx, const fl
 #endif
 
 #define ROWS(MR)                                                                           \
-    static void rows_##MR(const int8_t *qx, const float *dx, const float *sx, int64_t K,  \
+    static void rows_##MR(const int16_t *qx, const float *dx, const float *sx, int64_t K,  \
                           const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,      \
                           float *y, int64_t N, int threads) {                             \
         _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1)") \
@@ -213,7 +227,7 @@ ROWS(6)
 ROWS(7)
 ROWS(8)
 
-typedef void (*rows_fn)(const int8_t *, const float *, const float *, int64_t,
+typedef void (*rows_fn)(const int16_t *, const float *, const float *, int64_t,
                         const uint8_t *, const uint16_t *, const uint16_t *, float *, int64_t,
                         int);
 static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
@@ -224,7 +238,7 @@ static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
 int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
            const uint16_t *mw, float *y, int64_t N, int threads) {
     const int64_t nb = K / GROUP;
-    int8_t *qx = malloc((size_t)(R * K));
+    int16_t *qx = malloc((size_t)(R * K) * sizeof(int16_t));
     float *dx = malloc((size_t)(R * nb) * sizeof(float));
     float *sx = malloc((size_t)(R * nb) * sizeof(float));
     if (!qx || !dx || !sx) {

@@ -1,13 +1,19 @@
-"""4-bit weight x 8-bit activation products on the CPU: the kernel of the packed target.
+"""4-bit weight x 16-bit activation products on the CPU: the kernel of the packed target.
 
 The product (qmm.c's header has it in full): a weight kept in blocks of 32 input columns,
 w = dw q + mw with q in 0..15 and fp16 dw, mw (GGUF's Q4_1), against activations quantised
-per row and block as llama.cpp quantises its Q8 activations (dx = max|x| / 127, qx = round(x /
-dx) in -127..127): y = sum_b dot_b dw dx + mw sx, with dot_b the block's exact integer dot
-product and sx = dx sum(qx). The integer work runs as 8-bit dot products (AVX512-VNNI, or AVX2's
-multiply-add pairs), one block's weights unpacked once for up to 8 rows: so a forward of a few
-rows costs little more than one (measured in docs/benchmarks.md), where torch's own int4
+per row and block to 16 bits (dx = max|x| / 32767, qx = round(x / dx) in -32767..32767):
+y = sum_b dot_b dw dx + mw sx, with dot_b the block's exact integer dot product and
+sx = dx sum(qx). The integer work runs as 16-bit dot products (AVX512-VNNI's vpdpwssd, or
+AVX2's multiply-add pairs), one block's weights unpacked once for up to 8 rows: so a forward of
+a few rows costs little more than one (measured in docs/benchmarks.md), where torch's own int4
 kernel (fp32 multiply-adds on bf16 activations) costs in proportion to the rows past one.
+
+Why 16 bits and not llama.cpp's 8: an activation's rounding step (a 32767th of its block's
+largest) is finer than bf16's, so a float-order difference upstream (attention over two shapes
+of forward) seldom flips a rounding; with 8-bit activations it did often enough that `sd` on
+`embedded-q4` left its own greedy's tokens at a near tie on 4 of 8 held-out prompts (the bf16
+kernel: 1 of 8), for about a tenth of speed.
 
 qmm.c is built once per machine by the C compiler (``$CC``, else ``cc`` / ``gcc``) with
 ``-march=native`` into the cache (:func:`engine.core.paths.cache_root`/kernels), keyed by the
@@ -39,6 +45,7 @@ from engine.core.paths import cache_root
 
 GROUP = 32  # input columns a block
 TILE = 16  # output columns a tile of the packed layout
+LEVELS = 32767  # an activation's largest quantised size: 16 bits
 SOURCE = Path(__file__).with_name("qmm.c")
 FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
 OPENMP = "-fopenmp"
@@ -81,11 +88,11 @@ def unpack(qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor, n: int, k: int
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (R, K) fp32 -> qx (R, K / G, G) fp32 integers in -127..127, dx and sx (R, K / G):
-    the activation quantisation of qmm.c, in torch."""
+    """x (R, K) fp32 -> qx (R, K / G, G) fp32 integers in -LEVELS..LEVELS, dx and sx
+    (R, K / G): the activation quantisation of qmm.c, in torch (inputs in their own order)."""
     r, k = x.shape
     xb = x.view(r, k // GROUP, GROUP)  # (R, nb, G)
-    dx = xb.abs().amax(-1) / 127.0  # (R, nb)
+    dx = xb.abs().amax(-1) / float(LEVELS)  # (R, nb)
     inv = torch.where(dx != 0, 1.0 / dx, torch.zeros_like(dx))  # (R, nb)
     qx = torch.round(xb * inv[..., None])  # (R, nb, G), half to even as nearbyintf
     return qx, dx, dx * qx.sum(-1)

@@ -1,5 +1,5 @@
 """4-bit packed linears (engine.core.packed4) on a tiny llama written as a GGUF (Q4_1 linears,
-a Q8_0 head): lossless packing, the 8-bit activations' bound, row independence, the engine's greedy
+a Q8_0 head): lossless packing, the 16-bit activations' bound, row independence, the engine's greedy
 on the packed model, refusals."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_packing_q4_1_is_lossless(packed):
         assert torch.equal(m.dequantize(), w), name
 
 
-def test_packed_layer_stays_within_the_8_bit_activation_bound_of_the_dequantised_layer(
+def test_packed_layer_stays_within_the_16_bit_activation_bound_of_the_dequantised_layer(
         packed):
     model, expected = packed
     gen = torch.Generator().manual_seed(0)
@@ -85,7 +85,7 @@ def test_packed_layer_stays_within_the_8_bit_activation_bound_of_the_dequantised
         assert y.shape == ref.shape and y.dtype == torch.float32
         bound = _bound(m, x.view(-1, m.in_features)).view_as(ref)
         assert ((y - ref).abs() <= bound).all(), name
-        assert (y - ref).abs().max() > 0  # 8-bit activations: not the fp32 product itself
+        assert (y - ref).abs().max() > 0  # 16-bit activations: not the fp32 product itself
 
 
 def test_packing_a_q8_0_head_is_lossless_and_keeps_its_tied_weight(packed_head):
@@ -96,7 +96,7 @@ def test_packing_a_q8_0_head_is_lossless_and_keeps_its_tied_weight(packed_head):
     assert torch.equal(head.weight, expected["lm_head"])  # the dense weight it was tied to
 
 
-def test_packed_head_stays_within_the_8_bit_activation_bound_of_the_dequantised_head(
+def test_packed_head_stays_within_the_16_bit_activation_bound_of_the_dequantised_head(
         packed_head):
     model, expected = packed_head
     head, w = model.get_output_embeddings(), expected["lm_head"]
@@ -104,7 +104,7 @@ def test_packed_head_stays_within_the_8_bit_activation_bound_of_the_dequantised_
     y, ref = head(x), x @ w.T  # (5, V)
     assert y.dtype == torch.float32
     assert ((y - ref).abs() <= _bound(head, x)).all()
-    assert (y - ref).abs().max() > 0  # 8-bit activations: not the fp32 product itself
+    assert (y - ref).abs().max() > 0  # 16-bit activations: not the fp32 product itself
 
 
 def test_a_packed_product_of_many_rows_equals_its_one_row_products(packed_head):

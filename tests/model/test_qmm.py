@@ -1,4 +1,4 @@
-"""engine.core.qmm, the 4-bit x 8-bit kernel of the packed target: its layout round-trips,
+"""engine.core.qmm, the 4-bit x 16-bit kernel of the packed target: its layout round-trips,
 the C build equals the torch reference, every code path of qmm.c gives the same bits, a row's
 output depends on its row alone, and the op is fit for torch.compile."""
 
@@ -57,13 +57,13 @@ def test_the_built_kernel_equals_the_torch_reference(packed):
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
 
 
-def test_the_reference_quantises_activations_as_llama_cpp_does():
+def test_the_reference_quantises_activations_to_16_bits_of_their_blocks_largest():
     x = torch.zeros(1, qmm.GROUP)
-    x[0, :3] = torch.tensor([2.54, -1.0, 0.01])
+    x[0, :3] = torch.tensor([3.2767, -1.0, 0.00005])
     qx, dx, sx = qmm.quantize(x)
-    assert dx[0, 0] == pytest.approx(2.54 / 127)
-    assert qx[0, 0, :3].tolist() == [127.0, -50.0, 0.0]
-    assert sx[0, 0] == pytest.approx(dx[0, 0] * 77)
+    assert dx[0, 0] == pytest.approx(1e-4)
+    assert qx[0, 0, :3].tolist() == [32767.0, -10000.0, 0.0]  # 0.5 steps: to even
+    assert sx[0, 0] == pytest.approx(dx[0, 0] * 22767)
 
 
 def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packed):
@@ -75,7 +75,7 @@ def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packe
     def truncating(v):  # the negative control: round toward zero instead of to nearest
         r, k = v.shape
         xb = v.view(r, k // qmm.GROUP, qmm.GROUP)
-        dx = xb.abs().amax(-1) / 127.0
+        dx = xb.abs().amax(-1) / float(qmm.LEVELS)
         qx = torch.trunc(xb / dx.clamp_min(1e-30)[..., None])
         return qx, dx, dx * qx.sum(-1)
 
@@ -85,7 +85,8 @@ def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packe
         wrong = qmm.reference(x, qw, dw, mw, 48)
     finally:
         qmm.quantize = right
-    assert (y - wrong).abs().max() > 1e-3
+    # the tolerance the right reference meets (test above) rejects the wrong one
+    assert not torch.allclose(y, wrong, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name,march,defines", [
