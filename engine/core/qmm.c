@@ -21,9 +21,10 @@
  * 16 t + c, q[32 b + 4 j + e] in its low nibble and q[32 b + 16 + 4 j + e] in its high one.
  * So P_j's low nibbles are input group j (4 inputs) and its high nibbles group j + 4. Widened to
  * 16 bits, a group's bytes e = 0, 2 and e = 1, 3 make two vectors of 16 columns x 2 inputs:
- * one VNNI instruction (vpdpwssd) each. The activations are laid out to match (quantize_rows):
- * per block, for each group g (inputs i = 4 g, or 16 + 4 (g - 4)), x[i], x[i + 2], x[i + 1],
- * x[i + 3].
+ * one 16-bit multiply-add (AVX2's madd_epi16) each. The activations are laid out to match
+ * (quantize_rows): per block, for each group g (inputs i = 4 g), x[i], x[i + 2], x[i + 1],
+ * x[i + 3]. The AVX512-VNNI path keeps the bytes as they are (a group is one 8-bit VNNI
+ * product for 16 columns) and takes each activation as two bytes (tile_rows there).
  * dw and mw: fp16, (tile, block, 16).
  */
 #include <math.h>
@@ -84,54 +85,67 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int16_t *qx, flo
             const float d = amax / 32767.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             int sum = 0;
+#if PATH == 512
+            /* as two byte planes in input order: the low bytes (0..255), then the high ones
+             * (-128..127), q = 256 hi + lo */
+            uint8_t *lo = (uint8_t *)(qx + r * K + b * GROUP), *hi = lo + GROUP;
+            (void)order;
+            for (int k = 0; k < GROUP; k++) {
+                const int q = (int)nearbyintf(xb[k] * id);
+                lo[k] = (uint8_t)(q & 255);
+                hi[k] = (uint8_t)(int8_t)((q - (q & 255)) / 256);
+                sum += q;
+            }
+#else
             for (int k = 0; k < GROUP; k++) {
                 const int q = (int)nearbyintf(xb[order[k]] * id);
                 qx[r * K + b * GROUP + k] = (int16_t)q;
                 sum += q;
             }
+#endif
             dx[r * nb + b] = d;
             sx[r * nb + b] = d * (float)sum;
         }
 }
 
 #if PATH == 512
-/* MR rows against tile t: acc[r] holds the tile's 16 columns */
+/* MR rows against tile t: acc[r] holds the tile's 16 columns. A 16-bit activation is
+ * 256 hi + lo with lo in 0..255 and hi in -128..127, so a dot product is 256 times the weights'
+ * with the high bytes plus theirs with the low bytes: two 8-bit VNNI products (vpdpbusd), the
+ * unsigned operand the weights (0..15) in the first, the low bytes in the second. */
 static inline __attribute__((always_inline)) void tile_rows(
     int MR, const int16_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
     const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
     const int64_t nb = K / GROUP;
-    const __m512i low = _mm512_set1_epi8(15), even = _mm512_set1_epi32(0x00FF00FF);
+    const __m512i low = _mm512_set1_epi8(15);
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = qw + (t * nb + b) * 256;
-        __m512i w[16]; /* group g's inputs (e = 0, 2), then (e = 1, 3), as int16 */
+        __m512i w[8]; /* group g: 16 columns x 4 inputs, one byte each */
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
-            const __m512i lo = _mm512_and_si512(v, low);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            w[2 * j] = _mm512_and_si512(lo, even);
-            w[2 * j + 1] = _mm512_srli_epi16(lo, 8);
-            w[8 + 2 * j] = _mm512_and_si512(hi, even);
-            w[8 + 2 * j + 1] = _mm512_srli_epi16(hi, 8);
+            w[j] = _mm512_and_si512(v, low);
+            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
         const __m512 vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dw + (t * nb + b) * 16)));
         const __m512 vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mw + (t * nb + b) * 16)));
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            const int32_t *xp = (const int32_t *)(qx + r * K + b * GROUP); /* 16 pairs */
-            /* four independent chains (integer sums: any order gives the same dot) */
-            __m512i d4[4];
+            const int32_t *xl = (const int32_t *)(qx + r * K + b * GROUP); /* low bytes */
+            const int32_t *xh = xl + GROUP / 4;                             /* high bytes */
+            __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                d4[i] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w[i], _mm512_set1_epi32(xp[i]));
-#pragma GCC unroll 12
-            for (int i = 4; i < 16; i++)
-                d4[i % 4] = _mm512_dpwssd_epi32(d4[i % 4], w[i], _mm512_set1_epi32(xp[i]));
-            const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(d4[0], d4[1]),
-                                                 _mm512_add_epi32(d4[2], d4[3]));
+            for (int g = 0; g < 8; g += 2) {
+                h0 = _mm512_dpbusd_epi32(h0, w[g], _mm512_set1_epi32(xh[g]));
+                h1 = _mm512_dpbusd_epi32(h1, w[g + 1], _mm512_set1_epi32(xh[g + 1]));
+                l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xl[g]), w[g]);
+                l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xl[g + 1]), w[g + 1]);
+            }
+            const __m512i dot = _mm512_add_epi32(
+                _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8), _mm512_add_epi32(l0, l1));
             const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
             acc[r] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);

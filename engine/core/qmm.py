@@ -13,7 +13,7 @@ Why 16 bits and not llama.cpp's 8: an activation's rounding step (a 32767th of i
 largest) is finer than bf16's, so a float-order difference upstream (attention over two shapes
 of forward) seldom flips a rounding; with 8-bit activations it did often enough that `sd` on
 `embedded-q4` left its own greedy's tokens at a near tie on 4 of 8 held-out prompts (the bf16
-kernel: 1 of 8), for about a tenth of speed.
+kernel: 1 of 8; 16 bits: none), for about a tenth of speed.
 
 qmm.c is built once per machine by the C compiler (``$CC``, else ``cc`` / ``gcc``) with
 ``-march=native`` into the cache (:func:`engine.core.paths.cache_root`/kernels), keyed by the
