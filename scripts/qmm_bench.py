@@ -9,7 +9,7 @@ and 1536 wide, 192-row k and v), 66 MB of 4-bit weights, more than the last-leve
 pass streams its weights from memory, as a decode step does. The head is 49152 x 576 Q8_0 run
 as qmm runs it (one 4-bit weight of twice the inputs) and, for torch, as two int4 halves.
 torch's kernel takes bf16 activations (its fast path); qmm takes fp32. One torch thread; the
-two kernels alternate per number of rows; medians of --reps.
+four products run in turn every repeat; medians of --reps.
 """
 
 from __future__ import annotations
@@ -44,14 +44,17 @@ def weight(n: int, k: int, gen: torch.Generator) -> dict:
     return {"n": n, "k": k, "qw": qw, "dw": dw, "mw": mw, "int4": packed, "sz": sz}
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+def interleaved_ms(fns: list, reps: int) -> list[float]:
+    """Median ms of each of `fns`, run in turn each repeat (after one warm-up each)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    for _ in range(reps):
+        for fn, spent in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 def main() -> None:
@@ -79,10 +82,9 @@ def main() -> None:
             for w in ws:
                 torch.ops.aten._weight_int4pack_mm_for_cpu(xb[w["k"]], w["int4"], 32, w["sz"])
 
-        cells = [median_ms(lambda: ours(layers), args.reps),
-                 median_ms(lambda: theirs(layers), args.reps),
-                 median_ms(lambda: ours([head_q4]), args.reps),
-                 median_ms(lambda: theirs(head_halves), args.reps)]
+        cells = interleaved_ms([lambda: ours(layers), lambda: theirs(layers),
+                                lambda: ours([head_q4]), lambda: theirs(head_halves)],
+                               args.reps)
         print(f"| {r} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
 
 

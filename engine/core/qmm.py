@@ -4,10 +4,11 @@ The product (qmm.c's header has it in full): a weight kept in blocks of 32 input
 w = dw q + mw with q in 0..15 and fp16 dw, mw (GGUF's Q4_1), against activations quantised
 per row and block to 16 bits (dx = max|x| / 32767, qx = round(x / dx) in -32767..32767):
 y = sum_b dot_b dw dx + mw sx, with dot_b the block's exact integer dot product and
-sx = dx sum(qx). The integer work runs as 16-bit dot products (AVX512-VNNI's vpdpwssd, or
-AVX2's multiply-add pairs), one block's weights unpacked once for up to 8 rows: so a forward of
-a few rows costs little more than one (measured in docs/benchmarks.md), where torch's own int4
-kernel (fp32 multiply-adds on bf16 activations) costs in proportion to the rows past one.
+sx = dx sum(qx). The integer work runs as 8-bit dot products on AVX512-VNNI (a 16-bit
+activation as 256 hi + lo: two vpdpbusd products) or 16-bit multiply-add pairs on AVX2, one
+block's weights unpacked once for up to 8 rows: so a forward of a few rows costs little more
+than one (measured in docs/benchmarks.md), where torch's own int4 kernel (fp32 multiply-adds on
+bf16 activations) costs in proportion to the rows past one.
 
 Why 16 bits and not llama.cpp's 8: an activation's rounding step (a 32767th of its block's
 largest) is finer than bf16's, so a float-order difference upstream (attention over two shapes
@@ -184,9 +185,13 @@ def library() -> ctypes.CDLL | None:
 
 def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
              mw: torch.Tensor, n: int) -> torch.Tensor:
-    """x (R, K) fp32 times the packed weight (N, K) by `lib` -> (R, N) fp32."""
+    """x (R, K) fp32 times the packed weight (N, K) by `lib` -> (R, N) fp32 (ValueError for
+    another dtype or width: the library reads raw memory)."""
     x = x.contiguous()  # (R, K): a compiled graph may hand over any strides
     r, k = x.shape
+    if x.dtype != torch.float32 or k % GROUP or qw.numel() * 2 != n * k:
+        raise ValueError(f"qmm: x {tuple(x.shape)} {x.dtype} does not fit a packed "
+                         f"{n}x{qw.numel() * 2 // max(n, 1)} weight")
     y = torch.empty(r, n)  # (R, N)
     if lib.qmm_q4(x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(),
                   y.data_ptr(), n, torch.get_num_threads()) != 0:

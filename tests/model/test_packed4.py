@@ -251,3 +251,36 @@ def test_a_shortlisted_head_over_a_packed_head_runs_its_rows_in_4_bits(packed_he
     others = torch.ones(out.shape[-1], dtype=torch.bool)
     others[ids] = False
     assert (out[:, others] == torch.finfo(out.dtype).min).all()  # q is 0 off the shortlist
+
+
+def test_a_q8_0_head_whose_scales_overflow_fp16_times_128_is_refused_in_one_line():
+    from engine.core.packed4 import Q8Blocks
+
+    q = torch.ones(16, GROUP, dtype=torch.int8)  # (out, in)
+    d = torch.full((16, 1), 1000.0).half()  # -128 d = -128000: beyond fp16
+    with pytest.raises(ConfigError, match="cannot pack big: its scales overflow fp16 x 128"):
+        Packed8Linear(Q8Blocks("big", q, d), nn.Parameter(torch.zeros(16, GROUP)))
+
+
+def test_quantize_linears_swaps_the_linears_inside_a_module_not_the_module_itself():
+    from engine.core.packed4 import quantize_linears
+
+    block = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16))  # 16 inputs: kept
+    assert quantize_linears(block) == 1
+    assert isinstance(block[0], Packed4Linear) and type(block[2]) is nn.Linear
+    with pytest.raises(ConfigError, match="not itself"):
+        quantize_linears(nn.Linear(32, 16))
+
+
+def test_a_shortlisted_head_under_autograd_uses_its_dense_rows(packed_head):
+    from engine.drafters.early_exit import ShortlistHead
+
+    model, _ = packed_head
+    ids = torch.tensor([1, 5, 9])
+    head = ShortlistHead(model.get_output_embeddings(), ids)
+    h = torch.randn(2, head.weight.shape[1], generator=torch.Generator().manual_seed(5),
+                    requires_grad=True)
+    out = head(h)[:, ids]  # (2, 3): the dense rows, so a gradient reaches h
+    torch.testing.assert_close(out, h @ head.weight.T)
+    out.sum().backward()
+    assert h.grad is not None and h.grad.abs().sum() > 0

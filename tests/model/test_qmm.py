@@ -172,3 +172,11 @@ def test_without_the_library_a_packed_layer_runs_the_torch_reference(monkeypatch
         monkeypatch.delenv("SPECVIZ_QMM")
         qmm.library.cache_clear()
     assert qmm.path() != "torch"
+
+
+def test_an_input_that_does_not_fit_the_packed_weight_is_refused(packed):
+    _, (qw, dw, mw) = packed
+    with pytest.raises(ValueError, match="does not fit"):
+        qmm.run_with(qmm.library(), _x(2, 96, seed=10).double(), qw, dw, mw, 48)
+    with pytest.raises(ValueError, match="does not fit"):
+        qmm.run_with(qmm.library(), _x(2, 64, seed=10), qw, dw, mw, 48)
