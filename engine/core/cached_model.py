@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +67,24 @@ def decoder_call(decoder: torch.nn.Module, cache_kw: dict, inputs: dict) -> torc
     """decoder_step with its cache keyword already made (a compiled step traces no cached
     signature lookup)."""
     return decoder(**inputs, **cache_kw, use_cache=True).last_hidden_state
+
+
+_OWN_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder -> its call
+
+
+def own_decoder_call(decoder: torch.nn.Module):
+    """:func:`decoder_call` with a code object of its own for ``decoder``. torch.compile keeps
+    its graphs per code object, and the compiled path skips its guards on modules
+    (static_kv._compile: a loaded model's modules never change), so a graph traced for one
+    model must never be offered to another: with one shared code object, a step of one model
+    replayed another's graph (a packed model met an unpacked one's weights and fell back to
+    eager)."""
+    fn = _OWN_CALLS.get(decoder)
+    if fn is None:
+        code = decoder_call.__code__.replace(co_name=f"decoder_call_{len(_OWN_CALLS)}")
+        fn = types.FunctionType(code, decoder_call.__globals__, code.co_name)
+        _OWN_CALLS[decoder] = fn
+    return fn
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -264,7 +284,8 @@ class CachedModel:
         W, q = pos.shape
         if self.kv.cache.written + q > self.kv.slots - static_kv.SPARE_SLOTS or W > self.kv.rows:
             self._grow(W, self.kv.cache.written + q)
-        step = functools.partial(decoder_call, self.model.model,
+        call = own_decoder_call(self.model.model) if self.mode == "compiled" else decoder_call
+        step = functools.partial(call, self.model.model,
                                  cache_kwarg(self.model.model, self.kv.cache))  # holds no
         # runner: a captured step outlives this run in the pool
         out, path = static_kv.run_step(self.kv, step, inputs, mask, pos,

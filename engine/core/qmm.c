@@ -248,24 +248,32 @@ static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
                                    rows_5, rows_6, rows_7, rows_8};
 
 /* y (R, N) fp32 = x (R, K) fp32 times the packed weight (N, K); K a multiple of 32, N of 16.
- * Returns 0, or -1 when the scratch memory could not be had. */
+ * The rows come in chunks of `period` (R a multiple of it), of which the first `live` are real
+ * and the rest padding (a fixed-shape step's padded tokens): only real rows are computed, a
+ * padding row's output is 0 (live >= period: every row is real). Returns 0, or -1 when the
+ * scratch memory could not be had. */
 int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
-           const uint16_t *mw, float *y, int64_t N, int threads) {
+           const uint16_t *mw, float *y, int64_t N, int threads, int64_t period, int64_t live) {
+    if (period <= 0 || live >= period || R % period) period = live = R;
     const int64_t nb = K / GROUP;
-    int16_t *qx = malloc((size_t)(R * K) * sizeof(int16_t));
-    float *dx = malloc((size_t)(R * nb) * sizeof(float));
-    float *sx = malloc((size_t)(R * nb) * sizeof(float));
+    int16_t *qx = malloc((size_t)(live * K + 1) * sizeof(int16_t));
+    float *dx = malloc((size_t)(live * nb + 1) * sizeof(float));
+    float *sx = malloc((size_t)(live * nb + 1) * sizeof(float));
     if (!qx || !dx || !sx) {
         free(qx);
         free(dx);
         free(sx);
         return -1;
     }
-    quantize_rows(x, R, K, qx, dx, sx);
-    for (int64_t r0 = 0; r0 < R; r0 += 8) {
-        const int64_t mr = R - r0 < 8 ? R - r0 : 8;
-        ROWS_OF[mr](qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, qw, dw, mw, y + r0 * N, N,
-                    threads);
+    for (int64_t c = 0; c < R; c += period) {
+        quantize_rows(x + c * K, live, K, qx, dx, sx);
+        for (int64_t r0 = 0; r0 < live; r0 += 8) {
+            const int64_t mr = live - r0 < 8 ? live - r0 : 8;
+            ROWS_OF[mr](qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, qw, dw, mw,
+                        y + (c + r0) * N, N, threads);
+        }
+        if (live < period)
+            memset(y + (c + live) * N, 0, (size_t)((period - live) * N) * sizeof(float));
     }
     free(qx);
     free(dx);

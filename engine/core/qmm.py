@@ -29,6 +29,7 @@ calls go to the library directly.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -37,6 +38,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -162,7 +164,7 @@ def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(out))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.qmm_q4.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int]
+    lib.qmm_q4.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int, i64, i64]
     lib.qmm_q4.restype = ctypes.c_int
     lib.qmm_path.restype = ctypes.c_int
     return lib
@@ -183,6 +185,31 @@ def library() -> ctypes.CDLL | None:
     return build(cache_root() / "kernels" / f"qmm-{key}.so")
 
 
+class _Padding(threading.local):
+    """The padding of the products run in this thread (see :func:`padded_rows`)."""
+
+    period = 0  # rows a chunk (0: no padding declared)
+    live = 0  # real rows at the start of each chunk
+
+
+_PADDING = _Padding()
+
+
+@contextlib.contextmanager
+def padded_rows(period: int, live: int):
+    """Within: the products this thread runs take rows in chunks of ``period`` (a fixed-shape
+    step's fed tokens per beam row) whose first ``live`` rows are real and the rest padding.
+    The library computes the real rows only and gives a padding row 0 (a product whose rows
+    are not whole chunks computes every row); a real row's bits do not change, as a row's
+    output never depends on the other rows. The torch reference computes every row."""
+    saved = _PADDING.period, _PADDING.live
+    _PADDING.period, _PADDING.live = period, live
+    try:
+        yield
+    finally:
+        _PADDING.period, _PADDING.live = saved
+
+
 def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
              mw: torch.Tensor, n: int) -> torch.Tensor:
     """x (R, K) fp32 times the packed weight (N, K) by `lib` -> (R, N) fp32 (ValueError for
@@ -194,7 +221,8 @@ def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tens
                          f"{n}x{qw.numel() * 2 // max(n, 1)} weight")
     y = torch.empty(r, n)  # (R, N)
     if lib.qmm_q4(x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(),
-                  y.data_ptr(), n, torch.get_num_threads()) != 0:
+                  y.data_ptr(), n, torch.get_num_threads(), _PADDING.period,
+                  _PADDING.live) != 0:
         raise MemoryError("qmm: no scratch memory for the activations")
     return y
 

@@ -52,6 +52,7 @@ from weakref import WeakKeyDictionary
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from engine.core import qmm
 from engine.core.errors import ConfigError
 from engine.core.placement import is_placed
 
@@ -268,7 +269,8 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
         cache.written = start + q
         return out, "static"
     _fill(graph, kv, inputs, mask, pos, start)
-    graph.graph.replay()
+    with qmm.padded_rows(b, q):  # a packed model's products skip the padded tokens
+        graph.graph.replay()
     cache.written = start + q
     path = "captured" if pos.device.type == "cuda" else "compiled" if compiled else "padded"
     return graph.out[:, :q].clone(), path

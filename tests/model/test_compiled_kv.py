@@ -60,3 +60,28 @@ def test_a_compiled_model_leases_buffers_sized_for_its_run(compiled):
                                                   static_kv.COMPILED_MIN_SLOTS)
     assert cached.kv.slots < static_kv.MIN_SLOTS
     assert static_kv.slots_for(10, 256) == 256
+
+
+def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled, monkeypatch):
+    from engine.core import qmm
+    from engine.core.packed4 import quantize_linears
+
+    plain = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # two layers: quick to compile
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    engine.generate(plain, prompt, "sd", max_new_tokens=16, gamma=4, controller="fixed")
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # the same shapes, packed below:
+    # its steps must not replay the plain model's graphs
+    assert quantize_linears(pair.target.model) == 2 * 7  # every linear of its layers
+    declared = []  # (period, live) of every product a step ran
+    run_with = qmm.run_with
+
+    def spy(*args):
+        declared.append((qmm._PADDING.period, qmm._PADDING.live))
+        return run_with(*args)
+
+    monkeypatch.setattr(qmm, "run_with", spy)
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16)
+    trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=4, controller="fixed")
+    assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+    assert (8, 5) in declared  # 1 + 4 fed tokens padded to a step of 8: 3 rows skipped
+    assert trace.stats.step_paths.get("target:compiled", 0) == len(trace.rounds)

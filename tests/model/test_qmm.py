@@ -180,3 +180,41 @@ def test_an_input_that_does_not_fit_the_packed_weight_is_refused(packed):
         qmm.run_with(qmm.library(), _x(2, 96, seed=10).double(), qw, dw, mw, 48)
     with pytest.raises(ValueError, match="does not fit"):
         qmm.run_with(qmm.library(), _x(2, 64, seed=10), qw, dw, mw, 48)
+
+
+@pytest.mark.parametrize("period,live", [(4, 1), (4, 3), (8, 5)])
+def test_padded_rows_are_skipped_and_real_rows_keep_their_bits(packed, period, live):
+    _, (qw, dw, mw) = packed
+    x = _x(2 * period, 96, seed=11)  # two chunks: a fixed-shape step of two beam rows
+    full = qmm.matmul(x, qw, dw, mw, 48)  # (2 period, 48)
+    with qmm.padded_rows(period, live):
+        y = qmm.matmul(x, qw, dw, mw, 48)  # (2 period, 48)
+    real = (torch.arange(2 * period) % period) < live  # (2 period,)
+    assert torch.equal(y[real], full[real])
+    assert not y[~real].any() and full[~real].any()  # the padding was not computed
+
+
+def test_padding_that_does_not_cut_the_rows_into_chunks_computes_every_row(packed):
+    _, (qw, dw, mw) = packed
+    x = _x(6, 96, seed=12)
+    with qmm.padded_rows(4, 1):  # 6 rows are not chunks of 4: another product's rows
+        y = qmm.matmul(x, qw, dw, mw, 48)
+    assert torch.equal(y, qmm.matmul(x, qw, dw, mw, 48))
+
+
+def test_padding_is_declared_per_thread_and_restored_on_exit(packed):
+    import threading
+
+    _, (qw, dw, mw) = packed
+    x = _x(4, 96, seed=13)
+    seen = {}
+    with qmm.padded_rows(4, 2):
+        worker = threading.Thread(target=lambda: seen.setdefault(
+            "other", qmm.matmul(x, qw, dw, mw, 48)))
+        worker.start()
+        worker.join()
+        with qmm.padded_rows(4, 1):
+            pass
+        inner = qmm.matmul(x, qw, dw, mw, 48)
+    assert torch.equal(seen["other"], qmm.matmul(x, qw, dw, mw, 48))  # no padding there
+    assert inner[:2].any() and not inner[2:].any()  # the outer declaration is back
