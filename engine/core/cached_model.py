@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from engine.core import static_kv
+from engine.core import attention, static_kv
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import ROOT, TreeBuffers
 from engine.core.layout import head_logits, layout_for
@@ -124,6 +124,8 @@ class CachedModel:
         # compiled
         if self.mode == "compiled" and type(self)._inputs is not CachedModel._inputs:
             self.mode = "static"  # embeddings fed (a feature drafter): not compiled
+        if self.mode == "compiled":
+            attention.use_grouped(model)  # no copy of K/V per head in a compiled step
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)
