@@ -361,7 +361,9 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
         torch._dynamo.mark_static_address(layer.keys)
         torch._dynamo.mark_static_address(layer.values)
     return torch.compile(forward, dynamic=False, options={
-        "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+        "size_asserts": False})  # no check of every input's and product's strides at each
+    # call (about a thousand a step of the embedded model; the shapes are fixed)
 
 
 class _EagerReplay:
