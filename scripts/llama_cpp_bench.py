@@ -17,10 +17,10 @@ llama.cpp greedy (temperature 0, a persistent subprocess of the side environment
 token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` and on
 `embedded-q4` (with ``--compiled`` also on `embedded-q4`'s compiled path, SPECVIZ_KV=compiled),
 one after another (the compiled runners first run every prompt once, untimed, so every step
-shape is compiled before timing). Prints tokens/s min / median / max per runner, the ratios of medians, the
-engine's mean tokens per target forward (a drafter's acceptance on each target), and for each
-speculative runner on how many prompts its tokens equal the greedy runner's of the same target
-and path (last repeat).
+shape is compiled before timing). Prints tokens/s min / median / max per runner, the ratios
+of medians, the engine's mean tokens per target forward (a drafter's acceptance on each
+target), and for each speculative runner on how many prompts its tokens equal the greedy
+runner's of the same target and path (last repeat).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ repeats every key/value head for each of its query heads (``repeat_kv``): induct
 a copy of the whole K/V buffer per layer and step (the compiled path attends every slot of
 its buffer), then runs torch's CPU flash kernel for a handful of queries. For the packed
 embedded target (3 key/value heads for 9 query heads, 256-512 slots) that was about 2.7 of a
-15 ms compiled step (docs/benchmarks.md, "Grouped attention on the compiled path").
+15 ms compiled step (docs/benchmarks.md, "Compiled steps: grouped attention, skipped
+padding").
 
 :func:`grouped_attention` computes the same attention without the copy: the query heads that
 share a key/value head are stacked as rows, one batched product per key/value head against

@@ -24,7 +24,8 @@ rows, and :func:`reference` is the same computation in torch: the tests' oracle 
 fallback (slow: it unpacks the weight on every call) where no compiler is found.
 
 Under ``torch.compile`` the product is the op ``specviz::qmm`` (opaque to inductor); eager
-calls go to the library directly.
+calls go to the library directly. A fixed-shape step (the compiled path) declares its padded
+tokens with :func:`padded_rows`, and the library skips those rows.
 """
 
 from __future__ import annotations
