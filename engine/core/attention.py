@@ -26,7 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "specviz_grouped"
-_UNSUPPORTED = ("softcap", "sliding_window", "s_aux", "sinks")  # kwargs the grouped path lacks
+_UNSUPPORTED = ("softcap", "sliding_window", "s_aux", "sinks", "position_bias")  # kwargs the
+# grouped path lacks
 
 
 def grouped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

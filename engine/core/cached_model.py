@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import types
 import weakref
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ def decoder_call(decoder: torch.nn.Module, cache_kw: dict, inputs: dict) -> torc
 
 
 _OWN_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder -> its call
+_CALL_NUMBERS = itertools.count()  # the copies' names
 
 
 def own_decoder_call(decoder: torch.nn.Module):
@@ -81,7 +83,7 @@ def own_decoder_call(decoder: torch.nn.Module):
     eager)."""
     fn = _OWN_CALLS.get(decoder)
     if fn is None:
-        code = decoder_call.__code__.replace(co_name=f"decoder_call_{len(_OWN_CALLS)}")
+        code = decoder_call.__code__.replace(co_name=f"decoder_call_{next(_CALL_NUMBERS)}")
         fn = types.FunctionType(code, decoder_call.__globals__, code.co_name)
         _OWN_CALLS[decoder] = fn
     return fn

@@ -254,26 +254,34 @@ static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
  * scratch memory could not be had. */
 int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
            const uint16_t *mw, float *y, int64_t N, int threads, int64_t period, int64_t live) {
-    if (period <= 0 || live >= period || R % period) period = live = R;
-    const int64_t nb = K / GROUP;
-    int16_t *qx = malloc((size_t)(live * K + 1) * sizeof(int16_t));
-    float *dx = malloc((size_t)(live * nb + 1) * sizeof(float));
-    float *sx = malloc((size_t)(live * nb + 1) * sizeof(float));
-    if (!qx || !dx || !sx) {
+    if (period <= 0 || live < 0 || live >= period || R % period) period = live = R;
+    const int64_t nb = K / GROUP, chunks = period ? R / period : 0, L = live * chunks;
+    /* the real rows of every chunk, one after another: blocks of 8 rows span the chunks */
+    int16_t *qx = malloc((size_t)(L * K + 1) * sizeof(int16_t));
+    float *dx = malloc((size_t)(L * nb + 1) * sizeof(float));
+    float *sx = malloc((size_t)(L * nb + 1) * sizeof(float));
+    float *out = live == period ? y : malloc((size_t)(L * N + 1) * sizeof(float));
+    if (!qx || !dx || !sx || !out) {
         free(qx);
         free(dx);
         free(sx);
+        if (out != y) free(out);
         return -1;
     }
-    for (int64_t c = 0; c < R; c += period) {
-        quantize_rows(x + c * K, live, K, qx, dx, sx);
-        for (int64_t r0 = 0; r0 < live; r0 += 8) {
-            const int64_t mr = live - r0 < 8 ? live - r0 : 8;
-            ROWS_OF[mr](qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, qw, dw, mw,
-                        y + (c + r0) * N, N, threads);
+    for (int64_t c = 0; c < chunks; c++)
+        quantize_rows(x + c * period * K, live, K, qx + c * live * K, dx + c * live * nb,
+                      sx + c * live * nb);
+    for (int64_t r0 = 0; r0 < L; r0 += 8) {
+        const int64_t mr = L - r0 < 8 ? L - r0 : 8;
+        ROWS_OF[mr](qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, qw, dw, mw, out + r0 * N, N,
+                    threads);
+    }
+    if (out != y) { /* each chunk's real rows back in place, its padding rows 0 */
+        for (int64_t c = 0; c < chunks; c++) {
+            memcpy(y + c * period * N, out + c * live * N, (size_t)(live * N) * sizeof(float));
+            memset(y + (c * period + live) * N, 0, (size_t)((period - live) * N) * sizeof(float));
         }
-        if (live < period)
-            memset(y + (c + live) * N, 0, (size_t)((period - live) * N) * sizeof(float));
+        free(out);
     }
     free(qx);
     free(dx);

@@ -360,7 +360,10 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     for layer in cache.layers:
         torch._dynamo.mark_static_address(layer.keys)
         torch._dynamo.mark_static_address(layer.values)
-    return torch.compile(forward, dynamic=False, options={
+    return torch.compile(forward, dynamic=False, fullgraph=True, options={  # fullgraph: a
+        # graph break would compile the model's inner frames on code objects every model
+        # shares (cached_model.own_decoder_call separates the step's own), so it fails the
+        # capture instead and the shape runs eager
         "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
         "size_asserts": False})  # no check of every input's and product's strides at each
     # call (about a thousand a step of the embedded model; the shapes are fixed)

@@ -182,14 +182,15 @@ def test_an_input_that_does_not_fit_the_packed_weight_is_refused(packed):
         qmm.run_with(qmm.library(), _x(2, 64, seed=10), qw, dw, mw, 48)
 
 
-@pytest.mark.parametrize("period,live", [(4, 1), (4, 3), (8, 5)])
+@pytest.mark.parametrize("period,live", [(4, 1), (4, 3), (8, 5), (2, 0)])
 def test_padded_rows_are_skipped_and_real_rows_keep_their_bits(packed, period, live):
     _, (qw, dw, mw) = packed
-    x = _x(2 * period, 96, seed=11)  # two chunks: a fixed-shape step of two beam rows
-    full = qmm.matmul(x, qw, dw, mw, 48)  # (2 period, 48)
+    x = _x(5 * period, 96, seed=11)  # five chunks: a fixed-shape step of five beam rows (the
+    # real rows of several chunks share the kernel's 8-row blocks)
+    full = qmm.matmul(x, qw, dw, mw, 48)  # (5 period, 48)
     with qmm.padded_rows(period, live):
-        y = qmm.matmul(x, qw, dw, mw, 48)  # (2 period, 48)
-    real = (torch.arange(2 * period) % period) < live  # (2 period,)
+        y = qmm.matmul(x, qw, dw, mw, 48)  # (5 period, 48)
+    real = (torch.arange(5 * period) % period) < live  # (5 period,)
     assert torch.equal(y[real], full[real])
     assert not y[~real].any() and full[~real].any()  # the padding was not computed
 
