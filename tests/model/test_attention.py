@@ -71,6 +71,24 @@ def test_a_compiled_forward_takes_the_grouped_path():
                                attention.grouped(query, key, value, mask, 0.25))
 
 
+@pytest.mark.parametrize("case", ["no mask", "sliding window", "dropout"])
+def test_a_compiled_forward_the_grouped_path_does_not_cover_goes_to_sdpa(case):
+    query, key, value, mask = _inputs(1, 4, 2, 2, S=24, seed=4)
+    module = _Heads(2)
+    kw = {"sliding_window": 8} if case == "sliding window" else {}
+    dropout = 0.5 if case == "dropout" else 0.0
+    m = None if case == "no mask" else mask
+
+    def f(qu, k, v):
+        return attention.grouped_attention(module, qu, k, v, m, dropout=dropout, scaling=0.25,
+                                           **kw)[0]
+
+    torch._dynamo.reset()
+    graph = torch._dynamo.explain(f)(query, key, value)
+    ops = {str(n.target) for g in graph.graphs for n in g.graph.nodes}
+    assert any("scaled_dot_product" in op for op in ops), case
+
+
 def test_only_a_model_on_sdpa_is_given_the_grouped_attention():
     model = tiny_pair().target
     assert model.config._attn_implementation == "sdpa"
