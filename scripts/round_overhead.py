@@ -1,19 +1,24 @@
 """Where a round's time goes on the CPU: ms per round per phase (propose, score, verify,
 commit, observe), the score phase split into the target's forward (decoder + LM head) and the
-bookkeeping around it, and the share of a round that is neither the target's forward nor the
-drafter's forwards (issue 37, part 2).
+bookkeeping around it, the share of a round that is neither the target's forward nor the
+drafter's forwards, and what a round verifies (forest nodes per round; of the drafts on the
+verified path, the share accepted).
 
     SPECVIZ_THREADS=1 taskset -c 1 .venv/bin/python scripts/round_overhead.py \\
         [--target embedded-q4] [--prompts 3] [--repeats 2] [--methods greedy,sd,mcsd] \\
+        [--prompts-file assets/sets/specbench_mini.jsonl] [--preset] [--warm-all] \\
         [--out overhead.json]
 
-The first --prompts held-out prompts (assets/heldout/heldout.jsonl), chat template, 48 new
-tokens, each method with the embedded preset's settings (PARAMS: sd gamma 3 fixed, mcsd 2x2
-with the confidence controller, given explicitly: the embedded-q4 pair has no preset row of
-its own), one warm-up run per method, then the runs interleaved per
-prompt and repeat. The forwards are timed by wrapping CachedModel._decode and the LM head
-(engine.core.cached_model.head_logits) of every runner: the target's inside the score phase,
-the drafter's (its runner is a CachedModel too) inside propose and commit.
+The first --prompts prompts of --prompts-file (default the held-out set,
+assets/heldout/heldout.jsonl; pass a tuning set such as specbench_mini to tune on it), chat
+template, 48 new tokens. Each method runs with the embedded pair's settings (PARAMS: sd gamma 3
+fixed, mcsd 2x2 with the confidence controller, given explicitly), or with --preset the
+target's own defaults (its preset row, as a plain run gets them). One warm-up run per method
+(--warm-all: on every prompt, so every compiled step shape is built before timing; with
+SPECVIZ_KV=compiled), then the runs interleaved per prompt and repeat. The forwards are timed
+by wrapping CachedModel._decode and the LM head (engine.core.cached_model.head_logits) of
+every runner: the target's inside the score phase, the drafter's (its runner is a
+CachedModel too) inside propose and commit.
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ def run_once(pair, prompt: str, method: str, params: dict, clock: ForwardClock) 
     rounds = trace.rounds
     phases = {p: sum(r.timings.get(p, 0.0) for r in rounds) for p in PHASES}
     return {"tokens": list(trace.token_ids), "wall": wall, "rounds": len(rounds),
+            "nodes": sum(len(r.nodes) for r in rounds),
+            "drafted": sum(r.drafted for r in rounds), "accepted": sum(r.accepted for r in rounds),
             "phases": phases, "target_fwd": clock.spent["target"],
             "draft_fwd": clock.spent["draft"]}
 
@@ -109,6 +116,9 @@ def summary(runs: list[dict]) -> dict:
         "overhead_ms": round(total - target - draft, 3),
         "overhead_share": round((total - target - draft) / total, 3),
         "tokens_per_round": round(tokens / n_rounds, 3),
+        "nodes_per_round": round(sum(r["nodes"] for r in runs) / n_rounds, 3),
+        "accepted_per_drafted": round(sum(r["accepted"] for r in runs)
+                                      / max(sum(r["drafted"] for r in runs), 1), 3),
         "tok_s_median": round(statistics.median(len(r["tokens"]) / r["wall"] for r in runs), 2),
         "tok_s_total": round(tokens / sum(r["wall"] for r in runs), 2),
     }
@@ -120,19 +130,26 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--methods", default="greedy,sd,mcsd")
+    ap.add_argument("--prompts-file", default="assets/heldout/heldout.jsonl",
+                    help="jsonl of {prompt}: the held-out set by default, a tuning set to tune")
+    ap.add_argument("--preset", action="store_true",
+                    help="each method with the target's own preset row (engine defaults)")
+    ap.add_argument("--warm-all", action="store_true",
+                    help="warm up on every prompt, not the first only (compiled steps)")
     ap.add_argument("--profile", default="", help="cProfile one method's runs into this file")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lines = (ROOT / "assets/heldout/heldout.jsonl").read_text().splitlines()
+    lines = (ROOT / args.prompts_file).read_text().splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines[: args.prompts]]
     methods = args.methods.split(",")
     pair = engine.load_pair(args.target, device="cpu")
-    params = {m: dict(PARAMS.get(m, {})) for m in methods}
+    params = {m: ({} if args.preset else dict(PARAMS.get(m, {}))) for m in methods}
     clock = ForwardClock()
     clock.install()
-    for m in methods:  # warm-up
-        run_once(pair, prompts[0], m, params[m], clock)
+    for m in methods:  # warm-up (--warm-all: every prompt, so every compiled shape is built)
+        for prompt in (prompts if args.warm_all else prompts[:1]):
+            run_once(pair, prompt, m, params[m], clock)
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     for rep in range(args.repeats):
         for prompt in prompts:
@@ -159,6 +176,8 @@ def main() -> None:
               f"{s['score_forward_ms']:.2f} + book {s['score_bookkeeping_ms']:.2f}; draft fwd "
               f"{s['draft_forward_ms']:.2f}; overhead {s['overhead_ms']:.2f} ms "
               f"({100 * s['overhead_share']:.0f} %); {s['tokens_per_round']:.2f} tok/round; "
+              f"{s['nodes_per_round']:.2f} nodes/round, {s['accepted_per_drafted']:.2f} of "
+              f"the verified path's drafts accepted; "
               f"{s['tok_s_median']:.2f} tok/s median ({s['tok_s_total']:.2f} overall)")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
