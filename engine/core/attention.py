@@ -2,11 +2,11 @@
 
 Traced by torch.compile, transformers' ``sdpa`` attention (given a mask, on a CPU) first
 repeats every key/value head for each of its query heads (``repeat_kv``): inductor makes that
-a copy of the whole K/V buffer per layer and step (the compiled path attends every slot of
-its buffer), then runs torch's CPU flash kernel for a handful of queries. For the packed
-embedded target (3 key/value heads for 9 query heads, 256-512 slots) that was about 2.7 of a
-15 ms compiled step (docs/benchmarks.md, "Compiled steps: grouped attention, skipped
-padding").
+a copy of the whole attended K/V view per layer and step (the compiled path attends a
+fixed-size view of its buffer), then runs torch's CPU flash kernel for a handful of queries.
+For the packed embedded target (3 key/value heads for 9 query heads, 256-512 slots attended
+then) that was about 2.7 of a 15 ms compiled step (docs/benchmarks.md, "Compiled steps:
+grouped attention, skipped padding").
 
 :func:`grouped_attention` computes the same attention without the copy: the query heads that
 share a key/value head are stacked as rows, one batched product per key/value head against

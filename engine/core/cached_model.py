@@ -39,9 +39,6 @@ from engine.core.layout import head_logits, layout_for
 from engine.core.placement import input_device
 
 RESERVE = 512  # slots leased beyond the prompt (a longer run moves to a larger buffer)
-COMPILED_RESERVE = 128  # the same on the compiled path, whose steps attend every slot: a
-# 40-token prompt gets 512 slots, not 1024 (a compiled greedy step of embedded-q4: 48 against
-# 30 tokens/s, one thread)
 # Families whose forest forward is verified against sequential decoding in tests.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -163,11 +160,9 @@ class CachedModel:
         set, if any, goes back to the pool)."""
         if self.kv is not None:
             static_kv.release(self.kv)
-        if self.mode == "compiled":
-            self.kv = static_kv.lease(self.model, rows, length + COMPILED_RESERVE, self,
-                                      static_kv.COMPILED_MIN_SLOTS)
-        else:
-            self.kv = static_kv.lease(self.model, rows, length + RESERVE, self)
+        self.kv = static_kv.lease(self.model, rows, length + RESERVE, self)  # (a compiled
+        # step attends a view of it, static_kv.view_for: one buffer size serves most runs,
+        # so their step shapes compile once)
         self.cache = self.kv.cache
 
     def _grow(self, rows: int, length: int) -> None:

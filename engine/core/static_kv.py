@@ -21,8 +21,11 @@ measured rule):
   weights are packed (docs/benchmarks.md, "Compiled steps on the CPU"). A shape compiles in
   about a minute on one thread the first time on a machine (inductor keeps its work on disk
   for later processes), so the mode is chosen (``SPECVIZ_KV=compiled``), never the default,
-  and a model fed embeddings (a feature drafter) runs it static. Attention covers all of a
-  buffer's slots, so the buffers are sized tighter (CachedModel's COMPILED_RESERVE). Fused
+  and a model fed embeddings (a feature drafter) runs it static. A compiled step attends
+  a view of the buffer, the first :func:`view_for` slots (a power of two from
+  COMPILED_MIN_VIEW that holds the row's real slots): a shape is (rows, bucket, view), and
+  attention's cost follows the run's length, not the buffer's, and runs of most lengths share
+  one buffer size and so their compiled shapes. Fused
   kernels sum in another order: results equal the eager path's up to float rounding, as the
   captured path's do. On CUDA it is the captured path.
 
@@ -65,7 +68,7 @@ RECOMPILE_LIMIT = 64  # compiled step shapes per process (dynamo's default, 8, w
 # ninth shape to eager silently)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed tokens per row of a captured step; more runs eager
 MIN_SLOTS = 1024  # the smallest buffer (slots per row); larger ones are powers of two
-COMPILED_MIN_SLOTS = 256  # the same for a compiled model, whose steps attend every slot
+COMPILED_MIN_VIEW = 128  # the fewest slots a compiled step attends; more in powers of two
 SPARE_SLOTS = 64  # kept free at a buffer's end: capture warm-ups and padded slots land there
 
 
@@ -87,6 +90,14 @@ def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
 def bucket(q: int) -> int | None:
     """The smallest captured step that fits q fed tokens per row (None: run it eager)."""
     return next((b for b in BUCKETS if b >= q), None)
+
+
+def view_for(length: int, slots: int) -> int:
+    """The slots a compiled step attends when the row holds ``length`` real slots after it:
+    the smallest power of two >= length, at least COMPILED_MIN_VIEW, at most the buffer's
+    ``slots`` (a step compiles once per view; attention's cost grows with the view, not the
+    buffer)."""
+    return min(slots, 1 << (max(length, COMPILED_MIN_VIEW) - 1).bit_length())
 
 
 def slots_for(length: int, minimum: int = MIN_SLOTS) -> int:
@@ -141,7 +152,8 @@ _SlotLayer = _complete(_SlotLayer)
 class SlotCache(Cache):
     """A transformers ``Cache`` over preallocated (R, H, S, D) buffers: ``update`` writes the
     fed keys and values of rows [0, rows) at ``slots`` and returns slots [0, view) of those
-    rows (the attended width: the written prefix eager, all S slots when captured)."""
+    rows (the attended width: the written prefix eager, all S slots when captured, a
+    power-of-two view when compiled)."""
 
     def __init__(self, layers: list[_SlotLayer]):
         super().__init__(layers=layers)
@@ -261,7 +273,8 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
     b = bucket(q) if captured else None
     if compiled and q <= COMPILED_MAX_TOKENS:
         b = bucket(q)
-    graph = _graph(kv, forward, inputs, W, b, compiled) if b is not None else None
+    view = view_for(start + q, kv.slots) if compiled else kv.slots
+    graph = _graph(kv, forward, inputs, W, b, compiled, view) if b is not None else None
     if graph is None:
         cache.rows, cache.view = W, start + q
         cache.slots = torch.arange(start, start + q, device=pos.device)  # (q,)
@@ -288,21 +301,23 @@ def _fill(g: _Graph, kv: KVSet, inputs: dict, mask: torch.Tensor, pos: torch.Ten
     g.inputs[name][:, :q].copy_(inputs[name])
     g.inputs["position_ids"].zero_()  # (W, b)
     g.inputs["position_ids"][:, :q].copy_(pos)
-    full = g.inputs["attention_mask"]  # (W, 1, b, S)
+    full = g.inputs["attention_mask"]  # (W, 1, b, view)
     full.fill_(torch.finfo(full.dtype).min)
     full[:, :, :q, : mask.shape[-1]].copy_(mask)  # (W, 1, q, kv) of the real queries
     full[:, :, q:, 0] = 0  # padded queries: slot 0 only
 
 
 def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
-           compiled: bool = False) -> _Graph | None:
-    """The captured step of (W rows, b fed tokens, this input kind), captured on first use;
-    None where capture failed (that shape then runs eager, recorded as static)."""
+           compiled: bool = False, view: int | None = None) -> _Graph | None:
+    """The captured step of (W rows, b fed tokens, this input kind; compiled: attending the
+    first ``view`` slots), captured on first use; None where capture failed (that shape then
+    runs eager, recorded as static). A captured step attends every slot."""
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
-    key = (W, b, name)
+    key = (W, b, name, view) if compiled else (W, b, name)
     if key not in kv.graphs:
         try:
-            kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name, compiled)
+            kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name, compiled,
+                                      view if compiled else None)
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - a shape that cannot be captured runs eager
@@ -313,23 +328,24 @@ def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
 
 
 def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
-             name: str, compiled: bool = False) -> _Graph:
+             name: str, compiled: bool = False, view: int | None = None) -> _Graph:
     """Capture one step shape: its static inputs write the spare end of the buffer, so the
-    warm-up and the capture never touch a live slot. Raises what the capture raised (the
-    stream is synchronised first)."""
+    warm-up and the capture never touch a live slot; it attends the first ``view`` slots
+    (default: all). Raises what the capture raised (the stream is synchronised first)."""
     cache, dev = kv.cache, sample.device
+    view = kv.slots if view is None else view
     dtype = cache.layers[0].keys.dtype
     shape = (W, b) if name == "input_ids" else (W, b, int(sample.shape[-1]))
     inputs = {name: torch.zeros(shape, dtype=sample.dtype, device=dev),
               "position_ids": torch.zeros((W, b), dtype=torch.long, device=dev),
-              "attention_mask": torch.zeros((W, 1, b, kv.slots), dtype=dtype, device=dev)}
+              "attention_mask": torch.zeros((W, 1, b, view), dtype=dtype, device=dev)}
     slots = torch.arange(kv.slots - b, kv.slots, device=dev)  # (b,) the spare end
     saved = (cache.rows, cache.view, cache.slots)
-    cache.rows, cache.view, cache.slots = W, kv.slots, slots
+    cache.rows, cache.view, cache.slots = W, view, slots
     try:
         if dev.type != "cuda":
             step = _compile(forward, cache) if compiled else forward
-            replay = _EagerReplay(step, inputs, cache, (W, kv.slots, slots))
+            replay = _EagerReplay(step, inputs, cache, (W, view, slots))
             return _Graph(replay, inputs, slots, replay.out)
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))

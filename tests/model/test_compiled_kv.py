@@ -1,8 +1,8 @@
 """The compiled path (``SPECVIZ_KV=compiled``, engine.core.static_kv): on a CPU the captured
 path's fixed-shape steps compiled by inductor. Its runs equal generate() at temperature 0 and
 draw the dynamic path's tokens under the same seed on a tiny model; forwards of more tokens
-than a compiled step takes, and a drafter fed embeddings, run on the static path; buffers
-are sized for steps that attend every slot."""
+than a compiled step takes, and a drafter fed embeddings, run on the static path; a step
+attends a power-of-two view of its buffer that grows with the run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import engine
 from engine.core import static_kv
-from engine.core.cached_model import COMPILED_RESERVE, CachedModel
+from engine.core.cached_model import RESERVE, CachedModel
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.slow  # each step shape compiles (seconds on a tiny model)
@@ -52,14 +52,11 @@ def test_sampled_runs_draw_the_dynamic_paths_tokens_under_the_same_seed(monkeypa
     assert runs["compiled"] == runs["dynamic"]
 
 
-def test_a_compiled_model_leases_buffers_sized_for_its_run(compiled):
+def test_a_compiled_model_leases_the_static_paths_buffers(compiled):
     pair = tiny_pair()
     cached = CachedModel(pair.target)
     cached.start(torch.tensor([[3, 4, 5]]))
-    assert cached.kv.slots == static_kv.slots_for(3 + COMPILED_RESERVE,
-                                                  static_kv.COMPILED_MIN_SLOTS)
-    assert cached.kv.slots < static_kv.MIN_SLOTS
-    assert static_kv.slots_for(10, 256) == 256
+    assert cached.kv.slots == static_kv.slots_for(3 + RESERVE) == static_kv.MIN_SLOTS
 
 
 def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled, monkeypatch):
@@ -85,3 +82,26 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
     assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
     assert (8, 5) in declared  # 1 + 4 fed tokens padded to a step of 8: 3 rows skipped
     assert trace.stats.step_paths.get("target:compiled", 0) == len(trace.rounds)
+
+
+def test_compiled_steps_attend_a_view_that_grows_with_the_run(compiled, monkeypatch):
+    monkeypatch.setattr(static_kv, "COMPILED_MIN_VIEW", 16)  # views of 16, 32 and 64 slots
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=5)
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    for method, params in (("greedy", {}), ("sd", {"gamma": 3, "controller": "fixed"})):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=40, **params)
+        ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40)
+        assert list(trace.token_ids) == ref[0, len(prompt):].tolist(), method
+        assert trace.stats.step_paths.get("target:compiled", 0) == len(trace.rounds)  # the
+        # 10-token prompt too
+    keys = {k for s in static_kv.pool_sets(pair.target) for k in s.graphs}
+    views = {k[3] for k in keys}
+    assert {16, 32, 64} <= views  # the run crossed two view sizes
+    assert max(views) < max(s.slots for s in static_kv.pool_sets(pair.target))
+
+
+def test_a_view_holds_the_rows_real_slots_in_a_power_of_two():
+    assert static_kv.view_for(1, 512) == static_kv.COMPILED_MIN_VIEW
+    assert static_kv.view_for(129, 512) == 256
+    assert static_kv.view_for(256, 512) == 256
+    assert static_kv.view_for(300, 256) == 256  # never past the buffer
