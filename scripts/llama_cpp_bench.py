@@ -112,7 +112,7 @@ def main() -> int:
     for run in runners.values():  # warm-up, not recorded
         run(first, engine.encode_prompt(fp32, first))
     for name, run in runners.items():  # compiled: every prompt once, so every step shape
-        if name.endswith("compiled"):  # (fed tokens, buffer slots) compiles before timing
+        if name.endswith("compiled"):  # (rows, fed tokens, view) compiles before timing
             for row in rows:
                 run(row["prompt"], engine.encode_prompt(fp32, row["prompt"]))
     got: dict[str, list[float]] = {k: [] for k in runners}

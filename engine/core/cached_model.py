@@ -13,9 +13,10 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
   kept path (one index_select over row, head and slot), and reorders or duplicates rows.
 
-The KV storage is one of three paths (:mod:`engine.core.static_kv`): transformers'
-``DynamicCache`` (``dynamic``), preallocated buffers written in place (``static``), or those
-buffers with every step replayed from a captured CUDA graph (``captured``). The slot layout,
+The KV storage is one of four paths (:mod:`engine.core.static_kv`): transformers'
+``DynamicCache`` (``dynamic``), preallocated buffers written in place (``static``), those
+buffers with every step replayed from a captured CUDA graph (``captured``), or, on a CPU, with
+every step compiled by inductor (``compiled``). The slot layout,
 masks and positions are the same on every path; :attr:`CachedModel.served` lists the path of
 each forward since the last :meth:`take_served`.
 """

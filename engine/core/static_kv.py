@@ -37,7 +37,7 @@ order), as with any change of batch shape. Buffers and graphs live in a pool per
 every later run of the same model and width; a :class:`KVSet` is held by one runner at a time
 (a model drafting for itself leases two), and a free set that a larger free set of the same
 rows supersedes is dropped. A shape whose capture fails runs eager from then on; the reason
-is kept (:attr:`KVSet.failed`) and logged once.
+is kept (:attr:`KVSet.failed`) and logged once per shape.
 
 The pool is module state keyed by model, not a pair's: buffers and captured graphs outlive the
 runs (and pairs) that lease them, for as long as the model lives.
@@ -61,11 +61,14 @@ from engine.core.placement import is_placed
 
 LOG = logging.getLogger(__name__)
 Forward = Callable[[dict], torch.Tensor]  # inputs -> (W, q, d) last hidden states
+StepKey = tuple  # a step shape: (rows, bucket, input kind), compiled: + the attended view
 
 MODES = ("dynamic", "static", "captured", "compiled")
 COMPILED_MAX_TOKENS = 16  # fed tokens per row of a compiled step; more run static (eager)
-RECOMPILE_LIMIT = 64  # compiled step shapes per process (dynamo's default, 8, would send the
-# ninth shape to eager silently)
+RECOMPILE_LIMIT = 256  # compiled step shapes per model (dynamo counts per code object, and
+# each model has its own: cached_model.own_decoder_call): rows x bucket x view x buffer size,
+# about 20 for one-row runs in a 1,024-slot buffer. Past it a new shape's capture fails and
+# that shape runs static (logged); dynamo's default, 8, would be reached by one run.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed tokens per row of a captured step; more runs eager
 MIN_SLOTS = 1024  # the smallest buffer (slots per row); larger ones are powers of two
 COMPILED_MIN_VIEW = 128  # the fewest slots a compiled step attends; more in powers of two
@@ -190,9 +193,9 @@ class KVSet:
 
     cache: SlotCache
     slots: int
-    graphs: dict[tuple[int, int, str], _Graph | None] = field(default_factory=dict)  # None:
-    # that shape's capture failed (its reason in `failed`)
-    failed: dict[tuple[int, int, str], str] = field(default_factory=dict)
+    graphs: dict[StepKey, _Graph | None] = field(default_factory=dict)  # None: that shape's
+    # capture failed (its reason in `failed`)
+    failed: dict[StepKey, str] = field(default_factory=dict)
     busy: bool = False
     holder: weakref.finalize | None = None  # releases it when its holder is collected
 
@@ -371,6 +374,8 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     marked as fixed addresses."""
     import torch._dynamo
 
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)  # all models
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                RECOMPILE_LIMIT)
     for layer in cache.layers:

@@ -12,6 +12,7 @@ import torch
 import engine
 from engine.core import static_kv
 from engine.core.cached_model import RESERVE, CachedModel
+from engine.core.forest import ROOT
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.slow  # each step shape compiles (seconds on a tiny model)
@@ -97,7 +98,31 @@ def test_compiled_steps_attend_a_view_that_grows_with_the_run(compiled, monkeypa
     keys = {k for s in static_kv.pool_sets(pair.target) for k in s.graphs}
     views = {k[3] for k in keys}
     assert {16, 32, 64} <= views  # the run crossed two view sizes
-    assert max(views) < max(s.slots for s in static_kv.pool_sets(pair.target))
+
+
+def test_padded_tokens_written_past_the_view_change_no_later_step(compiled, monkeypatch):
+    monkeypatch.setattr(static_kv, "COMPILED_MIN_VIEW", 16)
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=6)
+    monkeypatch.setenv("SPECVIZ_KV", "dynamic")
+    ref = CachedModel(pair.target)
+    monkeypatch.setenv("SPECVIZ_KV", "compiled")
+    got = CachedModel(pair.target)
+    one = torch.tensor([0])
+    none = torch.zeros((1, 0), dtype=torch.long)
+    chain = torch.tensor([[ROOT, 0]])  # two drafted nodes, the second the first's child
+    outs = {}
+    for name, cm in (("ref", ref), ("got", got)):
+        cm.start(torch.tensor([list(range(3, 16))]))  # 13 tokens: bucket 16, view 16
+        steps = [cm.feed().root_logits]
+        cm.commit(one, none, none, torch.tensor([[20]]))
+        nodes = cm.feed(torch.tensor([[21, 22]]), chain)  # 3 fed at slots 13-15 in bucket 4:
+        steps += [nodes.root_logits, nodes.node_logits[0]]  # its padded token writes slot 16,
+        cm.commit(one, torch.tensor([[0, 1]]), torch.tensor([[21, 22]]), torch.tensor([[23]]))
+        steps.append(cm.feed().root_logits)  # past view 16; this step reads slot 16 (view 32)
+        outs[name] = steps
+    assert got.take_served() == ["compiled"] * 3
+    for a, b in zip(outs["got"], outs["ref"]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_a_view_holds_the_rows_real_slots_in_a_power_of_two():
