@@ -45,18 +45,33 @@ def ngram_law(context: np.ndarray, max_n: int = MAX_N, min_n: int = MIN_N,
         occurrence's index) / L), normalised.
     """
     L = len(context)
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(context[:L - 1], n)  # (L - n, n)
-        hits = np.flatnonzero((windows == context[L - n:]).all(axis=1))  # starts i, i + n < L
-        if hits.size == 0:
+    top = min(max_n, L - 1)
+    none = np.zeros(0, dtype=np.int64), np.zeros(0)
+    if top < min_n:
+        return none
+    # every earlier end i < L - 1 of the newest token, then how far back each match holds
+    ends = np.flatnonzero(context[:L - 1] == context[L - 1])  # (h,) ascending
+    length = np.ones(len(ends), dtype=np.int64)  # (h,) matched suffix length, up to top
+    alive = ends
+    for k in range(1, top):
+        held = alive >= k
+        held[held] = context[alive[held] - k] == context[L - 1 - k]
+        alive = alive[held]
+        if alive.size == 0:
+            break
+        length[np.searchsorted(ends, alive)] = k + 1
+    for n in range(top, min_n - 1, -1):
+        last = ends[length >= n]  # an n-gram equal to the suffix ends at each, i + 1 < L
+        if last.size == 0:
             continue
-        followers = context[hits + n]  # (h,)
+        hits = last - n + 1  # (h,) their starts
+        followers = context[last + 1]  # (h,)
         tokens, inverse, counts = np.unique(followers, return_inverse=True, return_counts=True)
         latest = np.zeros(len(tokens))
         np.maximum.at(latest, inverse, hits + 1)  # 1 + latest start of each follower
         weight = counts + RECENCY * latest / L  # (k,)
         return tokens, weight / weight.sum()
-    return np.zeros(0, dtype=np.int64), np.zeros(0)
+    return none
 
 
 def support(logits: torch.Tensor) -> int:
@@ -107,6 +122,7 @@ class NGramRunner:
         self._reset_round()
 
     def _reset_round(self) -> None:
+        self.arrays: list[np.ndarray] = []  # self.rows as arrays (filled by _context)
         self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
         self.laws = Laws(torch.zeros((len(self.rows), 0), dtype=torch.bool))  # the last feed's
 
@@ -131,7 +147,11 @@ class NGramRunner:
         while node != ROOT:
             tok, node = self.nodes[row][node]
             path.append(tok)
-        return np.asarray(self.rows[row] + path[::-1], dtype=np.int64)
+        if len(self.arrays) != len(self.rows):  # the committed rows as arrays, once a round
+            self.arrays = [np.asarray(r, dtype=np.int64) for r in self.rows]
+        if not path:
+            return self.arrays[row]
+        return np.concatenate([self.arrays[row], np.asarray(path[::-1], dtype=np.int64)])
 
     def _write_law(self, out: torch.Tensor, row: int, node: int) -> bool:
         """Write log q after a node (ROOT: after the committed tokens) into ``out`` (V,),

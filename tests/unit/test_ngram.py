@@ -47,6 +47,34 @@ def test_the_suffix_itself_is_never_its_own_match():
     assert law([3, 4], min_n=1) == {}
 
 
+def _law_by_definition(ctx: np.ndarray, max_n: int, min_n: int):
+    """The law read off the definition: every window of the context before its last token
+    compared with the suffix, longest n first."""
+    L = len(ctx)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        starts = [i for i in range(L - n) if list(ctx[i:i + n]) == list(ctx[L - n:])]
+        if starts:
+            weight: dict[int, float] = {}
+            for i in starts:
+                weight[int(ctx[i + n])] = weight.get(int(ctx[i + n]), 0.0) + 1.0
+            for tok in weight:
+                weight[tok] += RECENCY * max(i + 1 for i in starts if ctx[i + n] == tok) / L
+            total = sum(weight.values())
+            return {t: w / total for t, w in weight.items()}
+    return {}
+
+
+def test_the_law_equals_its_definition_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        ctx = rng.integers(0, int(rng.integers(1, 5)), int(rng.integers(0, 40)))
+        for max_n, min_n in ((4, 2), (4, 1), (3, 3), (1, 1), (6, 2)):
+            got = law(ctx, max_n=max_n, min_n=min_n)
+            want = _law_by_definition(ctx, max_n, min_n)
+            assert got.keys() == want.keys()
+            assert all(got[t] == pytest.approx(want[t], rel=1e-12) for t in want)
+
+
 def test_support_counts_the_logits_above_the_dtype_minimum():
     low = torch.finfo(torch.float32).min
     assert support(torch.tensor([0.0, low, -3.0])) == 2
