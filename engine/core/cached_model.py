@@ -8,7 +8,8 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
   full-width additive float 4D mask (transformers 5 uses a 4D mask as given);
 - position_ids = cached length + depth, so a node gets the position it would have in
   sequential decoding (both from :func:`engine.core.forest.attention_inputs`, kept per
-  forest shape across rounds by a :class:`~engine.core.forest.TreeBuffers`);
+  forest shape across rounds and runs by the process's
+  :class:`~engine.core.forest.TreeBuffers`, ``forest.SHARED``);
 - :meth:`feed` returns a :class:`Scored`: logits and hidden states of what it fed;
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
   kept path (one index_select over row, head and slot), and reorders or duplicates rows.
@@ -35,7 +36,8 @@ from transformers import DynamicCache
 
 from engine.core import attention, static_kv
 from engine.core.errors import UnsupportedModelError
-from engine.core.forest import ROOT, TreeBuffers
+from engine.core.forest import ROOT
+from engine.core.forest import SHARED as SHARED_BUFFERS
 from engine.core.layout import head_logits, layout_for
 from engine.core.placement import input_device
 
@@ -130,7 +132,8 @@ class CachedModel:
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)
         self.tail = torch.zeros((1, 0), dtype=torch.long)  # (W, t) committed, not cached
-        self.buffers = TreeBuffers()  # masks and positions per forest shape, across rounds
+        self.buffers = SHARED_BUFFERS  # masks and positions per forest shape, across rounds
+        # and runs
         self._reset_round()
 
     # ----------------------------------------------------------------- state

@@ -7,6 +7,7 @@ to make rows rectangular (padding sees only itself and is never kept).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -127,12 +128,15 @@ class TreeBuffers:
     forward gets it with the prefix prepended, equal to a fresh ``attention_inputs``.
 
     Forwards of more than ``max_query`` fed tokens (a prompt's prefill) are built fresh and not
-    kept; at most ``size`` shapes are kept (the oldest dropped first).
+    kept; at most ``size`` shapes are kept (the oldest dropped first). What is kept depends on
+    the shape alone, so one set serves every model and run of a process (:data:`SHARED`; a
+    lock keeps its threads' updates apart).
     """
 
     def __init__(self, size: int = 64, max_query: int = 64):
         self.size, self.max_query = size, max_query
         self._kept: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()
         self.hits = self.built = 0  # for tests and the curious
 
     def __len__(self) -> int:
@@ -148,22 +152,27 @@ class TreeBuffers:
                                     parents=parents, new_nodes=new_nodes, dtype=dtype)
         key = (tail, new_tail, new_nodes, dtype, parents.device, parents.shape,
                tuple(parents.reshape(-1).tolist()))
-        kept = self._kept.get(key)
+        with self._lock:
+            kept = self._kept.get(key)
+            self.hits += kept is not None
         if kept is None:
             kept = attention_inputs(cached=0, tail=tail, new_tail=new_tail, parents=parents,
                                     new_nodes=new_nodes, dtype=dtype)  # (W, 1, q, tail + f)
-            self._kept[key] = kept
-            self.built += 1
-            if len(self._kept) > self.size:
-                self._kept.popitem(last=False)
-        else:
-            self.hits += 1
+            with self._lock:
+                self._kept[key] = kept
+                self.built += 1
+                while len(self._kept) > self.size:
+                    self._kept.popitem(last=False)
         mask, pos = kept  # (W, 1, q, tail + f), (W, q)
         if cached:
             W, _, q, _ = mask.shape
             prefix = torch.zeros((W, 1, q, cached), dtype=dtype, device=mask.device)
             mask = torch.cat([prefix, mask], dim=3)  # (W, 1, q, cached + tail + f)
         return mask, pos + cached  # (W, 1, q, kv), (W, q)
+
+
+SHARED = TreeBuffers(size=256)  # every CachedModel's: a run of a few rounds (a test's, a
+# short UI run) finds the shapes earlier runs built
 
 
 def children(parents: torch.Tensor, row: int, node: int) -> list[int]:

@@ -9,6 +9,7 @@ last round is in.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import replace
@@ -58,7 +59,8 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
     if wanted is not None:
         built.use_costs(cost_profile(pair, method, full, wanted))
     decoder = Decoder(pair, ids, built, RunConfig.from_params(full),
-                      decode=lambda i: tok.decode([i]))
+                      decode=functools.lru_cache(maxsize=4096)(lambda i: tok.decode([i])))
+    # (a round names each drafted and committed token: one tokenizer call per distinct id)
     return decoder, ids
 
 

@@ -131,21 +131,26 @@ def _recursive_rejection(
     p_1 = p, q_1 = q; accept x_i w.p. min(1, p_i(x_i)/q_i(x_i)); on rejection
     p_{i+1} = norm(max(0, p_i - q_i)) and, for Alg. 2, q_{i+1} = q_i^{¬x_i}.
     """
-    p_cur, q_cur = _f64(p), _f64(q)  # (V,), (V,)
+    p_cur, q_cur = p, q  # read only until the first rejection, then float64 copies
+    copied = False
     tests: list[TestRecord] = []
     mass = 1.0
     for i in range(start, len(candidates)):
         x = int(candidates[i])
-        px, qx = float(p_cur[x]), float(q_cur[x])
+        px, qx = float(p_cur[x]), float(q_cur[x])  # exact in float64 either way
         ratio = _ratio(px, qx)
         ok, u = chooser.accept(ratio)
         if ok:
             tests.append(_record(i, x, px, qx, ratio, u, True, None))
             return TokenVerdict(i, x, tuple(tests), None)
+        if not copied:
+            p_cur, q_cur, copied = _f64(p), _f64(q), True  # (V,), (V,)
         p_cur, mass = residual(p_cur, q_cur)  # (V,) Res^{p_i - q_i}; zero mass falls back
         tests.append(_record(i, x, px, qx, ratio, u, False, mass))
         if update_q:
             q_cur = without(q_cur, [x])  # (V,) q_{i+1} = q_i^{¬x_i}
+    if not copied:  # no candidate tested: the draw is from p itself
+        p_cur = _f64(p)
     return _final_draw(p_cur, candidates, chooser, tests, mass)
 
 

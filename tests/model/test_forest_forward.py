@@ -197,3 +197,24 @@ def test_a_commit_keeps_the_prefix_and_the_kept_slots_whether_they_move_or_not(k
     seq = [5, 6, 7, 8] + tokens[0, kept].tolist() + [14]
     torch.testing.assert_close(cached.feed().root_logits[0], _sequential_logits(model, seq),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_second_run_of_one_forest_shape_reuses_the_first_runs_masks():
+    # masks and positions depend on the forest's shape alone: every CachedModel of the
+    # process shares them, so a later run (another model too) builds none of its shapes
+    tok = torch.tensor([[t for t, _ in TREES[0:1]][0]])
+    par = torch.tensor([[p for _, p in TREES[0:1]][0]])
+    scored = []
+    for model in (_model("llama"), _model("qwen2")):
+        cached = CachedModel(model)
+        cached.start(torch.tensor(PROMPTS[:1]))
+        cached.feed()
+        built = cached.buffers.built
+        scored.append(cached.feed(tok, par))
+        if len(scored) == 2:
+            assert cached.buffers.built == built  # the first model's run built this shape
+    for model, got in zip((_model("llama"), _model("qwen2")), scored):  # and it scores right
+        for i, pj in enumerate(TREES[0][1]):
+            if pj != PAD:
+                ids = PROMPTS[0] + path_tokens(TREES[0][0], TREES[0][1], i)
+                assert (got.node_logits[0, i] - _sequential_logits(model, ids)).abs().max() <= 1e-4
