@@ -2,7 +2,8 @@
 
 Each repeat runs, for every prompt, every listed method and its matching reference
 generate() call (greedy; beam search of the same width for beam methods; sampling at the
-same temperature otherwise) one after the other in this process, after one warm-up of each.
+same temperature otherwise) one after the other in this process, after a warm-up of each
+(:func:`warm_up`).
 Reported: tokens/s, tau, acceptance and the speedup over the matching generate() call as
 min / median / max over prompts x repeats, and whether outputs were identical where the
 method claims it. ``python -m engine bench`` (engine/cli/bench.py) writes the markdown table
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from engine.core import static_kv
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
 from engine.run.costs import run_width
@@ -186,17 +188,25 @@ def markdown_table(summary: list[dict], device: str, meta: dict) -> str:
     return f"Device: {device}; {info}\n\n" + head + "\n".join(lines) + "\n"
 
 
-def warm_up(pair, prompt: str, cases: list[Case], *, raw: bool, common: dict[str, str]) -> None:
-    """One short run of every case and its reference (8 tokens), not recorded."""
-    for c in cases:
-        measure(pair, prompt, c, raw=raw, common={**common, "max_new_tokens": "8"})
+def warm_up(pair, prompts: list[str], cases: list[Case], *, raw: bool,
+            common: dict[str, str]) -> None:
+    """Runs of every case and its reference, not recorded: one short one (8 tokens) on the
+    first prompt; on the compiled CPU path (``SPECVIZ_KV=compiled``) a whole one on every
+    prompt instead, since a compiled step shape (rows, bucket, attended view) compiles on its
+    first use, about a minute for ``embedded-q4``, and a prompt's length picks its views."""
+    device = next(pair.target.parameters()).device
+    if static_kv.kv_mode(device, pair.target) != "compiled":
+        prompts, common = prompts[:1], {**common, "max_new_tokens": "8"}
+    for prompt in prompts:
+        for c in cases:
+            measure(pair, prompt, c, raw=raw, common=common)
 
 
 def interleaved_runs(pair, prompts: list[str], cases: list[Case], *, raw: bool,
                      common: dict[str, str], repeats: int, log=print) -> list[dict]:
     """Every case and its reference, per prompt, per repeat, after one short warm-up of each
-    case (on the first prompt); one row per (repeat, prompt, case)."""
-    warm_up(pair, prompts[0], cases, raw=raw, common=common)
+    case (see warm_up); one row per (repeat, prompt, case)."""
+    warm_up(pair, prompts, cases, raw=raw, common=common)
     rows = []
     for rep in range(repeats):
         for i, prompt in enumerate(prompts):

@@ -1,9 +1,10 @@
 """The set benchmark: every method against its plain decode over a prompt set, resumable.
 
 For each repeat, each prompt and each method, one interleaved pair of runs (the method, then
-the matching generate() call: engine/bench/interleaved.py's ``measure``) after one short
-warm-up of every method. Each finished (prompt id, method label, repeat) appends one JSON line
-to DIR/results.jsonl at once, so a stop (cancel, Ctrl-C, an error) keeps what is done.
+the matching generate() call: engine/bench/interleaved.py's ``measure``) after a warm-up of
+every method (``warm_up``: one short run; on the compiled CPU path a whole run per prompt).
+Each finished (prompt id, method label, repeat) appends one JSON line to DIR/results.jsonl at
+once, so a stop (cancel, Ctrl-C, an error) keeps what is done.
 DIR/run.json holds the arguments (the settings, a digest of the selected prompts, the models,
 device and dtype); a restart with the same arguments skips the rows already there and one
 with other arguments is refused. ``write_summary`` aggregates the rows
@@ -195,8 +196,8 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
     if progress:
         progress(len(rows), plan.total, None)
     if todo and not stop():
-        warm_up(pair, todo[0][1].prompt, list(plan.cases), raw=s.raw,
-                common=_common(s, todo[0][0]))
+        warm_up(pair, list(dict.fromkeys(p.prompt for _, p, _ in todo)), list(plan.cases),
+                raw=s.raw, common=_common(s, todo[0][0]))
     for rep, p, case in todo:
         if stop():
             return SetOutcome(out, tuple(rows), plan.total, False)

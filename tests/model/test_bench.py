@@ -37,3 +37,21 @@ def test_bench_writes_a_table_with_speedups_and_identity(tmp_path, capsys):
         assert 0 < sum(split.values()) <= r["wall_s"] * 1.001
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "| sd:gamma=2 | generate(greedy, width=1) |" in md and "4/4" in md
+
+
+@pytest.mark.parametrize("kv,runs", [("", [("p0", "8")]),
+                                     ("compiled", [("p0", "16"), ("p1", "16")])])
+def test_the_warm_up_runs_every_prompt_whole_on_the_compiled_path(monkeypatch, kv, runs):
+    # a compiled step shape compiles on first use and a prompt's length picks its attended
+    # views: there the warm-up runs every prompt as the timed runs will, elsewhere one short run
+    import engine
+    from engine.bench import interleaved
+
+    pair = engine.load_pair("tiny", device="cpu")
+    seen = []
+    monkeypatch.setattr(interleaved, "measure", lambda pair, prompt, c, raw, common:
+                        seen.append((prompt, common["max_new_tokens"])))
+    monkeypatch.setenv("SPECVIZ_KV", kv)
+    interleaved.warm_up(pair, ["p0", "p1"], parse_methods("greedy"), raw=True,
+                        common={"max_new_tokens": "16"})
+    assert seen == runs
