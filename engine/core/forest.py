@@ -71,12 +71,29 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
 def depths(parents: torch.Tensor) -> torch.Tensor:
     """Depth of every node (1 = child of the root; PAD nodes get 0).
 
+    A forest whose parents come before their children (every method's, drafted level by
+    level) is read in one pass over the ids; any other order goes through the ancestor
+    closure.
+
     Args:
         parents: (W, m) long.
     Returns:
         (W, m) long.
     """
-    return torch.where(parents == PAD, 0, ancestors(parents).sum(-1))  # (W, m)
+    out = []
+    for row in parents.tolist():
+        d: list[int] = []
+        for i, par in enumerate(row):
+            if par == PAD:
+                d.append(0)
+            elif par == ROOT:
+                d.append(1)
+            elif 0 <= par < i and d[par] > 0:
+                d.append(d[par] + 1)
+            else:  # a parent after its child (or below a PAD node)
+                return torch.where(parents == PAD, 0, ancestors(parents).sum(-1))  # (W, m)
+        out.append(d)
+    return torch.tensor(out, dtype=torch.long, device=parents.device).reshape(parents.shape)
 
 
 def attention_inputs(

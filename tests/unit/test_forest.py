@@ -22,6 +22,21 @@ def test_depths_paths_and_children_follow_parent_pointers():
     assert children(par, 0, 0) == [2]
 
 
+def test_depths_count_the_ancestors_in_any_node_order():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):  # random forests, parents first, then shuffled, PAD nodes mixed in
+        m = int(torch.randint(1, 12, (), generator=gen))
+        par = [ROOT if i == 0 or torch.rand((), generator=gen) < 0.3
+               else int(torch.randint(0, i, (), generator=gen)) for i in range(m)]
+        order = torch.randperm(m, generator=gen).tolist()
+        where = {old: new for new, old in enumerate(order)}
+        shuffled = [par[o] if par[o] < 0 else where[par[o]] for o in order]
+        for rows in ([par], [shuffled], [par + [PAD], shuffled + [ROOT]]):
+            t = torch.tensor(rows)
+            want = torch.where(t == PAD, 0, ancestors(t).sum(-1))
+            assert torch.equal(depths(t), want)
+
+
 def test_ancestors_include_the_node_itself_and_stop_at_the_root():
     par = torch.tensor([[ROOT, ROOT, 0, 2, PAD]])
     assert ancestors(par)[0].int().tolist() == [
