@@ -204,8 +204,8 @@ def warm_up(pair, prompts: list[str], cases: list[Case], *, raw: bool,
 
 def interleaved_runs(pair, prompts: list[str], cases: list[Case], *, raw: bool,
                      common: dict[str, str], repeats: int, log=print) -> list[dict]:
-    """Every case and its reference, per prompt, per repeat, after one short warm-up of each
-    case (see warm_up); one row per (repeat, prompt, case)."""
+    """Every case and its reference, per prompt, per repeat, after a warm-up of each case
+    (:func:`warm_up`); one row per (repeat, prompt, case)."""
     warm_up(pair, prompts, cases, raw=raw, common=common)
     rows = []
     for rep in range(repeats):
