@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -189,17 +189,30 @@ def markdown_table(summary: list[dict], device: str, meta: dict) -> str:
 
 
 def warm_up(pair, prompts: list[str], cases: list[Case], *, raw: bool,
-            common: dict[str, str]) -> None:
+            common: dict[str, str], stop: Callable[[], bool] = lambda: False,
+            after_each: Callable[[], None] = lambda: None) -> None:
     """Runs of every case and its reference, not recorded: one short one (8 tokens) on the
-    first prompt; on the compiled CPU path (``SPECVIZ_KV=compiled``) a whole one on every
-    prompt instead, since a compiled step shape (rows, bucket, attended view) compiles on its
-    first use, about a minute for ``embedded-q4``, and a prompt's length picks its views."""
-    device = next(pair.target.parameters()).device
-    if static_kv.kv_mode(device, pair.target) != "compiled":
+    first prompt; where the target or the drafter runs compiled CPU steps
+    (``SPECVIZ_KV=compiled``) a whole one on every prompt instead, since a compiled step shape
+    (rows, bucket, attended view) compiles on its first use, about a minute for
+    ``embedded-q4``, and a prompt's length picks its views (an adaptive run may still meet a
+    shape of its own later). ``stop`` is polled before each run and ``after_each`` called after
+    it (a caller's cancel and pause point)."""
+    if not compiled_steps(pair):
         prompts, common = prompts[:1], {**common, "max_new_tokens": "8"}
     for prompt in prompts:
         for c in cases:
+            if stop():
+                return
             measure(pair, prompt, c, raw=raw, common=common)
+            after_each()
+
+
+def compiled_steps(pair) -> bool:
+    """Whether a run of the pair compiles step shapes on first use (a CPU's compiled path)."""
+    models = (pair.target, pair.drafter.model)  # the drafter protocol: None without a model
+    return any(m is not None and static_kv.kv_mode(pair.device, m) == "compiled"
+               for m in models)
 
 
 def interleaved_runs(pair, prompts: list[str], cases: list[Case], *, raw: bool,

@@ -180,7 +180,8 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
         plan: from :func:`plan_set`.
         out_dir: DIR; created, or resumed when its run.json holds the same arguments.
         progress: called as ``progress(done, total, row)`` once before the first run (row
-            None) and after each appended row.
+            None), after each warm-up run (row None: a pause point) and after each appended
+            row.
         cancelled: polled before each run; True stops after the row in progress.
         max_tokens: cap on an encoded prompt's tokens.
     """
@@ -195,9 +196,10 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
     stop = cancelled or (lambda: False)
     if progress:
         progress(len(rows), plan.total, None)
-    if todo and not stop():
+    if todo and not stop():  # a pause point after each warm-up run, as after each row
         warm_up(pair, list(dict.fromkeys(p.prompt for _, p, _ in todo)), list(plan.cases),
-                raw=s.raw, common=_common(s, todo[0][0]))
+                raw=s.raw, common=_common(s, todo[0][0]), stop=stop,
+                after_each=lambda: progress and progress(len(rows), plan.total, None))
     for rep, p, case in todo:
         if stop():
             return SetOutcome(out, tuple(rows), plan.total, False)

@@ -144,8 +144,9 @@ class TreeBuffers:
     after the prefix is kept per (tail, new_tail, parents, new_nodes, dtype, device) and a
     forward gets it with the prefix prepended, equal to a fresh ``attention_inputs``.
 
-    Forwards of more than ``max_query`` fed tokens (a prompt's prefill) are built fresh and not
-    kept; at most ``size`` shapes are kept (the oldest dropped first). What is kept depends on
+    Forwards of more than ``max_query`` fed tokens (a prompt's prefill) or over a longer tail
+    (a run's first round, whose tail is the prompt) are built fresh and not kept; at most
+    ``size`` shapes are kept (the least recently used dropped first). What is kept depends on
     the shape alone, so one set serves every model and run of a process (:data:`SHARED`; a
     lock keeps its threads' updates apart).
     """
@@ -164,14 +165,16 @@ class TreeBuffers:
         """As :func:`attention_inputs` (same arguments, same values); the caller must not
         write into what it returns (the position ids are fresh, the mask's kept part is
         copied into a fresh mask only where ``cached`` > 0)."""
-        if new_tail + new_nodes > self.max_query:
+        if new_tail + new_nodes > self.max_query or tail > self.max_query:
             return attention_inputs(cached=cached, tail=tail, new_tail=new_tail,
                                     parents=parents, new_nodes=new_nodes, dtype=dtype)
         key = (tail, new_tail, new_nodes, dtype, parents.device, parents.shape,
                tuple(parents.reshape(-1).tolist()))
         with self._lock:
             kept = self._kept.get(key)
-            self.hits += kept is not None
+            if kept is not None:
+                self.hits += 1
+                self._kept.move_to_end(key)
         if kept is None:
             kept = attention_inputs(cached=0, tail=tail, new_tail=new_tail, parents=parents,
                                     new_nodes=new_nodes, dtype=dtype)  # (W, 1, q, tail + f)

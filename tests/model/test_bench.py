@@ -55,3 +55,9 @@ def test_the_warm_up_runs_every_prompt_whole_on_the_compiled_path(monkeypatch, k
     interleaved.warm_up(pair, ["p0", "p1"], parse_methods("greedy"), raw=True,
                         common={"max_new_tokens": "16"})
     assert seen == runs
+    seen.clear()  # a cancel stops it between runs; the pause point follows every run
+    ticks = []
+    interleaved.warm_up(pair, ["p0", "p1"], parse_methods("greedy"), raw=True,
+                        common={"max_new_tokens": "16"}, stop=lambda: len(seen) == 1,
+                        after_each=lambda: ticks.append(len(seen)))
+    assert seen == runs[:1] and ticks == [1]

@@ -45,7 +45,8 @@ def test_rows_are_appended_one_by_one_and_progress_reports_each(tmp_path, pair):
     outcome = run_set(pair, plan, tmp_path / "out",
                       progress=lambda d, t, r: calls.append((d, t, r and r["prompt_id"])))
     assert outcome.finished and outcome.total == 4 and len(outcome.rows) == 4
-    assert calls == [(0, 4, None), (1, 4, "c1"), (2, 4, "k1"), (3, 4, "c1"), (4, 4, "k1")]
+    assert calls == [(0, 4, None), (0, 4, None),  # before the runs, after the one warm-up
+                     (1, 4, "c1"), (2, 4, "k1"), (3, 4, "c1"), (4, 4, "k1")]
     rows = [json.loads(line) for line in _lines(tmp_path / "out")]
     assert [(r["prompt_id"], r["repeat"], r["seed"]) for r in rows] == [
         ("c1", 0, 0), ("k1", 0, 0), ("c1", 1, 1), ("k1", 1, 1)]

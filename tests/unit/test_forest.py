@@ -35,6 +35,9 @@ def test_depths_count_the_ancestors_in_any_node_order():
             t = torch.tensor(rows)
             want = torch.where(t == PAD, 0, ancestors(t).sum(-1))
             assert torch.equal(depths(t), want)
+    below_pad = torch.tensor([[PAD, 0, ROOT, 2]])  # a child of a PAD node (no method makes
+    # one) gets the closure's count, which counts the PAD parent
+    assert depths(below_pad)[0].tolist() == [0, 2, 1, 2]
 
 
 def test_ancestors_include_the_node_itself_and_stop_at_the_root():
@@ -165,6 +168,16 @@ def test_tree_buffers_keep_few_shapes_and_no_prefill():
     mask, pos = buffers.inputs(cached=2, tail=5, new_tail=5, parents=empty, new_nodes=0,
                                dtype=torch.float32)  # 5 fed tokens > max_query: not kept
     assert len(buffers) == 2 and buffers.built == 3
+    buffers.inputs(cached=0, tail=6, new_tail=0, parents=torch.tensor([[ROOT]]), new_nodes=1,
+                   dtype=torch.float32)  # one node after a 6-token tail (a first round's)
+    assert len(buffers) == 2 and buffers.built == 3  # not kept either
+    buffers.inputs(cached=0, tail=2, new_tail=2, parents=empty, new_nodes=0,
+                   dtype=torch.float32)  # a hit makes its shape the newest
+    buffers.inputs(cached=0, tail=4, new_tail=4, parents=empty, new_nodes=0,
+                   dtype=torch.float32)
+    buffers.inputs(cached=0, tail=2, new_tail=2, parents=empty, new_nodes=0,
+                   dtype=torch.float32)
+    assert buffers.built == 4  # tail 2 was kept over tail 3
     fresh = attention_inputs(cached=2, tail=5, new_tail=5, parents=empty, new_nodes=0,
                              dtype=torch.float32)
     assert torch.equal(mask, fresh[0]) and torch.equal(pos, fresh[1])
