@@ -25,9 +25,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from engine.core import forest
 from engine.core.cached_model import Scored, cache_kwarg
 from engine.core.errors import ConfigError
-from engine.core.forest import ROOT, attention_inputs
+from engine.core.forest import ROOT
 from engine.core.layout import head_logits, layout_for
 
 
@@ -71,8 +72,8 @@ class SharedTrunk:
         the cached prefix; returns (1, n, d)."""
         n = h.shape[1]
         no_forest = torch.zeros((1, 0), dtype=torch.long, device=self.device)
-        mask, pos = attention_inputs(cached=start, tail=n, new_tail=n, parents=no_forest,
-                                     new_nodes=0, dtype=self.dtype)  # (1, 1, n, start + n)
+        mask, pos = forest.SHARED.inputs(cached=start, tail=n, new_tail=n, parents=no_forest,
+                                         new_nodes=0, dtype=self.dtype)  # (1, 1, n, start + n)
         emb = self.rotary(h, position_ids=pos)
         with layout_for(self.models[0], n), layout_for(self.models[1], n):
             for layer in layers:
