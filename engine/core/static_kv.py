@@ -414,7 +414,11 @@ def gather(kv: KVSet, W: int, rows: torch.Tensor, prefix: int, node_slots: torch
     cache = kv.cache
     W2, f = node_slots.shape
     identity = W2 == W and bool((rows == torch.arange(W, device=rows.device)).all())
-    if identity and f:
+    in_place = identity and f and bool((node_slots == torch.arange(
+        prefix, prefix + f, device=node_slots.device)).all())  # a chain's accepted drafts
+    if in_place:
+        pass  # the kept nodes already follow the prefix: nothing moves
+    elif identity and f:
         for layer in cache.layers:  # only the kept nodes move, inside their own rows
             for buf in (layer.keys, layer.values):
                 H, D = buf.shape[1], buf.shape[3]

@@ -69,6 +69,28 @@ def test_a_commit_that_reorders_and_duplicates_rows_keeps_each_parents_prefix_an
         torch.testing.assert_close(out.root_logits[r], ref, atol=1e-4, rtol=0)
 
 
+def test_a_chains_accepted_drafts_stay_where_they_are_and_a_trees_move(kv, monkeypatch):
+    model = model_from_config(tiny_config("llama", vocab_size=50), seed=4)
+    prompt = [5, 7, 9]
+    cached = CachedModel(model)
+    cached.start(torch.tensor([prompt]))
+    gathers = []
+    real = torch.Tensor.gather
+    monkeypatch.setattr(torch.Tensor, "gather",
+                        lambda self, *a, **k: gathers.append(1) or real(self, *a, **k))
+    cached.feed(torch.tensor([[10, 11]]), torch.tensor([[ROOT, 0]]))  # a chain, both kept
+    cached.commit(torch.tensor([0]), torch.tensor([[0, 1]]), torch.tensor([[10, 11]]),
+                  torch.tensor([[12]]))
+    assert gathers == []  # slots prefix, prefix + 1: nothing to move
+    cached.feed(torch.tensor([[20, 21]]), torch.tensor([[ROOT, ROOT]]))  # two siblings, the
+    cached.commit(torch.tensor([0]), torch.tensor([[1]]), torch.tensor([[21]]),  # second
+                  torch.tensor([[22]]))  # kept: it moves down one slot
+    assert gathers
+    out = cached.feed()
+    ref = _sequential(model, prompt + [10, 11, 12, 21, 22])
+    torch.testing.assert_close(out.root_logits[0], ref, atol=1e-4, rtol=0)
+
+
 TOKEN_METHODS = [("greedy", {}), ("sd", {"gamma": 3}), ("sd", {"controller": "beta_ts"}),
                  ("mcsd", {"k_config": "4x2x2"}), ("greedy_drafts", {"k_config": "3x2x2"})]
 
