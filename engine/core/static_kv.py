@@ -414,12 +414,11 @@ def gather(kv: KVSet, W: int, rows: torch.Tensor, prefix: int, node_slots: torch
     cache = kv.cache
     W2, f = node_slots.shape
     identity = W2 == W and bool((rows == torch.arange(W, device=rows.device)).all())
-    in_place = identity and f and bool((node_slots == torch.arange(
-        prefix, prefix + f, device=node_slots.device)).all())  # a chain's accepted drafts
-    if in_place:
-        pass  # the kept nodes already follow the prefix: nothing moves
-    elif identity and f:
-        for layer in cache.layers:  # only the kept nodes move, inside their own rows
+    if identity and f:
+        in_place = bool((node_slots == torch.arange(prefix, prefix + f,
+                                                    device=node_slots.device)).all())  # a
+        # chain's accepted drafts already follow the prefix: nothing moves
+        for layer in () if in_place else cache.layers:  # the kept nodes move in their rows
             for buf in (layer.keys, layer.values):
                 H, D = buf.shape[1], buf.shape[3]
                 idx = node_slots[:, None, :, None].expand(W, H, f, D)  # (W, H, f, D)
