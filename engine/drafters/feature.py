@@ -291,23 +291,29 @@ def save_feature(path: Path, target: nn.Module, parts: FeatureParts,
     return save_tensors(path, tensors, meta)
 
 
-def load_feature(target: nn.Module, path: Path) -> FeatureDrafter:
-    """The feature drafter stored in a file; ConfigError (one line) when the file is missing,
-    not a feature drafter, or made for another target."""
+def read_feature(target: nn.Module, path: Path) -> tuple[dict, torch.Tensor | None]:
+    """(fc.* and layer.* in the target's dtype, the shortlist or None) of a weight file;
+    ConfigError (one line) when the file is missing, not a feature drafter, or made for
+    another target."""
     path = Path(path)
     tensors, meta = read_weight_file(path, "feature drafter")
     if meta.get("kind") != "feature":
         raise ConfigError(f"{path} is not a feature drafter's weight file")
     if not same_target(json.loads(meta.get("fingerprint", "{}")), target_fingerprint(target)):
         raise ConfigError(f"feature drafter weights {path} were made for another target")
-    parts = FeatureParts(target)
-    state = {k: v for k, v in tensors.items() if k != "shortlist"}
     dtype = next(target.parameters()).dtype
-    parts.load_state_dict({k: v.to(dtype) for k, v in state.items()})
+    state = {k: v.to(dtype) for k, v in tensors.items() if k != "shortlist"}
+    return state, tensors.get("shortlist")
+
+
+def load_feature(target: nn.Module, path: Path) -> FeatureDrafter:
+    """The feature drafter stored in a file (errors: `read_feature`)."""
+    state, shortlist = read_feature(target, path)
+    parts = FeatureParts(target)
+    parts.load_state_dict(state)
     if is_packed(target):  # fc and the layer in 4 bits too (inference only: this loader's use)
         quantize_linears(parts)
-    return FeatureDrafter(target, parts, tensors.get("shortlist"), trained=True,
-                          source=str(path))
+    return FeatureDrafter(target, parts, shortlist, trained=True, source=str(Path(path)))
 
 
 def feature_drafter(target: nn.Module, weights: str = "") -> FeatureDrafter:

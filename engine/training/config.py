@@ -157,6 +157,7 @@ class FeatureTrainConfig:
     work_dir: str = ""  # feature cache and checkpoints ('' = the model cache)
     no_progress: bool = False
     fresh: bool = False  # ignore a checkpoint of the same run
+    init: str = ""  # a feature.safetensors to start from (its fc, layer and shortlist kept)
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

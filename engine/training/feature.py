@@ -32,8 +32,14 @@ from torch import nn
 
 from engine.core.cached_model import check_supported
 from engine.core.eos import eos_ids
-from engine.core.weights import RECIPE_FILE
-from engine.drafters.feature import FEATURE_FILE, FeatureParts, build_feature_model, save_feature
+from engine.core.weights import RECIPE_FILE, file_digest
+from engine.drafters.feature import (
+    FEATURE_FILE,
+    FeatureParts,
+    build_feature_model,
+    read_feature,
+    save_feature,
+)
 from engine.run.models import _quiet_transformers, cache_root, load_model, resolve_device
 from engine.training.batches import in_batches
 from engine.training.config import FeatureTrainConfig
@@ -54,10 +60,14 @@ NOT_IN_RUN = ("out", "work_dir", "no_progress", "fresh", "threads")
 
 
 class FeatureStudent:
-    """Trainable fc + layer (fp32) over the frozen target's embedding and LM head."""
+    """Trainable fc + layer (fp32) over the frozen target's embedding and LM head; from the
+    seeded start, or from `start` (a saved drafter's fc.* and layer.*)."""
 
-    def __init__(self, target: nn.Module, shortlist: torch.Tensor | None, seed: int):
+    def __init__(self, target: nn.Module, shortlist: torch.Tensor | None, seed: int,
+                 start: dict[str, torch.Tensor] | None = None):
         self.parts = FeatureParts(target, seed=seed)
+        if start is not None:
+            self.parts.load_state_dict(start)
         for p in self.parts.parameters():
             p.requires_grad_(True)
         self.model = build_feature_model(target, self.parts)
@@ -217,8 +227,10 @@ class Optimiser:
         return saved["state"]
 
 
-def _prepare(cfg: FeatureTrainConfig, target: nn.Module, work: Path, progress: bool):
-    """Shards with cached features, the train / held-out split and the shortlist."""
+def _prepare(cfg: FeatureTrainConfig, target: nn.Module, work: Path, progress: bool,
+             shortlist: torch.Tensor | None):
+    """Shards with cached features, the train / held-out split and the shortlist (the one
+    given, a start file's, else built from the training sequences)."""
     from tqdm import tqdm
 
     shards = read_shards(Path(cfg.data), cfg.limit_tokens)
@@ -229,8 +241,8 @@ def _prepare(cfg: FeatureTrainConfig, target: nn.Module, work: Path, progress: b
     train, held = split(shards, cfg.heldout_every)
     held = held[: cfg.eval_sequences] if cfg.eval_sequences else held
     vocab = int(target.get_output_embeddings().weight.shape[0])
-    shortlist = build_shortlist(train, vocab, cfg.shortlist, eos_ids(target)) \
-        if 0 < cfg.shortlist < vocab else None
+    if shortlist is None and 0 < cfg.shortlist < vocab:
+        shortlist = build_shortlist(train, vocab, cfg.shortlist, eos_ids(target))
     return shards, train, held, shortlist
 
 
@@ -245,8 +257,8 @@ def _keep_best(state: dict, ev: dict, epoch: int, student: FeatureStudent) -> No
 def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool = True,
                   on_epoch: Callable[[int], None] | None = None) -> dict:
     """Cache the target's features, train fc + layer, evaluate per epoch (checkpointed),
-    save the best epoch to cfg.out/feature.safetensors and its recipe.json; returns it.
-    `on_epoch(epoch)` runs after each epoch's checkpoint."""
+    save the best epoch so far to cfg.out/feature.safetensors and its recipe.json after every
+    epoch; returns the last recipe. `on_epoch(epoch)` runs after each epoch's checkpoint."""
     from tqdm import tqdm
 
     if cfg.threads:
@@ -255,11 +267,12 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
     _quiet_transformers()
     target, name = load_frozen_target(cfg)
     work = Path(cfg.work_dir) if cfg.work_dir else cache_root() / "train-feature"
-    shards, train, held, shortlist = _prepare(cfg, target, work, progress)
+    start, shortlist = read_feature(target, Path(cfg.init)) if cfg.init else (None, None)
+    shards, train, held, shortlist = _prepare(cfg, target, work, progress, shortlist)
     t_feat = time.perf_counter() - t0
     sample = torch.cat([s.feats[:256].float() for s in train[:512]])  # (n, d)
     scale = float(sample.pow(2).mean().sqrt())  # RMS of the features: the noise's unit
-    student = FeatureStudent(target, shortlist, cfg.seed)
+    student = FeatureStudent(target, shortlist, cfg.seed, start)
     groups = list(in_batches(train, cfg.batch_tokens))
     optim = Optimiser(student, cfg, cfg.epochs * len(groups))
     ckpt, key = work / CHECKPOINT, json.dumps(run_key(cfg, shards), sort_keys=True)
@@ -270,6 +283,36 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
         state = {"epoch": 0, "losses": [], "per_epoch": [], "best": None,
                  "before": evaluate(student, held, cfg.eval_steps)}
     t1, t_eval = time.perf_counter(), 0.0
+    out = Path(cfg.out)
+
+    def write_out() -> dict:
+        """The best epoch so far to cfg.out: its weights and the recipe of the run so far."""
+        best = FeatureParts(target)
+        best.load_state_dict(state["best"]["parts"])
+        path = save_feature(out / FEATURE_FILE, target, best, shortlist,
+                            getattr(torch, cfg.weight_dtype))
+        recipe = {
+            "command": command, "target": name, "data_dir": cfg.data,
+            "init": {"file": cfg.init, "sha1": file_digest(Path(cfg.init))} if cfg.init else None,
+            "data": data_stats(shards, train, held, shortlist),
+            "loss": {"regression": "smooth_l1 (beta 1), mean over d", "w_cls": cfg.w_cls,
+                     "token_term": cfg.objective if cfg.objective == "ce" else
+                     f"{cfg.alpha} x {cfg.objective} (top-{cfg.topk}) + {1 - cfg.alpha:g} x ce",
+                     "noise": f"U(-{cfg.noise}, {cfg.noise}) x feature RMS {scale:.4f}"},
+            "losses": state["losses"], "best_epoch": state["best"]["epoch"],
+            "heldout_before_training": state["before"], "heldout_per_epoch": state["per_epoch"],
+            "seconds": {"features": round(t_feat, 1),
+                        "train_and_eval": round(time.perf_counter() - t1, 1),
+                        "eval": round(t_eval, 1),
+                        "total_wall": round(time.perf_counter() - t0, 1),
+                        "total_cpu": round(time.process_time() - c0, 1)},
+            "threads": torch.get_num_threads(),
+            "weights": {"file": FEATURE_FILE, "bytes": path.stat().st_size,
+                        "dtype": cfg.weight_dtype},
+        }
+        (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
+        return recipe
+
     bar = tqdm(total=cfg.epochs * len(groups), initial=state["epoch"] * len(groups),
                desc="train", disable=not progress, dynamic_ncols=True)
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
@@ -283,29 +326,8 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
         _keep_best(state, ev, epoch, student)
         state["epoch"] = epoch
         optim.save(ckpt, key, state)
+        write_out()  # a run stopped later still leaves its best epoch so far
         if on_epoch is not None:
             on_epoch(epoch)
     bar.close()
-    seconds = {"features": round(t_feat, 1), "train_and_eval": round(time.perf_counter() - t1, 1),
-               "eval": round(t_eval, 1)}
-    student.parts.load_state_dict(state["best"]["parts"])
-    out = Path(cfg.out)
-    path = save_feature(out / FEATURE_FILE, target, student.parts, shortlist,
-                        getattr(torch, cfg.weight_dtype))
-    recipe = {
-        "command": command, "target": name, "data_dir": cfg.data,
-        "data": data_stats(shards, train, held, shortlist),
-        "loss": {"regression": "smooth_l1 (beta 1), mean over d", "w_cls": cfg.w_cls,
-                 "token_term": cfg.objective if cfg.objective == "ce" else
-                 f"{cfg.alpha} x {cfg.objective} (top-{cfg.topk}) + {1 - cfg.alpha:g} x ce",
-                 "noise": f"U(-{cfg.noise}, {cfg.noise}) x feature RMS {scale:.4f}"},
-        "losses": state["losses"], "best_epoch": state["best"]["epoch"],
-        "heldout_before_training": state["before"], "heldout_per_epoch": state["per_epoch"],
-        "seconds": {**seconds, "total_wall": round(time.perf_counter() - t0, 1),
-                    "total_cpu": round(time.process_time() - c0, 1)},
-        "threads": torch.get_num_threads(),
-        "weights": {"file": FEATURE_FILE, "bytes": path.stat().st_size,
-                    "dtype": cfg.weight_dtype},
-    }
-    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
-    return recipe
+    return write_out()

@@ -237,3 +237,46 @@ def test_an_alignment_objective_trains_and_the_recipe_names_its_token_term(shard
 def test_the_config_refuses_an_objective_it_cannot_train_with_one_error(bad):
     with pytest.raises(ConfigError):
         FeatureTrainConfig(**bad)
+
+
+def test_a_run_started_from_saved_weights_begins_where_they_left_off(shards, tmp_path):
+    first = train_feature(_cfg(shards, tmp_path / "a", epochs=2), progress=False)
+    saved = tmp_path / "a" / "out" / "feature.safetensors"
+    # another shortlist size, so a kept shortlist is the init file's, not a rebuilt one
+    again = train_feature(_cfg(shards, tmp_path / "b", epochs=1, init=str(saved), shortlist=32),
+                          progress=False)
+    best = first["heldout_per_epoch"][first["best_epoch"] - 1]
+    assert again["heldout_before_training"] == {k: v for k, v in best.items() if k != "epoch"}
+    scratch = train_feature(_cfg(shards, tmp_path / "c", epochs=1), progress=False)
+    assert again["heldout_before_training"] != scratch["heldout_before_training"]
+    a, _ = load_tensors(saved)
+    b, _ = load_tensors(tmp_path / "b" / "out" / "feature.safetensors")
+    assert torch.equal(a["shortlist"], b["shortlist"])
+    assert again["init"]["file"] == str(saved) and len(again["init"]["sha1"]) == 40
+    assert first["init"] is None
+
+
+def test_a_start_file_made_for_another_target_is_one_config_error(shards, tmp_path):
+    other = 'tiny:{"layers": 3, "vocab_size": 64}'
+    train_feature(_cfg(shards, tmp_path / "a", epochs=1, target=other), progress=False)
+    with pytest.raises(ConfigError, match="another target"):
+        train_feature(_cfg(shards, tmp_path / "b", epochs=1,
+                           init=str(tmp_path / "a" / "out" / "feature.safetensors")),
+                      progress=False)
+
+
+def test_a_stopped_run_leaves_its_best_epoch_so_far_in_the_output(shards, tmp_path):
+    def stop(epoch: int) -> None:
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    cfg = _cfg(shards, tmp_path, epochs=3)
+    with pytest.raises(KeyboardInterrupt):
+        train_feature(cfg, progress=False, on_epoch=stop)
+    recipe = json.loads((tmp_path / "out" / "recipe.json").read_text())
+    assert [e["epoch"] for e in recipe["heldout_per_epoch"]] == [1, 2]
+    best = torch.load(tmp_path / "work" / "feature-checkpoint.pt",
+                      weights_only=True)["state"]["best"]
+    assert recipe["best_epoch"] == best["epoch"]
+    saved, _ = load_tensors(tmp_path / "out" / "feature.safetensors")
+    assert all(torch.equal(saved[k], v.float()) for k, v in best["parts"].items())
