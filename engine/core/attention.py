@@ -1,29 +1,37 @@
-"""Grouped-query attention for compiled steps: the attention function a compiled model uses.
+"""The attention function of every model the engine runs on a CPU: grouped-query attention
+without copying a key/value head per query head.
 
-Traced by torch.compile, transformers' ``sdpa`` attention (given a mask, on a CPU) first
-repeats every key/value head for each of its query heads (``repeat_kv``): inductor makes that
-a copy of the whole attended K/V view per layer and step (the compiled path attends a
-fixed-size view of its buffer), then runs torch's CPU flash kernel for a handful of queries.
-For the packed embedded target (3 key/value heads for 9 query heads, 256-512 slots attended
-then) that was about 2.7 of a 15 ms compiled step (docs/benchmarks.md, "Compiled steps:
-grouped attention, skipped padding").
+transformers' ``sdpa`` attention, given a mask and more than one query row (a forest's verify
+forward, a prompt), first repeats every key/value head for each of its query heads
+(``repeat_kv``; one row takes ``pack_gqa`` instead), a copy of the whole attended K/V per layer
+and forward. On a CPU, torch's flash kernel takes the grouping itself (``enable_gqa``) and gives
+the same bits without the copy: for the embedded target (3 key/value heads for 9 query heads)
+a layer's attention of 4 rows over 300 slots is 75 against 137 us (docs/benchmarks.md,
+"Attention without the head copy"). Traced by torch.compile, the copy became worse: inductor
+copies the compiled path's fixed-size view of its buffer every step, about 2.7 of a 15 ms
+compiled step (docs/benchmarks.md, "Compiled steps: grouped attention, skipped padding").
 
-:func:`grouped_attention` computes the same attention without the copy: the query heads that
-share a key/value head are stacked as rows, one batched product per key/value head against
-the keys, the additive mask broadcast over the stacked heads, softmax, one product against the
-values. It is registered with transformers' public ``AttentionInterface`` (the model classes
-stay stock) as :data:`NAME`, and :func:`use_grouped` sets it on a model that runs compiled
-steps. Only a traced forward (torch.compile) takes the grouped path: an eager forward (the
-dynamic and static paths, ``generate()``) calls transformers' own ``sdpa`` function unchanged,
-so its bits do not move. A compiled step's results equal the eager path's up to float
-rounding, as the compiled path's fused kernels already do.
+:func:`grouped_attention`, registered with transformers' public ``AttentionInterface`` (the
+model classes stay stock) as :data:`NAME` and set by :func:`use_grouped`, takes three paths:
+
+- traced by torch.compile: :func:`grouped`, the query heads that share a key/value head stacked
+  as rows, one batched product per key/value head against the keys, the additive mask
+  broadcast over the stacked heads, softmax, one product against the values (equal to the
+  eager path up to float rounding, as the compiled path's fused kernels already are);
+- eager on a CPU, a float mask and several query rows: torch's ``scaled_dot_product_attention``
+  with ``enable_gqa``, bit for bit transformers' ``sdpa`` result (tests/model/test_attention.py);
+- anything else (one query row, no mask, a GPU, options the paths above lack): transformers'
+  own ``sdpa`` function, unchanged.
+
+So an eager forward's bits, ``generate()``'s included, are those of transformers' ``sdpa``.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 NAME = "specviz_grouped"
 _UNSUPPORTED = ("softcap", "sliding_window", "s_aux", "sinks", "position_bias")  # kwargs the
@@ -55,26 +63,36 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       value: torch.Tensor, attention_mask: torch.Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None,
                       **kwargs) -> tuple[torch.Tensor, None]:
-    """The attention function registered as :data:`NAME`: :func:`grouped` where a forward is
-    traced by torch.compile and its inputs allow it (a 4D float mask, no dropout, key/value
-    heads dividing the query heads, none of the options in _UNSUPPORTED), transformers'
-    ``sdpa`` function otherwise."""
-    if (torch.compiler.is_compiling() and attention_mask is not None
-            and attention_mask.dim() == 4 and attention_mask.is_floating_point()
-            and not dropout and query.shape[1] % key.shape[1] == 0
-            and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
+    """The attention function registered as :data:`NAME` (the three paths of the module
+    docstring). The first two need a 4D float mask, no dropout, key/value heads dividing the
+    query heads and none of the options in _UNSUPPORTED."""
+    plain = (attention_mask is not None and attention_mask.dim() == 4
+             and attention_mask.is_floating_point() and not dropout
+             and query.shape[1] % key.shape[1] == 0
+             and all(kwargs.get(k) is None for k in _UNSUPPORTED))
+    if plain and torch.compiler.is_compiling():
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return grouped(query, key, value, attention_mask, scale), None
+    if (plain and query.device.type == "cpu" and query.shape[2] > 1
+            and query.shape[1] > key.shape[1]):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling,
+            enable_gqa=True)  # (W, H, q, D), no copy of K/V per query head
+        return out.transpose(1, 2).contiguous(), None  # (W, q, H, D)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                   scaling=scaling, **kwargs)
 
 
 AttentionInterface.register(NAME, grouped_attention)
+# transformers builds the masks of a registered attention by its name; with none registered it
+# passes no mask at all, and a multi-token forward over a cache (prompt lookup in generate())
+# would attend causally from slot 0. NAME takes sdpa's masks, as the function sdpa's kernel.
+AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 def use_grouped(model: torch.nn.Module) -> None:
-    """Give a model whose attention is transformers' ``sdpa`` the grouped function (its eager
-    forwards still run ``sdpa``; see the module docstring). Other implementations stay."""
+    """Give a model whose attention is transformers' ``sdpa`` the grouped function (the same
+    bits eagerly; see the module docstring). Other implementations stay."""
     cfg = model.config
     if cfg._attn_implementation == "sdpa":
         cfg._attn_implementation = NAME

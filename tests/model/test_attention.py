@@ -1,6 +1,6 @@
 """engine.core.attention: the grouped-query attention of compiled steps equals transformers'
-sdpa attention (which repeats every key/value head), eager forwards keep sdpa's bits, and only
-a model on sdpa is switched to it."""
+sdpa attention (which repeats every key/value head), eager forwards keep sdpa's bits (several
+rows on a CPU without repeating a head), and only a model on sdpa is switched to it."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ class _Heads(torch.nn.Module):
         self.num_key_value_groups, self.is_causal, self.training = groups, True, False
 
 
-def _inputs(W: int, H: int, KV: int, q: int, S: int, seed: int):
+def _inputs(W: int, H: int, KV: int, q: int, S: int, seed: int, D: int = 16):
     gen = torch.Generator().manual_seed(seed)
-    query = torch.randn(W, H, q, 16, generator=gen)  # (W, H, q, D)
-    key = torch.randn(W, KV, S, 16, generator=gen)  # (W, KV, S, D)
-    value = torch.randn(W, KV, S, 16, generator=gen)  # (W, KV, S, D)
+    query = torch.randn(W, H, q, D, generator=gen)  # (W, H, q, D)
+    key = torch.randn(W, KV, S, D, generator=gen)  # (W, KV, S, D)
+    value = torch.randn(W, KV, S, D, generator=gen)  # (W, KV, S, D)
     mask = torch.zeros(W, 1, q, S)  # (W, 1, q, S) additive
     mask[..., S - q - 3:] = torch.finfo(torch.float32).min  # unwritten slots
     mask[0, 0, 0, 1] = torch.finfo(torch.float32).min  # a node that does not see slot 1
@@ -54,6 +54,68 @@ def test_an_eager_forward_keeps_sdpas_bits():
     ours, _ = attention.grouped_attention(module, query, key, value, mask, scaling=0.25)
     theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("W,H,KV,q,S", [(1, 9, 3, 4, 300), (1, 9, 3, 16, 600), (2, 4, 2, 2, 40),
+                                        (4, 9, 3, 3, 129)])
+def test_an_eager_cpu_forward_of_several_rows_keeps_sdpas_bits_without_repeating_heads(
+        W, H, KV, q, S, monkeypatch):
+    query, key, value, mask = _inputs(W, H, KV, q, S, seed=S + q, D=64)
+    gen = torch.Generator().manual_seed(q)
+    tree = torch.rand(W, 1, q, q, generator=gen) < 0.4  # some nodes not seeing some others
+    mask[..., S - q:] = mask[..., S - q:].masked_fill(tree.tril(-1), torch.finfo(mask.dtype).min)
+    module = _Heads(H // KV)
+    theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.125)
+
+    def no_sdpa_function(*a, **k):
+        raise AssertionError("transformers' sdpa function (repeat_kv) was called")
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", no_sdpa_function)
+    ours, _ = attention.grouped_attention(module, query, key, value, mask, scaling=0.125)
+    assert ours.shape == theirs.shape == (W, q, H, 64) and ours.is_contiguous()
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("case", ["one row", "no mask", "as many key/value heads as query heads"])
+def test_other_eager_forwards_go_to_transformers_sdpa_function(case, monkeypatch):
+    KV, q = (4, 3) if case.startswith("as many") else (2, 1 if case == "one row" else 3)
+    query, key, value, mask = _inputs(1, 4, KV, q, S=24, seed=5)
+    called = []
+    real = attention.sdpa_attention_forward
+    monkeypatch.setattr(attention, "sdpa_attention_forward",
+                        lambda *a, **k: called.append(1) or real(*a, **k))
+    attention.grouped_attention(_Heads(4 // KV), query, key, value,
+                                None if case == "no mask" else mask, scaling=0.25)
+    assert called, case
+
+
+def test_every_model_the_engine_runs_on_a_cpu_gets_it_with_the_same_logits():
+    from engine.core.cached_model import CachedModel
+
+    stock = tiny_pair().target
+    ours = tiny_pair().target
+    CachedModel(ours)
+    assert ours.config._attn_implementation == attention.NAME
+    assert stock.config._attn_implementation == "sdpa"
+    ids = torch.tensor([[5, 9, 3, 17, 40, 2, 8, 11]])
+    mask = torch.zeros(1, 1, 8, 8)
+    allowed = torch.ones(8, 8).tril().bool()
+    allowed[6, 5] = allowed[7, 5] = False  # two nodes on another branch than node 5
+    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        a = stock(input_ids=ids, attention_mask=mask).logits
+        b = ours(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(a, b)
+
+
+def test_generate_with_prompt_lookup_gives_the_stock_models_tokens():
+    """Multi-token forwards over a cache: the masks sdpa gets, not none (slot 0 onwards)."""
+    stock = tiny_pair().target
+    ours = tiny_pair().target
+    attention.use_grouped(ours)
+    ids = torch.tensor([[5, 9, 3, 17, 5, 9, 3, 17, 5, 9]])
+    kw = dict(do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3)
+    assert torch.equal(stock.generate(ids, **kw), ours.generate(ids, **kw))
 
 
 def test_a_compiled_forward_takes_the_grouped_path():
