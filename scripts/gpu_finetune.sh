@@ -9,12 +9,13 @@
 #
 # Usage: bash scripts/gpu_finetune.sh OUTDIR
 #   env: BUDGET (seconds for the whole script, 520), GEN_SECONDS (230), LRS ("0.0003 0.0001"),
-#        EPOCHS (3), MAX_NEW (160), LIMIT_PROMPTS (0 = all), DEVICE (cuda)
+#        EPOCHS (3), MAX_NEW (160), LIMIT_PROMPTS (0 = all), DEVICE (cuda),
+#        WORK (/tmp/specviz-finetune: its own, so no shard of a gpu_train.sh run is reused)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash scripts/gpu_finetune.sh OUTDIR}
 budget=${BUDGET:-520}
-export OUT=$out N_SYNTH=0 SAMPLES=0.5 BEAMS=0
+export OUT=$out N_SYNTH=0 SAMPLES=0.5 BEAMS=0 WORK=${WORK:-/tmp/specviz-finetune}
 mkdir -p "$out"
 bash scripts/gpu_train.sh setup || exit 1
 bash scripts/gpu_train.sh synth || exit 1

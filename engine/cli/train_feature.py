@@ -28,6 +28,8 @@ HELP = {
     "out": "where feature.safetensors and recipe.json go",
     "work_dir": "feature cache and checkpoints ('' = the model cache)",
     "fresh": "ignore a checkpoint of the same run",
+    "init": "a feature.safetensors to train further (its fc, layer and shortlist; '' = the "
+            "seeded start)",
 }
 CHOICES = {"weight_dtype": WEIGHT_DTYPES}
 # where files go, threads and the progress bar do not change the result: not in the command
@@ -71,6 +73,8 @@ def command_of(cfg: FeatureTrainConfig) -> str:
             value = value[len(str(ASSETS.parent)) + 1:]
         if isinstance(value, bool):
             parts += [_flag(f.name)] if value else []
+        elif value == "":  # an unset path (the default): no flag
+            continue
         else:
             parts += [_flag(f.name), str(value)]
     return " ".join(parts)

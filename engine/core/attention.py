@@ -3,23 +3,25 @@ without copying a key/value head per query head.
 
 transformers' ``sdpa`` attention, given a mask and more than one query row (a forest's verify
 forward, a prompt), first repeats every key/value head for each of its query heads
-(``repeat_kv``; one row takes ``pack_gqa`` instead), a copy of the whole attended K/V per layer
-and forward. On a CPU, torch's flash kernel takes the grouping itself (``enable_gqa``) and gives
-the same bits without the copy: for the embedded target (3 key/value heads for 9 query heads)
-a layer's attention of 4 rows over 300 slots is 75 against 137 us (docs/benchmarks.md,
-"Attention without the head copy"). Traced by torch.compile, the copy became worse: inductor
-copies the compiled path's fixed-size view of its buffer every step, about 2.7 of a 15 ms
-compiled step (docs/benchmarks.md, "Compiled steps: grouped attention, skipped padding").
+(``repeat_kv``; one row takes ``pack_gqa`` instead; transformers 5.24), a copy of the whole
+attended K/V per layer and forward. On a CPU, torch's flash kernel takes the grouping itself
+(``enable_gqa``) and gives the same bits without the copy: for the embedded target (3
+key/value heads for 9 query heads) a layer's attention of 4 rows over 300 slots is 75 against
+137 us (docs/benchmarks.md, "Attention without the head copy"). Traced by torch.compile, the
+copy became worse: inductor copies the compiled path's fixed-size view of its buffer every
+step, about 2.7 of a 15 ms compiled step (docs/benchmarks.md, "Compiled steps: grouped
+attention, skipped padding").
 
 :func:`grouped_attention`, registered with transformers' public ``AttentionInterface`` (the
 model classes stay stock) as :data:`NAME` and set by :func:`use_grouped`, takes three paths:
 
-- traced by torch.compile: :func:`grouped`, the query heads that share a key/value head stacked
-  as rows, one batched product per key/value head against the keys, the additive mask
-  broadcast over the stacked heads, softmax, one product against the values (equal to the
-  eager path up to float rounding, as the compiled path's fused kernels already are);
-- eager on a CPU, a float mask and several query rows: torch's ``scaled_dot_product_attention``
-  with ``enable_gqa``, bit for bit transformers' ``sdpa`` result (tests/model/test_attention.py);
+- traced by torch.compile on a CPU: :func:`grouped`, the query heads that share a key/value
+  head stacked as rows, one batched product per key/value head against the keys, the additive
+  mask broadcast over the stacked heads, softmax, one product against the values (equal to
+  the eager path up to float rounding, as the compiled path's fused kernels already are);
+- eager on a CPU without gradients (the engine's forwards, ``generate()``), a float mask and
+  several query rows: torch's ``scaled_dot_product_attention`` with ``enable_gqa``, the same
+  forward bits as transformers' ``sdpa`` (tests/model/test_attention.py);
 - anything else (one query row, no mask, a GPU, options the paths above lack): transformers'
   own ``sdpa`` function, unchanged.
 
@@ -70,11 +72,11 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
              and attention_mask.is_floating_point() and not dropout
              and query.shape[1] % key.shape[1] == 0
              and all(kwargs.get(k) is None for k in _UNSUPPORTED))
-    if plain and torch.compiler.is_compiling():
+    if plain and query.device.type == "cpu" and torch.compiler.is_compiling():
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return grouped(query, key, value, attention_mask, scale), None
     if (plain and query.device.type == "cpu" and query.shape[2] > 1
-            and query.shape[1] > key.shape[1]):
+            and query.shape[1] > key.shape[1] and not torch.is_grad_enabled()):
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling,
             enable_gqa=True)  # (W, H, q, D), no copy of K/V per query head

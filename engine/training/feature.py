@@ -32,6 +32,7 @@ from torch import nn
 
 from engine.core.cached_model import check_supported
 from engine.core.eos import eos_ids
+from engine.core.errors import ConfigError
 from engine.core.weights import RECIPE_FILE, file_digest
 from engine.drafters.feature import (
     FEATURE_FILE,
@@ -166,10 +167,12 @@ def load_frozen_target(cfg: FeatureTrainConfig):
     return target.eval(), name
 
 
-def run_key(cfg: FeatureTrainConfig, shards) -> dict:
-    """What a checkpoint must match to be resumed: the settings and the shards' sizes."""
+def run_key(cfg: FeatureTrainConfig, shards, init_sha1: str = "") -> dict:
+    """What a checkpoint must match to be resumed: the settings, the shards' sizes and the
+    start file's digest."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_RUN}
     return {"cfg": settings, "shards": [[s.path.name, len(s.sequences)] for s in shards],
+            "init_sha1": init_sha1,
             "heldout": "prompt"}  # the split rule (a by-sequence checkpoint is not resumed)
 
 
@@ -229,8 +232,8 @@ class Optimiser:
 
 def _prepare(cfg: FeatureTrainConfig, target: nn.Module, work: Path, progress: bool,
              shortlist: torch.Tensor | None):
-    """Shards with cached features, the train / held-out split and the shortlist (the one
-    given, a start file's, else built from the training sequences)."""
+    """Shards with cached features, the train / held-out split and the shortlist: with
+    cfg.init the start file's (or none, as it has), else built from the training sequences."""
     from tqdm import tqdm
 
     shards = read_shards(Path(cfg.data), cfg.limit_tokens)
@@ -241,9 +244,22 @@ def _prepare(cfg: FeatureTrainConfig, target: nn.Module, work: Path, progress: b
     train, held = split(shards, cfg.heldout_every)
     held = held[: cfg.eval_sequences] if cfg.eval_sequences else held
     vocab = int(target.get_output_embeddings().weight.shape[0])
-    if shortlist is None and 0 < cfg.shortlist < vocab:
+    if not cfg.init and 0 < cfg.shortlist < vocab:
         shortlist = build_shortlist(train, vocab, cfg.shortlist, eos_ids(target))
     return shards, train, held, shortlist
+
+
+def _start(cfg: FeatureTrainConfig, target: nn.Module):
+    """(fc.* and layer.*, shortlist, sha1) of cfg.init, or (None, None, ''); ConfigError when
+    the start file is the run's own output (it would be overwritten after the first epoch)."""
+    if not cfg.init:
+        return None, None, ""
+    path = Path(cfg.init)
+    if path.resolve() == (Path(cfg.out) / FEATURE_FILE).resolve():
+        raise ConfigError(f"--init {cfg.init} is the run's own output file: copy it first or "
+                          f"give another --out")
+    state, shortlist = read_feature(target, path)
+    return state, shortlist, file_digest(path)
 
 
 def _keep_best(state: dict, ev: dict, epoch: int, student: FeatureStudent) -> None:
@@ -267,7 +283,7 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
     _quiet_transformers()
     target, name = load_frozen_target(cfg)
     work = Path(cfg.work_dir) if cfg.work_dir else cache_root() / "train-feature"
-    start, shortlist = read_feature(target, Path(cfg.init)) if cfg.init else (None, None)
+    start, shortlist, init_sha1 = _start(cfg, target)
     shards, train, held, shortlist = _prepare(cfg, target, work, progress, shortlist)
     t_feat = time.perf_counter() - t0
     sample = torch.cat([s.feats[:256].float() for s in train[:512]])  # (n, d)
@@ -275,13 +291,15 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
     student = FeatureStudent(target, shortlist, cfg.seed, start)
     groups = list(in_batches(train, cfg.batch_tokens))
     optim = Optimiser(student, cfg, cfg.epochs * len(groups))
-    ckpt, key = work / CHECKPOINT, json.dumps(run_key(cfg, shards), sort_keys=True)
+    ckpt, key = work / CHECKPOINT, json.dumps(run_key(cfg, shards, init_sha1), sort_keys=True)
     state = None if cfg.fresh else optim.resume(ckpt, key)
     if state is not None:
         print(f"resuming after epoch {state['epoch']} ({ckpt})")
     else:
         state = {"epoch": 0, "losses": [], "per_epoch": [], "best": None,
                  "before": evaluate(student, held, cfg.eval_steps)}
+        if start is not None:  # the start competes as epoch 0: training must beat it
+            _keep_best(state, state["before"], 0, student)
     t1, t_eval = time.perf_counter(), 0.0
     out = Path(cfg.out)
 
@@ -293,7 +311,7 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
                             getattr(torch, cfg.weight_dtype))
         recipe = {
             "command": command, "target": name, "data_dir": cfg.data,
-            "init": {"file": cfg.init, "sha1": file_digest(Path(cfg.init))} if cfg.init else None,
+            "init": {"file": cfg.init, "sha1": init_sha1} if cfg.init else None,
             "data": data_stats(shards, train, held, shortlist),
             "loss": {"regression": "smooth_l1 (beta 1), mean over d", "w_cls": cfg.w_cls,
                      "token_term": cfg.objective if cfg.objective == "ce" else
@@ -310,7 +328,9 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
             "weights": {"file": FEATURE_FILE, "bytes": path.stat().st_size,
                         "dtype": cfg.weight_dtype},
         }
-        (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
+        tmp = out / (RECIPE_FILE + ".tmp")
+        tmp.write_text(json.dumps(recipe, indent=1) + "\n")
+        tmp.replace(out / RECIPE_FILE)
         return recipe
 
     bar = tqdm(total=cfg.epochs * len(groups), initial=state["epoch"] * len(groups),

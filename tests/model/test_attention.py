@@ -51,19 +51,27 @@ def test_a_wrong_head_grouping_is_caught_by_the_comparison():
 def test_an_eager_forward_keeps_sdpas_bits():
     query, key, value, mask = _inputs(2, 4, 2, 3, S=24, seed=2)
     module = _Heads(2)
-    ours, _ = attention.grouped_attention(module, query, key, value, mask, scaling=0.25)
+    with torch.no_grad():
+        ours, _ = attention.grouped_attention(module, query, key, value, mask, scaling=0.25)
     theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
     assert torch.equal(ours, theirs)
 
 
-@pytest.mark.parametrize("W,H,KV,q,S", [(1, 9, 3, 4, 300), (1, 9, 3, 16, 600), (2, 4, 2, 2, 40),
-                                        (4, 9, 3, 3, 129)])
+@pytest.mark.parametrize("W,H,KV,q,S,dtype", [
+    (1, 9, 3, 4, 300, torch.float32), (1, 9, 3, 16, 600, torch.float32),
+    (2, 4, 2, 2, 40, torch.float32), (4, 9, 3, 3, 129, torch.float32),
+    (1, 8, 1, 5, 77, torch.float32), (2, 9, 3, 6, 200, torch.bfloat16)])
 def test_an_eager_cpu_forward_of_several_rows_keeps_sdpas_bits_without_repeating_heads(
-        W, H, KV, q, S, monkeypatch):
-    query, key, value, mask = _inputs(W, H, KV, q, S, seed=S + q, D=64)
+        W, H, KV, q, S, dtype, monkeypatch):
+    query, key, value, _ = _inputs(W, H, KV, q, S, seed=S + q, D=64)
+    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     gen = torch.Generator().manual_seed(q)
-    tree = torch.rand(W, 1, q, q, generator=gen) < 0.4  # some nodes not seeing some others
-    mask[..., S - q:] = mask[..., S - q:].masked_fill(tree.tril(-1), torch.finfo(mask.dtype).min)
+    sees = torch.ones(q, q).tril().bool() & ~((torch.rand(W, 1, q, q, generator=gen) < 0.4)
+                                             .tril(-1))  # (W, 1, q, q): a forest of nodes
+    mask = torch.zeros(W, 1, q, S, dtype=dtype)  # (W, 1, q, S) additive: the prefix seen
+    mask[..., S - q:] = torch.zeros(W, 1, q, q, dtype=dtype).masked_fill(
+        ~sees, torch.finfo(dtype).min)
+    assert not sees.all()  # some node does not see an earlier node
     module = _Heads(H // KV)
     theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.125)
 
@@ -71,21 +79,24 @@ def test_an_eager_cpu_forward_of_several_rows_keeps_sdpas_bits_without_repeating
         raise AssertionError("transformers' sdpa function (repeat_kv) was called")
 
     monkeypatch.setattr(attention, "sdpa_attention_forward", no_sdpa_function)
-    ours, _ = attention.grouped_attention(module, query, key, value, mask, scaling=0.125)
+    with torch.no_grad():
+        ours, _ = attention.grouped_attention(module, query, key, value, mask, scaling=0.125)
     assert ours.shape == theirs.shape == (W, q, H, 64) and ours.is_contiguous()
     assert torch.equal(ours, theirs)
 
 
-@pytest.mark.parametrize("case", ["one row", "no mask", "as many key/value heads as query heads"])
+@pytest.mark.parametrize("case", ["one row", "no mask", "a bool mask", "gradients",
+                                  "as many key/value heads as query heads"])
 def test_other_eager_forwards_go_to_transformers_sdpa_function(case, monkeypatch):
     KV, q = (4, 3) if case.startswith("as many") else (2, 1 if case == "one row" else 3)
     query, key, value, mask = _inputs(1, 4, KV, q, S=24, seed=5)
+    mask = {"no mask": None, "a bool mask": mask == 0}.get(case, mask)
     called = []
     real = attention.sdpa_attention_forward
     monkeypatch.setattr(attention, "sdpa_attention_forward",
                         lambda *a, **k: called.append(1) or real(*a, **k))
-    attention.grouped_attention(_Heads(4 // KV), query, key, value,
-                                None if case == "no mask" else mask, scaling=0.25)
+    with torch.set_grad_enabled(case == "gradients"):
+        attention.grouped_attention(_Heads(4 // KV), query, key, value, mask, scaling=0.25)
     assert called, case
 
 
@@ -104,6 +115,12 @@ def test_every_model_the_engine_runs_on_a_cpu_gets_it_with_the_same_logits():
     mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
     with torch.no_grad():
         a = stock(input_ids=ids, attention_mask=mask).logits
+
+    def no_sdpa_function(*args, **kw):
+        raise AssertionError("transformers' sdpa function (repeat_kv) was called")
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention, "sdpa_attention_forward", no_sdpa_function)
         b = ours(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(a, b)
 

@@ -280,3 +280,24 @@ def test_a_stopped_run_leaves_its_best_epoch_so_far_in_the_output(shards, tmp_pa
     assert recipe["best_epoch"] == best["epoch"]
     saved, _ = load_tensors(tmp_path / "out" / "feature.safetensors")
     assert all(torch.equal(saved[k], v.float()) for k, v in best["parts"].items())
+
+
+def test_a_further_run_that_improves_nothing_keeps_the_start_weights(shards, tmp_path):
+    train_feature(_cfg(shards, tmp_path / "a", epochs=1), progress=False)
+    saved = tmp_path / "a" / "out" / "feature.safetensors"
+    again = train_feature(_cfg(shards, tmp_path / "b", epochs=1, init=str(saved), lr=0.0),
+                          progress=False)
+    assert again["best_epoch"] == 0  # the start, scored before training, is not beaten
+    a, _ = load_tensors(saved)
+    b, _ = load_tensors(tmp_path / "b" / "out" / "feature.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_start_file_that_is_the_runs_own_output_is_one_config_error(shards, tmp_path):
+    train_feature(_cfg(shards, tmp_path, epochs=1), progress=False)
+    own = tmp_path / "out" / "feature.safetensors"
+    before = own.read_bytes()
+    with pytest.raises(ConfigError, match="own output"):
+        train_feature(_cfg(shards, tmp_path, epochs=1, init=str(own), fresh=True),
+                      progress=False)
+    assert own.read_bytes() == before
