@@ -88,7 +88,7 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 AttentionInterface.register(NAME, grouped_attention)
 # transformers builds the masks of a registered attention by its name; with none registered it
 # passes no mask at all, and a multi-token forward over a cache (prompt lookup in generate())
-# would attend causally from slot 0. NAME takes sdpa's masks, as the function sdpa's kernel.
+# would attend causally from slot 0. NAME takes sdpa's masks: its eager paths run sdpa's kernel.
 AttentionMaskInterface.register(NAME, sdpa_mask)
 
 

@@ -335,6 +335,7 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
 
     bar = tqdm(total=cfg.epochs * len(groups), initial=state["epoch"] * len(groups),
                desc="train", disable=not progress, dynamic_ncols=True)
+    recipe = None
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
         state["losses"].append(optim.epoch(groups, scale, bar))
         e0 = time.perf_counter()
@@ -346,8 +347,9 @@ def train_feature(cfg: FeatureTrainConfig, *, command: str = "", progress: bool 
         _keep_best(state, ev, epoch, student)
         state["epoch"] = epoch
         optim.save(ckpt, key, state)
-        write_out()  # a run stopped later still leaves its best epoch so far
+        recipe = write_out()  # a run stopped later still leaves its best epoch so far
         if on_epoch is not None:
             on_epoch(epoch)
     bar.close()
-    return write_out()
+    return recipe if recipe is not None else write_out()  # written once per epoch; a run
+    # resumed after its last epoch writes here
