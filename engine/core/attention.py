@@ -13,7 +13,8 @@ step, about 2.7 of a 15 ms compiled step (docs/benchmarks.md, "Compiled steps: g
 attention, skipped padding").
 
 :func:`grouped_attention`, registered with transformers' public ``AttentionInterface`` (the
-model classes stay stock) as :data:`NAME` and set by :func:`use_grouped`, takes three paths:
+model classes stay stock) as :data:`NAME` and set by :func:`use_engine_attention`, takes three
+paths:
 
 - traced by torch.compile on a CPU: :func:`grouped`, the query heads that share a key/value
   head stacked as rows, one batched product per key/value head against the keys, the additive
@@ -26,6 +27,15 @@ model classes stay stock) as :data:`NAME` and set by :func:`use_grouped`, takes 
   own ``sdpa`` function, unchanged.
 
 So an eager forward's bits, ``generate()``'s included, are those of transformers' ``sdpa``.
+
+A packed target (engine.core.packed4: every linear product through ``qmm``, whose rows never
+depend on each other) takes :data:`ROWS_NAME` instead (:func:`use_engine_attention`): its eager
+forwards in fp32 without gradients, one query row or many, with a mask or none, go to
+engine/core/rowattn.py's kernel, whose every output row depends on its own query and the slots
+it may see and on nothing else; the rest as above. Then every part of such a forward is
+row-invariant, and a token's logits are the same bits whether it is fed alone, in a chain or in
+a draft tree (tests/model/test_rowattn.py). Where no C compiler builds the kernel the packed
+target keeps :data:`NAME`.
 """
 
 from __future__ import annotations
@@ -35,7 +45,11 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from engine.core import rowattn
+from engine.core.packed4 import is_packed
+
 NAME = "specviz_grouped"
+ROWS_NAME = "specviz_rows"
 _UNSUPPORTED = ("softcap", "sliding_window", "s_aux", "sinks", "position_bias")  # kwargs the
 # grouped path lacks
 
@@ -85,16 +99,45 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   scaling=scaling, **kwargs)
 
 
+def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                  value: torch.Tensor, attention_mask: torch.Tensor | None,
+                  dropout: float = 0.0, scaling: float | None = None,
+                  **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention function registered as :data:`ROWS_NAME` (a packed target's): rowattn's
+    kernel for an eager fp32 CPU forward without gradients or dropout, a 4D mask (float or
+    bool) or none, key/value heads dividing the query heads and none of the options in
+    _UNSUPPORTED; else :func:`grouped_attention`."""
+    mask = attention_mask
+    eager = not torch.compiler.is_compiling()  # first: a traced forward never reaches the
+    # library (its lookup would break the graph)
+    lib = rowattn.library() if eager else None
+    if (lib is not None and query.device.type == "cpu" and query.dtype == torch.float32
+            and key.dtype == value.dtype == torch.float32 and not dropout
+            and not torch.is_grad_enabled()
+            and query.shape[1] % key.shape[1] == 0 and (mask is None or mask.dim() == 4)
+            and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
+        if mask is not None and mask.dtype == torch.bool:  # True: may attend
+            mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return rowattn.attend(lib, query, key, value, mask, scale), None  # (W, q, H, D)
+    return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
+                             scaling=scaling, **kwargs)
+
+
 AttentionInterface.register(NAME, grouped_attention)
+AttentionInterface.register(ROWS_NAME, row_attention)
 # transformers builds the masks of a registered attention by its name; with none registered it
 # passes no mask at all, and a multi-token forward over a cache (prompt lookup in generate())
 # would attend causally from slot 0. NAME takes sdpa's masks: its eager paths run sdpa's kernel.
 AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionMaskInterface.register(ROWS_NAME, sdpa_mask)
 
 
-def use_grouped(model: torch.nn.Module) -> None:
-    """Give a model whose attention is transformers' ``sdpa`` the grouped function (the same
-    bits eagerly; see the module docstring). Other implementations stay."""
+def use_engine_attention(model: torch.nn.Module) -> None:
+    """Give a CPU model whose attention is transformers' ``sdpa`` (or :data:`NAME`) the
+    engine's: :data:`ROWS_NAME` for a packed target where rowattn's kernel builds, else
+    :data:`NAME` (see the module docstring). Other implementations stay."""
     cfg = model.config
-    if cfg._attn_implementation == "sdpa":
-        cfg._attn_implementation = NAME
+    if cfg._attn_implementation in ("sdpa", NAME):
+        rows = is_packed(model) and rowattn.library() is not None
+        cfg._attn_implementation = ROWS_NAME if rows else NAME

@@ -127,7 +127,8 @@ class CachedModel:
         if self.mode == "compiled" and type(self)._inputs is not CachedModel._inputs:
             self.mode = "static"  # embeddings fed (a feature drafter): not compiled
         if self.device.type == "cpu":
-            attention.use_grouped(model)  # no copy of K/V per query head (same bits eagerly)
+            attention.use_engine_attention(model)  # no K/V copy per query head; a packed
+            # target: row-invariant attention (engine.core.attention)
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)

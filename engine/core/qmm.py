@@ -136,13 +136,15 @@ def _cc() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
-          ) -> ctypes.CDLL | None:
-    """qmm.c built into `out` for `march` (with -D `defines`) and loaded; None (and a log
-    line) where it does not build. Atomic: several processes may build at once."""
+def compile_native(source: Path, out: Path, march: str = "native",
+                   defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The C file `source` built into the shared library `out` for `march` (with -D
+    `defines`) and loaded; None (and a log line) where it does not build. Atomic: several
+    processes may build at once. (qmm.c's builder, also engine/core/rowattn.py's.)"""
     cc = _cc()
     if cc is None:
-        log.warning("no C compiler: the packed target runs qmm's torch reference (slow)")
+        log.warning("no C compiler: %s is not built (qmm runs its torch reference, slow; the "
+                    "attention stays torch's)", source.name)
         return None
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -151,19 +153,36 @@ def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
         try:
             flags = [f"-march={march}", *FLAGS, *(f"-D{d}" for d in defines)]
             for extra in ((OPENMP,), ()):  # OpenMP threads where the compiler has them
-                done = subprocess.run([cc, *flags, *extra, "-o", tmp, str(SOURCE), "-lm"],
+                done = subprocess.run([cc, *flags, *extra, "-o", tmp, str(source), "-lm"],
                                       capture_output=True, text=True, timeout=300)
                 if done.returncode == 0:
                     os.replace(tmp, out)
                     break
             else:
-                log.warning("qmm.c did not build with %s: %s", cc,
+                log.warning("%s did not build with %s: %s", source.name, cc,
                             (done.stderr.strip().splitlines() or ["?"])[-1])
                 return None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
+    return ctypes.CDLL(str(out))
+
+
+def native_path(source: Path) -> Path:
+    """Where `source`'s library for this machine is cached: keyed by the source, the flags,
+    the compiler and the CPU's flags."""
+    key = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS), str(_cc()),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    return cache_root() / "kernels" / f"{source.stem}-{key}.so"
+
+
+def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
+          ) -> ctypes.CDLL | None:
+    """qmm.c built into `out` for `march` (with -D `defines`) and loaded (None where it does
+    not build)."""
+    lib = compile_native(SOURCE, out, march, defines)
+    if lib is None:
+        return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.qmm_q4.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int, i64, i64]
     lib.qmm_q4.restype = ctypes.c_int
@@ -181,9 +200,7 @@ def library() -> ctypes.CDLL | None:
         raise ConfigError(f"{ENV}={mode!r}: expected native or torch")
     if mode == "torch":
         return None
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), str(_cc()),
-                                    _cpu_flags()]).encode()).hexdigest()[:16]
-    return build(cache_root() / "kernels" / f"qmm-{key}.so")
+    return build(native_path(SOURCE))
 
 
 class _Padding(threading.local):

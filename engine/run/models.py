@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.control.cost import CostProfile
+from engine.core.attention import use_engine_attention
 from engine.core.cached_model import CachedModel, check_supported, warm_steps
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.core.layout import prepare
@@ -405,6 +406,8 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
     for model in (tmodel, drafter.model):
         if model is not None and dev.type == "cpu":
             prepare(model)  # engine.core.layout: packed weights for few-token forwards
+            use_engine_attention(model)  # before any forward, generate()'s included: a
+            # packed target's attention is row-invariant (engine.core.attention)
     if warm and kv_mode(dev, tmodel) == "captured":  # the common step shapes captured now
         for runner in (CachedModel(tmodel), drafter.runner()):
             if isinstance(runner, CachedModel):

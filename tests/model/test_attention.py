@@ -100,11 +100,17 @@ def test_other_eager_forwards_go_to_transformers_sdpa_function(case, monkeypatch
     assert called, case
 
 
+def _stock() -> torch.nn.Module:
+    """A tiny target as transformers builds it (load_pair gives it the engine's attention)."""
+    model = tiny_pair().target
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
 def test_every_model_the_engine_runs_on_a_cpu_gets_it_with_the_same_logits():
     from engine.core.cached_model import CachedModel
 
-    stock = tiny_pair().target
-    ours = tiny_pair().target
+    stock, ours = _stock(), _stock()
     CachedModel(ours)
     assert ours.config._attn_implementation == attention.NAME
     assert stock.config._attn_implementation == "sdpa"
@@ -127,9 +133,8 @@ def test_every_model_the_engine_runs_on_a_cpu_gets_it_with_the_same_logits():
 
 def test_generate_with_prompt_lookup_gives_the_stock_models_tokens():
     """Multi-token forwards over a cache: the masks sdpa gets, not none (slot 0 onwards)."""
-    stock = tiny_pair().target
-    ours = tiny_pair().target
-    attention.use_grouped(ours)
+    stock, ours = _stock(), _stock()
+    attention.use_engine_attention(ours)
     ids = torch.tensor([[5, 9, 3, 17, 5, 9, 3, 17, 5, 9]])
     kw = dict(do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3)
     assert torch.equal(stock.generate(ids, **kw), ours.generate(ids, **kw))
@@ -169,10 +174,10 @@ def test_a_compiled_forward_the_grouped_path_does_not_cover_goes_to_sdpa(case):
 
 
 def test_only_a_model_on_sdpa_is_given_the_grouped_attention():
-    model = tiny_pair().target
+    model = _stock()
     assert model.config._attn_implementation == "sdpa"
-    attention.use_grouped(model)
+    attention.use_engine_attention(model)
     assert model.config._attn_implementation == attention.NAME
     model.config._attn_implementation = "eager"
-    attention.use_grouped(model)
+    attention.use_engine_attention(model)
     assert model.config._attn_implementation == "eager"

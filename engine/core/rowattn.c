@@ -1,0 +1,225 @@
+/* Attention whose every output row depends on that row's query and the slots its mask lets it
+ * see, and on nothing else: not on the other query rows of the forward, nor on hidden slots.
+ * engine/core/rowattn.py builds this file (engine/core/qmm.py's builder) and calls it for the
+ * eager forwards of a packed CPU target (engine/core/attention.py).
+ *
+ * For query row i of head h (key/value head g = h / (H / KV)), over the slots j whose mask
+ * value is not -inf:
+ *   s_j = dot(q, k_j) * scale + mask[i, j];  m = max_j s_j;  e_j = exp_neg(s_j - m);
+ *   out = acc / sum,  sum = lanesum_j e_j,  acc[d] = sum_j e_j v_j[d] (slot order, fmaf).
+ * dot(a, b): 8 lanes (lane k: the fused multiply-adds of the d = k mod 8, in order of d)
+ * reduced as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); lanesum the same over lanes
+ * t mod 8, t the slot's place among the row's visible slots (not its position: a draft node
+ * that sees its ancestors at slots 0, 1 and 3 of a tree sums them as a chain of three, as the
+ * one-token steps that committed them would). Hidden slots are skipped in both sums; a row
+ * that sees no slot gives 0. exp_neg is a polynomial of float operations (below). The AVX2
+ * path and the plain C path (-DROWATTN_PLAIN, or a machine without AVX2 and FMA) do these
+ * operations in this order, so they give the same bits (tests/model/test_rowattn.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if !defined(ROWATTN_PLAIN) && defined(__AVX2__) && defined(__FMA__)
+#define VECTOR 1
+#include <immintrin.h>
+#else
+#define VECTOR 0
+#endif
+
+#define BIG 12582912.0f /* 1.5 * 2^23: adding and taking it away rounds to an integer */
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693145751953125f /* ln 2 in two parts, the first exact in 16 bits */
+#define LN2_LO 1.428606765330187045e-06f
+#define FLOOR (-87.0f) /* below: e^x < 2^-125, taken as 0 */
+
+/* e^x for x <= 0: x = n ln2 + r, n = round(x log2 e), |r| <= ln2 / 2; e^r by its Taylor
+ * polynomial to r^7 (relative error under 2e-7), times 2^n set in the exponent bits. */
+static inline float exp_neg(float x) {
+    const float xc = x > FLOOR ? x : FLOOR;
+    const float n = (xc * LOG2E + BIG) - BIG;
+    float r = fmaf(n, -LN2_HI, xc);
+    r = fmaf(n, -LN2_LO, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    union { int32_t i; float f; } two = {.i = ((int32_t)n + 127) << 23};
+    return x < FLOOR ? 0.0f : p * two.f;
+}
+
+static inline float tree8(const float *l) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+static inline float dot(const float *a, const float *b, int64_t D) {
+    float l[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t d = 0; d < D; d++) l[d & 7] = fmaf(a[d], b[d], l[d & 7]);
+    return tree8(l);
+}
+
+#if VECTOR
+static inline __m256 exp_neg8(__m256 x) {
+    const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(FLOOR));
+    const __m256 big = _mm256_set1_ps(BIG);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), big), big);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(FLOOR), _CMP_LT_OQ), y);
+}
+
+/* the dot products of q with 8 consecutive slots' keys, as dot() forms each */
+static inline __m256 dot8_slots(const float *q, const float *k, int64_t kstride, int64_t D) {
+    __m256 a[8];
+    for (int s = 0; s < 8; s++) a[s] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int s = 0; s < 8; s++)
+            a[s] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + s * kstride + d), a[s]);
+    }
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 lo4 = _mm256_hadd_ps(h01, h23), hi4 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo4, hi4, 0x20),
+                         _mm256_permute2f128_ps(lo4, hi4, 0x31));
+}
+#endif
+
+static inline __attribute__((always_inline)) int rowattn_d(
+    const float *query, const int64_t *qs, const float *key, const int64_t *ks,
+    const float *value, const int64_t *vs, const float *mask, const int64_t *ms, float *out,
+    int64_t W, int64_t H, int64_t KV, int64_t Q, int64_t S, int64_t D, float scale) {
+    float *e = malloc((size_t)(S + 8) * sizeof(float));
+    float *acc = malloc((size_t)(D + 8) * sizeof(float));
+    if (!e || !acc) {
+        free(e);
+        free(acc);
+        return -1;
+    }
+    const int64_t group = H / KV;
+#if VECTOR
+    const int vec = D % 8 == 0;
+#else
+    const int vec = 0;
+#endif
+    const int64_t S8 = vec ? S / 8 * 8 : 0; /* slots the vector loops take, the rest one by one */
+    for (int64_t w = 0; w < W; w++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t g = h / group;
+            const float *kb = key + w * ks[0] + g * ks[1];
+            const float *vb = value + w * vs[0] + g * vs[1];
+            for (int64_t i = 0; i < Q; i++) {
+                const float *qr = query + w * qs[0] + h * qs[1] + i * qs[2];
+                const float *mr = mask + w * ms[0] + i * ms[2];
+                float m = -INFINITY, lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                int64_t j = 0;
+#if VECTOR
+                __m256 vm = _mm256_set1_ps(-INFINITY);
+                for (; j < S8; j += 8) {
+                    __m256 s = _mm256_mul_ps(dot8_slots(qr, kb + j * ks[2], ks[2], D), _mm256_set1_ps(scale));
+                    const __m256 add = _mm256_loadu_ps(mr + j);
+                    s = _mm256_add_ps(s, add); /* a hidden slot: -inf, whatever its key holds */
+                    s = _mm256_blendv_ps(s, add, _mm256_cmp_ps(add, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+                    _mm256_storeu_ps(e + j, s);
+                    vm = _mm256_max_ps(vm, s);
+                }
+                float mv[8];
+                _mm256_storeu_ps(mv, vm);
+                for (int k = 0; k < 8; k++) m = mv[k] > m ? mv[k] : m;
+#endif
+                for (; j < S; j++) {
+                    const float s = mr[j] == -INFINITY ? -INFINITY
+                                                       : dot(qr, kb + j * ks[2], D) * scale + mr[j];
+                    e[j] = s;
+                    m = s > m ? s : m;
+                }
+                int64_t n_seen = 0, last = -1;
+                for (int64_t j2 = 0; j2 < S; j2++)
+                    if (mr[j2] != -INFINITY) n_seen++, last = j2;
+                float *o = out + ((w * Q + i) * H + h) * D;
+                if (m == -INFINITY) { /* no slot visible */
+                    memset(o, 0, (size_t)D * sizeof(float));
+                    continue;
+                }
+                j = 0;
+#if VECTOR
+                const __m256 vmax = _mm256_set1_ps(m);
+                for (; j < S8; j += 8)
+                    _mm256_storeu_ps(e + j, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(e + j), vmax)));
+#endif
+                for (; j < S; j++) e[j] = exp_neg(e[j] - m);
+                if (n_seen == last + 1) { /* the visible slots are a prefix: place = position, and
+                                           * a hidden slot's e_j = 0 adds +0 to its lane */
+#if VECTOR
+                    __m256 vsum = _mm256_setzero_ps();
+                    for (j = 0; j < S8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(e + j));
+                    _mm256_storeu_ps(lanes, vsum);
+#else
+                    j = 0;
+#endif
+                    for (; j < S; j++) lanes[j & 7] += e[j];
+                } else {
+                    for (int64_t j2 = 0, t = 0; j2 < S; j2++) /* lane: place among the visible */
+                        if (mr[j2] != -INFINITY) lanes[t++ & 7] += e[j2];
+                }
+                const float sum = tree8(lanes);
+#if VECTOR
+                if (vec) {
+                    __m256 va[32];
+                    const int64_t nv = D / 8;
+                    if (nv <= 32) {
+                        for (int64_t c = 0; c < nv; c++) va[c] = _mm256_setzero_ps();
+                        for (j = 0; j < S; j++) {
+                            if (mr[j] == -INFINITY) continue;
+                            const __m256 p = _mm256_set1_ps(e[j]);
+                            const float *vr = vb + j * vs[2];
+                            for (int64_t c = 0; c < nv; c++)
+                                va[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), va[c]);
+                        }
+                        const __m256 vs_ = _mm256_set1_ps(sum);
+                        for (int64_t c = 0; c < nv; c++)
+                            _mm256_storeu_ps(o + 8 * c, _mm256_div_ps(va[c], vs_));
+                        continue;
+                    }
+                }
+#endif
+                for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+                for (j = 0; j < S; j++) {
+                    if (mr[j] == -INFINITY) continue;
+                    const float *vr = vb + j * vs[2];
+                    for (int64_t d = 0; d < D; d++) acc[d] = fmaf(e[j], vr[d], acc[d]);
+                }
+                for (int64_t d = 0; d < D; d++) o[d] = acc[d] / sum;
+            }
+        }
+    free(e);
+    free(acc);
+    return 0;
+}
+
+/* query (W, H, Q, D), key and value (W, KV, S, D), mask (W, 1, Q, S) additive; `strides`: the
+ * four element strides of each, in that order (each last one 1; the mask's first may be 0);
+ * out (W, Q, H, D) contiguous. Returns 0, or -1 when the scratch memory could not be had. */
+int rowattn(const float *query, const float *key, const float *value, const float *mask,
+            const int64_t *strides, float *out, int64_t W, int64_t H, int64_t KV, int64_t Q,
+            int64_t S, int64_t D, float scale) {
+    const int64_t *qs = strides, *ks = strides + 4, *vs = strides + 8, *ms = strides + 12;
+    if (D == 64) /* the common head size, its loops unrolled (the same operations) */
+        return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, 64, scale);
+    return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, D, scale);
+}

@@ -1,0 +1,107 @@
+"""Row-invariant attention on the CPU: each output row is a function of its own query and of
+the slots its mask lets it see, computed in a fixed order (rowattn.c's header has it in full).
+
+Why: with `qmm` (engine/core/qmm.py) a packed target's linear products already give a row the
+same bits whatever else the forward holds; torch's attention kernels do not (a verify forward
+of several rows and a one-row step block their sums differently), and those float-order
+differences were the only reason a packed target's logits moved between forward shapes. With
+this kernel, a packed target's eager forward gives every token the same logits whether it is
+fed alone, in a chain or in a draft tree (tests/model/test_rowattn.py), so a speculative run's
+tokens equal its own greedy's by construction, not up to near ties.
+
+rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
+cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same
+sums in float64 (the tests' oracle). Where no compiler builds it, :func:`library` is None
+and engine/core/attention.py keeps torch's attention.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from engine.core import qmm
+
+SOURCE = Path(__file__).with_name("rowattn.c")
+
+
+def compile_at(out: Path, march: str = "native", defines: tuple[str, ...] = ()
+               ) -> ctypes.CDLL | None:
+    """rowattn.c built into `out` for `march` (with -D `defines`) and loaded (None where it
+    does not build)."""
+    lib = qmm.compile_native(SOURCE, out, march, defines)
+    if lib is None:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.rowattn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float]
+    lib.rowattn.restype = ctypes.c_int
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """rowattn.c built for this machine and loaded; None where no C compiler builds it."""
+    return compile_at(qmm.native_path(SOURCE))
+
+
+def causal(Q: int, S: int) -> torch.Tensor:
+    """The additive mask of Q query rows that are the last Q of S slots: (1, 1, Q, S)."""
+    i = torch.arange(Q)[:, None]
+    j = torch.arange(S)[None, :]
+    return torch.where(j <= S - Q + i, 0.0, float("-inf"))[None, None]  # (1, 1, Q, S)
+
+
+_STRIDES = ctypes.c_int64 * 16
+
+
+def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention of H query heads over KV key/value heads (query head h reads key/value head
+    h // (H / KV)) by `lib`.
+
+    Args:
+        query: (W, H, Q, D) fp32; key, value: (W, KV, S, D) fp32 (any strides; the last
+            dimension is made contiguous); mask: (W or 1, 1, Q, S) additive fp32 (-inf: hidden)
+            or None (causal over the last Q slots).
+    Returns:
+        (W, Q, H, D) fp32, as transformers' attention functions return it.
+    """
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if key.stride(-1) != 1:
+        key = key.contiguous()
+    if value.stride(-1) != 1:
+        value = value.contiguous()
+    W, H, Q, D = query.shape
+    KV, S = key.shape[1], key.shape[2]
+    if mask is None:  # causal over the last Q slots
+        mask = causal(Q, S)
+    if mask.dtype != torch.float32 or mask.stride(-1) != 1:
+        mask = mask.float().contiguous()
+    if mask.shape[0] == 1 and W > 1:
+        mask = mask.expand(W, -1, -1, -1)  # stride 0 over the rows
+    out = torch.empty(W, Q, H, D)  # (W, Q, H, D)
+    strides = _STRIDES(*query.stride(), *key.stride(), *value.stride(), *mask.stride())
+    done = lib.rowattn(query.data_ptr(), key.data_ptr(), value.data_ptr(), mask.data_ptr(),
+                       strides, out.data_ptr(), W, H, KV, Q, S, D, scale)
+    if done != 0:
+        raise MemoryError("rowattn: no scratch memory")
+    return out
+
+
+def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The same attention in float64 (rows that see no slot give 0): (W, Q, H, D) fp64."""
+    W, H, Q, D = query.shape
+    KV, S = key.shape[1], key.shape[2]
+    if mask is None:
+        mask = causal(Q, S)
+    k = key.double().repeat_interleave(H // KV, 1)  # (W, H, S, D)
+    v = value.double().repeat_interleave(H // KV, 1)
+    s = query.double() @ k.transpose(-1, -2) * scale + mask.double()  # (W, H, Q, S)
+    seen = torch.isfinite(s).any(-1, keepdim=True)  # (W, H, Q, 1)
+    p = torch.softmax(torch.where(seen, s, 0.0), -1) * seen
+    return (p @ v).transpose(1, 2)  # (W, Q, H, D)

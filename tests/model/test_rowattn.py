@@ -1,0 +1,192 @@
+"""engine.core.rowattn, the attention of a packed target: it equals a float64 attention, every
+code path of rowattn.c gives the same bits, a row's output depends on its own query and the
+slots it may see alone, and with it a packed model's logits are the same bits however its
+tokens are fed (alone, in one forward, in a draft tree)."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+import engine
+from engine.core import attention, rowattn
+from engine.run.models import model_from_config, tiny_config
+from tests.gguf_tiny import load_packed, write_gguf
+
+NEG = float("-inf")
+
+
+def _inputs(W: int, H: int, KV: int, Q: int, S: int, D: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(W, H, Q, D, generator=gen)  # (W, H, Q, D)
+    key = torch.randn(W, KV, S, D, generator=gen)  # (W, KV, S, D)
+    value = torch.randn(W, KV, S, D, generator=gen)
+    return query, key, value
+
+
+def _tree_mask(W: int, Q: int, S: int) -> torch.Tensor:
+    """Q draft nodes after S - Q cached slots, node i's parent (i - 1) // 2 (a binary tree):
+    (W, 1, Q, S), 0 where a node may attend, -inf elsewhere."""
+    mask = torch.full((W, 1, Q, S), NEG)
+    mask[..., : S - Q] = 0.0
+    for i in range(Q):
+        j = i
+        while j >= 0:
+            mask[:, 0, i, S - Q + j] = 0.0
+            j = (j - 1) // 2 if j else -1
+    return mask
+
+
+@pytest.fixture(scope="module")
+def lib():
+    out = rowattn.library()
+    assert out is not None, "rowattn.c must build here (a C compiler is part of the setup)"
+    return out
+
+
+@pytest.mark.parametrize("W,H,KV,Q,S,D", [
+    (1, 9, 3, 5, 61, 64),  # the embedded model's heads, slots not a multiple of 8
+    (2, 4, 1, 3, 16, 64),  # one key/value head
+    (1, 4, 4, 1, 9, 16),  # one row, as many key/value heads as query heads
+    (2, 6, 2, 4, 30, 12),  # a head size that is not a multiple of 8 (the plain loops)
+])
+def test_the_kernel_equals_attention_computed_in_float64(lib, W, H, KV, Q, S, D):
+    query, key, value = _inputs(W, H, KV, Q, S, D, seed=0)
+    for mask in (_tree_mask(W, Q, S), None, _tree_mask(1, Q, S)):
+        out = rowattn.attend(lib, query, key, value, mask, D ** -0.5)  # (W, Q, H, D)
+        ref = rowattn.reference(query, key, value, mask, D ** -0.5)  # (W, Q, H, D) fp64
+        torch.testing.assert_close(out.double(), ref, rtol=2e-6, atol=2e-6)
+
+
+def test_it_equals_torchs_attention_to_float_rounding(lib):
+    query, key, value = _inputs(1, 9, 3, 5, 70, 64, seed=1)
+    mask = _tree_mask(1, 5, 70)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, enable_gqa=True).transpose(1, 2)  # (W, Q, H, D)
+    torch.testing.assert_close(rowattn.attend(lib, query, key, value, mask, 64 ** -0.5), sdpa,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,march,defines", [
+    ("plain C", "native", ("ROWATTN_PLAIN",)),
+    ("AVX2", "x86-64-v3", ()),
+])
+def test_every_code_path_gives_the_same_bits(lib, tmp_path, name, march, defines):
+    if march != "native" and platform.machine() != "x86_64":
+        pytest.skip(f"{march} is an x86 target")
+    other = rowattn.compile_at(tmp_path / "rowattn.so", march=march, defines=defines)
+    assert other is not None, name
+    for W, H, KV, Q, S, D in ((1, 9, 3, 5, 61, 64), (2, 6, 2, 4, 30, 12)):
+        query, key, value = _inputs(W, H, KV, Q, S, D, seed=2)
+        mask = _tree_mask(W, Q, S)
+        assert torch.equal(rowattn.attend(other, query, key, value, mask, 0.125),
+                           rowattn.attend(lib, query, key, value, mask, 0.125)), (name, D)
+
+
+def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
+    """Each row of a tree forward equals the row computed alone over only its visible slots
+    (its ancestors and the cache): other rows, hidden slots, their keys and values and where
+    the vector loops split the slots change nothing."""
+    W, H, KV, Q, S, D = 1, 9, 3, 7, 83, 64
+    query, key, value = _inputs(W, H, KV, Q, S, D, seed=3)
+    mask = _tree_mask(W, Q, S)
+    together = rowattn.attend(lib, query, key, value, mask, 0.125)  # (W, Q, H, D)
+    for i in range(Q):
+        seen = torch.nonzero(mask[0, 0, i] == 0).flatten()  # (n,)
+        alone = rowattn.attend(lib, query[:, :, i:i + 1], key[:, :, seen], value[:, :, seen],
+                               None, 0.125)  # (W, 1, H, D): the causal rule, all n slots
+        assert torch.equal(alone[:, 0], together[:, i]), i
+    hidden = mask[0, 0] == NEG  # (Q, S)
+    key2, value2 = key.clone(), value.clone()
+    key2[:, :, S - Q:] = torch.where(hidden.all(0)[S - Q:, None], float("nan"), key2[:, :, S - Q:])
+    value2[:, :, -1] = float("nan")  # the last node: hidden from every row but its own
+    again = rowattn.attend(lib, query, key2, value2, mask, 0.125)
+    assert torch.equal(again[:, :-1], together[:, :-1])
+
+
+def test_a_row_that_sees_no_slot_gives_zero(lib):
+    query, key, value = _inputs(1, 2, 1, 2, 8, 16, seed=4)
+    mask = torch.zeros(1, 1, 2, 8)
+    mask[0, 0, 1] = NEG
+    out = rowattn.attend(lib, query, key, value, mask, 0.25)
+    assert torch.equal(out[0, 1], torch.zeros(2, 16)) and out[0, 0].abs().sum() > 0
+
+
+def _packed_tiny(tmp_path):
+    cfg = tiny_config("llama", vocab_size=64, layers=2, hidden_size=64, intermediate_size=128,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = model_from_config(cfg, seed=0)  # its linears and head 4-bit, as embedded-q4's
+    return load_packed(model, tmp_path / "tiny.gguf",
+                       write_gguf(tmp_path / "tiny.gguf", model, head=True))
+
+
+def _fed_three_ways(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits of `ids` from one forward, from one-token steps over a cache, and of its last two
+    tokens as two sibling branches of a draft tree (each from the prefix before them)."""
+    from transformers import DynamicCache
+    x = torch.tensor([ids])  # (1, L)
+    L = len(ids)
+    with torch.no_grad():
+        whole = model(x).logits[0]  # (L, V)
+        cache = DynamicCache(config=model.config)
+        steps = torch.cat([model(x[:, t:t + 1], past_key_values=cache).logits[0]
+                           for t in range(L)])  # (L, V)
+        cache = DynamicCache(config=model.config)
+        model(x[:, : L - 2], past_key_values=cache)  # the prefix
+        # two siblings after the prefix: ids[L - 2] and ids[L - 1] both at position L - 2
+        mask = torch.zeros(1, 1, 2, L)  # (1, 1, 2, L): prefix, then the two nodes
+        mask[0, 0, 0, L - 1] = NEG
+        mask[0, 0, 1, L - 2] = NEG
+        tree = model(x[:, L - 2:], past_key_values=cache, attention_mask=mask,
+                     position_ids=torch.tensor([[L - 2, L - 2]])).logits[0]  # (2, V)
+        cache = DynamicCache(config=model.config)
+        model(x[:, : L - 2], past_key_values=cache)
+        sibling = model(x[:, L - 1:], past_key_values=cache,
+                        position_ids=torch.tensor([[L - 2]])).logits[0]  # (1, V)
+    return whole, steps, torch.stack([tree[0], whole[L - 2], tree[1], sibling[0]])
+
+
+def test_a_packed_models_logits_are_the_same_bits_however_its_tokens_are_fed(tmp_path):
+    model = _packed_tiny(tmp_path)
+    engine.load_pair(target=model, draft="", device="cpu")  # the engine's attention
+    assert model.config._attn_implementation == attention.ROWS_NAME
+    whole, steps, tree = _fed_three_ways(model, [3, 17, 5, 9, 41, 2, 33, 8, 60, 11])
+    assert torch.equal(whole, steps)
+    assert torch.equal(tree[0], tree[1]) and torch.equal(tree[2], tree[3])
+
+
+def test_with_torchs_attention_the_same_packed_model_moves_between_forward_shapes(tmp_path):
+    """The control: the property above is the kernel's, not the tiny model's."""
+    model = _packed_tiny(tmp_path)
+    model.config._attn_implementation = "sdpa"
+    whole, steps, _ = _fed_three_ways(model, [3, 17, 5, 9, 41, 2, 33, 8, 60, 11])
+    torch.testing.assert_close(whole, steps, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(whole, steps)
+
+
+def test_only_a_packed_target_is_given_the_row_attention(tmp_path):
+    model = _packed_tiny(tmp_path)
+    attention.use_engine_attention(model)
+    assert model.config._attn_implementation == attention.ROWS_NAME
+    stock = model_from_config(tiny_config("llama", vocab_size=64, layers=1), seed=0)
+    attention.use_engine_attention(stock)
+    assert stock.config._attn_implementation == attention.NAME
+
+
+def test_gradients_and_other_dtypes_leave_the_kernel_for_torchs_attention(lib):
+    query, key, value = _inputs(1, 4, 2, 3, 16, 16, seed=5)
+    mask = _tree_mask(1, 3, 16)
+    module = torch.nn.Module()  # what transformers' sdpa function reads of a layer
+    module.num_key_value_groups, module.is_causal = 2, True
+    with torch.no_grad():
+        ours = attention.row_attention(module, query, key, value, mask, scaling=0.25)[0]
+        assert torch.equal(ours, rowattn.attend(lib, query, key, value, mask, 0.25))
+        bf = attention.row_attention(module, query.bfloat16(), key.bfloat16(),
+                                     value.bfloat16(), mask.bfloat16(), scaling=0.25)[0]
+        assert bf.dtype == torch.bfloat16
+    q = query.clone().requires_grad_()
+    out = attention.row_attention(module, q, key, value, mask, scaling=0.25)[0]
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
