@@ -105,8 +105,9 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
                   **kwargs) -> tuple[torch.Tensor, None]:
     """The attention function registered as :data:`ROWS_NAME` (a packed target's): rowattn's
     kernel for an eager fp32 CPU forward without gradients or dropout, a 4D mask (float or
-    bool) or none, key/value heads dividing the query heads and none of the options in
-    _UNSUPPORTED; else :func:`grouped_attention`."""
+    bool) of one head that broadcasts to the rows, or none (sdpa's rule then: causal from the
+    first slot for several rows, every slot for one), key/value heads dividing the query heads
+    and none of the options in _UNSUPPORTED; else :func:`grouped_attention`."""
     mask = attention_mask
     eager = not torch.compiler.is_compiling()  # first: a traced forward never reaches the
     # library (its lookup would break the graph)
@@ -116,10 +117,18 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
             and not torch.is_grad_enabled()
             and query.shape[1] % key.shape[1] == 0 and (mask is None or mask.dim() == 4)
             and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
-        if mask is not None and mask.dtype == torch.bool:  # True: may attend
+        Q, S = query.shape[2], key.shape[2]
+        if mask is None:  # what sdpa does without one: is_causal for several rows
+            causal = kwargs.get("is_causal")
+            mask = rowattn.visible(Q, S, getattr(module, "is_causal", True)
+                                   if causal is None else bool(causal))
+        elif mask.dtype == torch.bool:  # True: may attend
             mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return rowattn.attend(lib, query, key, value, mask, scale), None  # (W, q, H, D)
+        try:
+            return rowattn.attend(lib, query, key, value, mask, scale), None  # (W, q, H, D)
+        except RuntimeError:  # a mask of another shape (per head, say): torch's attention
+            pass
     return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
                              scaling=scaling, **kwargs)
 

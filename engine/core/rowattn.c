@@ -4,7 +4,7 @@
  * eager forwards of a packed CPU target (engine/core/attention.py).
  *
  * For query row i of head h (key/value head g = h / (H / KV)), over the slots j whose mask
- * value is not -inf:
+ * value is not hidden (-inf or the lowest finite float, as the engine's masks write it):
  *   s_j = dot(q, k_j) * scale + mask[i, j];  m = max_j s_j;  e_j = exp_neg(s_j - m);
  *   out = acc / sum,  sum = lanesum_j e_j,  acc[d] = sum_j e_j v_j[d] (slot order, fmaf).
  * dot(a, b): 8 lanes (lane k: the fused multiply-adds of the d = k mod 8, in order of d)
@@ -16,6 +16,7 @@
  * path and the plain C path (-DROWATTN_PLAIN, or a machine without AVX2 and FMA) do these
  * operations in this order, so they give the same bits (tests/model/test_rowattn.py).
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,6 +34,8 @@
 #define LN2_HI 0.693145751953125f /* ln 2 in two parts, the first exact in 16 bits */
 #define LN2_LO 1.428606765330187045e-06f
 #define FLOOR (-87.0f) /* below: e^x < 2^-125, taken as 0 */
+/* a hidden slot: -inf, or the lowest finite float (the engine's masks and transformers' use it) */
+#define HIDDEN(add) ((add) <= -FLT_MAX)
 
 /* e^x for x <= 0: x = n ln2 + r, n = round(x log2 e), |r| <= ln2 / 2; e^r by its Taylor
  * polynomial to r^7 (relative error under 2e-7), times 2^n set in the exponent bits. */
@@ -134,7 +137,8 @@ static inline __attribute__((always_inline)) int rowattn_d(
                     __m256 s = _mm256_mul_ps(dot8_slots(qr, kb + j * ks[2], ks[2], D), _mm256_set1_ps(scale));
                     const __m256 add = _mm256_loadu_ps(mr + j);
                     s = _mm256_add_ps(s, add); /* a hidden slot: -inf, whatever its key holds */
-                    s = _mm256_blendv_ps(s, add, _mm256_cmp_ps(add, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+                    s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY),
+                                         _mm256_cmp_ps(add, _mm256_set1_ps(-FLT_MAX), _CMP_LE_OQ));
                     _mm256_storeu_ps(e + j, s);
                     vm = _mm256_max_ps(vm, s);
                 }
@@ -143,14 +147,14 @@ static inline __attribute__((always_inline)) int rowattn_d(
                 for (int k = 0; k < 8; k++) m = mv[k] > m ? mv[k] : m;
 #endif
                 for (; j < S; j++) {
-                    const float s = mr[j] == -INFINITY ? -INFINITY
+                    const float s = HIDDEN(mr[j]) ? -INFINITY
                                                        : dot(qr, kb + j * ks[2], D) * scale + mr[j];
                     e[j] = s;
                     m = s > m ? s : m;
                 }
                 int64_t n_seen = 0, last = -1;
                 for (int64_t j2 = 0; j2 < S; j2++)
-                    if (mr[j2] != -INFINITY) n_seen++, last = j2;
+                    if (!HIDDEN(mr[j2])) n_seen++, last = j2;
                 float *o = out + ((w * Q + i) * H + h) * D;
                 if (m == -INFINITY) { /* no slot visible */
                     memset(o, 0, (size_t)D * sizeof(float));
@@ -175,7 +179,7 @@ static inline __attribute__((always_inline)) int rowattn_d(
                     for (; j < S; j++) lanes[j & 7] += e[j];
                 } else {
                     for (int64_t j2 = 0, t = 0; j2 < S; j2++) /* lane: place among the visible */
-                        if (mr[j2] != -INFINITY) lanes[t++ & 7] += e[j2];
+                        if (!HIDDEN(mr[j2])) lanes[t++ & 7] += e[j2];
                 }
                 const float sum = tree8(lanes);
 #if VECTOR
@@ -185,7 +189,7 @@ static inline __attribute__((always_inline)) int rowattn_d(
                     if (nv <= 32) {
                         for (int64_t c = 0; c < nv; c++) va[c] = _mm256_setzero_ps();
                         for (j = 0; j < S; j++) {
-                            if (mr[j] == -INFINITY) continue;
+                            if (HIDDEN(mr[j])) continue;
                             const __m256 p = _mm256_set1_ps(e[j]);
                             const float *vr = vb + j * vs[2];
                             for (int64_t c = 0; c < nv; c++)
@@ -200,7 +204,7 @@ static inline __attribute__((always_inline)) int rowattn_d(
 #endif
                 for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
                 for (j = 0; j < S; j++) {
-                    if (mr[j] == -INFINITY) continue;
+                    if (HIDDEN(mr[j])) continue;
                     const float *vr = vb + j * vs[2];
                     for (int64_t d = 0; d < D; d++) acc[d] = fmaf(e[j], vr[d], acc[d]);
                 }

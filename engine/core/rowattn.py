@@ -47,25 +47,30 @@ def library() -> ctypes.CDLL | None:
     return compile_at(qmm.native_path(SOURCE))
 
 
-def causal(Q: int, S: int) -> torch.Tensor:
-    """The additive mask of Q query rows that are the last Q of S slots: (1, 1, Q, S)."""
+def visible(Q: int, S: int, causal: bool) -> torch.Tensor:
+    """The additive mask transformers' sdpa applies when it is given none: (1, 1, Q, S); with
+    `causal` (and Q > 1) query row i sees slots 0..i (torch's ``is_causal``, aligned at the
+    first slot), else every slot."""
+    if not causal or Q == 1:
+        return torch.zeros(1, 1, Q, S)
     i = torch.arange(Q)[:, None]
     j = torch.arange(S)[None, :]
-    return torch.where(j <= S - Q + i, 0.0, float("-inf"))[None, None]  # (1, 1, Q, S)
+    return torch.where(j <= i, 0.0, float("-inf"))[None, None]  # (1, 1, Q, S)
 
 
 _STRIDES = ctypes.c_int64 * 16
 
 
 def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-           mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+           mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of H query heads over KV key/value heads (query head h reads key/value head
     h // (H / KV)) by `lib`.
 
     Args:
         query: (W, H, Q, D) fp32; key, value: (W, KV, S, D) fp32 (any strides; the last
-            dimension is made contiguous); mask: (W or 1, 1, Q, S) additive fp32 (-inf: hidden)
-            or None (causal over the last Q slots).
+            dimension is made contiguous); mask: additive fp32 that broadcasts to (W, 1, Q, S)
+            (-inf or the lowest finite float: hidden; a longer last dimension is cut to S, as
+            sdpa's callers do; another shape raises RuntimeError).
     Returns:
         (W, Q, H, D) fp32, as transformers' attention functions return it.
     """
@@ -77,12 +82,13 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
         value = value.contiguous()
     W, H, Q, D = query.shape
     KV, S = key.shape[1], key.shape[2]
-    if mask is None:  # causal over the last Q slots
-        mask = causal(Q, S)
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] < S:
+        raise RuntimeError(f"rowattn: a mask {tuple(mask.shape)} for {W} x {Q} rows over {S} "
+                           "slots")
+    mask = mask[..., :S]
     if mask.dtype != torch.float32 or mask.stride(-1) != 1:
         mask = mask.float().contiguous()
-    if mask.shape[0] == 1 and W > 1:
-        mask = mask.expand(W, -1, -1, -1)  # stride 0 over the rows
+    mask = mask.expand(W, 1, Q, S)  # stride 0 where it broadcasts
     out = torch.empty(W, Q, H, D)  # (W, Q, H, D)
     strides = _STRIDES(*query.stride(), *key.stride(), *value.stride(), *mask.stride())
     done = lib.rowattn(query.data_ptr(), key.data_ptr(), value.data_ptr(), mask.data_ptr(),
@@ -93,12 +99,11 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
 
 
 def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+              mask: torch.Tensor, scale: float) -> torch.Tensor:
     """The same attention in float64 (rows that see no slot give 0): (W, Q, H, D) fp64."""
-    W, H, Q, D = query.shape
-    KV, S = key.shape[1], key.shape[2]
-    if mask is None:
-        mask = causal(Q, S)
+    H, KV = query.shape[1], key.shape[1]
+    mask = torch.where(mask <= torch.finfo(torch.float32).min, float("-inf"),
+                       mask.double())  # (W or 1, 1, Q, S): the lowest float hides too
     k = key.double().repeat_interleave(H // KV, 1)  # (W, H, S, D)
     v = value.double().repeat_interleave(H // KV, 1)
     s = query.double() @ k.transpose(-1, -2) * scale + mask.double()  # (W, H, Q, S)

@@ -18,6 +18,13 @@ from tests.gguf_tiny import load_packed, write_gguf
 NEG = float("-inf")
 
 
+def _cpu_flags() -> str:
+    try:
+        return next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return ""
+
+
 def _inputs(W: int, H: int, KV: int, Q: int, S: int, D: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(W, H, Q, D, generator=gen)  # (W, H, Q, D)
@@ -54,10 +61,21 @@ def lib():
 ])
 def test_the_kernel_equals_attention_computed_in_float64(lib, W, H, KV, Q, S, D):
     query, key, value = _inputs(W, H, KV, Q, S, D, seed=0)
-    for mask in (_tree_mask(W, Q, S), None, _tree_mask(1, Q, S)):
+    low = _tree_mask(W, Q, S).clamp(min=torch.finfo(torch.float32).min)  # the engine's way
+    for mask in (_tree_mask(W, Q, S), rowattn.visible(Q, S, True), _tree_mask(1, Q, S), low):
         out = rowattn.attend(lib, query, key, value, mask, D ** -0.5)  # (W, Q, H, D)
         ref = rowattn.reference(query, key, value, mask, D ** -0.5)  # (W, Q, H, D) fp64
         torch.testing.assert_close(out.double(), ref, rtol=2e-6, atol=2e-6)
+
+
+def test_the_lowest_float_hides_a_slot_as_minus_infinity_does(lib):
+    """The engine's masks (engine/core/forest.py) write torch.finfo(float32).min, not -inf:
+    a tree node must still sum its ancestors as a chain."""
+    query, key, value = _inputs(1, 9, 3, 7, 83, 64, seed=7)
+    mask = _tree_mask(1, 7, 83)
+    low = mask.clamp(min=torch.finfo(torch.float32).min)
+    assert torch.equal(rowattn.attend(lib, query, key, value, low, 0.125),
+                       rowattn.attend(lib, query, key, value, mask, 0.125))
 
 
 def test_it_equals_torchs_attention_to_float_rounding(lib):
@@ -74,15 +92,15 @@ def test_it_equals_torchs_attention_to_float_rounding(lib):
     ("AVX2", "x86-64-v3", ()),
 ])
 def test_every_code_path_gives_the_same_bits(lib, tmp_path, name, march, defines):
-    if march != "native" and platform.machine() != "x86_64":
-        pytest.skip(f"{march} is an x86 target")
+    if march != "native" and (platform.machine() != "x86_64" or " avx2" not in _cpu_flags()):
+        pytest.skip(f"{march} needs an x86 CPU with AVX2")
     other = rowattn.compile_at(tmp_path / "rowattn.so", march=march, defines=defines)
     assert other is not None, name
     for W, H, KV, Q, S, D in ((1, 9, 3, 5, 61, 64), (2, 6, 2, 4, 30, 12)):
         query, key, value = _inputs(W, H, KV, Q, S, D, seed=2)
-        mask = _tree_mask(W, Q, S)
-        assert torch.equal(rowattn.attend(other, query, key, value, mask, 0.125),
-                           rowattn.attend(lib, query, key, value, mask, 0.125)), (name, D)
+        for mask in (_tree_mask(W, Q, S), _tree_mask(1, Q, S).clamp(min=-3.4028234663852886e38)):
+            assert torch.equal(rowattn.attend(other, query, key, value, mask, 0.125),
+                               rowattn.attend(lib, query, key, value, mask, 0.125)), (name, D)
 
 
 def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
@@ -96,7 +114,7 @@ def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
     for i in range(Q):
         seen = torch.nonzero(mask[0, 0, i] == 0).flatten()  # (n,)
         alone = rowattn.attend(lib, query[:, :, i:i + 1], key[:, :, seen], value[:, :, seen],
-                               None, 0.125)  # (W, 1, H, D): the causal rule, all n slots
+                               rowattn.visible(1, len(seen), False), 0.125)  # (W, 1, H, D)
         assert torch.equal(alone[:, 0], together[:, i]), i
     hidden = mask[0, 0] == NEG  # (Q, S)
     key2, value2 = key.clone(), value.clone()
@@ -190,3 +208,65 @@ def test_gradients_and_other_dtypes_leave_the_kernel_for_torchs_attention(lib):
     out = attention.row_attention(module, q, key, value, mask, scaling=0.25)[0]
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+class _Layer(torch.nn.Module):
+    """What transformers' sdpa function reads of an attention layer."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal, self.training = groups, True, False
+
+
+def _sdpa(query, key, value, mask, **kw):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    return sdpa_attention_forward(_Layer(query.shape[1] // key.shape[1]), query, key, value,
+                                  mask, scaling=0.25, **kw)[0]
+
+
+@pytest.mark.parametrize("Q,S", [(1, 12), (4, 4), (4, 32)])  # (4, 32): a prefill into an
+def test_without_a_mask_it_follows_sdpas_rule(lib, Q, S):  # empty static cache
+    query, key, value = _inputs(1, 4, 2, Q, S, 16, seed=8)
+    with torch.no_grad():
+        ours = attention.row_attention(_Layer(2), query, key, value, None, scaling=0.25)[0]
+        torch.testing.assert_close(ours, _sdpa(query, key, value, None), rtol=1e-5, atol=1e-5)
+        flat = attention.row_attention(_Layer(2), query, key, value, None, scaling=0.25,
+                                       is_causal=False)[0]
+        torch.testing.assert_close(flat, _sdpa(query, key, value, None, is_causal=False),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_masks_of_other_shapes_broadcast_or_go_to_torchs_attention(lib):
+    query, key, value = _inputs(2, 4, 2, 3, 20, 16, seed=9)
+    one_row = torch.zeros(1, 1, 1, 24)  # one mask row for every query row, longer than S
+    one_row[..., 5] = NEG
+    per_head = torch.zeros(2, 4, 3, 20)
+    per_head[:, 1, :, :4] = NEG
+    with torch.no_grad():
+        for mask in (one_row, per_head):
+            ours = attention.row_attention(_Layer(2), query, key, value, mask, scaling=0.25)[0]
+            torch.testing.assert_close(ours, _sdpa(query, key, value, mask[..., :20]),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_a_draft_trees_nodes_get_the_bits_of_the_chains_they_stand_for(tmp_path):
+    """Through the engine's runner and its masks: siblings and a grandchild fed as one forest
+    equal the same tokens fed as chains."""
+    from engine.core.cached_model import CachedModel
+    from engine.core.forest import ROOT
+
+    model = _packed_tiny(tmp_path)
+    engine.load_pair(target=model, draft="", device="cpu")
+    prompt = torch.tensor([[3, 17, 5, 9, 41, 2]])
+    tree = CachedModel(model)
+    tree.start(prompt)
+    kids = [7, 19, 23, 37, 50, 11, 29, 44]  # 8 children of the root, then a child of the last
+    got = tree.feed(torch.tensor([kids + [8]]), torch.tensor([[ROOT] * 8 + [7]]))
+    for n, kid in enumerate(kids):
+        chain = CachedModel(model)
+        chain.start(prompt)
+        ids, par = ([kid, 8], [ROOT, 0]) if n == 7 else ([kid], [ROOT])
+        one = chain.feed(torch.tensor([ids]), torch.tensor([par]))
+        assert torch.equal(got.root_logits, one.root_logits)
+        assert torch.equal(got.node_logits[0, n], one.node_logits[0, 0]), n
+    assert torch.equal(got.node_logits[0, 8], one.node_logits[0, 1])
