@@ -123,7 +123,8 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
             mask = rowattn.visible(Q, S, getattr(module, "is_causal", True)
                                    if causal is None else bool(causal))
         elif mask.dtype == torch.bool:  # True: may attend
-            mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
+            mask = torch.zeros(mask.shape, dtype=torch.float32,
+                               device="cpu").masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         try:
             return rowattn.attend(lib, query, key, value, mask, scale), None  # (W, q, H, D)
@@ -147,6 +148,7 @@ def use_engine_attention(model: torch.nn.Module) -> None:
     engine's: :data:`ROWS_NAME` for a packed target where rowattn's kernel builds, else
     :data:`NAME` (see the module docstring). Other implementations stay."""
     cfg = model.config
-    if cfg._attn_implementation in ("sdpa", NAME):
+    if cfg._attn_implementation in ("sdpa", NAME, ROWS_NAME):  # chosen afresh (a drafter's
+        # copy of a packed target's config may hold unpacked layers)
         rows = is_packed(model) and rowattn.library() is not None
         cfg._attn_implementation = ROWS_NAME if rows else NAME

@@ -217,7 +217,8 @@ static inline __attribute__((always_inline)) int rowattn_d(
 }
 
 /* query (W, H, Q, D), key and value (W, KV, S, D), mask (W, 1, Q, S) additive; `strides`: the
- * four element strides of each, in that order (each last one 1; the mask's first may be 0);
+ * four element strides of each, in that order (each last one 1; the mask's first and third may
+ * be 0: one mask for every beam row or every query row);
  * out (W, Q, H, D) contiguous. Returns 0, or -1 when the scratch memory could not be had. */
 int rowattn(const float *query, const float *key, const float *value, const float *mask,
             const int64_t *strides, float *out, int64_t W, int64_t H, int64_t KV, int64_t Q,

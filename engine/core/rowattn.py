@@ -4,10 +4,12 @@ the slots its mask lets it see, computed in a fixed order (rowattn.c's header ha
 Why: with `qmm` (engine/core/qmm.py) a packed target's linear products already give a row the
 same bits whatever else the forward holds; torch's attention kernels do not (a verify forward
 of several rows and a one-row step block their sums differently), and those float-order
-differences were the only reason a packed target's logits moved between forward shapes. With
-this kernel, a packed target's eager forward gives every token the same logits whether it is
-fed alone, in a chain or in a draft tree (tests/model/test_rowattn.py), so a speculative run's
-tokens equal its own greedy's by construction, not up to near ties.
+differences are what makes a packed target's logits differ between forward shapes (by up to
+0.0055 on embedded-q4). With this kernel a packed target's eager forward gives every token the
+same logits whether it is fed alone, in a chain or in a draft tree (tests/model/test_rowattn.py),
+so an eager speculative run's tokens equal its own greedy's and generate()'s by construction.
+(The compiled path, SPECVIZ_KV=compiled, traces engine/core/attention.py's grouped attention
+instead: its bits are its own.)
 
 rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
 cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same
@@ -52,10 +54,10 @@ def visible(Q: int, S: int, causal: bool) -> torch.Tensor:
     `causal` (and Q > 1) query row i sees slots 0..i (torch's ``is_causal``, aligned at the
     first slot), else every slot."""
     if not causal or Q == 1:
-        return torch.zeros(1, 1, Q, S)
+        return torch.zeros(1, 1, Q, S, dtype=torch.float32, device="cpu")
     i = torch.arange(Q)[:, None]
     j = torch.arange(S)[None, :]
-    return torch.where(j <= i, 0.0, float("-inf"))[None, None]  # (1, 1, Q, S)
+    return torch.where(j <= i, 0.0, float("-inf")).float()[None, None]  # (1, 1, Q, S)
 
 
 _STRIDES = ctypes.c_int64 * 16
@@ -82,6 +84,12 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
         value = value.contiguous()
     W, H, Q, D = query.shape
     KV, S = key.shape[1], key.shape[2]
+    tensors = (query, key, value, mask)
+    if (key.shape[0] != W or key.shape[3] != D or value.shape != key.shape or KV == 0
+            or H % KV or any(t.device.type != "cpu" for t in tensors)
+            or any(t.dtype != torch.float32 for t in tensors[:3])):
+        raise RuntimeError(f"rowattn: query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                           f"value {tuple(value.shape)} do not fit (fp32 on the CPU)")
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] < S:
         raise RuntimeError(f"rowattn: a mask {tuple(mask.shape)} for {W} x {Q} rows over {S} "
                            "slots")
@@ -89,7 +97,7 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     if mask.dtype != torch.float32 or mask.stride(-1) != 1:
         mask = mask.float().contiguous()
     mask = mask.expand(W, 1, Q, S)  # stride 0 where it broadcasts
-    out = torch.empty(W, Q, H, D)  # (W, Q, H, D)
+    out = torch.empty(W, Q, H, D, dtype=torch.float32, device="cpu")  # (W, Q, H, D)
     strides = _STRIDES(*query.stride(), *key.stride(), *value.stride(), *mask.stride())
     done = lib.rowattn(query.data_ptr(), key.data_ptr(), value.data_ptr(), mask.data_ptr(),
                        strides, out.data_ptr(), W, H, KV, Q, S, D, scale)

@@ -27,14 +27,18 @@ MAX_REL_ERROR = 1e-4
 # The packed model's logits do not move with the shape of a forward: each packed product
 # depends on its own row alone (qmm) and so does its attention (engine/core/rowattn.py), so
 # generate()'s one-token steps, one forward over the whole sequence and the engine's verify
-# forwards give a token the same bits. (With torch's attention they moved by up to 0.0055:
-# the rounding of every packed layer's input to 16 bits turned a float-order difference of
-# the attention into a whole step of that rounding.)
+# forwards give a token the same bits. (With torch's attention they differ by up to 0.0055:
+# the rounding of every packed layer's input to 16 bits turns a float-order difference of the
+# attention into a whole step of that rounding.) Eager forwards: the fixture unsets
+# SPECVIZ_KV.
 
 
 @pytest.fixture(scope="module")
 def q4_pair():
-    return engine.load_pair("embedded-q4", draft="early-exit")  # device auto: the CPU
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SPECVIZ_KV", raising=False)  # the eager path (the compiled one traces
+        # another attention)
+        yield engine.load_pair("embedded-q4", draft="early-exit")  # device auto: the CPU
 
 
 def _ref(pair, prompt, n=N) -> tuple[list[int], torch.Tensor]:

@@ -116,12 +116,12 @@ def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
         alone = rowattn.attend(lib, query[:, :, i:i + 1], key[:, :, seen], value[:, :, seen],
                                rowattn.visible(1, len(seen), False), 0.125)  # (W, 1, H, D)
         assert torch.equal(alone[:, 0], together[:, i]), i
-    hidden = mask[0, 0] == NEG  # (Q, S)
     key2, value2 = key.clone(), value.clone()
-    key2[:, :, S - Q:] = torch.where(hidden.all(0)[S - Q:, None], float("nan"), key2[:, :, S - Q:])
-    value2[:, :, -1] = float("nan")  # the last node: hidden from every row but its own
+    key2[:, :, -1] = float("nan")  # the last node: hidden from every row but its own
+    value2[:, :, -1] = float("nan")
     again = rowattn.attend(lib, query, key2, value2, mask, 0.125)
     assert torch.equal(again[:, :-1], together[:, :-1])
+    assert torch.isnan(again[:, -1]).all()  # its own row reads them
 
 
 def test_a_row_that_sees_no_slot_gives_zero(lib):
@@ -224,9 +224,17 @@ def _sdpa(query, key, value, mask, **kw):
                                   mask, scaling=0.25, **kw)[0]
 
 
+def _spy(monkeypatch) -> list:
+    calls = []
+    real = rowattn.attend
+    monkeypatch.setattr(rowattn, "attend", lambda *a: calls.append(a[4].shape) or real(*a))
+    return calls
+
+
 @pytest.mark.parametrize("Q,S", [(1, 12), (4, 4), (4, 32)])  # (4, 32): a prefill into an
-def test_without_a_mask_it_follows_sdpas_rule(lib, Q, S):  # empty static cache
+def test_without_a_mask_it_follows_sdpas_rule(lib, Q, S, monkeypatch):  # empty static cache
     query, key, value = _inputs(1, 4, 2, Q, S, 16, seed=8)
+    calls = _spy(monkeypatch)
     with torch.no_grad():
         ours = attention.row_attention(_Layer(2), query, key, value, None, scaling=0.25)[0]
         torch.testing.assert_close(ours, _sdpa(query, key, value, None), rtol=1e-5, atol=1e-5)
@@ -234,10 +242,12 @@ def test_without_a_mask_it_follows_sdpas_rule(lib, Q, S):  # empty static cache
                                        is_causal=False)[0]
         torch.testing.assert_close(flat, _sdpa(query, key, value, None, is_causal=False),
                                    rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2  # both by the kernel
 
 
-def test_masks_of_other_shapes_broadcast_or_go_to_torchs_attention(lib):
+def test_masks_of_other_shapes_broadcast_or_go_to_torchs_attention(lib, monkeypatch):
     query, key, value = _inputs(2, 4, 2, 3, 20, 16, seed=9)
+    calls = _spy(monkeypatch)
     one_row = torch.zeros(1, 1, 1, 24)  # one mask row for every query row, longer than S
     one_row[..., 5] = NEG
     per_head = torch.zeros(2, 4, 3, 20)
@@ -247,6 +257,9 @@ def test_masks_of_other_shapes_broadcast_or_go_to_torchs_attention(lib):
             ours = attention.row_attention(_Layer(2), query, key, value, mask, scaling=0.25)[0]
             torch.testing.assert_close(ours, _sdpa(query, key, value, mask[..., :20]),
                                        rtol=1e-5, atol=1e-5)
+    assert calls == [one_row.shape, per_head.shape]  # the kernel takes one, refuses the other
+    with pytest.raises(RuntimeError):
+        rowattn.attend(lib, query, key, value, per_head, 0.25)
 
 
 def test_a_draft_trees_nodes_get_the_bits_of_the_chains_they_stand_for(tmp_path):
