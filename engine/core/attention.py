@@ -40,6 +40,8 @@ target keeps :data:`NAME`.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -123,8 +125,7 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
             mask = rowattn.visible(Q, S, getattr(module, "is_causal", True)
                                    if causal is None else bool(causal))
         elif mask.dtype == torch.bool:  # True: may attend
-            mask = torch.zeros(mask.shape, dtype=torch.float32,
-                               device="cpu").masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
+            mask = additive(mask)  # (W, 1, q, S)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         try:
             return rowattn.attend(lib, query, key, value, mask, scale), None  # (W, q, H, D)
@@ -132,6 +133,23 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
             pass
     return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
                              scaling=scaling, **kwargs)
+
+
+_LAST_BOOL: tuple = (None, -1, None)  # (weakref to a bool mask, its version, additive form)
+
+
+def additive(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask (True: may attend) as the kernel's additive fp32 one (-inf: hidden). Every
+    layer of a forward is handed the same mask object (``generate()``'s), so the last
+    conversion is kept and reused while that object lives unchanged (its version counter)."""
+    global _LAST_BOOL
+    ref, version, out = _LAST_BOOL  # one read: another thread may replace it
+    if ref is not None and ref() is mask and version == mask._version:
+        return out
+    out = torch.zeros(mask.shape, dtype=torch.float32,
+                      device="cpu").masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
+    _LAST_BOOL = (weakref.ref(mask), mask._version, out)
+    return out
 
 
 AttentionInterface.register(NAME, grouped_attention)

@@ -11,10 +11,12 @@
  * reduced as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); lanesum the same over lanes
  * t mod 8, t the slot's place among the row's visible slots (not its position: a draft node
  * that sees its ancestors at slots 0, 1 and 3 of a tree sums them as a chain of three, as the
- * one-token steps that committed them would). Hidden slots are skipped in both sums; a row
- * that sees no slot gives 0. exp_neg is a polynomial of float operations (below). The AVX2
- * path and the plain C path (-DROWATTN_PLAIN, or a machine without AVX2 and FMA) do these
- * operations in this order, so they give the same bits (tests/model/test_rowattn.py).
+ * one-token steps that committed them would). Hidden slots are skipped in both sums, and a
+ * row's loops end at its last visible slot (found once per row, for all its heads: a static
+ * buffer's unwritten tail is never read); a row that sees no slot gives 0. exp_neg is a
+ * polynomial of float operations (below). The AVX2 path and the plain C path (-DROWATTN_PLAIN,
+ * or a machine without AVX2 and FMA) do these operations in this order, so they give the same
+ * bits (tests/model/test_rowattn.py).
  */
 #include <float.h>
 #include <math.h>
@@ -109,9 +111,14 @@ static inline __attribute__((always_inline)) int rowattn_d(
     int64_t W, int64_t H, int64_t KV, int64_t Q, int64_t S, int64_t D, float scale) {
     float *e = malloc((size_t)(S + 8) * sizeof(float));
     float *acc = malloc((size_t)(D + 8) * sizeof(float));
-    if (!e || !acc) {
+    int64_t *ends = malloc((size_t)(Q + 1) * sizeof(int64_t)); /* per query row: 1 + its last
+                                                                 * visible slot (0: none) */
+    char *prefix = malloc((size_t)(Q + 1)); /* per query row: its visible slots are 0..end-1 */
+    if (!e || !acc || !ends || !prefix) {
         free(e);
         free(acc);
+        free(ends);
+        free(prefix);
         return -1;
     }
     const int64_t group = H / KV;
@@ -120,8 +127,17 @@ static inline __attribute__((always_inline)) int rowattn_d(
 #else
     const int vec = 0;
 #endif
-    const int64_t S8 = vec ? S / 8 * 8 : 0; /* slots the vector loops take, the rest one by one */
-    for (int64_t w = 0; w < W; w++)
+    for (int64_t w = 0; w < W; w++) {
+        /* once per query row, not per head: where its visible slots end, and whether they are a
+         * prefix. Slots past the last visible one are skipped: a hidden slot adds nothing. */
+        for (int64_t i = 0; i < Q; i++) {
+            const float *mr = mask + w * ms[0] + i * ms[2];
+            int64_t n_seen = 0, last = -1;
+            for (int64_t j = 0; j < S; j++)
+                if (!HIDDEN(mr[j])) n_seen++, last = j;
+            ends[i] = last + 1;
+            prefix[i] = n_seen == last + 1;
+        }
         for (int64_t h = 0; h < H; h++) {
             const int64_t g = h / group;
             const float *kb = key + w * ks[0] + g * ks[1];
@@ -129,6 +145,13 @@ static inline __attribute__((always_inline)) int rowattn_d(
             for (int64_t i = 0; i < Q; i++) {
                 const float *qr = query + w * qs[0] + h * qs[1] + i * qs[2];
                 const float *mr = mask + w * ms[0] + i * ms[2];
+                const int64_t n = ends[i]; /* the slots this row visits */
+                const int64_t S8 = vec ? n / 8 * 8 : 0; /* those the vector loops take */
+                float *o = out + ((w * Q + i) * H + h) * D;
+                if (n == 0) { /* no slot visible */
+                    memset(o, 0, (size_t)D * sizeof(float));
+                    continue;
+                }
                 float m = -INFINITY, lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
                 int64_t j = 0;
 #if VECTOR
@@ -146,17 +169,13 @@ static inline __attribute__((always_inline)) int rowattn_d(
                 _mm256_storeu_ps(mv, vm);
                 for (int k = 0; k < 8; k++) m = mv[k] > m ? mv[k] : m;
 #endif
-                for (; j < S; j++) {
+                for (; j < n; j++) {
                     const float s = HIDDEN(mr[j]) ? -INFINITY
                                                        : dot(qr, kb + j * ks[2], D) * scale + mr[j];
                     e[j] = s;
                     m = s > m ? s : m;
                 }
-                int64_t n_seen = 0, last = -1;
-                for (int64_t j2 = 0; j2 < S; j2++)
-                    if (!HIDDEN(mr[j2])) n_seen++, last = j2;
-                float *o = out + ((w * Q + i) * H + h) * D;
-                if (m == -INFINITY) { /* no slot visible */
+                if (m == -INFINITY) { /* no slot scored (a key of -inf) */
                     memset(o, 0, (size_t)D * sizeof(float));
                     continue;
                 }
@@ -166,8 +185,8 @@ static inline __attribute__((always_inline)) int rowattn_d(
                 for (; j < S8; j += 8)
                     _mm256_storeu_ps(e + j, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(e + j), vmax)));
 #endif
-                for (; j < S; j++) e[j] = exp_neg(e[j] - m);
-                if (n_seen == last + 1) { /* the visible slots are a prefix: place = position, and
+                for (; j < n; j++) e[j] = exp_neg(e[j] - m);
+                if (prefix[i]) { /* the visible slots are a prefix: place = position, and
                                            * a hidden slot's e_j = 0 adds +0 to its lane */
 #if VECTOR
                     __m256 vsum = _mm256_setzero_ps();
@@ -176,9 +195,9 @@ static inline __attribute__((always_inline)) int rowattn_d(
 #else
                     j = 0;
 #endif
-                    for (; j < S; j++) lanes[j & 7] += e[j];
+                    for (; j < n; j++) lanes[j & 7] += e[j];
                 } else {
-                    for (int64_t j2 = 0, t = 0; j2 < S; j2++) /* lane: place among the visible */
+                    for (int64_t j2 = 0, t = 0; j2 < n; j2++) /* lane: place among the visible */
                         if (!HIDDEN(mr[j2])) lanes[t++ & 7] += e[j2];
                 }
                 const float sum = tree8(lanes);
@@ -188,8 +207,8 @@ static inline __attribute__((always_inline)) int rowattn_d(
                     const int64_t nv = D / 8;
                     if (nv <= 32) {
                         for (int64_t c = 0; c < nv; c++) va[c] = _mm256_setzero_ps();
-                        for (j = 0; j < S; j++) {
-                            if (HIDDEN(mr[j])) continue;
+                        for (j = 0; j < n; j++) {
+                            if (!prefix[i] && HIDDEN(mr[j])) continue;
                             const __m256 p = _mm256_set1_ps(e[j]);
                             const float *vr = vb + j * vs[2];
                             for (int64_t c = 0; c < nv; c++)
@@ -203,16 +222,19 @@ static inline __attribute__((always_inline)) int rowattn_d(
                 }
 #endif
                 for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-                for (j = 0; j < S; j++) {
-                    if (HIDDEN(mr[j])) continue;
+                for (j = 0; j < n; j++) {
+                    if (!prefix[i] && HIDDEN(mr[j])) continue;
                     const float *vr = vb + j * vs[2];
                     for (int64_t d = 0; d < D; d++) acc[d] = fmaf(e[j], vr[d], acc[d]);
                 }
                 for (int64_t d = 0; d < D; d++) o[d] = acc[d] / sum;
             }
         }
+    }
     free(e);
     free(acc);
+    free(ends);
+    free(prefix);
     return 0;
 }
 

@@ -49,10 +49,12 @@ def library() -> ctypes.CDLL | None:
     return compile_at(qmm.native_path(SOURCE))
 
 
+@functools.lru_cache(maxsize=64)
 def visible(Q: int, S: int, causal: bool) -> torch.Tensor:
     """The additive mask transformers' sdpa applies when it is given none: (1, 1, Q, S); with
     `causal` (and Q > 1) query row i sees slots 0..i (torch's ``is_causal``, aligned at the
-    first slot), else every slot."""
+    first slot), else every slot. Made once per shape and shared (every layer of a forward
+    asks for it): read it, never write it."""
     if not causal or Q == 1:
         return torch.zeros(1, 1, Q, S, dtype=torch.float32, device="cpu")
     i = torch.arange(Q)[:, None]
@@ -83,21 +85,23 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     if value.stride(-1) != 1:
         value = value.contiguous()
     W, H, Q, D = query.shape
-    KV, S = key.shape[1], key.shape[2]
-    tensors = (query, key, value, mask)
-    if (key.shape[0] != W or key.shape[3] != D or value.shape != key.shape or KV == 0
-            or H % KV or any(t.device.type != "cpu" for t in tensors)
-            or any(t.dtype != torch.float32 for t in tensors[:3])):
+    _, KV, S, DK = key.shape
+    f32 = torch.float32
+    if (key.shape[0] != W or DK != D or value.shape != key.shape or KV == 0 or H % KV
+            or not (query.is_cpu and key.is_cpu and value.is_cpu and mask.is_cpu)
+            or query.dtype != f32 or key.dtype != f32 or value.dtype != f32):
         raise RuntimeError(f"rowattn: query {tuple(query.shape)}, key {tuple(key.shape)}, "
                            f"value {tuple(value.shape)} do not fit (fp32 on the CPU)")
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] < S:
         raise RuntimeError(f"rowattn: a mask {tuple(mask.shape)} for {W} x {Q} rows over {S} "
                            "slots")
-    mask = mask[..., :S]
-    if mask.dtype != torch.float32 or mask.stride(-1) != 1:
+    if mask.shape[-1] != S:
+        mask = mask[..., :S]
+    if mask.dtype != f32 or mask.stride(-1) != 1:
         mask = mask.float().contiguous()
-    mask = mask.expand(W, 1, Q, S)  # stride 0 where it broadcasts
-    out = torch.empty(W, Q, H, D, dtype=torch.float32, device="cpu")  # (W, Q, H, D)
+    if mask.shape[0] != W or mask.shape[2] != Q:
+        mask = mask.expand(W, 1, Q, S)  # stride 0 where it broadcasts
+    out = torch.empty(W, Q, H, D, dtype=f32, device="cpu")  # (W, Q, H, D)
     strides = _STRIDES(*query.stride(), *key.stride(), *value.stride(), *mask.stride())
     done = lib.rowattn(query.data_ptr(), key.data_ptr(), value.data_ptr(), mask.data_ptr(),
                        strides, out.data_ptr(), W, H, KV, Q, S, D, scale)

@@ -124,6 +124,36 @@ def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
     assert torch.isnan(again[:, -1]).all()  # its own row reads them
 
 
+def test_slots_past_a_rows_last_visible_one_are_never_read(lib):
+    """A step over a static buffer: the slots after the written ones (NaN here, as unwritten
+    memory may be) are hidden by the lowest float, and the rows equal the step over the
+    written slots alone, for a chain (visible slots a prefix) and a tree."""
+    W, H, KV, Q, S, D, spare = 2, 9, 3, 4, 45, 64, 19
+    query, key, value = _inputs(W, H, KV, Q, S, D, seed=10)
+    low = torch.finfo(torch.float32).min
+    chain = torch.zeros(W, 1, Q, S)
+    chain[..., S - Q:] = torch.triu(torch.full((Q, Q), low), 1)
+    for mask in (chain, _tree_mask(W, Q, S).clamp(min=low)):
+        key_b = torch.cat([key, torch.full((W, KV, spare, D), float("nan"))], 2)
+        value_b = torch.cat([value, torch.full((W, KV, spare, D), float("nan"))], 2)
+        mask_b = torch.cat([mask, torch.full((W, 1, Q, spare), low)], 3)
+        assert torch.equal(rowattn.attend(lib, query, key_b, value_b, mask_b, 0.125),
+                           rowattn.attend(lib, query, key, value, mask, 0.125))
+
+
+def test_a_bool_mask_is_converted_once_per_object_and_again_when_it_changes():
+    mask = torch.ones(1, 1, 2, 6, dtype=torch.bool)
+    mask[0, 0, 0, 4:] = False
+    first = attention.additive(mask)
+    assert torch.equal(first, torch.zeros(1, 1, 2, 6).masked_fill_(~mask, NEG))
+    assert attention.additive(mask) is first  # every layer of a forward: one conversion
+    mask[0, 0, 1, 0] = False  # changed in place: converted afresh
+    again = attention.additive(mask)
+    assert again[0, 0, 1, 0] == NEG and again[0, 0, 0, 4] == NEG and again[0, 0, 1, 1] == 0
+    other = mask.clone()  # equal contents, another object
+    assert attention.additive(other) is not again and torch.equal(attention.additive(other), again)
+
+
 def test_a_row_that_sees_no_slot_gives_zero(lib):
     query, key, value = _inputs(1, 2, 1, 2, 8, 16, seed=4)
     mask = torch.zeros(1, 1, 2, 8)
