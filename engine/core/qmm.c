@@ -26,6 +26,11 @@
  * x[i + 3]. The AVX512-VNNI path keeps the bytes as they are (a group is one 8-bit VNNI
  * product for 16 columns) and takes each activation as two bytes (tile_rows there).
  * dw and mw: fp16, (tile, block, 16).
+ *
+ * qmm_q4_a8 is the same product against activations quantised to 8 bits (dx = max|x| / 127,
+ * qx in -127..127, in input order: llama.cpp's Q8_1 against a Q4_1 weight), the same float
+ * operations in the same order; the integers as 8-bit products (AVX2's maddubs_epi16, on the
+ * AVX512 build too) on the same weight layout.
  */
 #include <math.h>
 #include <stdint.h>
@@ -103,6 +108,29 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int16_t *qx, flo
                 sum += q;
             }
 #endif
+            dx[r * nb + b] = d;
+            sx[r * nb + b] = d * (float)sum;
+        }
+}
+
+/* 8-bit activations (llama.cpp's Q8_1 against a Q4_1 weight): x (R, K) fp32 -> qx (R, K) int8
+ * in input order, dx = max|x| / 127 and sx = dx * sum(qx) (R, K / 32) fp32, on every path */
+static void quantize_rows8(const float *x, int64_t R, int64_t K, int8_t *qx, float *dx,
+                           float *sx) {
+    const int64_t nb = K / GROUP;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * K + b * GROUP;
+            float amax = 0.0f;
+            for (int k = 0; k < GROUP; k++) amax = fmaxf(amax, fabsf(xb[k]));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int k = 0; k < GROUP; k++) {
+                const int q = (int)nearbyintf(xb[k] * id);
+                qx[r * K + b * GROUP + k] = (int8_t)q;
+                sum += q;
+            }
             dx[r * nb + b] = d;
             sx[r * nb + b] = d * (float)sum;
         }
@@ -224,13 +252,93 @@ static inline void tile_rows(int MR, const int16_t *qx, const float *dx, const f
 }
 #endif
 
+/* The same products against 8-bit activations (quantize_rows8): a group's 4 inputs are 4
+ * consecutive bytes of qx, multiplied by the 4 weights of a column one byte each. The AVX512
+ * build runs the AVX2 loop too (an AVX512-VNNI one, one vpdpbusd a group, is not written). */
+#if PATH == 512 || PATH == 256
+/* maddubs_epi16 (unsigned weights x signed activations, pairs summed to 16 bits), the 8 groups
+ * of a block summed in 16 bits (|sum| <= 8 * 2 * 15 * 127 < 2^15), then madd_epi16 by 1 to
+ * each column's 32-bit dot product; the 16 columns as two halves of 8 */
+static inline __attribute__((always_inline)) void tile_rows8(
+    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
+    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = qw + (t * nb + b) * 256 + 32 * h;
+            __m256i w[8]; /* group g: 8 columns x 4 inputs, one byte each */
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const void *)(p + 64 * j));
+                w[j] = _mm256_and_si256(v, low);
+                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            const __m256 vdw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dw + (t * nb + b) * 16 + 8 * h)));
+            const __m256 vmw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mw + (t * nb + b) * 16 + 8 * h)));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const int32_t *xg = (const int32_t *)(qx + r * K + b * GROUP); /* 4 inputs each */
+                __m256i s0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xg[0]));
+                __m256i s1 = _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xg[1]));
+#pragma GCC unroll 3
+                for (int g = 2; g < 8; g += 2) {
+                    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(xg[g])));
+                    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], _mm256_set1_epi32(xg[g + 1])));
+                }
+                const __m256i dot = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+                const __m256 scale = _mm256_mul_ps(vdw, _mm256_set1_ps(dx[r * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+                acc[r] = _mm256_fmadd_ps(vmw, _mm256_set1_ps(sx[r * nb + b]), acc[r]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) _mm256_storeu_ps(y + r * N + t * TILE + 8 * h, acc[r]);
+    }
+}
+#else
+static inline void tile_rows8(int MR, const int8_t *qx, const float *dx, const float *sx,
+                              int64_t K, const uint8_t *qw, const uint16_t *dw,
+                              const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < TILE; c++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *p = qw + (t * nb + b) * 256 + 4 * c;
+                const int8_t *xb = qx + r * K + b * GROUP; /* input order */
+                int32_t dot = 0;
+                for (int j = 0; j < 4; j++)
+                    for (int e = 0; e < 4; e++) {
+                        const int v = p[64 * j + e];
+                        dot += (v & 15) * xb[4 * j + e] + (v >> 4) * xb[16 + 4 * j + e];
+                    }
+                const float scale = half_to_float(dw[(t * nb + b) * 16 + c]) * dx[r * nb + b];
+                acc = fmaf((float)dot, scale, acc);
+                acc = fmaf(half_to_float(mw[(t * nb + b) * 16 + c]), sx[r * nb + b], acc);
+            }
+            y[r * N + t * TILE + c] = acc;
+        }
+}
+#endif
+
 #define ROWS(MR)                                                                           \
-    static void rows_##MR(const int16_t *qx, const float *dx, const float *sx, int64_t K,  \
+    static void rows_##MR(const void *qx, const float *dx, const float *sx, int64_t K,     \
                           const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,      \
                           float *y, int64_t N, int threads) {                             \
         _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1)") \
         for (int64_t t = 0; t < N / TILE; t++)                                            \
             tile_rows(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                            \
+    }                                                                                      \
+    static void rows8_##MR(const void *qx, const float *dx, const float *sx, int64_t K,    \
+                           const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,     \
+                           float *y, int64_t N, int threads) {                            \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1)") \
+        for (int64_t t = 0; t < N / TILE; t++)                                            \
+            tile_rows8(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                           \
     }
 ROWS(1)
 ROWS(2)
@@ -241,23 +349,27 @@ ROWS(6)
 ROWS(7)
 ROWS(8)
 
-typedef void (*rows_fn)(const int16_t *, const float *, const float *, int64_t,
-                        const uint8_t *, const uint16_t *, const uint16_t *, float *, int64_t,
-                        int);
+typedef void (*rows_fn)(const void *, const float *, const float *, int64_t, const uint8_t *,
+                        const uint16_t *, const uint16_t *, float *, int64_t, int);
 static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
                                    rows_5, rows_6, rows_7, rows_8};
+static const rows_fn ROWS8_OF[9] = {0, rows8_1, rows8_2, rows8_3, rows8_4,
+                                    rows8_5, rows8_6, rows8_7, rows8_8};
 
-/* y (R, N) fp32 = x (R, K) fp32 times the packed weight (N, K); K a multiple of 32, N of 16.
+/* y (R, N) fp32 = x (R, K) fp32 times the packed weight (N, K); K a multiple of 32, N of 16;
+ * the activations quantised to `bits` (16 or 8) bits.
  * The rows come in chunks of `period` (R a multiple of it), of which the first `live` are real
  * and the rest padding (a fixed-shape step's padded tokens): only real rows are computed, a
  * padding row's output is 0 (live >= period: every row is real). Returns 0, or -1 when the
  * scratch memory could not be had. */
-int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
-           const uint16_t *mw, float *y, int64_t N, int threads, int64_t period, int64_t live) {
+static int product(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+                   const uint16_t *mw, float *y, int64_t N, int threads, int64_t period,
+                   int64_t live, int bits) {
     if (period <= 0 || live < 0 || live >= period || R % period) period = live = R;
     const int64_t nb = K / GROUP, chunks = period ? R / period : 0, L = live * chunks;
+    const int64_t width = bits == 8 ? 1 : 2; /* bytes an activation */
     /* the real rows of every chunk, one after another: blocks of 8 rows span the chunks */
-    int16_t *qx = malloc((size_t)(L * K + 1) * sizeof(int16_t));
+    char *qx = malloc((size_t)(L * K + 1) * width);
     float *dx = malloc((size_t)(L * nb + 1) * sizeof(float));
     float *sx = malloc((size_t)(L * nb + 1) * sizeof(float));
     float *out = live == period ? y : malloc((size_t)(L * N + 1) * sizeof(float));
@@ -268,13 +380,18 @@ int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16
         if (out != y) free(out);
         return -1;
     }
-    for (int64_t c = 0; c < chunks; c++)
-        quantize_rows(x + c * period * K, live, K, qx + c * live * K, dx + c * live * nb,
-                      sx + c * live * nb);
+    for (int64_t c = 0; c < chunks; c++) {
+        if (bits == 8)
+            quantize_rows8(x + c * period * K, live, K, (int8_t *)qx + c * live * K,
+                           dx + c * live * nb, sx + c * live * nb);
+        else
+            quantize_rows(x + c * period * K, live, K, (int16_t *)qx + c * live * K,
+                          dx + c * live * nb, sx + c * live * nb);
+    }
     for (int64_t r0 = 0; r0 < L; r0 += 8) {
         const int64_t mr = L - r0 < 8 ? L - r0 : 8;
-        ROWS_OF[mr](qx + r0 * K, dx + r0 * nb, sx + r0 * nb, K, qw, dw, mw, out + r0 * N, N,
-                    threads);
+        (bits == 8 ? ROWS8_OF : ROWS_OF)[mr](qx + r0 * K * width, dx + r0 * nb, sx + r0 * nb, K,
+                                             qw, dw, mw, out + r0 * N, N, threads);
     }
     if (out != y) { /* each chunk's real rows back in place, its padding rows 0 */
         for (int64_t c = 0; c < chunks; c++) {
@@ -287,6 +404,19 @@ int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16
     free(dx);
     free(sx);
     return 0;
+}
+
+/* the product with 16-bit activations (the header's) */
+int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+           const uint16_t *mw, float *y, int64_t N, int threads, int64_t period, int64_t live) {
+    return product(x, R, K, qw, dw, mw, y, N, threads, period, live, 16);
+}
+
+/* the product with 8-bit activations (quantize_rows8) */
+int qmm_q4_a8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+              const uint16_t *mw, float *y, int64_t N, int threads, int64_t period,
+              int64_t live) {
+    return product(x, R, K, qw, dw, mw, y, N, threads, period, live, 8);
 }
 
 /* which path this build took: 512 (AVX512-VNNI), 256 (AVX2) or 0 (plain C) */

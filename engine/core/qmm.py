@@ -1,4 +1,4 @@
-"""4-bit weight x 16-bit activation products on the CPU: the kernel of the packed target.
+"""4-bit weight x 16-bit (or 8-bit) activation products on the CPU: the packed target's kernel.
 
 The product (qmm.c's header has it in full): a weight kept in blocks of 32 input columns,
 w = dw q + mw with q in 0..15 and fp16 dw, mw (GGUF's Q4_1), against activations quantised
@@ -10,11 +10,14 @@ block's weights unpacked once for up to 8 rows: so a forward of a few rows costs
 than one (measured in docs/benchmarks.md), where torch's own int4 kernel (fp32 multiply-adds on
 bf16 activations) costs in proportion to the rows past one.
 
-Why 16 bits and not llama.cpp's 8: an activation's rounding step (a 32767th of its block's
-largest) is finer than bf16's, so a float-order difference upstream (attention over two shapes
-of forward) seldom flips a rounding; with 8-bit activations it did often enough that `sd` on
-`embedded-q4` left its own greedy's tokens at a near tie on 4 of 8 held-out prompts (the bf16
-kernel: 1 of 8; 16 bits: none), for about a tenth of speed.
+The activations' width is the caller's (``bits``): 16 for `embedded-q4`, whose rounding step
+(a 32767th of a block's largest) keeps its layers within 4e-5 of the fp32 ones; 8 for
+`embedded-q4:a8` (dx = max|x| / 127: llama.cpp's Q8_1 against Q4_1, the numerics it runs this
+file with; ``qmm_q4_a8``, 8-bit integer products, AVX2's ``maddubs_epi16``, about half the cost
+of a row past the first). Either width gives a row the same bits whatever else the product
+holds, and with engine/core/rowattn.py's attention a packed target's forwards do too, so a
+speculative run keeps its own greedy's tokens at both (before that attention, 8-bit rounding
+turned its float-order differences into token changes at near ties).
 
 qmm.c is built once per machine by the C compiler (``$CC``, else ``cc`` / ``gcc``) with
 ``-march=native`` into the cache (:func:`engine.core.paths.cache_root`/kernels), keyed by the
@@ -50,6 +53,8 @@ from engine.core.paths import cache_root
 GROUP = 32  # input columns a block
 TILE = 16  # output columns a tile of the packed layout
 LEVELS = 32767  # an activation's largest quantised size: 16 bits
+LEVELS8 = 127  # the same with 8-bit activations (llama.cpp's Q8_1)
+BITS = (16, 8)  # the activation widths the kernel takes (16: the packed target's)
 SOURCE = Path(__file__).with_name("qmm.c")
 FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
 OPENMP = "-fopenmp"
@@ -91,26 +96,29 @@ def unpack(qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor, n: int, k: int
     return q.contiguous(), untile(dw), untile(mw)
 
 
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (R, K) fp32 -> qx (R, K / G, G) fp32 integers in -LEVELS..LEVELS, dx and sx
-    (R, K / G): the activation quantisation of qmm.c, in torch (inputs in their own order)."""
+def quantize(x: torch.Tensor, bits: int = 16
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (R, K) fp32 -> qx (R, K / G, G) fp32 integers in -L..L (L = LEVELS for 16 bits,
+    LEVELS8 for 8), dx and sx (R, K / G): the activation quantisation of qmm.c, in torch
+    (inputs in their own order)."""
     r, k = x.shape
     xb = x.view(r, k // GROUP, GROUP)  # (R, nb, G)
-    dx = xb.abs().amax(-1) / float(LEVELS)  # (R, nb)
+    dx = xb.abs().amax(-1) / float(LEVELS if bits == 16 else LEVELS8)  # (R, nb)
     inv = torch.where(dx != 0, 1.0 / dx, torch.zeros_like(dx))  # (R, nb)
     qx = torch.round(xb * inv[..., None])  # (R, nb, G), half to even as nearbyintf
     return qx, dx, dx * qx.sum(-1)
 
 
 def reference(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
-              n: int) -> torch.Tensor:
-    """The product of qmm.c computed in torch: x (R, K) fp32 -> (R, N) fp32. Its integers
-    are qmm.c's; its float steps are qmm.c's fused multiply-adds, each formed in fp64 and
-    rounded to fp32 (equal bits but for a rare double rounding)."""
+              n: int, bits: int = 16) -> torch.Tensor:
+    """The product of qmm.c computed in torch: x (R, K) fp32 -> (R, N) fp32, the activations
+    quantised to `bits`. Its integers are qmm.c's; its float steps are qmm.c's fused
+    multiply-adds, each formed in fp64 and rounded to fp32 (equal bits but for a rare double
+    rounding)."""
     r, k = x.shape
     nb = k // GROUP
     q, d, m = unpack(qw, dw, mw, n, k)
-    qx, dx, sx = quantize(x)
+    qx, dx, sx = quantize(x, bits)
     qb = q.view(n, nb, GROUP).float()  # (N, nb, G)
     dot = torch.einsum("rbg,nbg->rnb", qx, qb)  # (R, N, nb): exact integers below 2^24
     scale = d.float()[None] * dx[:, None, :]  # (R, N, nb)
@@ -184,8 +192,9 @@ def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.qmm_q4.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int, i64, i64]
-    lib.qmm_q4.restype = ctypes.c_int
+    for product in (lib.qmm_q4, lib.qmm_q4_a8):  # 16-bit and 8-bit activations
+        product.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int, i64, i64]
+        product.restype = ctypes.c_int
     lib.qmm_path.restype = ctypes.c_int
     return lib
 
@@ -229,18 +238,20 @@ def padded_rows(period: int, live: int):
 
 
 def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
-             mw: torch.Tensor, n: int) -> torch.Tensor:
-    """x (R, K) fp32 times the packed weight (N, K) by `lib` -> (R, N) fp32 (ValueError for
-    another dtype or width: the library reads raw memory)."""
+             mw: torch.Tensor, n: int, bits: int = 16) -> torch.Tensor:
+    """x (R, K) fp32 times the packed weight (N, K) by `lib`, the activations quantised to
+    `bits` -> (R, N) fp32 (ValueError for another dtype, width or bits: the library reads raw
+    memory)."""
     x = x.contiguous()  # (R, K): a compiled graph may hand over any strides
     r, k = x.shape
-    if x.dtype != torch.float32 or k % GROUP or qw.numel() * 2 != n * k:
-        raise ValueError(f"qmm: x {tuple(x.shape)} {x.dtype} does not fit a packed "
-                         f"{n}x{qw.numel() * 2 // max(n, 1)} weight")
+    if x.dtype != torch.float32 or k % GROUP or qw.numel() * 2 != n * k or bits not in BITS:
+        raise ValueError(f"qmm: x {tuple(x.shape)} {x.dtype} at {bits} bits does not fit a "
+                         f"packed {n}x{qw.numel() * 2 // max(n, 1)} weight")
     y = torch.empty(r, n)  # (R, N)
-    if lib.qmm_q4(x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(),
-                  y.data_ptr(), n, torch.get_num_threads(), _PADDING.period,
-                  _PADDING.live) != 0:
+    product = lib.qmm_q4 if bits == 16 else lib.qmm_q4_a8
+    if product(x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(),
+               y.data_ptr(), n, torch.get_num_threads(), _PADDING.period,
+               _PADDING.live) != 0:
         raise MemoryError("qmm: no scratch memory for the activations")
     return y
 
@@ -252,27 +263,29 @@ def path() -> str:
 
 
 def _run(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
-         n: int) -> torch.Tensor:
+         n: int, bits: int = 16) -> torch.Tensor:
     lib = library()
-    return reference(x, qw, dw, mw, n) if lib is None else run_with(lib, x, qw, dw, mw, n)
+    return reference(x, qw, dw, mw, n, bits) if lib is None \
+        else run_with(lib, x, qw, dw, mw, n, bits)
 
 
 # The op torch.compile sees (opaque to inductor). Defined with torch.library.Library, not
 # custom_op: its dispatch costs about 1 us a call against custom_op's 8 (measured, one
 # thread), which counts at 211 products a step.
 _LIB = torch.library.Library("specviz", "DEF")
-_LIB.define("qmm(Tensor x, Tensor qw, Tensor dw, Tensor mw, int n) -> Tensor")
-_LIB.impl("qmm", lambda x, qw, dw, mw, n: _run(x, qw, dw, mw, n), "CPU")
+_LIB.define("qmm(Tensor x, Tensor qw, Tensor dw, Tensor mw, int n, int bits=16) -> Tensor")
+_LIB.impl("qmm", lambda x, qw, dw, mw, n, bits=16: _run(x, qw, dw, mw, n, bits), "CPU")
 
 
 @torch.library.register_fake("specviz::qmm")
-def _(x, qw, dw, mw, n):
+def _(x, qw, dw, mw, n, bits=16):
     return x.new_empty(x.shape[0], n)
 
 
 def matmul(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
-           n: int) -> torch.Tensor:
-    """x (R, K) fp32 times the packed weight (N, K) -> (R, N) fp32."""
+           n: int, bits: int = 16) -> torch.Tensor:
+    """x (R, K) fp32 times the packed weight (N, K), the activations quantised to `bits`
+    (16, the packed target's, or 8) -> (R, N) fp32."""
     if torch.compiler.is_compiling():
-        return torch.ops.specviz.qmm(x, qw, dw, mw, n)
-    return _run(x, qw, dw, mw, n)
+        return torch.ops.specviz.qmm(x, qw, dw, mw, n, bits)
+    return _run(x, qw, dw, mw, n, bits)

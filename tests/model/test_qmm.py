@@ -46,13 +46,14 @@ def test_the_layout_puts_a_blocks_two_halves_in_one_bytes_nibbles(packed):
     assert int(qw[4]) == int(q[1, 0]) | int(q[1, 16]) << 4
 
 
-def test_the_built_kernel_equals_the_torch_reference(packed):
+@pytest.mark.parametrize("bits", qmm.BITS)
+def test_the_built_kernel_equals_the_torch_reference(packed, bits):
     lib = qmm.library()
     assert lib is not None, "qmm.c must build here (a C compiler is part of the setup)"
     _, (qw, dw, mw) = packed
     x = _x(11, 96, seed=1)
-    y = qmm.run_with(lib, x, qw, dw, mw, 48)  # (11, 48)
-    ref = qmm.reference(x, qw, dw, mw, 48)  # (11, 48)
+    y = qmm.run_with(lib, x, qw, dw, mw, 48, bits)  # (11, 48)
+    ref = qmm.reference(x, qw, dw, mw, 48, bits)  # (11, 48)
     assert (y == ref).float().mean() > 0.99  # equal bits but for a rare double rounding
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
 
@@ -66,13 +67,36 @@ def test_the_reference_quantises_activations_to_16_bits_of_their_blocks_largest(
     assert sx[0, 0] == pytest.approx(dx[0, 0] * 22767)
 
 
+def test_the_reference_quantises_activations_to_8_bits_of_their_blocks_largest():
+    x = torch.zeros(1, qmm.GROUP)
+    x[0, :3] = torch.tensor([1.27, -0.305, 0.004])
+    qx, dx, sx = qmm.quantize(x, 8)
+    assert dx[0, 0] == pytest.approx(0.01)
+    assert qx[0, 0, :3].tolist() == [127.0, -30.0, 0.0]  # -30.5 and 0.4 steps: to even, to 0
+    assert sx[0, 0] == pytest.approx(dx[0, 0] * 97)
+
+
+def test_8_bit_activations_stay_within_half_their_step_of_the_fp32_product(packed):
+    from tests.oracles import qmm_error_bound
+
+    (q, dw, mw), (qw, pdw, pmw) = packed
+    w = (dw.float().repeat_interleave(qmm.GROUP, 1) * q.float()
+         + mw.float().repeat_interleave(qmm.GROUP, 1))  # (48, 96): the dequantised weight
+    x = _x(7, 96, seed=14)
+    y8 = qmm.matmul(x, qw, pdw, pmw, 48, bits=8)  # (7, 48)
+    err = (y8.double() - x.double() @ w.double().T).abs()
+    assert (err <= qmm_error_bound(w.abs(), x, levels=qmm.LEVELS8)).all()
+    # the 16-bit product's tighter bound does not hold for 8 bits: the steps are 258x coarser
+    assert not (err <= qmm_error_bound(w.abs(), x, levels=qmm.LEVELS)).all()
+
+
 def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packed):
     lib = qmm.library()
     _, (qw, dw, mw) = packed
     x = _x(4, 96, seed=2)
     y = qmm.run_with(lib, x, qw, dw, mw, 48)
 
-    def truncating(v):  # the negative control: round toward zero instead of to nearest
+    def truncating(v, bits=16):  # the negative control: round toward zero, not to nearest
         r, k = v.shape
         xb = v.view(r, k // qmm.GROUP, qmm.GROUP)
         dx = xb.abs().amax(-1) / float(qmm.LEVELS)
@@ -89,11 +113,12 @@ def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packe
     assert not torch.allclose(y, wrong, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("bits", qmm.BITS)
 @pytest.mark.parametrize("name,march,defines", [
     ("plain C", "native", ("QMM_PLAIN",)),
     ("AVX2", "x86-64-v3", ()),
 ])
-def test_every_code_path_gives_the_same_bits(packed, tmp_path, name, march, defines):
+def test_every_code_path_gives_the_same_bits(packed, tmp_path, name, march, defines, bits):
     if march != "native" and platform.machine() != "x86_64":
         pytest.skip(f"{march} is an x86 target")
     lib = qmm.build(tmp_path / "qmm.so", march=march, defines=defines)
@@ -101,16 +126,17 @@ def test_every_code_path_gives_the_same_bits(packed, tmp_path, name, march, defi
     assert qmm.PATHS[lib.qmm_path()] == {"plain C": "c", "AVX2": "avx2"}[name]
     _, (qw, dw, mw) = packed
     x = _x(11, 96, seed=3)
-    assert torch.equal(qmm.run_with(lib, x, qw, dw, mw, 48),
-                       qmm.run_with(qmm.library(), x, qw, dw, mw, 48))
+    assert torch.equal(qmm.run_with(lib, x, qw, dw, mw, 48, bits),
+                       qmm.run_with(qmm.library(), x, qw, dw, mw, 48, bits))
 
 
-def test_rows_are_independent_across_the_8_row_tiles(packed):
+@pytest.mark.parametrize("bits", qmm.BITS)
+def test_rows_are_independent_across_the_8_row_tiles(packed, bits):
     _, (qw, dw, mw) = packed
     x = _x(19, 96, seed=4)
-    y = qmm.matmul(x, qw, dw, mw, 48)  # (19, 48): tiles of 8, 8 and 3 rows
+    y = qmm.matmul(x, qw, dw, mw, 48, bits)  # (19, 48): tiles of 8, 8 and 3 rows
     for i in range(19):
-        assert torch.equal(qmm.matmul(x[i:i + 1].clone(), qw, dw, mw, 48)[0], y[i]), i
+        assert torch.equal(qmm.matmul(x[i:i + 1].clone(), qw, dw, mw, 48, bits)[0], y[i]), i
 
 
 def test_threads_do_not_change_the_bits(packed):
@@ -130,6 +156,7 @@ def test_threads_do_not_change_the_bits(packed):
 def test_the_custom_op_passes_torchs_op_check(packed):
     _, (qw, dw, mw) = packed
     torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48))
+    torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48, 8))
 
 
 def test_a_packed_layer_compiled_by_inductor_gives_the_eager_bits():
@@ -174,22 +201,33 @@ def test_without_the_library_a_packed_layer_runs_the_torch_reference(monkeypatch
     assert qmm.path() != "torch"
 
 
+def test_the_8_bit_product_is_caught_by_the_reference_only_at_8_bits(packed):
+    _, (qw, dw, mw) = packed
+    x = _x(4, 96, seed=15)
+    y8 = qmm.run_with(qmm.library(), x, qw, dw, mw, 48, 8)
+    torch.testing.assert_close(y8, qmm.reference(x, qw, dw, mw, 48, 8), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(y8, qmm.reference(x, qw, dw, mw, 48, 16), rtol=1e-6, atol=1e-6)
+
+
 def test_an_input_that_does_not_fit_the_packed_weight_is_refused(packed):
     _, (qw, dw, mw) = packed
     with pytest.raises(ValueError, match="does not fit"):
         qmm.run_with(qmm.library(), _x(2, 96, seed=10).double(), qw, dw, mw, 48)
     with pytest.raises(ValueError, match="does not fit"):
         qmm.run_with(qmm.library(), _x(2, 64, seed=10), qw, dw, mw, 48)
+    with pytest.raises(ValueError, match="does not fit"):  # an activation width it lacks
+        qmm.run_with(qmm.library(), _x(2, 96, seed=10), qw, dw, mw, 48, 4)
 
 
-@pytest.mark.parametrize("period,live", [(4, 1), (4, 3), (8, 5), (2, 0)])
-def test_padded_rows_are_skipped_and_real_rows_keep_their_bits(packed, period, live):
+@pytest.mark.parametrize("period,live,bits", [(4, 1, 16), (4, 3, 16), (8, 5, 16), (2, 0, 16),
+                                             (4, 3, 8)])
+def test_padded_rows_are_skipped_and_real_rows_keep_their_bits(packed, period, live, bits):
     _, (qw, dw, mw) = packed
     x = _x(5 * period, 96, seed=11)  # five chunks: a fixed-shape step of five beam rows (the
     # real rows of several chunks share the kernel's 8-row blocks)
-    full = qmm.matmul(x, qw, dw, mw, 48)  # (5 period, 48)
+    full = qmm.matmul(x, qw, dw, mw, 48, bits)  # (5 period, 48)
     with qmm.padded_rows(period, live):
-        y = qmm.matmul(x, qw, dw, mw, 48)  # (5 period, 48)
+        y = qmm.matmul(x, qw, dw, mw, 48, bits)  # (5 period, 48)
     real = (torch.arange(5 * period) % period) < live  # (5 period,)
     assert torch.equal(y[real], full[real])
     assert not y[~real].any() and full[~real].any()  # the padding was not computed
