@@ -141,14 +141,19 @@ _LAST_BOOL: tuple = (None, -1, None)  # (weakref to a bool mask, its version, ad
 def additive(mask: torch.Tensor) -> torch.Tensor:
     """A bool mask (True: may attend) as the kernel's additive fp32 one (-inf: hidden). Every
     layer of a forward is handed the same mask object (``generate()``'s), so the last
-    conversion is kept and reused while that object lives unchanged (its version counter)."""
+    conversion is kept and reused while that object lives unchanged (its version counter; a
+    mask made in inference mode has none and is converted every time)."""
     global _LAST_BOOL
-    ref, version, out = _LAST_BOOL  # one read: another thread may replace it
-    if ref is not None and ref() is mask and version == mask._version:
-        return out
+    out = None
+    keep = not mask.is_inference()  # an inference-mode tensor has no version counter
+    if keep:
+        ref, version, out = _LAST_BOOL  # one read: another thread may replace it
+        if ref is not None and ref() is mask and version == mask._version:
+            return out
     out = torch.zeros(mask.shape, dtype=torch.float32,
                       device="cpu").masked_fill_(~mask, float("-inf"))  # (W, 1, q, S)
-    _LAST_BOOL = (weakref.ref(mask), mask._version, out)
+    if keep:
+        _LAST_BOOL = (weakref.ref(mask), mask._version, out)
     return out
 
 

@@ -1,4 +1,4 @@
-/* 4-bit weight, 16-bit activation matrix products for the packed CPU target.
+/* 4-bit weight, 16-bit (or 8-bit) activation matrix products for the packed CPU target.
  * engine/core/qmm.py builds this file with the machine's C compiler and loads it with ctypes;
  * engine/core/qmm.py's `reference` is the same computation in torch (the tests' oracle).
  *
@@ -42,7 +42,8 @@
 
 #if defined(QMM_PLAIN) /* the plain C path, whatever the machine (tests compare the paths) */
 #define PATH 0
-#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
+    defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) /* the 8-bit loop is AVX2's */
 #define PATH 512
 #include <immintrin.h>
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

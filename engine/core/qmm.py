@@ -16,8 +16,9 @@ The activations' width is the caller's (``bits``): 16 for `embedded-q4`, whose r
 file with; ``qmm_q4_a8``, 8-bit integer products, AVX2's ``maddubs_epi16``, about half the cost
 of a row past the first). Either width gives a row the same bits whatever else the product
 holds, and with engine/core/rowattn.py's attention a packed target's forwards do too, so a
-speculative run keeps its own greedy's tokens at both (before that attention, 8-bit rounding
-turned its float-order differences into token changes at near ties).
+speculative run keeps its own greedy's tokens at both (with torch's attention, whose sums
+depend on the forward's shape, 8-bit rounding turns those float-order differences into token
+changes at near ties).
 
 qmm.c is built once per machine by the C compiler (``$CC``, else ``cc`` / ``gcc``) with
 ``-march=native`` into the cache (:func:`engine.core.paths.cache_root`/kernels), keyed by the
@@ -285,7 +286,9 @@ def _(x, qw, dw, mw, n, bits=16):
 def matmul(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
            n: int, bits: int = 16) -> torch.Tensor:
     """x (R, K) fp32 times the packed weight (N, K), the activations quantised to `bits`
-    (16, the packed target's, or 8) -> (R, N) fp32."""
+    (16, the packed target's, or 8) -> (R, N) fp32 (ValueError for another width)."""
+    if bits not in BITS:
+        raise ValueError(f"qmm: activations of {bits} bits (expected one of {BITS})")
     if torch.compiler.is_compiling():
         return torch.ops.specviz.qmm(x, qw, dw, mw, n, bits)
     return _run(x, qw, dw, mw, n, bits)

@@ -163,7 +163,8 @@ static inline __attribute__((always_inline)) int rowattn_d(
                     s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY),
                                          _mm256_cmp_ps(add, _mm256_set1_ps(-FLT_MAX), _CMP_LE_OQ));
                     _mm256_storeu_ps(e + j, s);
-                    vm = _mm256_max_ps(vm, s);
+                    vm = _mm256_max_ps(s, vm); /* a NaN score leaves vm, as the scalar
+                                                * loop's s > m ? s : m leaves m */
                 }
                 float mv[8];
                 _mm256_storeu_ps(mv, vm);

@@ -49,7 +49,7 @@ def library() -> ctypes.CDLL | None:
     return compile_at(qmm.native_path(SOURCE))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)
 def visible(Q: int, S: int, causal: bool) -> torch.Tensor:
     """The additive mask transformers' sdpa applies when it is given none: (1, 1, Q, S); with
     `causal` (and Q > 1) query row i sees slots 0..i (torch's ``is_causal``, aligned at the

@@ -139,15 +139,16 @@ def test_rows_are_independent_across_the_8_row_tiles(packed, bits):
         assert torch.equal(qmm.matmul(x[i:i + 1].clone(), qw, dw, mw, 48, bits)[0], y[i]), i
 
 
-def test_threads_do_not_change_the_bits(packed):
+@pytest.mark.parametrize("bits", qmm.BITS)
+def test_threads_do_not_change_the_bits(packed, bits):
     _, (qw, dw, mw) = packed
     x = _x(5, 96, seed=5)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = qmm.matmul(x, qw, dw, mw, 48)
+        one = qmm.matmul(x, qw, dw, mw, 48, bits)
         torch.set_num_threads(2)
-        two = qmm.matmul(x, qw, dw, mw, 48)
+        two = qmm.matmul(x, qw, dw, mw, 48, bits)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
@@ -201,6 +202,20 @@ def test_without_the_library_a_packed_layer_runs_the_torch_reference(monkeypatch
     assert qmm.path() != "torch"
 
 
+def test_the_8_bit_products_largest_sums_do_not_saturate():
+    """Every weight 15 against every activation +127 or -127 (a block of one value): the
+    16-bit sums of the AVX2 loop at their largest (8 groups x 2 x 15 x 127 = 30,480)."""
+    q = torch.full((32, 64), 15, dtype=torch.uint8)  # (N, K)
+    d, m = torch.full((32, 2), 0.01).half(), torch.zeros(32, 2).half()
+    qw, dw, mw = qmm.pack(q, d, m)
+    x = torch.full((3, 64), 2.5)  # (3, K)
+    x[1] = -2.5
+    x[2, 32:] = -7.0
+    y = qmm.matmul(x, qw, dw, mw, 32, 8)  # (3, 32)
+    assert torch.equal(y, qmm.reference(x, qw, dw, mw, 32, 8))
+    torch.testing.assert_close(y[:, 0], x.sum(1) * 15 * float(d[0, 0]), rtol=1e-5, atol=1e-5)
+
+
 def test_the_8_bit_product_is_caught_by_the_reference_only_at_8_bits(packed):
     _, (qw, dw, mw) = packed
     x = _x(4, 96, seed=15)
@@ -217,6 +232,8 @@ def test_an_input_that_does_not_fit_the_packed_weight_is_refused(packed):
         qmm.run_with(qmm.library(), _x(2, 64, seed=10), qw, dw, mw, 48)
     with pytest.raises(ValueError, match="does not fit"):  # an activation width it lacks
         qmm.run_with(qmm.library(), _x(2, 96, seed=10), qw, dw, mw, 48, 4)
+    with pytest.raises(ValueError, match="4 bits"):  # on every path, the reference's too
+        qmm.matmul(_x(2, 96, seed=10), qw, dw, mw, 48, 4)
 
 
 @pytest.mark.parametrize("period,live,bits", [(4, 1, 16), (4, 3, 16), (8, 5, 16), (2, 0, 16),

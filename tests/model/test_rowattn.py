@@ -124,10 +124,11 @@ def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
     assert torch.isnan(again[:, -1]).all()  # its own row reads them
 
 
-def test_slots_past_a_rows_last_visible_one_are_never_read(lib):
+def test_a_static_buffers_unwritten_slots_change_no_bit_of_a_chain_or_a_tree(lib):
     """A step over a static buffer: the slots after the written ones (NaN here, as unwritten
     memory may be) are hidden by the lowest float, and the rows equal the step over the
-    written slots alone, for a chain (visible slots a prefix) and a tree."""
+    written slots alone, for a chain (visible slots a prefix, whose loops skip the hidden test)
+    and a tree: where the loops stop and where the vector loops split change nothing."""
     W, H, KV, Q, S, D, spare = 2, 9, 3, 4, 45, 64, 19
     query, key, value = _inputs(W, H, KV, Q, S, D, seed=10)
     low = torch.finfo(torch.float32).min
@@ -152,6 +153,9 @@ def test_a_bool_mask_is_converted_once_per_object_and_again_when_it_changes():
     assert again[0, 0, 1, 0] == NEG and again[0, 0, 0, 4] == NEG and again[0, 0, 1, 1] == 0
     other = mask.clone()  # equal contents, another object
     assert attention.additive(other) is not again and torch.equal(attention.additive(other), again)
+    with torch.inference_mode():  # generate() under inference mode: no version counter
+        frozen = mask.clone()
+    assert torch.equal(attention.additive(frozen), again)
 
 
 def test_a_row_that_sees_no_slot_gives_zero(lib):
