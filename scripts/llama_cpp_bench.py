@@ -14,8 +14,9 @@ natively takes minutes)::
 
 Each repeat, for each prompt (the chat template's token ids, the same for every runner):
 llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
-token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` and on
-`embedded-q4` (with ``--compiled`` also on `embedded-q4`'s compiled path, SPECVIZ_KV=compiled),
+token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` (not
+with ``--skip-fp32``) and on `embedded-q4` (with ``--a8`` also on `embedded-q4:a8`, 8-bit
+activations; with ``--compiled`` also on `embedded-q4`'s compiled path, SPECVIZ_KV=compiled),
 one after another (the compiled runners first run every prompt once, untimed, so every step
 shape is compiled before timing). Prints tokens/s min / median / max per runner, the ratios
 of medians, the engine's mean tokens per target forward (a drafter's acceptance on each
@@ -61,6 +62,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--a8", action="store_true",
+                    help="also `embedded-q4:a8` (8-bit activations), eager")
+    ap.add_argument("--skip-fp32", action="store_true", help="leave out `embedded` (fp32)")
     ap.add_argument("--compiled", action="store_true",
                     help="also run embedded-q4's methods on the compiled path "
                          "(SPECVIZ_KV=compiled; the warm-up compiles each step shape)")
@@ -74,8 +78,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     rows = [json.loads(ln) for ln in (ROOT / "assets/heldout/heldout.jsonl").read_text()
             .splitlines() if ln.strip()][:args.prompts]
-    fp32 = engine.load_pair("embedded", device="cpu")
     q4 = engine.load_pair("embedded-q4", device="cpu")
+    fp32 = None if args.skip_fp32 else engine.load_pair("embedded", device="cpu")
     server = subprocess.Popen(
         [args.llama_python, "-c", SERVER, str(embedded_gguf_dir() / EMBEDDED_GGUF),
          str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -100,7 +104,9 @@ def main() -> int:
         return t.stats.tokens_per_s or 0.0
 
     runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
-    targets = [("embedded (fp32)", fp32), ("embedded-q4", q4)]
+    targets = ([] if fp32 is None else [("embedded (fp32)", fp32)]) + [("embedded-q4", q4)]
+    if args.a8:
+        targets.append(("embedded-q4:a8", engine.load_pair("embedded-q4:a8", device="cpu")))
     if args.compiled:
         targets.append(("embedded-q4, compiled", q4))
     for method in ("greedy", "sd", "mcsd"):
@@ -110,15 +116,15 @@ def main() -> int:
                 name, pair, method)
     first = rows[0]["prompt"]
     for run in runners.values():  # warm-up, not recorded
-        run(first, engine.encode_prompt(fp32, first))
+        run(first, engine.encode_prompt(q4, first))
     for name, run in runners.items():  # compiled: every prompt once, so every step shape
         if name.endswith("compiled"):  # (rows, fed tokens, view) compiles before timing
             for row in rows:
-                run(row["prompt"], engine.encode_prompt(fp32, row["prompt"]))
+                run(row["prompt"], engine.encode_prompt(q4, row["prompt"]))
     got: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(args.repeats):
         for row in rows:
-            ids = engine.encode_prompt(fp32, row["prompt"])
+            ids = engine.encode_prompt(q4, row["prompt"])
             for name, run in runners.items():
                 got[name].append(run(row["prompt"], ids))
     server.stdin.close()

@@ -11,6 +11,9 @@ The kernel quantises each row of activations per block of 32 to 16 bits (dx = ma
 and sums exact integer dot products scaled in fp32: that rounding of the activations is what
 separates a packed layer from the dequantised fp32 layer (tests/oracles.qmm_error_bound bounds
 it: half a step dx of each activation, times |w|; measured, 4e-5 of a layer's largest output).
+:func:`set_activation_bits` sets 8 bits instead (dx = max|x| / 127, llama.cpp's numerics for
+this file: `embedded-q4:a8`, 1.3e-2 of a layer's largest output), which about halves the cost
+of a row past the first (AVX2).
 
 :func:`pack_linears` swaps the linear layers of a stock transformers model loaded from the
 same GGUF (dequantised) for Packed4Linear, naming them with transformers' own GGUF name map
@@ -144,16 +147,18 @@ class Packed4Linear(nn.Module):
         self.register_buffer("mw", mw)  # (out / 16, in / G, 16) fp16 bits: m
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
                                                            requires_grad=False)
+        self.bits = 16  # the activations' width in the kernel (set_activation_bits)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, q4 group={GROUP}")
+                f"bias={self.bias is not None}, q4 group={GROUP}, activations {self.bits} bits")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # (R, in)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        out = qmm.matmul(flat, self.qw, self.dw, self.mw, self.out_features)  # (R, out)
+        out = qmm.matmul(flat, self.qw, self.dw, self.mw, self.out_features,
+                         self.bits)  # (R, out)
         if x.dtype != torch.float32:
             out = out.to(x.dtype)
         out = out.view(*x.shape[:-1], self.out_features)  # (..., out)
@@ -202,15 +207,17 @@ class Packed8Linear(nn.Module):
         self.register_buffer("dw", dw)
         self.register_buffer("mw", mw)
         self.weight = weight
+        self.bits = 16  # the activations' width in the kernel (set_activation_bits)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"q8 group={GROUP} as two 4-bit halves")
+                f"q8 group={GROUP} as two 4-bit halves, activations {self.bits} bits")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()  # (R, in)
         both = torch.cat([flat, flat], dim=1)  # (R, 2 in): the hi half's, the lo half's
-        y = qmm.matmul(both, self.qw, self.dw, self.mw, self.out_features)  # (R, out)
+        y = qmm.matmul(both, self.qw, self.dw, self.mw, self.out_features,
+                       self.bits)  # (R, out)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., out)
 
     def blocks(self, name: str = "") -> Q8Blocks:
@@ -307,14 +314,35 @@ def pack_linears(model: nn.Module, path: str | Path) -> int:
     return len(found)
 
 
+def set_activation_bits(model: nn.Module, bits: int) -> int:
+    """Quantise the activations of every packed layer in `model` to `bits` (qmm.BITS: 16, the
+    packed target's; 8, llama.cpp's Q8_1 against Q4_1); return how many layers. Other numerics:
+    a model whose layers run at 8 bits is another target, whose own generate() its speculative
+    runs match (row invariance holds at either width). Set before its first forward: a
+    compiled step keeps the width it was traced with."""
+    if bits not in qmm.BITS:
+        raise ConfigError(f"activation bits must be one of {qmm.BITS}, got {bits}")
+    layers = [m for m in model.modules() if isinstance(m, (Packed4Linear, Packed8Linear))]
+    for m in layers:
+        m.bits = bits
+    return len(layers)
+
+
 def is_packed(model: nn.Module) -> bool:
     """Whether a model runs 4-bit packed layers (a packed target)."""
     return any(isinstance(m, Packed4Linear) for m in model.modules())
 
 
-def quantize_linears(module: nn.Module) -> int:
+def activation_bits(model: nn.Module) -> int:
+    """The activation width of a model's packed layers (16 where it has none)."""
+    return next((m.bits for m in model.modules()
+                 if isinstance(m, (Packed4Linear, Packed8Linear))), 16)
+
+
+def quantize_linears(module: nn.Module, bits: int = 16) -> int:
     """Swap every nn.Linear inside `module` (in place) whose shape the kernel takes for a
-    Packed4Linear of its weight quantised to Q4_1 (:func:`quantize_q4_1`); return how many.
+    Packed4Linear of its weight quantised to Q4_1 (:func:`quantize_q4_1`), its activations
+    quantised to `bits`; return how many.
     For a drafter's own layers over a packed target: q's numerics are the drafter's to choose
     (verification keeps the output p's), and a 4-bit layer streams an eighth of the bytes."""
     found = [(name, m) for name, m in module.named_modules()
@@ -322,8 +350,11 @@ def quantize_linears(module: nn.Module) -> int:
              and m.out_features % ROW_MULTIPLE == 0]
     if any(not name for name, _ in found):
         raise ConfigError("quantize_linears swaps the linears inside a module, not itself")
+    if bits not in qmm.BITS:
+        raise ConfigError(f"activation bits must be one of {qmm.BITS}, got {bits}")
     for name, m in found:
         module.set_submodule(name, Packed4Linear(quantize_q4_1(m.weight, name), m.bias))
+    set_activation_bits(module, bits)
     return len(found)
 
 

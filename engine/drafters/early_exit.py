@@ -27,6 +27,7 @@ from engine.core.packed4 import (
     ROW_MULTIPLE,
     Packed4Linear,
     Packed8Linear,
+    activation_bits,
     is_packed,
     quantize_linears,
     quantize_q4_1,
@@ -178,25 +179,28 @@ class ShortlistHead(nn.Module):
         self.vocab_size = int(head.weight.shape[0])
         self.register_buffer("ids", ids.long().clone())  # (S,)
         self.weight = nn.Parameter(head.weight.detach()[self.ids].clone(), requires_grad=False)
-        self.q4 = _packed_rows(self.weight) if isinstance(head, Packed8Linear) else None
+        self.q4 = _packed_rows(self.weight, head.bits) if isinstance(head, Packed8Linear) \
+            else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d) hidden states -> (..., V) logits."""
         out = h.new_full((*h.shape[:-1], self.vocab_size), torch.finfo(h.dtype).min)
         if self.q4 is not None and not torch.is_grad_enabled():  # (training: the dense rows)
-            out[..., self.ids] = self.q4(h)[..., :len(self.ids)]  # (..., S)
+            out.index_copy_(-1, self.ids, self.q4(h)[..., :len(self.ids)])  # (..., S) placed
         else:  # (..., S): packed on CPU (engine.core.layout)
             out[..., self.ids] = weight_product(self, h)
         return out
 
 
-def _packed_rows(weight: torch.Tensor) -> Packed4Linear:
+def _packed_rows(weight: torch.Tensor, bits: int) -> Packed4Linear:
     """A Packed4Linear of `weight` (S, d) quantised to Q4_1, zero rows padding S to the
-    kernel's tile."""
+    kernel's tile, its activations quantised to `bits` (the packed head's)."""
     s, d = weight.shape
     rows = -(-s // ROW_MULTIPLE) * ROW_MULTIPLE
     padded = torch.cat([weight.detach().float(), weight.new_zeros(rows - s, d).float()])
-    return Packed4Linear(quantize_q4_1(padded, "shortlist"))
+    layer = Packed4Linear(quantize_q4_1(padded, "shortlist"))
+    layer.bits = bits
+    return layer
 
 
 def init_extra_layer(target: nn.Module, n_layers: int) -> nn.Module:
@@ -252,8 +256,8 @@ def load_trained(target: nn.Module, path: Path | None = None, check: bool = True
     layer = init_extra_layer(target, n_layers)
     layer.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("layer.")})
     layer.to(device=device, dtype=dtype)
-    if is_packed(target):  # its own layer in 4 bits too (inference only: this loader's use)
-        quantize_linears(layer)
+    if is_packed(target):  # its own layer in 4 bits too (inference only: this loader's use),
+        quantize_linears(layer, activation_bits(target))  # at the target's activation width
     norm = None
     if "norm.weight" in tensors:
         norm = unhooked_copy(_decoder(target).norm)

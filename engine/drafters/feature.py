@@ -46,7 +46,7 @@ from torch import nn
 from engine.core.cached_model import CachedModel, Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
-from engine.core.packed4 import is_packed, quantize_linears
+from engine.core.packed4 import activation_bits, is_packed, quantize_linears
 from engine.core.paths import ASSETS
 from engine.core.placement import unhooked_copy
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
@@ -311,8 +311,8 @@ def load_feature(target: nn.Module, path: Path) -> FeatureDrafter:
     state, shortlist = read_feature(target, path)
     parts = FeatureParts(target)
     parts.load_state_dict(state)
-    if is_packed(target):  # fc and the layer in 4 bits too (inference only: this loader's use)
-        quantize_linears(parts)
+    if is_packed(target):  # fc and the layer in 4 bits too (inference only: this loader's use),
+        quantize_linears(parts, activation_bits(target))  # at the target's activation width
     return FeatureDrafter(target, parts, shortlist, trained=True, source=str(Path(path)))
 
 

@@ -41,6 +41,7 @@ from engine.run.tuned import Tuned, tuned_settings
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
 EMBEDDED_Q4_NAME = "SmolLM2-135M-Instruct (embedded GGUF, 4-bit packed)"
+EMBEDDED_Q4_A8_NAME = "SmolLM2-135M-Instruct (embedded GGUF, 4-bit packed, 8-bit activations)"
 
 
 def embedded_gguf_dir() -> Path:
@@ -267,7 +268,7 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
             raise ConfigError(f"bad tiny model spec {parsed.text!r}: {e}") from e
         return _put(model, device, device_map), None, parsed.text
     if parsed.kind == "embedded-q4":
-        return _load_embedded_q4(device, dtype, device_map)
+        return _load_embedded_q4(device, dtype, device_map, parsed.bits)
     src = str(embedded_model_dir()) if parsed.kind == "embedded" else parsed.text
     model, tok = _load_dir_or_hub(src, dtype, device_map)
     if device_map is None:
@@ -276,11 +277,12 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
 
 
 def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
-                      device_map: DeviceMap | None):
+                      device_map: DeviceMap | None, bits: int = 16):
     """The embedded model with its Q4_1 linear layers packed in 4 bits as the GGUF ships
-    them (engine.core.packed4): the dequantised model, its linears then swapped; CPU only
+    them (engine.core.packed4): the dequantised model, its linears then swapped, their
+    activations quantised to `bits` (16, or 8 for 'embedded-q4:a8'); CPU only
     (engine.core.qmm, the kernel used here, is a CPU kernel)."""
-    from engine.core.packed4 import pack_head, pack_linears
+    from engine.core.packed4 import pack_head, pack_linears, set_activation_bits
 
     if device.type != "cpu" or device_map is not None:
         raise ConfigError("'embedded-q4' runs on the CPU only: use --device cpu and no "
@@ -288,7 +290,8 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
     pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
     pack_head(model, embedded_gguf_dir() / EMBEDDED_GGUF)
-    return model, tok, EMBEDDED_Q4_NAME
+    set_activation_bits(model, bits)
+    return model, tok, EMBEDDED_Q4_NAME if bits == 16 else EMBEDDED_Q4_A8_NAME
 
 
 VerifyPoints = tuple[float, tuple[tuple[int, float], ...]]  # (plain forward s, (n, c_verify))

@@ -17,6 +17,9 @@ EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:sm
 # (engine.core.packed4), on the CPU; a separate target (its logits are not the fp32 model's).
 EMBEDDED_Q4 = "embedded-q4"
 EMBEDDED_Q4_ALIASES = ("embedded-q4",)
+# 'embedded-q4:a8': the same packed weights against activations quantised to 8 bits (llama.cpp's
+# own numerics for this file, engine.core.qmm) instead of 16: another target again.
+ACTIVATIONS_8 = "a8"
 # The embedded target's default drafter: the one measured fastest on held-out prompts
 # (README, "Measured numbers").
 EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
@@ -26,8 +29,11 @@ def default_draft(target: str) -> str:
     """The draft spec paired with a target when none is given: EMBEDDED_DEFAULT_DRAFT for
     the embedded model, fp32 or 4-bit packed (the shipped drafters match both: their
     embeddings are the same), else '' (the target's early exit)."""
-    embedded = EMBEDDED_ALIASES + EMBEDDED_Q4_ALIASES
-    return EMBEDDED_DEFAULT_DRAFT if target.strip().lower() in embedded else ""
+    try:
+        kind = parse_model_spec(target).kind
+    except ConfigError:
+        return ""
+    return EMBEDDED_DEFAULT_DRAFT if kind in ("embedded", "embedded-q4") else ""
 
 
 SPEC_KINDS = ("embedded", "embedded-q4", "tiny", "early-exit", "ngram", "feature",
@@ -45,11 +51,13 @@ class ModelSpec:
     early_exit: str = ""  # early-exit: its name in engine.drafters.early_exit.EARLY_EXIT_SPECS
     layers: int | None = None  # early-exit:N -> N first layers; ngram[+feature]:N -> max n
     weights: str = ""  # feature:PATH / early-exit-trained:PATH -> the drafter's weight file
+    bits: int = 16  # embedded-q4: the width its packed layers quantise activations to (:a8: 8)
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias),
-    'embedded-q4' (the embedded model with its 4-bit weights packed, CPU only), exactly
+    'embedded-q4' (the embedded model with its 4-bit weights packed, CPU only; 'embedded-q4:a8':
+    its activations quantised to 8 bits instead of 16), exactly
     'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of
@@ -99,6 +107,11 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
         return ModelSpec("embedded", text)
     if text.lower() in EMBEDDED_Q4_ALIASES:
         return ModelSpec("embedded-q4", text)
+    if head.lower() in EMBEDDED_Q4_ALIASES and colon:
+        if rest.strip().lower() != ACTIVATIONS_8:
+            raise ConfigError(f"bad model spec {text!r}: '{head}' takes ':{ACTIVATIONS_8}' "
+                              "(8-bit activations) or nothing")
+        return ModelSpec("embedded-q4", text, bits=8)
     if text == "tiny" or (head == "tiny" and colon):
         try:
             kw = json.loads(rest) if colon else {}
@@ -122,8 +135,10 @@ def _positive(rest: str, what: str) -> int:
 def spec_key(spec: ModelSpec) -> tuple:
     """What identifies a parsed spec (not how it was spelled: aliases, JSON spacing)."""
     named = spec.kind in ("local", "hub")
-    return (spec.kind, spec.text if named else "", json.dumps(spec.tiny, sort_keys=True),
-            spec.early_exit, spec.layers, spec.weights)
+    key = (spec.kind, spec.text if named else "", json.dumps(spec.tiny, sort_keys=True),
+           spec.early_exit, spec.layers, spec.weights)
+    return key if spec.bits == 16 else key + (spec.bits,)  # a 16-bit spec keeps its 6-field
+    # key (stored tunings are filed under its digest)
 
 
 def pair_key(target: str, draft: str | None) -> tuple:

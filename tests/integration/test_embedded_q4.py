@@ -1,7 +1,8 @@
 """The embedded model with its Q4_1 weights packed in 4 bits ('embedded-q4'): every linear
 packed losslessly, each within the 16-bit activations' bound of the dequantised fp32 layer, its
 logits the same bits in every shape of forward, and the engine's methods at temperature 0
-token for token the packed model's own generate()."""
+token for token the packed model's own generate(); and 'embedded-q4:a8', the same weights
+against 8-bit activations: within its coarser bound, and its methods its own generate()'s."""
 
 from __future__ import annotations
 
@@ -143,3 +144,38 @@ def test_token_methods_at_temperature_zero_equal_generate_token_for_token(
     for prompt in PROMPTS:
         trace = engine.generate(q4_pair, prompt, method, max_new_tokens=N, **params)
         assert_greedy_exact(q4_pair, prompt, list(trace.token_ids), refs[prompt])
+
+
+# 'embedded-q4:a8': the same packed weights against activations quantised to 8 bits
+# (llama.cpp's numerics for this file): another target, row-invariant as well.
+MAX_REL_ERROR_A8 = 2e-2  # measured 1.3e-2 on the 210 layers, Gaussian inputs (seed 0): a step
+# of max|x| / 127 in each block of 32, 258 times the 16-bit one
+
+
+@pytest.fixture(scope="module")
+def a8_pair():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SPECVIZ_KV", raising=False)
+        yield engine.load_pair("embedded-q4:a8", draft="early-exit")
+
+
+def test_a8_runs_every_packed_layer_at_8_bits_within_its_bound(a8_pair, embedded_pair):
+    packed = _packed(a8_pair)
+    assert len(packed) == 30 * 7 and "8-bit activations" in a8_pair.target_name
+    assert {m.bits for m in packed.values()} == {8} and a8_pair.target.lm_head.bits == 8
+    gen = torch.Generator().manual_seed(0)
+    for name in list(packed)[::23]:  # every 23rd layer: all seven kinds, several depths
+        m, w = packed[name], embedded_pair.target.get_submodule(name).weight  # (out, in)
+        x = torch.randn(4, m.in_features, generator=gen)  # (4, in)
+        err = (m(x) - x @ w.T).abs()  # (4, out)
+        assert (err <= qmm_error_bound(m.dequantize().abs(), x, GROUP, levels=127)).all(), name
+        assert err.max() <= MAX_REL_ERROR_A8 * (x @ w.T).abs().max(), name
+
+
+def test_a8_methods_at_temperature_zero_equal_its_own_generate_bit_for_bit(a8_pair, refs):
+    prompt = PROMPTS[0]
+    ref = _ref(a8_pair, prompt)
+    assert not torch.equal(ref[1], refs[prompt][1])  # its logits are not the 16-bit target's
+    for method, params in (("greedy", {}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "4x2x2"})):
+        trace = engine.generate(a8_pair, prompt, method, max_new_tokens=N, **params)
+        assert_greedy_exact(a8_pair, prompt, list(trace.token_ids), ref)

@@ -178,6 +178,50 @@ def test_embedded_q4_spec_parses_and_keeps_the_embedded_default_drafter():
     assert default_draft("embedded-q4") == default_draft("embedded")
 
 
+def test_embedded_q4_a8_is_another_target_with_8_bit_activations_and_its_own_presets():
+    from engine.run.specs import pair_key, spec_key
+    from engine.run.tuned import tuned_settings
+
+    assert spec_key(parse_model_spec("embedded-q4")) == ("embedded-q4", "", "{}", "", None, "")
+    assert default_draft("ngram") == default_draft("embedded-q4:a4") == ""  # not a target
+    spec = parse_model_spec("embedded-q4:a8")
+    assert (spec.kind, spec.bits, parse_model_spec("embedded-q4").bits) == ("embedded-q4", 8, 16)
+    assert default_draft("embedded-q4:a8") == default_draft("embedded")
+    assert pair_key("embedded-q4:a8", "ngram+feature") != pair_key("embedded-q4", "ngram+feature")
+    assert tuned_settings("embedded-q4:a8", "ngram+feature")["sd"]  # its preset row
+    with pytest.raises(ConfigError) as e:
+        parse_model_spec("embedded-q4:a4")
+    assert str(e.value) == ("bad model spec 'embedded-q4:a4': 'embedded-q4' takes ':a8' "
+                            "(8-bit activations) or nothing")
+
+
+def test_a_drafters_own_packed_layers_take_the_targets_activation_width(packed_head):
+    from engine.core.packed4 import (
+        Packed8Linear,
+        activation_bits,
+        quantize_linears,
+        set_activation_bits,
+    )
+    from engine.drafters.early_exit import ShortlistHead
+
+    model, _ = packed_head
+    head = model.get_output_embeddings()
+    assert isinstance(head, Packed8Linear) and activation_bits(model) == 16
+    try:
+        assert set_activation_bits(model, 8) > 1 and activation_bits(model) == 8
+        assert ShortlistHead(head, torch.arange(5)).q4.bits == 8
+        layer = torch.nn.Sequential(torch.nn.Linear(64, 32))
+        assert quantize_linears(layer, activation_bits(model)) == 1 and layer[0].bits == 8
+        with pytest.raises(ConfigError, match="activation bits must be one of"):
+            set_activation_bits(model, 4)
+        other = torch.nn.Sequential(torch.nn.Linear(64, 32))
+        with pytest.raises(ConfigError, match="activation bits must be one of"):
+            quantize_linears(other, 4)
+        assert type(other[0]) is torch.nn.Linear  # refused before anything was swapped
+    finally:
+        set_activation_bits(model, 16)
+
+
 def test_embedded_q4_off_the_cpu_is_refused_before_loading():
     with pytest.raises(ConfigError, match="CPU only"):
         load_model("embedded-q4", torch.device("cuda"), torch.float32)

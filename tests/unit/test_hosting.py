@@ -58,7 +58,8 @@ def test_every_variable_is_read():
     ({"SPECVIZ_DTYPE": "fp8"},
      "SPECVIZ_DTYPE must be one of auto, float32, bfloat16, float16, got 'fp8'"),
     ({"SPECVIZ_PRESETS": "embedded,gpt5"},
-     "SPECVIZ_PRESETS: unknown preset 'gpt5' (known: all, embedded, embedded-q4, smollm2-1.7b"),
+     "SPECVIZ_PRESETS: unknown preset 'gpt5' (known: all, embedded, embedded-q4, "
+     "embedded-q4-a8, smollm2-1.7b"),
     ({"SPECVIZ_ALLOW_CUSTOM_MODELS": "maybe"},
      "SPECVIZ_ALLOW_CUSTOM_MODELS must be 0 or 1, got 'maybe'"),
     ({"SPACES_ZERO_GPU": "2"}, "SPACES_ZERO_GPU must be 0 or 1, got '2'"),
