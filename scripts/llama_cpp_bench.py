@@ -16,7 +16,7 @@ Each repeat, for each prompt (the chat template's token ids, the same for every 
 llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
 token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` (not
 with ``--skip-fp32``) and on `embedded-q4` (with ``--a8`` also on `embedded-q4:a8`, 8-bit
-activations; with ``--compiled`` also on `embedded-q4`'s compiled path, SPECVIZ_KV=compiled),
+activations; with ``--compiled`` also on the packed targets' compiled paths, SPECVIZ_KV=compiled),
 one after another (the compiled runners first run every prompt once, untimed, so every step
 shape is compiled before timing). Prints tokens/s min / median / max per runner, the ratios
 of medians, the engine's mean tokens per target forward (a drafter's acceptance on each
@@ -105,10 +105,13 @@ def main() -> int:
 
     runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
     targets = ([] if fp32 is None else [("embedded (fp32)", fp32)]) + [("embedded-q4", q4)]
-    if args.a8:
-        targets.append(("embedded-q4:a8", engine.load_pair("embedded-q4:a8", device="cpu")))
+    a8 = engine.load_pair("embedded-q4:a8", device="cpu") if args.a8 else None
+    if a8 is not None:
+        targets.append(("embedded-q4:a8", a8))
     if args.compiled:
         targets.append(("embedded-q4, compiled", q4))
+        if a8 is not None:
+            targets.append(("embedded-q4:a8, compiled", a8))
     for method in ("greedy", "sd", "mcsd"):
         for label, pair in targets:
             name = f"engine {method}, {label}"
