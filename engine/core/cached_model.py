@@ -39,6 +39,7 @@ from engine.core.errors import UnsupportedModelError
 from engine.core.forest import ROOT
 from engine.core.forest import SHARED as SHARED_BUFFERS
 from engine.core.layout import head_logits, layout_for
+from engine.core.packed4 import activation_bits
 from engine.core.placement import input_device
 
 RESERVE = 512  # slots leased beyond the prompt (a longer run moves to a larger buffer)
@@ -126,6 +127,10 @@ class CachedModel:
         # compiled
         if self.mode == "compiled" and type(self)._inputs is not CachedModel._inputs:
             self.mode = "static"  # embeddings fed (a feature drafter): not compiled
+        if self.mode == "compiled" and activation_bits(model) == 8:
+            self.mode = "static"  # 8-bit activations turn the compiled step's float-order
+            # differences into token changes (embedded-q4:a8 compiled kept its greedy's tokens
+            # on 6 and 4 of 8 prompts): eager forwards, row-invariant, keep them
         if self.device.type == "cpu":
             attention.use_engine_attention(model)  # no K/V copy per query head; a packed
             # target: row-invariant attention (engine.core.attention)

@@ -21,7 +21,9 @@ measured rule):
   weights are packed (docs/benchmarks.md, "Compiled steps on the CPU"). A shape compiles in
   about a minute on one thread the first time on a machine (inductor keeps its work on disk
   for later processes), so the mode is chosen (``SPECVIZ_KV=compiled``), never the default,
-  and a model fed embeddings (a feature drafter) runs it static. A compiled step attends
+  and a model fed embeddings (a feature drafter) or a packed model at 8-bit activations (whose
+  roundings a fused step's float order would flip: embedded-q4:a8) runs it static. A compiled
+  step attends
   a view of the buffer, the first :func:`view_for` slots (a power of two from
   COMPILED_MIN_VIEW that holds the row's real slots): a shape is (rows, bucket, view), and
   attention's cost follows the run's length, not the buffer's, and runs of most lengths share

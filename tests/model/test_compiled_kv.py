@@ -85,6 +85,21 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
     assert trace.stats.step_paths.get("target:compiled", 0) == len(trace.rounds)
 
 
+def test_a_target_at_8_bit_activations_keeps_eager_steps_on_the_compiled_path(compiled):
+    """Compiled, a step's float-order differences flip 8-bit roundings (and tokens): such a
+    target runs its steps on the static path, eager and row-invariant, and stays exact."""
+    from engine.core.packed4 import quantize_linears
+
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
+    assert quantize_linears(pair.target.model, 8) == 2 * 7
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16)
+    trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=4, controller="fixed")
+    assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+    paths = trace.stats.step_paths
+    assert "target:compiled" not in paths and paths["target:static"] == len(trace.rounds)
+
+
 def test_compiled_steps_attend_a_view_that_grows_with_the_run(compiled, monkeypatch):
     monkeypatch.setattr(static_kv, "COMPILED_MIN_VIEW", 16)  # views of 16, 32 and 64 slots
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=5)
