@@ -183,114 +183,66 @@ static inline __attribute__((always_inline)) void tile_rows(
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
 }
-#elif PATH == 256
-/* as above, the 16 columns as two halves of 8 */
-static inline __attribute__((always_inline)) void tile_rows(
-    int MR, const int16_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
-    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
-    const int64_t nb = K / GROUP;
+#endif
+
+#if PATH == 512 || PATH == 256
+/* MR rows against tile t, the 16 columns as two halves of 8 (acc[r]: a half's columns), with
+ * activations of `bits` bits (a constant where it is inlined: one loop compiled per width).
+ * 16 bits (the AVX2 build's tile_rows): a group's bytes widened to 16 bits, e = 0, 2 and e = 1, 3
+ * as two vectors of 8 columns x 2 inputs, one madd_epi16 each (|w x| <= 15 * 32767: a pair
+ * fits int32). 8 bits (tile_rows8, on the AVX512 build too): maddubs_epi16 (unsigned weights x
+ * signed activations, pairs summed to 16 bits), the 8 groups of a block summed in 16 bits
+ * (|sum| <= 8 * 2 * 15 * 127 < 2^15), then madd_epi16 by 1 to each column's 32-bit dot. */
+static inline __attribute__((always_inline)) void tile_avx2(
+    int MR, int bits, const void *qx, const float *dx, const float *sx, int64_t K,
+    const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP, width = bits == 8 ? 1 : 2; /* bytes an activation */
     const __m256i low = _mm256_set1_epi8(15), even = _mm256_set1_epi32(0x00FF00FF);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; h++) {
         __m256 acc[8];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *p = qw + (t * nb + b) * 256 + 32 * h;
-            __m256i w[16];
+            __m256i w[16]; /* 16 bits: 16 vectors of 8 columns x 2 inputs; 8 bits: group g's
+                            * 8 columns x 4 inputs, one byte each, in w[g] */
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const __m256i v = _mm256_loadu_si256((const void *)(p + 64 * j));
                 const __m256i lo = _mm256_and_si256(v, low);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                w[2 * j] = _mm256_and_si256(lo, even);
-                w[2 * j + 1] = _mm256_srli_epi16(lo, 8);
-                w[8 + 2 * j] = _mm256_and_si256(hi, even);
-                w[8 + 2 * j + 1] = _mm256_srli_epi16(hi, 8);
-            }
-            const __m256 vdw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dw + (t * nb + b) * 16 + 8 * h)));
-            const __m256 vmw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mw + (t * nb + b) * 16 + 8 * h)));
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; r++) {
-                const int32_t *xp = (const int32_t *)(qx + r * K + b * GROUP);
-                __m256i dot = _mm256_setzero_si256();
-#pragma GCC unroll 16
-                for (int i = 0; i < 16; i++) /* |w x| <= 15 * 32767: a pair fits int32 */
-                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(w[i], _mm256_set1_epi32(xp[i])));
-                const __m256 scale = _mm256_mul_ps(vdw, _mm256_set1_ps(dx[r * nb + b]));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
-                acc[r] = _mm256_fmadd_ps(vmw, _mm256_set1_ps(sx[r * nb + b]), acc[r]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; r++) _mm256_storeu_ps(y + r * N + t * TILE + 8 * h, acc[r]);
-    }
-}
-#else
-static inline void tile_rows(int MR, const int16_t *qx, const float *dx, const float *sx,
-                             int64_t K, const uint8_t *qw, const uint16_t *dw,
-                             const uint16_t *mw, int64_t t, float *y, int64_t N) {
-    const int64_t nb = K / GROUP;
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < TILE; c++) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *p = qw + (t * nb + b) * 256 + 4 * c;
-                const int16_t *xb = qx + r * K + b * GROUP; /* the header's order */
-                int32_t dot = 0;
-                for (int j = 0; j < 4; j++) {
-                    const int e[4] = {0, 2, 1, 3};
-                    for (int k = 0; k < 4; k++) {
-                        const int v = p[64 * j + e[k]];
-                        dot += (v & 15) * xb[4 * j + k] + (v >> 4) * xb[16 + 4 * j + k];
-                    }
+                if (bits == 8) {
+                    w[j] = lo;
+                    w[j + 4] = hi;
+                } else {
+                    w[2 * j] = _mm256_and_si256(lo, even);
+                    w[2 * j + 1] = _mm256_srli_epi16(lo, 8);
+                    w[8 + 2 * j] = _mm256_and_si256(hi, even);
+                    w[8 + 2 * j + 1] = _mm256_srli_epi16(hi, 8);
                 }
-                const float scale = half_to_float(dw[(t * nb + b) * 16 + c]) * dx[r * nb + b];
-                acc = fmaf((float)dot, scale, acc);
-                acc = fmaf(half_to_float(mw[(t * nb + b) * 16 + c]), sx[r * nb + b], acc);
-            }
-            y[r * N + t * TILE + c] = acc;
-        }
-}
-#endif
-
-/* The same products against 8-bit activations (quantize_rows8): a group's 4 inputs are 4
- * consecutive bytes of qx, multiplied by the 4 weights of a column one byte each. The AVX512
- * build runs the AVX2 loop too (an AVX512-VNNI one, one vpdpbusd a group, is not written). */
-#if PATH == 512 || PATH == 256
-/* maddubs_epi16 (unsigned weights x signed activations, pairs summed to 16 bits), the 8 groups
- * of a block summed in 16 bits (|sum| <= 8 * 2 * 15 * 127 < 2^15), then madd_epi16 by 1 to
- * each column's 32-bit dot product; the 16 columns as two halves of 8 */
-static inline __attribute__((always_inline)) void tile_rows8(
-    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
-    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
-    const int64_t nb = K / GROUP;
-    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    for (int h = 0; h < 2; h++) {
-        __m256 acc[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *p = qw + (t * nb + b) * 256 + 32 * h;
-            __m256i w[8]; /* group g: 8 columns x 4 inputs, one byte each */
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                const __m256i v = _mm256_loadu_si256((const void *)(p + 64 * j));
-                w[j] = _mm256_and_si256(v, low);
-                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
             const __m256 vdw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dw + (t * nb + b) * 16 + 8 * h)));
             const __m256 vmw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mw + (t * nb + b) * 16 + 8 * h)));
 #pragma GCC unroll 8
             for (int r = 0; r < MR; r++) {
-                const int32_t *xg = (const int32_t *)(qx + r * K + b * GROUP); /* 4 inputs each */
-                __m256i s0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xg[0]));
-                __m256i s1 = _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xg[1]));
+                const int32_t *xp = (const int32_t *)((const char *)qx + (r * K + b * GROUP) * width);
+                __m256i dot;
+                if (bits == 8) { /* xp[g]: group g's 4 inputs */
+                    __m256i s0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xp[0]));
+                    __m256i s1 = _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xp[1]));
 #pragma GCC unroll 3
-                for (int g = 2; g < 8; g += 2) {
-                    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(xg[g])));
-                    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], _mm256_set1_epi32(xg[g + 1])));
+                    for (int g = 2; g < 8; g += 2) {
+                        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(xp[g])));
+                        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[g + 1], _mm256_set1_epi32(xp[g + 1])));
+                    }
+                    dot = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+                } else { /* xp[i]: two inputs, in the order of w[i] */
+                    dot = _mm256_setzero_si256();
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++)
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(w[i], _mm256_set1_epi32(xp[i])));
                 }
-                const __m256i dot = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
                 const __m256 scale = _mm256_mul_ps(vdw, _mm256_set1_ps(dx[r * nb + b]));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
                 acc[r] = _mm256_fmadd_ps(vmw, _mm256_set1_ps(sx[r * nb + b]), acc[r]);
@@ -300,22 +252,34 @@ static inline __attribute__((always_inline)) void tile_rows8(
         for (int r = 0; r < MR; r++) _mm256_storeu_ps(y + r * N + t * TILE + 8 * h, acc[r]);
     }
 }
+#if PATH == 256
+#define tile_rows(MR, ...) tile_avx2(MR, 16, __VA_ARGS__)
+#endif
+#define tile_rows8(MR, ...) tile_avx2(MR, 8, __VA_ARGS__)
 #else
-static inline void tile_rows8(int MR, const int8_t *qx, const float *dx, const float *sx,
-                              int64_t K, const uint8_t *qw, const uint16_t *dw,
-                              const uint16_t *mw, int64_t t, float *y, int64_t N) {
+/* the plain C loops: column by column, the same integers and float operations in order;
+ * 16 bits take a group's inputs in the header's order (e = 0, 2, 1, 3), 8 bits in input order */
+static inline void tile_plain(int MR, int bits, const void *qx, const float *dx,
+                              const float *sx, int64_t K, const uint8_t *qw,
+                              const uint16_t *dw, const uint16_t *mw, int64_t t, float *y,
+                              int64_t N) {
     const int64_t nb = K / GROUP;
+    const int order[2][4] = {{0, 1, 2, 3}, {0, 2, 1, 3}};
+    const int *e = order[bits != 8];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < TILE; c++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *p = qw + (t * nb + b) * 256 + 4 * c;
-                const int8_t *xb = qx + r * K + b * GROUP; /* input order */
+                const int64_t at = r * K + b * GROUP; /* the block's first activation */
                 int32_t dot = 0;
                 for (int j = 0; j < 4; j++)
-                    for (int e = 0; e < 4; e++) {
-                        const int v = p[64 * j + e];
-                        dot += (v & 15) * xb[4 * j + e] + (v >> 4) * xb[16 + 4 * j + e];
+                    for (int k = 0; k < 4; k++) {
+                        const int v = p[64 * j + e[k]];
+                        const int i = 4 * j + k;
+                        const int lo = bits == 8 ? ((const int8_t *)qx)[at + i] : ((const int16_t *)qx)[at + i];
+                        const int hi = bits == 8 ? ((const int8_t *)qx)[at + 16 + i] : ((const int16_t *)qx)[at + 16 + i];
+                        dot += (v & 15) * lo + (v >> 4) * hi;
                     }
                 const float scale = half_to_float(dw[(t * nb + b) * 16 + c]) * dx[r * nb + b];
                 acc = fmaf((float)dot, scale, acc);
@@ -324,6 +288,8 @@ static inline void tile_rows8(int MR, const int8_t *qx, const float *dx, const f
             y[r * N + t * TILE + c] = acc;
         }
 }
+#define tile_rows(MR, ...) tile_plain(MR, 16, __VA_ARGS__)
+#define tile_rows8(MR, ...) tile_plain(MR, 8, __VA_ARGS__)
 #endif
 
 #define ROWS(MR)                                                                           \
