@@ -32,10 +32,13 @@ A packed target (engine.core.packed4: every linear product through ``qmm``, whos
 depend on each other) takes :data:`ROWS_NAME` instead (:func:`use_engine_attention`): its eager
 forwards in fp32 without gradients, one query row or many, with a mask or none, go to
 engine/core/rowattn.py's kernel, whose every output row depends on its own query and the slots
-it may see and on nothing else; the rest as above. Then every part of such a forward is
-row-invariant, and a token's logits are the same bits whether it is fed alone, in a chain or in
-a draft tree (tests/model/test_rowattn.py). Where no C compiler builds the kernel the packed
-target keeps :data:`NAME`.
+it may see and on nothing else; its forwards traced by torch.compile (a float 4D mask) call the
+same kernel through the op ``specviz::rowattn``, opaque to inductor; the rest as above. Then
+every part of such a forward is row-invariant, and a token's logits are the same bits whether it
+is fed alone, in a chain or in a draft tree, eager (tests/model/test_rowattn.py) or compiled
+(tests/model/test_compiled_kv.py: what inductor fuses around the two kernels is elementwise or
+within one token's row). Where no C compiler builds the kernel the packed target keeps
+:data:`NAME`.
 """
 
 from __future__ import annotations
@@ -109,11 +112,21 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     kernel for an eager fp32 CPU forward without gradients or dropout, a 4D mask (float or
     bool) of one head that broadcasts to the rows, or none (sdpa's rule then: causal from the
     first slot for several rows, every slot for one), key/value heads dividing the query heads
-    and none of the options in _UNSUPPORTED; else :func:`grouped_attention`."""
+    and none of the options in _UNSUPPORTED; traced by torch.compile, the same kernel through
+    the op ``specviz::rowattn`` for an fp32 CPU forward with a float 4D mask and the same
+    conditions; else :func:`grouped_attention`."""
     mask = attention_mask
-    eager = not torch.compiler.is_compiling()  # first: a traced forward never reaches the
-    # library (its lookup would break the graph)
-    lib = rowattn.library() if eager else None
+    if torch.compiler.is_compiling():  # first: a traced forward never reaches the library
+        # (its lookup would break the graph); ROWS_NAME is set only where it builds
+        if (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
+                == torch.float32 and not dropout and mask is not None and mask.dim() == 4
+                and mask.is_floating_point() and query.shape[1] % key.shape[1] == 0
+                and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            return torch.ops.specviz.rowattn(query, key, value, mask, scale), None
+        return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
+                                 scaling=scaling, **kwargs)
+    lib = rowattn.library()
     if (lib is not None and query.device.type == "cpu" and query.dtype == torch.float32
             and key.dtype == value.dtype == torch.float32 and not dropout
             and not torch.is_grad_enabled()

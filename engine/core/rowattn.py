@@ -8,8 +8,10 @@ differences are what makes a packed target's logits differ between forward shape
 0.0055 on embedded-q4). With this kernel a packed target's eager forward gives every token the
 same logits whether it is fed alone, in a chain or in a draft tree (tests/model/test_rowattn.py),
 so an eager speculative run's tokens equal its own greedy's and generate()'s by construction.
-(The compiled path, SPECVIZ_KV=compiled, traces engine/core/attention.py's grouped attention
-instead: its bits are its own.)
+A compiled step (SPECVIZ_KV=compiled) calls the kernel through the op ``specviz::rowattn``,
+opaque to inductor as qmm's products are, so the compiled path of a packed target is
+row-invariant as well: its bits differ from the eager path's (inductor's fused kernels round in
+their own order), but a token gets the same ones in every compiled step shape.
 
 rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
 cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same
@@ -108,6 +110,25 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     if done != 0:
         raise MemoryError("rowattn: no scratch memory")
     return out
+
+
+def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+         scale: float) -> torch.Tensor:
+    return attend(library(), query, key, value, mask, scale)
+
+
+# The op torch.compile sees (opaque to inductor, as qmm's): a compiled step of a packed target
+# attends through the kernel too, so its rows keep the eager path's row invariance.
+_LIB = torch.library.Library("specviz", "FRAGMENT")
+_LIB.define("rowattn(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) "
+            "-> Tensor")
+_LIB.impl("rowattn", _run, "CPU")
+
+
+@torch.library.register_fake("specviz::rowattn")
+def _(query, key, value, mask, scale):
+    W, H, Q, D = query.shape
+    return query.new_empty(W, Q, H, D)
 
 
 def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

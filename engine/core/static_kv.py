@@ -21,9 +21,11 @@ measured rule):
   weights are packed (docs/benchmarks.md, "Compiled steps on the CPU"). A shape compiles in
   about a minute on one thread the first time on a machine (inductor keeps its work on disk
   for later processes), so the mode is chosen (``SPECVIZ_KV=compiled``), never the default,
-  and a model fed embeddings (a feature drafter) or a packed model at 8-bit activations (whose
-  roundings a fused step's float order would flip: embedded-q4:a8) runs it static. A compiled
-  step attends
+  and a model fed embeddings (a feature drafter) runs it static. A packed target's compiled
+  step multiplies through qmm's op and attends through rowattn's, both opaque to inductor, so
+  it is row-invariant (a token's bits do not depend on the step's shape); where rowattn's
+  kernel does not build, a packed model at 8-bit activations (whose roundings the traced
+  attention's float order would flip: embedded-q4:a8) runs static. A compiled step attends
   a view of the buffer, the first :func:`view_for` slots (a power of two from
   COMPILED_MIN_VIEW that holds the row's real slots): a shape is (rows, bucket, view), and
   attention's cost follows the run's length, not the buffer's, and runs of most lengths share

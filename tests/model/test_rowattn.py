@@ -158,6 +158,18 @@ def test_a_bool_mask_is_converted_once_per_object_and_again_when_it_changes():
     assert torch.equal(attention.additive(frozen), again)
 
 
+def test_the_op_a_compiled_step_calls_gives_the_kernels_bits_and_declares_its_shape(lib):
+    """specviz::rowattn, opaque to inductor (the compiled path's attention of a packed
+    target): the kernel's output, and a fake of the (W, Q, H, D) shape for tracing."""
+    query, key, value = _inputs(2, 9, 3, 5, 40, 64, seed=3)
+    mask = _tree_mask(2, 5, 40)
+    out = torch.ops.specviz.rowattn(query, key, value, mask, 0.125)
+    assert torch.equal(out, rowattn.attend(lib, query, key, value, mask, 0.125))
+    traced = torch.compile(lambda q, k, v, m: torch.ops.specviz.rowattn(q, k, v, m, 0.125) * 2,
+                           backend="eager", fullgraph=True)(query, key, value, mask)
+    assert traced.shape == (2, 5, 9, 64) and torch.equal(traced, out * 2)
+
+
 def test_a_row_that_sees_no_slot_gives_zero(lib):
     query, key, value = _inputs(1, 2, 1, 2, 8, 16, seed=4)
     mask = torch.zeros(1, 1, 2, 8)
