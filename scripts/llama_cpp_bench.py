@@ -16,12 +16,12 @@ Each repeat, for each prompt (the chat template's token ids, the same for every 
 llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
 token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` (not
 with ``--skip-fp32``) and on `embedded-q4` (with ``--a8`` also on `embedded-q4:a8`, 8-bit
-activations; with ``--compiled`` also on the packed targets' compiled paths, SPECVIZ_KV=compiled),
-one after another (the compiled runners first run every prompt once, untimed, so every step
-shape is compiled before timing). Prints tokens/s min / median / max per runner, the ratios
-of medians, the engine's mean tokens per target forward (a drafter's acceptance on each
-target), and for each speculative runner on how many prompts its tokens equal the greedy
-runner's of the same target and path (last repeat).
+activations; with ``--compiled`` also on the packed targets' compiled paths, SPECVIZ_KV=compiled,
+and with ``--skip-eager`` on those alone), one after another (the compiled runners first run
+every prompt once, untimed, so every step shape is compiled before timing). Prints tokens/s
+min / median / max per runner, the ratios of medians, the engine's mean tokens per target
+forward (a drafter's acceptance on each target), and for each speculative runner on how many
+prompts its tokens equal the greedy runner's of the same target and path (last repeat).
 """
 
 from __future__ import annotations
@@ -68,7 +68,11 @@ def main() -> int:
     ap.add_argument("--compiled", action="store_true",
                     help="also run embedded-q4's methods on the compiled path "
                          "(SPECVIZ_KV=compiled; the warm-up compiles each step shape)")
+    ap.add_argument("--skip-eager", action="store_true",
+                    help="with --compiled: leave out the packed targets' eager runs")
     args = ap.parse_args()
+    if args.skip_eager and not args.compiled:
+        ap.error("--skip-eager goes with --compiled")
 
     import torch
 
@@ -108,6 +112,8 @@ def main() -> int:
     a8 = engine.load_pair("embedded-q4:a8", device="cpu") if args.a8 else None
     if a8 is not None:
         targets.append(("embedded-q4:a8", a8))
+    if args.skip_eager:
+        targets = [(label, pair) for label, pair in targets if pair is fp32]
     if args.compiled:
         targets.append(("embedded-q4, compiled", q4))
         if a8 is not None:
