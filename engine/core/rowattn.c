@@ -13,7 +13,9 @@
  * that sees its ancestors at slots 0, 1 and 3 of a tree sums them as a chain of three, as the
  * one-token steps that committed them would). Hidden slots are skipped in both sums, and a
  * row's loops end at its last visible slot (found once per row, for all its heads: a static
- * buffer's unwritten tail is never read); a row that sees no slot gives 0. exp_neg is a
+ * buffer's unwritten tail is never read); a row that sees no slot gives 0. The query heads of
+ * one key/value head are taken up to three at a time (row_heads), so that a block of keys or a
+ * value row loaded once serves each of them; each head's operations stay its own. exp_neg is a
  * polynomial of float operations (below). The AVX2 path and the plain C path (-DROWATTN_PLAIN,
  * or a machine without AVX2 and FMA) do these operations in this order, so they give the same
  * bits (tests/model/test_rowattn.py).
@@ -105,18 +107,134 @@ static inline __m256 dot8_slots(const float *q, const float *k, int64_t kstride,
 }
 #endif
 
+#define BATCH 3 /* query heads of one key/value head taken together (their registers fit) */
+
+/* Query row i (mask row mr, visible slots 0..n-1, a prefix or not) of the HB query heads qr[0..HB)
+ * that share the key/value head kb / vb, into o[hh] (each D floats). The heads are taken
+ * together so that a block of keys or a value row, loaded once, serves all of them; each head's
+ * operations and their order are those of the header. e: HB scratch rows of S + 8 floats. */
+static inline __attribute__((always_inline)) void row_heads(
+    int HB, const float *const *qr, const float *kb, int64_t kst, const float *vb, int64_t vst,
+    const float *mr, int64_t n, int prefix, float *const *o, float *e, int64_t S, int64_t D,
+    float scale, int vec) {
+    float m[BATCH], sum[BATCH];
+    float *eh[BATCH];
+    for (int hh = 0; hh < HB; hh++) m[hh] = -INFINITY, eh[hh] = e + hh * (S + 8);
+    int64_t j = 0;
+    const int64_t S8 = vec ? n / 8 * 8 : 0; /* the slots the vector loops take */
+    (void)S8; /* (the plain build has no vector loops) */
+#if VECTOR
+    {
+        __m256 vm[BATCH];
+        for (int hh = 0; hh < HB; hh++) vm[hh] = _mm256_set1_ps(-INFINITY);
+        for (; j < S8; j += 8) {
+            const __m256 add = _mm256_loadu_ps(mr + j);
+            const __m256 hidden = _mm256_cmp_ps(add, _mm256_set1_ps(-FLT_MAX), _CMP_LE_OQ);
+            for (int hh = 0; hh < HB; hh++) { /* the 8 slots' keys: from L1 after the first */
+                __m256 sc = _mm256_mul_ps(dot8_slots(qr[hh], kb + j * kst, kst, D), _mm256_set1_ps(scale));
+                sc = _mm256_add_ps(sc, add); /* a hidden slot: -inf, whatever its key holds */
+                sc = _mm256_blendv_ps(sc, _mm256_set1_ps(-INFINITY), hidden);
+                _mm256_storeu_ps(eh[hh] + j, sc);
+                vm[hh] = _mm256_max_ps(sc, vm[hh]); /* a NaN score leaves vm, as the scalar
+                                                     * loop's s > m ? s : m leaves m */
+            }
+        }
+        for (int hh = 0; hh < HB; hh++) {
+            float mv[8];
+            _mm256_storeu_ps(mv, vm[hh]);
+            for (int k = 0; k < 8; k++) m[hh] = mv[k] > m[hh] ? mv[k] : m[hh];
+        }
+    }
+#endif
+    for (int hh = 0; hh < HB; hh++)
+        for (int64_t jj = j; jj < n; jj++) {
+            const float sc = HIDDEN(mr[jj]) ? -INFINITY : dot(qr[hh], kb + jj * kst, D) * scale + mr[jj];
+            eh[hh][jj] = sc;
+            m[hh] = sc > m[hh] ? sc : m[hh];
+        }
+    for (int hh = 0; hh < HB; hh++) {
+        float *eb = eh[hh];
+        if (m[hh] == -INFINITY) { /* no slot scored (a key of -inf): 0, its weights 0 below */
+            memset(eb, 0, (size_t)n * sizeof(float));
+            sum[hh] = 0.0f;
+            continue;
+        }
+        j = 0;
+#if VECTOR
+        const __m256 vmax = _mm256_set1_ps(m[hh]);
+        for (; j < S8; j += 8)
+            _mm256_storeu_ps(eb + j, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(eb + j), vmax)));
+#endif
+        for (; j < n; j++) eb[j] = exp_neg(eb[j] - m[hh]);
+        float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (prefix) { /* the visible slots are a prefix: place = position, and a hidden
+                       * slot's e_j = 0 adds +0 to its lane */
+            j = 0;
+#if VECTOR
+            __m256 vsum = _mm256_setzero_ps();
+            for (; j < S8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(eb + j));
+            _mm256_storeu_ps(lanes, vsum);
+#endif
+            for (; j < n; j++) lanes[j & 7] += eb[j];
+        } else {
+            for (int64_t j2 = 0, t = 0; j2 < n; j2++) /* lane: place among the visible */
+                if (!HIDDEN(mr[j2])) lanes[t++ & 7] += eb[j2];
+        }
+        sum[hh] = tree8(lanes);
+    }
+    /* out = acc / sum, acc summed slot by slot; a value row read once for the HB heads */
+#if VECTOR
+    if (vec) { /* 4 vectors of the head at a time: 4 HB accumulators */
+        for (int64_t c0 = 0; c0 < D / 8; c0 += 4) {
+            const int nc = D / 8 - c0 < 4 ? (int)(D / 8 - c0) : 4;
+            __m256 va[BATCH][4];
+            for (int hh = 0; hh < HB; hh++)
+                for (int c = 0; c < 4; c++) va[hh][c] = _mm256_setzero_ps();
+            for (int64_t jj = 0; jj < n; jj++) {
+                if (!prefix && HIDDEN(mr[jj])) continue;
+                const float *vr = vb + jj * vst + 8 * c0;
+                for (int c = 0; c < nc; c++) {
+                    const __m256 v = _mm256_loadu_ps(vr + 8 * c);
+                    for (int hh = 0; hh < HB; hh++)
+                        va[hh][c] = _mm256_fmadd_ps(_mm256_set1_ps(eh[hh][jj]), v, va[hh][c]);
+                }
+            }
+            for (int hh = 0; hh < HB; hh++)
+                if (m[hh] != -INFINITY)
+                    for (int c = 0; c < nc; c++)
+                        _mm256_storeu_ps(o[hh] + 8 * (c0 + c),
+                                         _mm256_div_ps(va[hh][c], _mm256_set1_ps(sum[hh])));
+        }
+    } else
+#endif
+    {
+        float *acc = e + BATCH * (S + 8); /* D + 8 floats past the score rows */
+        for (int hh = 0; hh < HB; hh++) {
+            if (m[hh] == -INFINITY) continue;
+            for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+            for (int64_t jj = 0; jj < n; jj++) {
+                if (!prefix && HIDDEN(mr[jj])) continue;
+                const float *vr = vb + jj * vst;
+                for (int64_t d = 0; d < D; d++) acc[d] = fmaf(eh[hh][jj], vr[d], acc[d]);
+            }
+            for (int64_t d = 0; d < D; d++) o[hh][d] = acc[d] / sum[hh];
+        }
+    }
+    for (int hh = 0; hh < HB; hh++)
+        if (m[hh] == -INFINITY) memset(o[hh], 0, (size_t)D * sizeof(float));
+}
+
 static inline __attribute__((always_inline)) int rowattn_d(
     const float *query, const int64_t *qs, const float *key, const int64_t *ks,
     const float *value, const int64_t *vs, const float *mask, const int64_t *ms, float *out,
     int64_t W, int64_t H, int64_t KV, int64_t Q, int64_t S, int64_t D, float scale) {
-    float *e = malloc((size_t)(S + 8) * sizeof(float));
-    float *acc = malloc((size_t)(D + 8) * sizeof(float));
+    float *e = malloc((size_t)(BATCH * (S + 8) + D + 8) * sizeof(float)); /* scores, then an
+                                                                           * accumulator */
     int64_t *ends = malloc((size_t)(Q + 1) * sizeof(int64_t)); /* per query row: 1 + its last
                                                                  * visible slot (0: none) */
     char *prefix = malloc((size_t)(Q + 1)); /* per query row: its visible slots are 0..end-1 */
-    if (!e || !acc || !ends || !prefix) {
+    if (!e || !ends || !prefix) {
         free(e);
-        free(acc);
         free(ends);
         free(prefix);
         return -1;
@@ -138,102 +256,34 @@ static inline __attribute__((always_inline)) int rowattn_d(
             ends[i] = last + 1;
             prefix[i] = n_seen == last + 1;
         }
-        for (int64_t h = 0; h < H; h++) {
-            const int64_t g = h / group;
+        for (int64_t g = 0; g < KV; g++) {
             const float *kb = key + w * ks[0] + g * ks[1];
             const float *vb = value + w * vs[0] + g * vs[1];
             for (int64_t i = 0; i < Q; i++) {
-                const float *qr = query + w * qs[0] + h * qs[1] + i * qs[2];
                 const float *mr = mask + w * ms[0] + i * ms[2];
-                const int64_t n = ends[i]; /* the slots this row visits */
-                const int64_t S8 = vec ? n / 8 * 8 : 0; /* those the vector loops take */
-                float *o = out + ((w * Q + i) * H + h) * D;
-                if (n == 0) { /* no slot visible */
-                    memset(o, 0, (size_t)D * sizeof(float));
-                    continue;
-                }
-                float m = -INFINITY, lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                int64_t j = 0;
-#if VECTOR
-                __m256 vm = _mm256_set1_ps(-INFINITY);
-                for (; j < S8; j += 8) {
-                    __m256 s = _mm256_mul_ps(dot8_slots(qr, kb + j * ks[2], ks[2], D), _mm256_set1_ps(scale));
-                    const __m256 add = _mm256_loadu_ps(mr + j);
-                    s = _mm256_add_ps(s, add); /* a hidden slot: -inf, whatever its key holds */
-                    s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY),
-                                         _mm256_cmp_ps(add, _mm256_set1_ps(-FLT_MAX), _CMP_LE_OQ));
-                    _mm256_storeu_ps(e + j, s);
-                    vm = _mm256_max_ps(s, vm); /* a NaN score leaves vm, as the scalar
-                                                * loop's s > m ? s : m leaves m */
-                }
-                float mv[8];
-                _mm256_storeu_ps(mv, vm);
-                for (int k = 0; k < 8; k++) m = mv[k] > m ? mv[k] : m;
-#endif
-                for (; j < n; j++) {
-                    const float s = HIDDEN(mr[j]) ? -INFINITY
-                                                       : dot(qr, kb + j * ks[2], D) * scale + mr[j];
-                    e[j] = s;
-                    m = s > m ? s : m;
-                }
-                if (m == -INFINITY) { /* no slot scored (a key of -inf) */
-                    memset(o, 0, (size_t)D * sizeof(float));
-                    continue;
-                }
-                j = 0;
-#if VECTOR
-                const __m256 vmax = _mm256_set1_ps(m);
-                for (; j < S8; j += 8)
-                    _mm256_storeu_ps(e + j, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(e + j), vmax)));
-#endif
-                for (; j < n; j++) e[j] = exp_neg(e[j] - m);
-                if (prefix[i]) { /* the visible slots are a prefix: place = position, and
-                                           * a hidden slot's e_j = 0 adds +0 to its lane */
-#if VECTOR
-                    __m256 vsum = _mm256_setzero_ps();
-                    for (j = 0; j < S8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(e + j));
-                    _mm256_storeu_ps(lanes, vsum);
-#else
-                    j = 0;
-#endif
-                    for (; j < n; j++) lanes[j & 7] += e[j];
-                } else {
-                    for (int64_t j2 = 0, t = 0; j2 < n; j2++) /* lane: place among the visible */
-                        if (!HIDDEN(mr[j2])) lanes[t++ & 7] += e[j2];
-                }
-                const float sum = tree8(lanes);
-#if VECTOR
-                if (vec) {
-                    __m256 va[32];
-                    const int64_t nv = D / 8;
-                    if (nv <= 32) {
-                        for (int64_t c = 0; c < nv; c++) va[c] = _mm256_setzero_ps();
-                        for (j = 0; j < n; j++) {
-                            if (!prefix[i] && HIDDEN(mr[j])) continue;
-                            const __m256 p = _mm256_set1_ps(e[j]);
-                            const float *vr = vb + j * vs[2];
-                            for (int64_t c = 0; c < nv; c++)
-                                va[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), va[c]);
-                        }
-                        const __m256 vs_ = _mm256_set1_ps(sum);
-                        for (int64_t c = 0; c < nv; c++)
-                            _mm256_storeu_ps(o + 8 * c, _mm256_div_ps(va[c], vs_));
+                for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += BATCH) {
+                    const int HB = (g + 1) * group - h0 < BATCH ? (int)((g + 1) * group - h0) : BATCH;
+                    const float *qr[BATCH];
+                    float *o[BATCH];
+                    for (int hh = 0; hh < HB; hh++) {
+                        qr[hh] = query + w * qs[0] + (h0 + hh) * qs[1] + i * qs[2];
+                        o[hh] = out + ((w * Q + i) * H + h0 + hh) * D;
+                    }
+                    if (ends[i] == 0) { /* no slot visible */
+                        for (int hh = 0; hh < HB; hh++) memset(o[hh], 0, (size_t)D * sizeof(float));
                         continue;
                     }
+                    if (HB == BATCH) /* the batch's size a constant: its loops unrolled */
+                        row_heads(BATCH, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e,
+                                  S, D, scale, vec);
+                    else
+                        row_heads(HB, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e,
+                                  S, D, scale, vec);
                 }
-#endif
-                for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-                for (j = 0; j < n; j++) {
-                    if (!prefix[i] && HIDDEN(mr[j])) continue;
-                    const float *vr = vb + j * vs[2];
-                    for (int64_t d = 0; d < D; d++) acc[d] = fmaf(e[j], vr[d], acc[d]);
-                }
-                for (int64_t d = 0; d < D; d++) o[d] = acc[d] / sum;
             }
         }
     }
     free(e);
-    free(acc);
     free(ends);
     free(prefix);
     return 0;

@@ -58,6 +58,7 @@ def lib():
     (2, 4, 1, 3, 16, 64),  # one key/value head
     (1, 4, 4, 1, 9, 16),  # one row, as many key/value heads as query heads
     (2, 6, 2, 4, 30, 12),  # a head size that is not a multiple of 8 (the plain loops)
+    (1, 8, 1, 3, 21, 64),  # eight query heads a key/value head: batches of 3, 3 and 2
 ])
 def test_the_kernel_equals_attention_computed_in_float64(lib, W, H, KV, Q, S, D):
     query, key, value = _inputs(W, H, KV, Q, S, D, seed=0)
