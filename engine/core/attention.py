@@ -113,14 +113,16 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     bool) of one head that broadcasts to the rows, or none (sdpa's rule then: causal from the
     first slot for several rows, every slot for one), key/value heads dividing the query heads
     and none of the options in _UNSUPPORTED; traced by torch.compile, the same kernel through
-    the op ``specviz::rowattn`` for an fp32 CPU forward with a float 4D mask and the same
-    conditions; else :func:`grouped_attention`."""
+    the op ``specviz::rowattn`` for an fp32 CPU forward without gradients or dropout, a float
+    4D mask of one head and the same conditions; else :func:`grouped_attention`."""
     mask = attention_mask
     if torch.compiler.is_compiling():  # first: a traced forward never reaches the library
         # (its lookup would break the graph); ROWS_NAME is set only where it builds
         if (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
-                == torch.float32 and not dropout and mask is not None and mask.dim() == 4
-                and mask.is_floating_point() and query.shape[1] % key.shape[1] == 0
+                == torch.float32 and not dropout and not torch.is_grad_enabled()
+                and mask is not None and mask.dim() == 4
+                and mask.shape[1] == 1 and mask.is_floating_point()
+                and query.shape[1] % key.shape[1] == 0
                 and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             return torch.ops.specviz.rowattn(query, key, value, mask, scale), None
