@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from engine.core import attention, rowattn, static_kv
+from engine.core import attention, static_kv
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import ROOT
 from engine.core.forest import SHARED as SHARED_BUFFERS
@@ -127,14 +127,14 @@ class CachedModel:
         # compiled
         if self.mode == "compiled" and type(self)._inputs is not CachedModel._inputs:
             self.mode = "static"  # embeddings fed (a feature drafter): not compiled
-        if (self.mode == "compiled" and activation_bits(model) == 8
-                and rowattn.library() is None):
-            self.mode = "static"  # without rowattn's op a compiled step is not row-invariant,
-            # and 8-bit activations turn its float-order differences into token changes
-            # (embedded-q4:a8 kept its greedy's tokens on 6 and 4 of 8 prompts): eager
         if self.device.type == "cpu":
             attention.use_engine_attention(model)  # no K/V copy per query head; a packed
             # target: row-invariant attention (engine.core.attention)
+        if (self.mode == "compiled" and activation_bits(model) == 8
+                and model.config._attn_implementation != attention.ROWS_NAME):
+            self.mode = "static"  # without rowattn's op a compiled step is not row-invariant,
+            # and 8-bit activations turn its float-order differences into token changes
+            # (embedded-q4:a8 kept its greedy's tokens on 6 and 4 of 8 prompts): eager
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)

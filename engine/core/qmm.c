@@ -259,10 +259,9 @@ static inline __attribute__((always_inline)) void tile_avx2(
 #else
 /* the plain C loops: column by column, the same integers and float operations in order;
  * 16 bits take a group's inputs in the header's order (e = 0, 2, 1, 3), 8 bits in input order */
-static inline void tile_plain(int MR, int bits, const void *qx, const float *dx,
-                              const float *sx, int64_t K, const uint8_t *qw,
-                              const uint16_t *dw, const uint16_t *mw, int64_t t, float *y,
-                              int64_t N) {
+static inline __attribute__((always_inline)) void tile_plain(
+    int MR, int bits, const void *qx, const float *dx, const float *sx, int64_t K,
+    const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
     const int64_t nb = K / GROUP;
     const int order[2][4] = {{0, 1, 2, 3}, {0, 2, 1, 3}};
     const int *e = order[bits != 8];

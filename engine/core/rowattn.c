@@ -14,8 +14,9 @@
  * one-token steps that committed them would). Hidden slots are skipped in both sums, and a
  * row's loops end at its last visible slot (found once per row, for all its heads: a static
  * buffer's unwritten tail is never read); a row that sees no slot gives 0. The query heads of
- * one key/value head are taken up to three at a time (row_heads), so that a block of keys or a
- * value row loaded once serves each of them; each head's operations stay its own. exp_neg is a
+ * one key/value head are taken up to three at a time (row_heads): a block of 8 keys is read
+ * from L1 after the first head, and a value row is loaded once for all of them; each head's
+ * operations stay its own. exp_neg is a
  * polynomial of float operations (below). The AVX2 path and the plain C path (-DROWATTN_PLAIN,
  * or a machine without AVX2 and FMA) do these operations in this order, so they give the same
  * bits (tests/model/test_rowattn.py).
@@ -111,8 +112,9 @@ static inline __m256 dot8_slots(const float *q, const float *k, int64_t kstride,
 
 /* Query row i (mask row mr, visible slots 0..n-1, a prefix or not) of the HB query heads qr[0..HB)
  * that share the key/value head kb / vb, into o[hh] (each D floats). The heads are taken
- * together so that a block of keys or a value row, loaded once, serves all of them; each head's
- * operations and their order are those of the header. e: HB scratch rows of S + 8 floats. */
+ * together: a block of 8 keys is scored for each head in turn (from L1 after the first), and a
+ * value row, loaded once, is summed into every head's accumulators; each head's operations and
+ * their order are those of the header. e: HB scratch rows of S + 8 floats. */
 static inline __attribute__((always_inline)) void row_heads(
     int HB, const float *const *qr, const float *kb, int64_t kst, const float *vb, int64_t vst,
     const float *mr, int64_t n, int prefix, float *const *o, float *e, int64_t S, int64_t D,
@@ -273,12 +275,16 @@ static inline __attribute__((always_inline)) int rowattn_d(
                         for (int hh = 0; hh < HB; hh++) memset(o[hh], 0, (size_t)D * sizeof(float));
                         continue;
                     }
-                    if (HB == BATCH) /* the batch's size a constant: its loops unrolled */
-                        row_heads(BATCH, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e,
-                                  S, D, scale, vec);
+                    /* the batch's size a constant in each call: its accumulators in registers */
+                    if (HB == 3)
+                        row_heads(3, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e, S, D,
+                                  scale, vec);
+                    else if (HB == 2)
+                        row_heads(2, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e, S, D,
+                                  scale, vec);
                     else
-                        row_heads(HB, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e,
-                                  S, D, scale, vec);
+                        row_heads(1, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e, S, D,
+                                  scale, vec);
                 }
             }
         }

@@ -10,8 +10,9 @@ same logits whether it is fed alone, in a chain or in a draft tree (tests/model/
 so an eager speculative run's tokens equal its own greedy's and generate()'s by construction.
 A compiled step (SPECVIZ_KV=compiled) calls the kernel through the op ``specviz::rowattn``,
 opaque to inductor as qmm's products are, so the compiled path of a packed target is
-row-invariant as well: its bits differ from the eager path's (inductor's fused kernels round in
-their own order), but a token gets the same ones in every compiled step shape.
+row-invariant as well (tests/model/test_compiled_kv.py): its bits differ from the eager
+path's (inductor's fused kernels round in their own order), but a token gets the same ones in
+every compiled step shape.
 
 rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
 cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same

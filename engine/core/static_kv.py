@@ -22,10 +22,12 @@ measured rule):
   about a minute on one thread the first time on a machine (inductor keeps its work on disk
   for later processes), so the mode is chosen (``SPECVIZ_KV=compiled``), never the default,
   and a model fed embeddings (a feature drafter) runs it static. A packed target's compiled
-  step multiplies through qmm's op and attends through rowattn's, both opaque to inductor, so
-  it is row-invariant (a token's bits do not depend on the step's shape); where rowattn's
-  kernel does not build, a packed model at 8-bit activations (whose roundings the traced
-  attention's float order would flip: embedded-q4:a8) runs static. A compiled step attends
+  step multiplies through qmm's op and attends through rowattn's, both opaque to inductor, and
+  what inductor fuses around them stays within one token's row, so a token's bits do not depend
+  on the step's shape (tests/model/test_compiled_kv.py); a packed model at 8-bit activations
+  whose attention is not rowattn's (the kernel does not build, or the model is not on sdpa)
+  runs static, as the traced attention's float order would flip its roundings. A compiled
+  step attends
   a view of the buffer, the first :func:`view_for` slots (a power of two from
   COMPILED_MIN_VIEW that holds the row's real slots): a shape is (rows, bucket, view), and
   attention's cost follows the run's length, not the buffer's, and runs of most lengths share

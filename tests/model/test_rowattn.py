@@ -59,6 +59,8 @@ def lib():
     (1, 4, 4, 1, 9, 16),  # one row, as many key/value heads as query heads
     (2, 6, 2, 4, 30, 12),  # a head size that is not a multiple of 8 (the plain loops)
     (1, 8, 1, 3, 21, 64),  # eight query heads a key/value head: batches of 3, 3 and 2
+    (1, 6, 3, 3, 19, 72),  # nine vectors a head: a chunk of 4, 4, then 1
+    (1, 2, 1, 2, 11, 264),  # a head over 256 wide
 ])
 def test_the_kernel_equals_attention_computed_in_float64(lib, W, H, KV, Q, S, D):
     query, key, value = _inputs(W, H, KV, Q, S, D, seed=0)
@@ -169,6 +171,22 @@ def test_the_op_a_compiled_step_calls_gives_the_kernels_bits_and_declares_its_sh
     traced = torch.compile(lambda q, k, v, m: torch.ops.specviz.rowattn(q, k, v, m, 0.125) * 2,
                            backend="eager", fullgraph=True)(query, key, value, mask)
     assert traced.shape == (2, 5, 9, 64) and torch.equal(traced, out * 2)
+
+
+def test_a_head_whose_scores_overflow_gives_zero_beside_heads_that_do_not(lib):
+    """Three query heads share a key/value head and are taken together: one whose every score
+    is -inf (its query overflows against the keys) gives 0, and the other two the bits they
+    get with an ordinary query in its place."""
+    query, key, value = _inputs(1, 3, 1, 2, 20, 64, seed=5)
+    mask = _tree_mask(1, 2, 20)
+    big = query.clone()
+    big[0, 1] = -1e38 * key[0, 0, :1].sign()  # (2, 64): the dot with slot 0 overflows ...
+    key = key.clone()
+    key[0, 0] = key[0, 0, :1]  # ... and with every slot (all keys alike)
+    plain = rowattn.attend(lib, query, key, value, mask, 0.125)  # (1, 2, 3, 64)
+    got = rowattn.attend(lib, big, key, value, mask, 0.125)
+    assert torch.equal(got[:, :, 1], torch.zeros_like(got[:, :, 1]))
+    assert torch.equal(got[:, :, 0], plain[:, :, 0]) and torch.equal(got[:, :, 2], plain[:, :, 2])
 
 
 def test_a_row_that_sees_no_slot_gives_zero(lib):
