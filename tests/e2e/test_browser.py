@@ -72,8 +72,32 @@ def _plot_html(page, elem: str) -> str:
 
 
 def _choose_method(page, name: str) -> None:
+    """Pick `name` and wait for the method change's answer (its about text), which re-renders
+    the parameter boxes: a click into them before it arrives can be lost under load."""
+    from playwright.sync_api import expect
+
     page.locator("#sv-method input").click()
     page.get_by_role("option", name=name, exact=True).click()
+    expect(page.locator(".sv-about").first).to_contain_text(
+        re.compile(rf"^\s*{re.escape(name)} \("), timeout=RUN_TIMEOUT_MS)
+
+
+def _open_budget(page) -> None:
+    """Open "Sampling, seed and budget" until its max_new_tokens box shows (a toggle that lands
+    while the page re-renders can be lost; once the box shows it is not clicked again)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    box = page.get_by_label("max_new_tokens", exact=True)
+    for _ in range(3):
+        if box.is_visible():
+            return
+        page.get_by_text("Sampling, seed and budget").click()
+        try:
+            box.wait_for(state="visible", timeout=10_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    box.wait_for(state="visible", timeout=10_000)  # the last chance: fails the test
 
 
 def _set_number(page, label: str, value: int) -> None:
@@ -85,7 +109,7 @@ def _set_number(page, label: str, value: int) -> None:
 def _setup_sd_run(page, gamma: int, max_new: int) -> None:
     _choose_method(page, "sd")
     _set_number(page, "gamma", gamma)
-    page.get_by_text("Sampling, seed and budget").click()
+    _open_budget(page)
     _set_number(page, "max_new_tokens", max_new)
 
 
@@ -273,7 +297,7 @@ def test_a_transformers_mode_runs_in_the_app_shows_its_forest_and_exports_a_page
         "Repeat exactly: the red fox jumps over the lazy dog. the red fox jumps over the "
         "lazy dog.")
     _choose_method(page, "hf_prompt_lookup")
-    page.get_by_text("Sampling, seed and budget").click()
+    _open_budget(page)
     _set_number(page, "max_new_tokens", 24)
     page.locator("#sv-run").click()
     run_md = page.locator("#sv-run-md")
