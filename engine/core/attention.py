@@ -104,6 +104,16 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   scaling=scaling, **kwargs)
 
 
+def _kernel_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """What rowattn's kernel takes, eager or traced: fp32 on the CPU, no dropout or gradients,
+    key/value heads dividing the query heads, a 4D mask or none, no option of _UNSUPPORTED."""
+    return (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
+            == torch.float32 and not dropout and not torch.is_grad_enabled()
+            and query.shape[1] % key.shape[1] == 0 and (mask is None or mask.dim() == 4)
+            and all(kwargs.get(k) is None for k in _UNSUPPORTED))
+
+
 def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                   value: torch.Tensor, attention_mask: torch.Tensor | None,
                   dropout: float = 0.0, scaling: float | None = None,
@@ -116,24 +126,16 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     the op ``specviz::rowattn`` for an fp32 CPU forward without gradients or dropout, a float
     4D mask of one head and the same conditions; else :func:`grouped_attention`."""
     mask = attention_mask
+    fits = _kernel_fits(query, key, value, mask, dropout, kwargs)
     if torch.compiler.is_compiling():  # first: a traced forward never reaches the library
         # (its lookup would break the graph); ROWS_NAME is set only where it builds
-        if (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
-                == torch.float32 and not dropout and not torch.is_grad_enabled()
-                and mask is not None and mask.dim() == 4
-                and mask.shape[1] == 1 and mask.is_floating_point()
-                and query.shape[1] % key.shape[1] == 0
-                and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
+        if fits and mask is not None and mask.shape[1] == 1 and mask.is_floating_point():
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             return torch.ops.specviz.rowattn(query, key, value, mask, scale), None
         return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
                                  scaling=scaling, **kwargs)
     lib = rowattn.library()
-    if (lib is not None and query.device.type == "cpu" and query.dtype == torch.float32
-            and key.dtype == value.dtype == torch.float32 and not dropout
-            and not torch.is_grad_enabled()
-            and query.shape[1] % key.shape[1] == 0 and (mask is None or mask.dim() == 4)
-            and all(kwargs.get(k) is None for k in _UNSUPPORTED)):
+    if lib is not None and fits:
         Q, S = query.shape[2], key.shape[2]
         if mask is None:  # what sdpa does without one: is_causal for several rows
             causal = kwargs.get("is_causal")

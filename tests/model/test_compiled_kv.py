@@ -85,34 +85,36 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
     assert trace.stats.step_paths.get("target:compiled", 0) == len(trace.rounds)
 
 
-@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("bits,rows", [(16, 1), (8, 1), (8, 2)])
 def test_a_packed_targets_compiled_step_gives_a_token_the_same_bits_alone_or_in_a_chain(
-        compiled, bits):
+        compiled, bits, rows):
     """Every linear through qmm's op and attention through rowattn's (both opaque to
     inductor): what inductor fuses is elementwise or a reduction within one token's row, so a
     token's final hidden states are the same bits whether a compiled step feeds it alone or
-    in a chain of five (with grouped attention traced instead, some differ in the last bit)."""
+    in a chain of five, with one beam row or two (with grouped attention traced instead, some
+    differ in the last bit)."""
     from engine.core.packed4 import quantize_linears
 
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
     quantize_linears(pair.target.model, bits)
     gen = torch.Generator().manual_seed(0)
-    one, none = torch.tensor([0]), torch.zeros((1, 0), dtype=torch.long)
+    keep = torch.arange(rows)
+    none = torch.zeros((rows, 0), dtype=torch.long)
     for trial in range(6):
-        prompt = torch.randint(3, 64, (1, 9 + trial), generator=gen)
-        chain = torch.randint(3, 64, (1, 5), generator=gen)  # the first committed, 4 drafted
-        alone, cached = [], CachedModel(pair.target)
+        prompt = torch.randint(3, 64, (rows, 9 + trial), generator=gen)  # rows differ
+        chain = torch.randint(3, 64, (rows, 5), generator=gen)  # the first committed, 4
+        alone, cached = [], CachedModel(pair.target)  # drafted, per row
         cached.start(prompt)
         cached.feed()
         for i in range(5):
-            cached.commit(one, none, none, chain[:, i:i + 1])
-            alone.append(cached.feed().root_hidden)  # (1, d)
+            cached.commit(keep, none, none, chain[:, i:i + 1])
+            alone.append(cached.feed().root_hidden)  # (W, d)
         assert set(cached.take_served()) == {"compiled"}
         cached = CachedModel(pair.target)
         cached.start(prompt)
         cached.feed()
-        cached.commit(one, none, none, chain[:, :1])
-        scored = cached.feed(chain[:, 1:], torch.tensor([[ROOT, 0, 1, 2]]))  # one step
+        cached.commit(keep, none, none, chain[:, :1])
+        scored = cached.feed(chain[:, 1:], torch.tensor([[ROOT, 0, 1, 2]] * rows))  # one step
         together = [scored.root_hidden] + [scored.node_hidden[:, i] for i in range(4)]
         assert cached.take_served() == ["compiled"] * 2
         for i, (a, b) in enumerate(zip(together, alone)):
