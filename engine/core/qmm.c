@@ -291,32 +291,27 @@ static inline __attribute__((always_inline)) void tile_plain(
 #define tile_rows8(MR, ...) tile_plain(MR, 8, __VA_ARGS__)
 #endif
 
-/* one thread: the tiles in a plain loop (an OpenMP region costs about a microsecond a call,
- * even with its if clause false, of 211 products a step) */
-#define ROWS(MR)                                                                           \
-    static void rows_##MR(const void *qx, const float *dx, const float *sx, int64_t K,     \
-                          const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,      \
-                          float *y, int64_t N, int threads) {                             \
-        if (threads <= 1) {                                                                \
-            for (int64_t t = 0; t < N / TILE; t++)                                        \
-                tile_rows(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                        \
-            return;                                                                        \
-        }                                                                                  \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                 \
-        for (int64_t t = 0; t < N / TILE; t++)                                            \
-            tile_rows(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                            \
-    }                                                                                      \
-    static void rows8_##MR(const void *qx, const float *dx, const float *sx, int64_t K,    \
-                           const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,     \
-                           float *y, int64_t N, int threads) {                            \
-        if (threads <= 1) {                                                                \
-            for (int64_t t = 0; t < N / TILE; t++)                                        \
-                tile_rows8(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                       \
-            return;                                                                        \
-        }                                                                                  \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                 \
-        for (int64_t t = 0; t < N / TILE; t++)                                            \
-            tile_rows8(MR, qx, dx, sx, K, qw, dw, mw, t, y, N);                           \
+/* every tile t of y through `tile`: one thread in a plain loop (an OpenMP region costs about a
+ * microsecond a call, even with its if clause false, of 211 products a step), else split
+ * among `threads` */
+#define OVER_TILES(tile)                                                     \
+    if (threads <= 1) {                                                      \
+        for (int64_t t = 0; t < N / TILE; t++) tile;                         \
+        return;                                                              \
+    }                                                                        \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")        \
+    for (int64_t t = 0; t < N / TILE; t++) tile;
+
+#define ROWS(MR)                                                                       \
+    static void rows_##MR(const void *qx, const float *dx, const float *sx, int64_t K, \
+                          const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,  \
+                          float *y, int64_t N, int threads) {                         \
+        OVER_TILES(tile_rows(MR, qx, dx, sx, K, qw, dw, mw, t, y, N))                 \
+    }                                                                                  \
+    static void rows8_##MR(const void *qx, const float *dx, const float *sx, int64_t K, \
+                           const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, \
+                           float *y, int64_t N, int threads) {                        \
+        OVER_TILES(tile_rows8(MR, qx, dx, sx, K, qw, dw, mw, t, y, N))                \
     }
 ROWS(1)
 ROWS(2)
