@@ -29,8 +29,9 @@
  *
  * qmm_q4_a8 is the same product against activations quantised to 8 bits (dx = max|x| / 127,
  * qx in -127..127, in input order: llama.cpp's Q8_1 against a Q4_1 weight), the same float
- * operations in the same order; the integers as 8-bit products (AVX2's maddubs_epi16, on the
- * AVX512 build too) on the same weight layout.
+ * operations in the same order; the integers as 8-bit products on the same weight layout
+ * (AVX512-VNNI's vpdpbusd, a group of 16 columns x 4 inputs an instruction; AVX2's
+ * maddubs_epi16).
  */
 #include <math.h>
 #include <stdint.h>
@@ -43,7 +44,7 @@
 #if defined(QMM_PLAIN) /* the plain C path, whatever the machine (tests compare the paths) */
 #define PATH 0
 #elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
-    defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) /* the 8-bit loop is AVX2's */
+    defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PATH 512
 #include <immintrin.h>
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -137,6 +138,28 @@ static void quantize_rows8(const float *x, int64_t R, int64_t K, int8_t *qx, flo
         }
 }
 
+#if PATH == 512 || PATH == 256
+#ifndef AHEAD
+#define AHEAD 16
+#endif
+/* the weight's stream, AHEAD blocks past block i (of tile-major order: the next tile's when
+ * the tile ends), asked into the cache while block i is computed. One thread streams a step's
+ * weights from memory, and its hardware prefetchers alone keep too few lines in flight: on an
+ * AVX512 Xeon this took a pass over the model's 210 products from 15 to 10 ms at one row
+ * (docs/benchmarks.md, "The weight stream prefetched"). A prefetch never faults, so past the
+ * weight's end it is harmless. */
+static inline __attribute__((always_inline)) void prefetch_block(
+    const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, int64_t i) {
+    const char *p = (const char *)(qw + (i + AHEAD) * 256);
+    _mm_prefetch(p, _MM_HINT_T0);
+    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p + 192, _MM_HINT_T0);
+    _mm_prefetch((const char *)(dw + (i + AHEAD) * 16), _MM_HINT_T0);
+    _mm_prefetch((const char *)(mw + (i + AHEAD) * 16), _MM_HINT_T0);
+}
+#endif
+
 #if PATH == 512
 /* MR rows against tile t: acc[r] holds the tile's 16 columns. A 16-bit activation is
  * 256 hi + lo with lo in 0..255 and hi in -128..127, so a dot product is 256 times the weights'
@@ -152,6 +175,7 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = qw + (t * nb + b) * 256;
+        prefetch_block(qw, dw, mw, t * nb + b);
         __m512i w[8]; /* group g: 16 columns x 4 inputs, one byte each */
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
@@ -183,14 +207,56 @@ static inline __attribute__((always_inline)) void tile_rows(
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
 }
+
+/* MR rows of 8-bit activations against tile t: group g's 16 columns x 4 inputs are one 8-bit
+ * VNNI product (vpdpbusd: the weights, 0..15, the unsigned operand; the activations signed),
+ * 8 a block into two 32-bit accumulators (|sum| <= 32 * 15 * 127: no saturation) */
+static inline __attribute__((always_inline)) void tile_vnni8(
+    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
+    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = qw + (t * nb + b) * 256;
+        prefetch_block(qw, dw, mw, t * nb + b);
+        __m512i w[8]; /* group g: 16 columns x 4 inputs, one byte each */
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+            w[j] = _mm512_and_si512(v, low);
+            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        const __m512 vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dw + (t * nb + b) * 16)));
+        const __m512 vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mw + (t * nb + b) * 16)));
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const int32_t *xp = (const int32_t *)(qx + r * K + b * GROUP); /* xp[g]: group g */
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+#pragma GCC unroll 4
+            for (int g = 0; g < 8; g += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xp[g]));
+                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(xp[g + 1]));
+            }
+            const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
+}
+#define tile_rows8(MR, ...) tile_vnni8(MR, __VA_ARGS__)
 #endif
 
-#if PATH == 512 || PATH == 256
+#if PATH == 256
 /* MR rows against tile t, the 16 columns as two halves of 8 (acc[r]: a half's columns), with
  * activations of `bits` bits (a constant where it is inlined: one loop compiled per width).
  * 16 bits (the AVX2 build's tile_rows): a group's bytes widened to 16 bits, e = 0, 2 and e = 1, 3
  * as two vectors of 8 columns x 2 inputs, one madd_epi16 each (|w x| <= 15 * 32767: a pair
- * fits int32). 8 bits (tile_rows8, on the AVX512 build too): maddubs_epi16 (unsigned weights x
+ * fits int32). 8 bits (tile_rows8): maddubs_epi16 (unsigned weights x
  * signed activations, pairs summed to 16 bits), the 8 groups of a block summed in 16 bits
  * (|sum| <= 8 * 2 * 15 * 127 < 2^15), then madd_epi16 by 1 to each column's 32-bit dot. */
 static inline __attribute__((always_inline)) void tile_avx2(
@@ -205,6 +271,7 @@ static inline __attribute__((always_inline)) void tile_avx2(
         for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *p = qw + (t * nb + b) * 256 + 32 * h;
+            if (h == 0) prefetch_block(qw, dw, mw, t * nb + b); /* h = 1 reads it from L1 */
             __m256i w[16]; /* 16 bits: 16 vectors of 8 columns x 2 inputs; 8 bits: group g's
                             * 8 columns x 4 inputs, one byte each, in w[g] */
 #pragma GCC unroll 4
@@ -252,11 +319,9 @@ static inline __attribute__((always_inline)) void tile_avx2(
         for (int r = 0; r < MR; r++) _mm256_storeu_ps(y + r * N + t * TILE + 8 * h, acc[r]);
     }
 }
-#if PATH == 256
 #define tile_rows(MR, ...) tile_avx2(MR, 16, __VA_ARGS__)
-#endif
 #define tile_rows8(MR, ...) tile_avx2(MR, 8, __VA_ARGS__)
-#else
+#elif PATH == 0
 /* the plain C loops: column by column, the same integers and float operations in order;
  * 16 bits take a group's inputs in the header's order (e = 0, 2, 1, 3), 8 bits in input order */
 static inline __attribute__((always_inline)) void tile_plain(

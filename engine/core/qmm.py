@@ -10,15 +10,17 @@ block's weights unpacked once for up to 8 rows: so a forward of a few rows costs
 than one (measured in docs/benchmarks.md), where torch's own int4 kernel (fp32 multiply-adds on
 bf16 activations) costs in proportion to the rows past one.
 
-The activations' width is the caller's (``bits``): 16 for `embedded-q4`, whose rounding step
-(a 32767th of a block's largest) keeps its layers within 4e-5 of the fp32 ones; 8 for
+The activations' width is the caller's (``bits``): 16 for `embedded-q4`, whose rounding step (a
+32767th of a block's largest) keeps its layers within 4e-5 of the fp32 ones; 8 for
 `embedded-q4:a8` (dx = max|x| / 127: llama.cpp's Q8_1 against Q4_1, the numerics it runs this
-file with; ``qmm_q4_a8``, 8-bit integer products, AVX2's ``maddubs_epi16``, about half the cost
-of a row past the first). Either width gives a row the same bits whatever else the product
-holds, and with engine/core/rowattn.py's attention a packed target's forwards do too, so a
-speculative run keeps its own greedy's tokens at both (with torch's attention, whose sums
-depend on the forward's shape, 8-bit rounding turns those float-order differences into token
-changes at near ties).
+file with; ``qmm_q4_a8``, 8-bit integer products: AVX512-VNNI's ``vpdpbusd``, AVX2's
+``maddubs_epi16``, about half the cost of a row past the first). Every SIMD path asks the
+weight stream into the cache some blocks ahead of the one it computes (``prefetch_block``).
+Either width gives a row the same bits whatever else the product holds, and with
+engine/core/rowattn.py's attention a packed target's forwards do too, so a speculative run
+keeps its own greedy's tokens at both (with torch's attention, whose sums depend on the
+forward's shape, 8-bit rounding turns those float-order differences into token changes at near
+ties).
 
 qmm.c is built once per machine by the C compiler (``$CC``, else ``cc`` / ``gcc``) with
 ``-march=native`` into the cache (:func:`engine.core.paths.cache_root`/kernels), keyed by the

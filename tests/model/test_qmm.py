@@ -117,13 +117,17 @@ def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packe
 @pytest.mark.parametrize("name,march,defines", [
     ("plain C", "native", ("QMM_PLAIN",)),
     ("AVX2", "x86-64-v3", ()),
+    ("AVX512-VNNI", "icelake-server", ()),
 ])
 def test_every_code_path_gives_the_same_bits(packed, tmp_path, name, march, defines, bits):
     if march != "native" and platform.machine() != "x86_64":
         pytest.skip(f"{march} is an x86 target")
+    if name == "AVX512-VNNI" and "avx512_vnni" not in qmm._cpu_flags().split():
+        pytest.skip("this CPU runs no AVX512-VNNI code")  # the build is checked where it runs
     lib = qmm.build(tmp_path / "qmm.so", march=march, defines=defines)
     assert lib is not None
-    assert qmm.PATHS[lib.qmm_path()] == {"plain C": "c", "AVX2": "avx2"}[name]
+    assert qmm.PATHS[lib.qmm_path()] == {"plain C": "c", "AVX2": "avx2",
+                                         "AVX512-VNNI": "avx512-vnni"}[name]
     _, (qw, dw, mw) = packed
     x = _x(11, 96, seed=3)
     assert torch.equal(qmm.run_with(lib, x, qw, dw, mw, 48, bits),
