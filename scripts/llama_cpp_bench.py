@@ -17,7 +17,8 @@ llama.cpp greedy (temperature 0, a persistent subprocess of the side environment
 token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` (not
 with ``--skip-fp32``) and on `embedded-q4` (with ``--a8`` also on `embedded-q4:a8`, 8-bit
 activations; with ``--compiled`` also on the packed targets' compiled paths, SPECVIZ_KV=compiled,
-and with ``--skip-eager`` on those alone), one after another (the compiled runners first run
+and with ``--skip-eager`` on those alone), and transformers' ``generate()`` (greedy) on each
+eager target, one after another (the compiled runners first run
 every prompt once, untimed, so every step shape is compiled before timing). Prints tokens/s
 min / median / max per runner, the ratios of medians, the engine's mean tokens per target
 forward (a drafter's acceptance on each target), and for each speculative runner on how many
@@ -98,7 +99,9 @@ def main() -> int:
     per_round: dict[str, list[float]] = {}  # runner -> tokens per target forward, each run
     tokens: dict[tuple[str, str], list[int]] = {}  # (runner, prompt) -> its last run's tokens
 
+    from engine.bench.interleaved import run_reference, strip_pad
     from engine.bench.steps import kv_path
+    from engine.core.eos import eos_ids
 
     def engine_tps(name: str, pair, prompt: str, method: str) -> float:
         with kv_path("compiled" if name.endswith("compiled") else "dynamic"):
@@ -106,6 +109,13 @@ def main() -> int:
         per_round.setdefault(name, []).append(len(t.token_ids) / max(len(t.rounds), 1))
         tokens[name, prompt] = list(t.token_ids)
         return t.stats.tokens_per_s or 0.0
+
+    def generate_tps(name: str, pair, prompt: str, ids: list[int]) -> float:
+        wall, (out,) = run_reference(pair, ids, ("greedy", 1),
+                                     {"max_new_tokens": args.max_new_tokens})
+        tokens[name, prompt] = strip_pad(out, pair.target.generation_config.pad_token_id,
+                                         set(eos_ids(pair.target)))
+        return len(tokens[name, prompt]) / wall
 
     runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
     targets = ([] if fp32 is None else [("embedded (fp32)", fp32)]) + [("embedded-q4", q4)]
@@ -118,6 +128,11 @@ def main() -> int:
         targets.append(("embedded-q4, compiled", q4))
         if a8 is not None:
             targets.append(("embedded-q4:a8, compiled", a8))
+    for label, pair in targets:  # transformers' own greedy on each eager target
+        if not label.endswith("compiled"):
+            name = f"generate(), {label}"
+            runners[name] = (lambda n, pr: lambda p, ids: generate_tps(n, pr, p, ids))(
+                name, pair)
     for method in ("greedy", "sd", "mcsd"):
         for label, pair in targets:
             name = f"engine {method}, {label}"
@@ -140,8 +155,9 @@ def main() -> int:
     server.wait(timeout=30)
 
     def same_as_greedy(name: str) -> str:
-        """How many prompts' tokens equal the greedy run's on the same target and path."""
-        if not name.startswith("engine ") or name.startswith("engine greedy"):
+        """How many prompts' tokens equal the engine's greedy run's on the same target and
+        path (generate(): its own greedy, on the same target)."""
+        if name.startswith(("llama", "engine greedy")):
             return ""
         greedy = "engine greedy, " + name.split(", ", 1)[1]
         same = sum(tokens[name, r["prompt"]] == tokens[greedy, r["prompt"]] for r in rows)
