@@ -30,8 +30,11 @@ rows, and :func:`reference` is the same computation in torch: the tests' oracle 
 fallback (slow: it unpacks the weight on every call) where no compiler is found.
 
 Under ``torch.compile`` the product is the op ``specviz::qmm`` (opaque to inductor); eager
-calls go to the library directly. A fixed-shape step (the compiled path) declares its padded
-tokens with :func:`padded_rows`, and the library skips those rows.
+calls go to the library directly. The op's first call builds (once per machine and torch, about
+25 s) and loads its C++ kernel, qmm_op.cpp linked with qmm.c (:func:`native_op`): later calls
+on CPU tensors reach qmm.c's product from torch's dispatcher without Python (the same bits).
+A fixed-shape step (the compiled path) declares its padded tokens with :func:`padded_rows`,
+and the library skips those rows.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ LEVELS = 32767  # an activation's largest quantised size: 16 bits
 LEVELS8 = 127  # the same with 8-bit activations (llama.cpp's Q8_1)
 BITS = (16, 8)  # the activation widths the kernel takes (16: the packed target's)
 SOURCE = Path(__file__).with_name("qmm.c")
+OP_SOURCE = Path(__file__).with_name("qmm_op.cpp")  # the op's CPU kernel in C++ (native_op)
 FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
 OPENMP = "-fopenmp"
 PATHS = {512: "avx512-vnni", 256: "avx2", 0: "c"}
@@ -225,6 +229,12 @@ class _Padding(threading.local):
 _PADDING = _Padding()
 
 
+def _set_op_padding(period: int, live: int) -> None:
+    """The C++ kernel's copy of this thread's padding (once it is loaded)."""
+    if _OP.lib is not None:
+        _OP.lib.qmm_op_set_padding(period, live)
+
+
 @contextlib.contextmanager
 def padded_rows(period: int, live: int):
     """Within: the products this thread runs take rows in chunks of ``period`` (a fixed-shape
@@ -234,10 +244,12 @@ def padded_rows(period: int, live: int):
     output never depends on the other rows. The torch reference computes every row."""
     saved = _PADDING.period, _PADDING.live
     _PADDING.period, _PADDING.live = period, live
+    _set_op_padding(period, live)
     try:
         yield
     finally:
         _PADDING.period, _PADDING.live = saved
+        _set_op_padding(*saved)
 
 
 def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
@@ -272,12 +284,106 @@ def _run(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
         else run_with(lib, x, qw, dw, mw, n, bits)
 
 
+class _OpLibrary:
+    """The loaded C++ kernel of the op (None: not loaded, or not built here)."""
+
+    lib: ctypes.CDLL | None = None
+
+
+_OP = _OpLibrary()
+
+
+def op_path() -> Path:
+    """Where the op's C++ kernel for this machine and torch is cached (keyed as
+    :func:`native_path`, with qmm_op.cpp and torch's version)."""
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), OP_SOURCE.read_text(), " ".join(FLAGS),
+                                    str(_cc()), str(_cxx()), torch.__version__,
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    return cache_root() / "kernels" / f"qmm_op-{key}.so"
+
+
+def _cxx() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def _build_op(out: Path) -> bool:
+    """qmm_op.cpp linked with qmm.c (built with qmm.c's own flags) into `out` against
+    torch's headers and libraries; False (and a log line) where it does not build."""
+    from torch.utils import cpp_extension
+
+    cc, cxx = _cc(), _cxx()
+    if cc is None or cxx is None:
+        log.warning("no C/C++ compiler: the qmm op keeps its Python kernel")
+        return False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    libs = cpp_extension.library_paths()
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        c_obj, cpp_obj, so = (os.path.join(tmp, f) for f in ("qmm.o", "qmm_op.o", "op.so"))
+        c_flags = ["-march=native", *(f for f in FLAGS if f != "-shared"), "-c", str(SOURCE),
+                   "-o", c_obj]
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        for extra in ((OPENMP,), ()):  # as compile_native: OpenMP where the compiler has it
+            steps = [
+                [cc, *c_flags, *extra],
+                [cxx, "-O2", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                 *(f"-I{d}" for d in cpp_extension.include_paths()), "-c", str(OP_SOURCE),
+                 "-o", cpp_obj],
+                [cxx, "-shared", "-o", so, cpp_obj, c_obj, *(f"-L{d}" for d in libs),
+                 *(f"-Wl,-rpath,{d}" for d in libs), "-ltorch", "-ltorch_cpu", "-lc10", *extra],
+            ]
+            for cmd in steps:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                if done.returncode != 0:
+                    break
+            else:
+                os.replace(so, out)
+                return True
+        log.warning("%s did not build: %s (the qmm op keeps its Python kernel)", OP_SOURCE.name,
+                    (done.stderr.strip().splitlines() or ["?"])[-1])
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def native_op() -> ctypes.CDLL | None:
+    """The op's C++ kernel (qmm_op.cpp: qmm.c's product called by torch's dispatcher, no
+    Python on the way) built for this machine (cached) and loaded, registered for CPU tensors
+    over the op's Python kernel; None where qmm.c runs no native library (no compiler,
+    SPECVIZ_QMM=torch) or the kernel does not build or load. Loaded by the op's first call
+    (a compiled step's), never by eager products."""
+    if library() is None:
+        return None
+    out = op_path()
+    if not out.exists() and not _build_op(out):
+        return None
+    try:
+        torch.ops.load_library(str(out))
+        lib = ctypes.CDLL(str(out))
+    except (OSError, RuntimeError) as err:
+        log.warning("the qmm op's C++ kernel did not load: %s", err)
+        return None
+    lib.qmm_op_set_padding.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.qmm_op_set_padding.restype = None
+    _OP.lib = lib
+    _set_op_padding(_PADDING.period, _PADDING.live)  # inside a step: its padding
+    return lib
+
+
+def _op_python(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+               n: int, bits: int = 16) -> torch.Tensor:
+    """The op's Python kernel: it loads the C++ one (later calls on CPU tensors go there)
+    and computes this call itself."""
+    native_op()
+    return _run(x, qw, dw, mw, n, bits)
+
+
 # The op torch.compile sees (opaque to inductor). Defined with torch.library.Library, not
 # custom_op: its dispatch costs about 1 us a call against custom_op's 8 (measured, one
-# thread), which counts at 211 products a step.
+# thread), which counts at 211 products a step. Its Python kernel is registered for every
+# backend (CompositeExplicitAutograd); the C++ one, once loaded, for CPU, which the
+# dispatcher takes first.
 _LIB = torch.library.Library("specviz", "DEF")
 _LIB.define("qmm(Tensor x, Tensor qw, Tensor dw, Tensor mw, int n, int bits=16) -> Tensor")
-_LIB.impl("qmm", lambda x, qw, dw, mw, n, bits=16: _run(x, qw, dw, mw, n, bits), "CPU")
+_LIB.impl("qmm", _op_python, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("specviz::qmm")

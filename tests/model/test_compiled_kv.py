@@ -70,14 +70,15 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # the same shapes, packed below:
     # its steps must not replay the plain model's graphs
     assert quantize_linears(pair.target.model) == 2 * 7  # every linear of its layers
-    declared = []  # (period, live) of every product a step ran
-    run_with = qmm.run_with
+    declared = []  # (period, live) of every step's padding declaration (each kernel of the
+    # op honours it: tests/model/test_qmm.py)
+    padded_rows = qmm.padded_rows
 
-    def spy(*args):
-        declared.append((qmm._PADDING.period, qmm._PADDING.live))
-        return run_with(*args)
+    def spy(period, live):
+        declared.append((period, live))
+        return padded_rows(period, live)
 
-    monkeypatch.setattr(qmm, "run_with", spy)
+    monkeypatch.setattr(qmm, "padded_rows", spy)
     ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16)
     trace = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=4, controller="fixed")
     assert list(trace.token_ids) == ref[0, len(prompt):].tolist()

@@ -278,3 +278,42 @@ def test_padding_is_declared_per_thread_and_restored_on_exit(packed):
         inner = qmm.matmul(x, qw, dw, mw, 48)
     assert torch.equal(seen["other"], qmm.matmul(x, qw, dw, mw, 48))  # no padding there
     assert inner[:2].any() and not inner[2:].any()  # the outer declaration is back
+
+
+@pytest.mark.parametrize("bits", qmm.BITS)
+def test_the_ops_cpp_kernel_gives_the_librarys_bits(packed, bits):
+    _, (qw, dw, mw) = packed
+    x = _x(11, 96, seed=14)
+    op = torch.ops.specviz.qmm.default
+    first = op(x, qw, dw, mw, 48, bits)  # the Python kernel, which loads the C++ one
+    assert qmm.native_op() is not None and qmm._OP.lib is not None
+    want = qmm.run_with(qmm.library(), x, qw, dw, mw, 48, bits)
+    assert torch.equal(first, want)
+    assert torch.equal(op(x, qw, dw, mw, 48, bits), want)  # the C++ kernel
+
+
+def test_the_ops_cpp_kernel_skips_the_padding_of_its_own_thread_only(packed):
+    import threading
+
+    _, (qw, dw, mw) = packed
+    op = torch.ops.specviz.qmm.default
+    op(_x(1, 96, seed=15), qw, dw, mw, 48)  # loaded
+    x = _x(8, 96, seed=16)
+    seen = {}
+    with qmm.padded_rows(4, 1):
+        worker = threading.Thread(target=lambda: seen.setdefault("other", op(x, qw, dw, mw, 48)))
+        worker.start()
+        worker.join()
+        y = op(x, qw, dw, mw, 48)
+    every = op(x, qw, dw, mw, 48)  # the declaration is gone on exit
+    assert torch.equal(y, qmm.run_with(qmm.library(), x, qw, dw, mw, 48) * torch.tensor(
+        [1.0, 0, 0, 0, 1, 0, 0, 0])[:, None])  # rows 0 and 4 real, the rest 0
+    assert torch.equal(seen["other"], every) and every[1:4].any()
+
+
+def test_a_bad_input_to_the_ops_cpp_kernel_is_refused_in_one_line(packed):
+    _, (qw, dw, mw) = packed
+    op = torch.ops.specviz.qmm.default
+    op(_x(1, 96, seed=17), qw, dw, mw, 48)  # loaded
+    with pytest.raises(RuntimeError, match="does not fit a packed weight of 48 rows"):
+        op(_x(2, 64, seed=18), qw, dw, mw, 48)
