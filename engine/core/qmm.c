@@ -161,14 +161,19 @@ static inline __attribute__((always_inline)) void prefetch_block(
 #endif
 
 #if PATH == 512
-/* MR rows against tile t: acc[r] holds the tile's 16 columns. A 16-bit activation is
- * 256 hi + lo with lo in 0..255 and hi in -128..127, so a dot product is 256 times the weights'
- * with the high bytes plus theirs with the low bytes: two 8-bit VNNI products (vpdpbusd), the
- * unsigned operand the weights (0..15) in the first, the low bytes in the second. */
-static inline __attribute__((always_inline)) void tile_rows(
-    int MR, const int16_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
-    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
-    const int64_t nb = K / GROUP;
+/* MR rows against tile t: acc[r] holds the tile's 16 columns; activations of `bits` bits (a
+ * constant where it is inlined: one loop compiled per width). Group g's weights are 16 columns
+ * x 4 inputs, one byte each: one 8-bit VNNI product (vpdpbusd, 4 inputs summed into each
+ * column's 32-bit sum).
+ * 16 bits (tile_rows): an activation is 256 hi + lo with lo in 0..255 and hi in -128..127, so
+ * a dot product is 256 times the weights' with the high bytes plus theirs with the low bytes:
+ * two products, the unsigned operand the weights (0..15) in the first, the low bytes in the
+ * second. 8 bits (tile_rows8): one product, the weights unsigned, the activations signed
+ * (|sum| <= 32 * 15 * 127: no saturation). */
+static inline __attribute__((always_inline)) void tile_512(
+    int MR, int bits, const void *qx, const float *dx, const float *sx, int64_t K,
+    const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP, width = bits == 8 ? 1 : 2; /* bytes an activation */
     const __m512i low = _mm512_set1_epi8(15);
     __m512 acc[8];
 #pragma GCC unroll 8
@@ -187,18 +192,29 @@ static inline __attribute__((always_inline)) void tile_rows(
         const __m512 vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mw + (t * nb + b) * 16)));
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            const int32_t *xl = (const int32_t *)(qx + r * K + b * GROUP); /* low bytes */
-            const int32_t *xh = xl + GROUP / 4;                             /* high bytes */
-            __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
+            const int32_t *xp = (const int32_t *)((const char *)qx + (r * K + b * GROUP) * width);
+            __m512i dot;
+            if (bits == 8) { /* xp[g]: group g's 4 inputs */
+                __m512i s0 = _mm512_setzero_si512(), s1 = s0;
 #pragma GCC unroll 4
-            for (int g = 0; g < 8; g += 2) {
-                h0 = _mm512_dpbusd_epi32(h0, w[g], _mm512_set1_epi32(xh[g]));
-                h1 = _mm512_dpbusd_epi32(h1, w[g + 1], _mm512_set1_epi32(xh[g + 1]));
-                l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xl[g]), w[g]);
-                l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xl[g + 1]), w[g + 1]);
+                for (int g = 0; g < 8; g += 2) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xp[g]));
+                    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(xp[g + 1]));
+                }
+                dot = _mm512_add_epi32(s0, s1);
+            } else { /* xp: the low bytes, then the high ones (quantize_rows) */
+                const int32_t *xh = xp + GROUP / 4;
+                __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
+#pragma GCC unroll 4
+                for (int g = 0; g < 8; g += 2) {
+                    h0 = _mm512_dpbusd_epi32(h0, w[g], _mm512_set1_epi32(xh[g]));
+                    h1 = _mm512_dpbusd_epi32(h1, w[g + 1], _mm512_set1_epi32(xh[g + 1]));
+                    l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xp[g]), w[g]);
+                    l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xp[g + 1]), w[g + 1]);
+                }
+                dot = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8),
+                                       _mm512_add_epi32(l0, l1));
             }
-            const __m512i dot = _mm512_add_epi32(
-                _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8), _mm512_add_epi32(l0, l1));
             const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
             acc[r] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
@@ -207,48 +223,8 @@ static inline __attribute__((always_inline)) void tile_rows(
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
 }
-
-/* MR rows of 8-bit activations against tile t: group g's 16 columns x 4 inputs are one 8-bit
- * VNNI product (vpdpbusd: the weights, 0..15, the unsigned operand; the activations signed),
- * 8 a block into two 32-bit accumulators (|sum| <= 32 * 15 * 127: no saturation) */
-static inline __attribute__((always_inline)) void tile_vnni8(
-    int MR, const int8_t *qx, const float *dx, const float *sx, int64_t K, const uint8_t *qw,
-    const uint16_t *dw, const uint16_t *mw, int64_t t, float *y, int64_t N) {
-    const int64_t nb = K / GROUP;
-    const __m512i low = _mm512_set1_epi8(15);
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = qw + (t * nb + b) * 256;
-        prefetch_block(qw, dw, mw, t * nb + b);
-        __m512i w[8]; /* group g: 16 columns x 4 inputs, one byte each */
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
-            w[j] = _mm512_and_si512(v, low);
-            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
-        const __m512 vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dw + (t * nb + b) * 16)));
-        const __m512 vmw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mw + (t * nb + b) * 16)));
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; r++) {
-            const int32_t *xp = (const int32_t *)(qx + r * K + b * GROUP); /* xp[g]: group g */
-            __m512i s0 = _mm512_setzero_si512(), s1 = s0;
-#pragma GCC unroll 4
-            for (int g = 0; g < 8; g += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xp[g]));
-                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(xp[g + 1]));
-            }
-            const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[r]);
-            acc[r] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
-}
-#define tile_rows8(MR, ...) tile_vnni8(MR, __VA_ARGS__)
+#define tile_rows(MR, ...) tile_512(MR, 16, __VA_ARGS__)
+#define tile_rows8(MR, ...) tile_512(MR, 8, __VA_ARGS__)
 #endif
 
 #if PATH == 256
