@@ -10,7 +10,7 @@ import torch
 
 from engine.core.forest import Forest, empty_forest
 from engine.core.records import ControllerState, RoundExtras, SwitchPlan
-from engine.core.sampling import probs_from_logits
+from engine.core.sampling import argmax, probs_from_logits
 from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 
@@ -47,7 +47,7 @@ def finish_single(ctx: RunState, path_nodes: list[int], path_tokens: list[int], 
 
 def target_token(p: torch.Tensor, ctx: RunState) -> int:
     """The target's own token from its warped distribution p (V,): argmax at temperature 0."""
-    return int(p.argmax()) if ctx.warp.greedy else ctx.chooser.categorical(p)
+    return int(argmax(p)) if ctx.warp.greedy else ctx.chooser.categorical(p)
 
 
 class SingleStart:
@@ -87,7 +87,7 @@ class Autoregressive(SingleStart):
     def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         logits = scored.root_logits[0]  # (V,)
         if self.greedy:
-            tok = int(logits.argmax())
+            tok = int(argmax(logits))
         else:
             tok = target_token(probs_from_logits(logits, ctx.warp), ctx)
         return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])

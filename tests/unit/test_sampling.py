@@ -1,5 +1,6 @@
 """engine.core.sampling.TorchChooser: categorical draws by inverse CDF follow the given law, never
-pick an index of zero mass, replay from the seed, and refuse a vector without mass."""
+pick an index of zero mass, replay from the seed, and refuse a vector without mass; the
+sampling module's argmax picks torch.argmax's index."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from engine.core.sampling import TorchChooser, make_generator
+from engine.core.sampling import TorchChooser, argmax, make_generator
 
 
 def _counts(p: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
@@ -59,3 +60,22 @@ def test_the_same_seed_replays_the_same_draws_and_a_large_vocabulary_works():
 def test_a_vector_without_mass_is_refused(bad):
     with pytest.raises(ValueError, match="positive, finite mass"):
         TorchChooser(make_generator(0)).categorical(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_argmax_picks_torch_argmax_index_on_ties_and_nan(dtype):
+    """The first maximum, as torch.argmax (and so generate()'s greedy) picks it: many ties
+    (few distinct values), a NaN, one row and several; a wrong rule (the last maximum) would
+    differ on the ties."""
+    gen = torch.Generator().manual_seed(3)
+    last_differs = 0
+    for trial in range(300):
+        size = (int(torch.randint(1, 5000, (), generator=gen)),) if trial % 2 else (3, 777)
+        x = torch.randint(-2, 3, size, generator=gen).to(dtype)  # ties everywhere
+        if trial % 7 == 0:
+            x.view(-1)[int(torch.randint(0, x.numel(), (), generator=gen))] = float("nan")
+        assert torch.equal(argmax(x), torch.argmax(x, dim=-1))
+        assert torch.equal(argmax(x, keepdim=True), torch.argmax(x, dim=-1, keepdim=True))
+        last = x.shape[-1] - 1 - torch.argmax(x.flip(-1), dim=-1)  # the last maximum
+        last_differs += not torch.equal(last, argmax(x))
+    assert last_differs > 100
