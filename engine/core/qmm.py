@@ -167,20 +167,41 @@ def compile_native(source: Path, out: Path, march: str = "native",
         os.close(fd)
         try:
             flags = [f"-march={march}", *FLAGS, *(f"-D{d}" for d in defines)]
-            for extra in ((OPENMP,), ()):  # OpenMP threads where the compiler has them
-                done = subprocess.run([cc, *flags, *extra, "-o", tmp, str(source), "-lm"],
-                                      capture_output=True, text=True, timeout=300)
-                if done.returncode == 0:
-                    os.replace(tmp, out)
-                    break
-            else:
-                log.warning("%s did not build with %s: %s", source.name, cc,
-                            (done.stderr.strip().splitlines() or ["?"])[-1])
+            why = build_first([[[cc, *flags, *extra, "-o", tmp, str(source), "-lm"]]
+                               for extra in ((OPENMP,), ())], timeout=300)
+            if why:
+                log.warning("%s did not build with %s: %s", source.name, cc, why)
                 return None
+            os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return ctypes.CDLL(str(out))
+
+
+def build_first(variants: list[list[list[str]]], timeout: float) -> str:
+    """Runs the build variants in order (OpenMP first, then without, where the compiler has
+    no OpenMP) until every command of one succeeds: '' then, else why the last variant
+    failed (its failing command's last error line, or that it ran past `timeout` seconds or
+    did not start), so a build that cannot finish leaves the caller's fallback, never a
+    traceback."""
+    why = "?"
+    for commands in variants:
+        for cmd in commands:
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                why = f"{Path(cmd[0]).name} ran past {timeout:g} s"
+                break
+            except OSError as err:
+                why = f"{Path(cmd[0]).name} did not start ({err.strerror or err})"
+                break
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or ["?"])[-1]
+                break
+        else:
+            return ""
+    return why
 
 
 def native_path(source: Path) -> Path:
@@ -322,25 +343,21 @@ def _build_op(out: Path) -> bool:
         c_flags = ["-march=native", *(f for f in FLAGS if f != "-shared"), "-c", str(SOURCE),
                    "-o", c_obj]
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        for extra in ((OPENMP,), ()):  # as compile_native: OpenMP where the compiler has it
-            steps = [
-                [cc, *c_flags, *extra],
-                [cxx, "-O2", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                 *(f"-I{d}" for d in cpp_extension.include_paths()), "-c", str(OP_SOURCE),
-                 "-o", cpp_obj],
-                [cxx, "-shared", "-o", so, cpp_obj, c_obj, *(f"-L{d}" for d in libs),
-                 *(f"-Wl,-rpath,{d}" for d in libs), "-ltorch", "-ltorch_cpu", "-lc10", *extra],
-            ]
-            for cmd in steps:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-                if done.returncode != 0:
-                    break
-            else:
-                os.replace(so, out)
-                return True
-        log.warning("%s did not build: %s (the qmm op keeps its Python kernel)", OP_SOURCE.name,
-                    (done.stderr.strip().splitlines() or ["?"])[-1])
-        return False
+        steps = [[  # as compile_native: OpenMP where the compiler has it
+            [cc, *c_flags, *extra],
+            [cxx, "-O2", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+             *(f"-I{d}" for d in cpp_extension.include_paths()), "-c", str(OP_SOURCE),
+             "-o", cpp_obj],
+            [cxx, "-shared", "-o", so, cpp_obj, c_obj, *(f"-L{d}" for d in libs),
+             *(f"-Wl,-rpath,{d}" for d in libs), "-ltorch", "-ltorch_cpu", "-lc10", *extra],
+        ] for extra in ((OPENMP,), ())]
+        why = build_first(steps, timeout=600)
+        if why:
+            log.warning("%s did not build: %s (the qmm op keeps its Python kernel)",
+                        OP_SOURCE.name, why)
+            return False
+        os.replace(so, out)
+        return True
 
 
 @functools.lru_cache(maxsize=1)

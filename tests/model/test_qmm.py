@@ -317,3 +317,37 @@ def test_a_bad_input_to_the_ops_cpp_kernel_is_refused_in_one_line(packed):
     op(_x(1, 96, seed=17), qw, dw, mw, 48)  # loaded
     with pytest.raises(RuntimeError, match="does not fit a packed weight of 48 rows"):
         op(_x(2, 64, seed=18), qw, dw, mw, 48)
+
+
+def test_a_build_that_hangs_fails_or_cannot_start_falls_back_with_its_reason(monkeypatch,
+                                                                               tmp_path, caplog):
+    """build_first: the OpenMP variant failing runs the plain one; a compiler past its timeout
+    or one that cannot start ends in a reason (and the caller's fallback: no library, the op's
+    Python kernel), never a traceback. A wrong builder that let the timeout through would
+    raise here."""
+    import subprocess
+
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append(cmd)
+        if "fail-omp" in cmd and qmm.OPENMP in cmd:
+            return subprocess.CompletedProcess(cmd, 1, "", "error: no omp.h\n")
+        if "hang" in cmd:
+            raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+        if "absent" in cmd:
+            raise FileNotFoundError(2, "No such file or directory")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    variants = lambda tag: [[["cc", tag, *extra], ["c++", tag]] for extra in ((qmm.OPENMP,), ())]  # noqa: E731
+    assert qmm.build_first(variants("fail-omp"), timeout=5) == ""
+    assert calls == [["cc", "fail-omp", qmm.OPENMP], ["cc", "fail-omp"], ["c++", "fail-omp"]]
+    assert qmm.build_first(variants("hang"), timeout=5) == "cc ran past 5 s"
+    assert "did not start" in qmm.build_first(variants("absent"), timeout=5)
+    monkeypatch.setattr(qmm, "_cc", lambda: "hang")
+    with caplog.at_level("WARNING"):
+        assert qmm.compile_native(qmm.SOURCE, tmp_path / "q.so") is None
+        assert not qmm._build_op(tmp_path / "op.so")
+    assert "ran past 300 s" in caplog.text and "ran past 600 s" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # no half-built library left behind
