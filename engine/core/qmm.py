@@ -31,8 +31,9 @@ fallback (slow: it unpacks the weight on every call) where no compiler is found.
 
 Under ``torch.compile`` the product is the op ``specviz::qmm`` (opaque to inductor); eager
 calls go to the library directly. The op's first call builds (once per machine and torch, about
-25 s) and loads its C++ kernel, qmm_op.cpp linked with qmm.c (:func:`native_op`): later calls
-on CPU tensors reach qmm.c's product from torch's dispatcher without Python (the same bits).
+25 s) and loads the compiled step's C++ kernels, ops.cpp linked with qmm.c and rowattn.c
+(:func:`native_op`): later calls of both ops on CPU tensors reach qmm.c's product and
+rowattn.c's attention from torch's dispatcher without Python (the same bits).
 A fixed-shape step (the compiled path) declares its padded tokens with :func:`padded_rows`,
 and the library skips those rows.
 """
@@ -62,7 +63,8 @@ LEVELS = 32767  # an activation's largest quantised size: 16 bits
 LEVELS8 = 127  # the same with 8-bit activations (llama.cpp's Q8_1)
 BITS = (16, 8)  # the activation widths the kernel takes (16: the packed target's)
 SOURCE = Path(__file__).with_name("qmm.c")
-OP_SOURCE = Path(__file__).with_name("qmm_op.cpp")  # the op's CPU kernel in C++ (native_op)
+OP_SOURCE = Path(__file__).with_name("ops.cpp")  # the ops' CPU kernels in C++ (native_op)
+ROWATTN_SOURCE = Path(__file__).with_name("rowattn.c")  # linked into them (engine/core/rowattn.py)
 FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
 OPENMP = "-fopenmp"
 PATHS = {512: "avx512-vnni", 256: "avx2", 0: "c"}
@@ -315,12 +317,13 @@ _OP = _OpLibrary()
 
 
 def op_path() -> Path:
-    """Where the op's C++ kernel for this machine and torch is cached (keyed as
-    :func:`native_path`, with qmm_op.cpp and torch's version)."""
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), OP_SOURCE.read_text(), " ".join(FLAGS),
+    """Where the ops' C++ kernels for this machine and torch are cached (keyed as
+    :func:`native_path`, with ops.cpp, rowattn.c and torch's version)."""
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), OP_SOURCE.read_text(),
+                                    ROWATTN_SOURCE.read_text(), " ".join(FLAGS),
                                     str(_cc()), str(_cxx()), torch.__version__,
                                     _cpu_flags()]).encode()).hexdigest()[:16]
-    return cache_root() / "kernels" / f"qmm_op-{key}.so"
+    return cache_root() / "kernels" / f"ops-{key}.so"
 
 
 def _cxx() -> str | None:
@@ -328,33 +331,35 @@ def _cxx() -> str | None:
 
 
 def _build_op(out: Path) -> bool:
-    """qmm_op.cpp linked with qmm.c (built with qmm.c's own flags) into `out` against
-    torch's headers and libraries; False (and a log line) where it does not build."""
+    """ops.cpp linked with qmm.c and rowattn.c (each built with its library's own flags) into
+    `out` against torch's headers and libraries; False (and a log line) where it does not
+    build."""
     from torch.utils import cpp_extension
 
     cc, cxx = _cc(), _cxx()
     if cc is None or cxx is None:
-        log.warning("no C/C++ compiler: the qmm op keeps its Python kernel")
+        log.warning("no C/C++ compiler: the compiled step's ops keep their Python kernels")
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
     libs = cpp_extension.library_paths()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        c_obj, cpp_obj, so = (os.path.join(tmp, f) for f in ("qmm.o", "qmm_op.o", "op.so"))
-        c_flags = ["-march=native", *(f for f in FLAGS if f != "-shared"), "-c", str(SOURCE),
-                   "-o", c_obj]
+        objs = {src: os.path.join(tmp, f"{src.stem}.o") for src in (SOURCE, ROWATTN_SOURCE)}
+        cpp_obj, so = os.path.join(tmp, "ops_cpp.o"), os.path.join(tmp, "ops.so")
+        c_flags = ["-march=native", *(f for f in FLAGS if f != "-shared"), "-c"]
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
         steps = [[  # as compile_native: OpenMP where the compiler has it
-            [cc, *c_flags, *extra],
+            *([cc, *c_flags, str(src), "-o", obj, *extra] for src, obj in objs.items()),
             [cxx, "-O2", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
              *(f"-I{d}" for d in cpp_extension.include_paths()), "-c", str(OP_SOURCE),
              "-o", cpp_obj],
-            [cxx, "-shared", "-o", so, cpp_obj, c_obj, *(f"-L{d}" for d in libs),
-             *(f"-Wl,-rpath,{d}" for d in libs), "-ltorch", "-ltorch_cpu", "-lc10", *extra],
+            [cxx, "-shared", "-o", so, cpp_obj, *objs.values(), *(f"-L{d}" for d in libs),
+             *(f"-Wl,-rpath,{d}" for d in libs), "-ltorch", "-ltorch_cpu", "-lc10", "-lm",
+             *extra],
         ] for extra in ((OPENMP,), ())]
         why = build_first(steps, timeout=600)
         if why:
-            log.warning("%s did not build: %s (the qmm op keeps its Python kernel)",
-                        OP_SOURCE.name, why)
+            log.warning("%s did not build: %s (the compiled step's ops keep their Python "
+                        "kernels)", OP_SOURCE.name, why)
             return False
         os.replace(so, out)
         return True
@@ -362,13 +367,15 @@ def _build_op(out: Path) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def native_op() -> ctypes.CDLL | None:
-    """The op's C++ kernel (qmm_op.cpp: qmm.c's product called by torch's dispatcher, no
-    Python on the way) built for this machine (cached) and loaded, registered for CPU tensors
-    over the op's Python kernel; None where qmm.c runs no native library (no compiler,
-    SPECVIZ_QMM=torch) or the kernel does not build or load. Loaded by the op's first call
-    (a compiled step's), never by eager products."""
+    """The compiled step's C++ kernels (ops.cpp: qmm.c's product and rowattn.c's attention
+    called by torch's dispatcher, no Python on the way) built for this machine (cached) and
+    loaded, registered for CPU tensors over the ops' Python kernels; None where qmm.c runs no
+    native library (no compiler, SPECVIZ_QMM=torch) or the kernels do not build or load.
+    Loaded by either op's first call (a compiled step's), never by eager products."""
     if library() is None:
         return None
+    from engine.core import rowattn  # noqa: F401  (defines specviz::rowattn, implemented here)
+
     out = op_path()
     if not out.exists() and not _build_op(out):
         return None
@@ -376,7 +383,7 @@ def native_op() -> ctypes.CDLL | None:
         torch.ops.load_library(str(out))
         lib = ctypes.CDLL(str(out))
     except (OSError, RuntimeError) as err:
-        log.warning("the qmm op's C++ kernel did not load: %s", err)
+        log.warning("the compiled step's C++ kernels did not load: %s", err)
         return None
     lib.qmm_op_set_padding.argtypes = [ctypes.c_int64, ctypes.c_int64]
     lib.qmm_op_set_padding.restype = None

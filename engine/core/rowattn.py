@@ -9,10 +9,11 @@ differences are what makes a packed target's logits differ between forward shape
 same logits whether it is fed alone, in a chain or in a draft tree (tests/model/test_rowattn.py),
 so an eager speculative run's tokens equal its own greedy's and generate()'s by construction.
 A compiled step (SPECVIZ_KV=compiled) calls the kernel through the op ``specviz::rowattn``,
-opaque to inductor as qmm's products are, so the compiled path of a packed target is
-row-invariant as well (tests/model/test_compiled_kv.py): its bits differ from the eager
-path's (inductor's fused kernels round in their own order), but a token gets the same ones in
-every compiled step shape.
+opaque to inductor as qmm's products are (its first call loads the ops' C++ kernels,
+engine/core/ops.cpp, with qmm.native_op: later calls skip Python), so the compiled path of a
+packed target is row-invariant as well (tests/model/test_compiled_kv.py): its bits differ
+from the eager path's (inductor's fused kernels round in their own order), but a token gets
+the same ones in every compiled step shape.
 
 rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
 cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same
@@ -113,17 +114,22 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     return out
 
 
-def _run(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-         scale: float) -> torch.Tensor:
+def _op_python(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """The op's Python kernel: it loads the C++ kernels of the compiled step's ops
+    (qmm.native_op; later calls on CPU tensors go there) and computes this call itself."""
+    qmm.native_op()
     return attend(library(), query, key, value, mask, scale)
 
 
 # The op torch.compile sees (opaque to inductor, as qmm's): a compiled step of a packed target
-# attends through the kernel too, so its rows keep the eager path's row invariance.
+# attends through the kernel too, so its rows keep the eager path's row invariance. Its
+# Python kernel is registered for every backend; the C++ one (engine/core/ops.cpp), once
+# loaded, for CPU, which the dispatcher takes first.
 _LIB = torch.library.Library("specviz", "FRAGMENT")
 _LIB.define("rowattn(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) "
             "-> Tensor")
-_LIB.impl("rowattn", _run, "CPU")
+_LIB.impl("rowattn", _op_python, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("specviz::rowattn")

@@ -173,6 +173,37 @@ def test_the_op_a_compiled_step_calls_gives_the_kernels_bits_and_declares_its_sh
     assert traced.shape == (2, 5, 9, 64) and torch.equal(traced, out * 2)
 
 
+def test_the_ops_cpp_kernel_gives_the_python_kernels_bits_for_every_input_form(lib):
+    """The op's C++ kernel (engine/core/ops.cpp, loaded by qmm.native_op) against attend,
+    the Python kernel: strided query, key and value views, a mask cut to the slots, one that
+    broadcasts over rows and queries, a double mask made fp32, a non-contiguous one;
+    and one clear error for a misfit. A wrong stride or a mask read past its slots would
+    differ."""
+    from engine.core import qmm
+
+    assert qmm.native_op() is not None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specviz::rowattn", "CPU")  # C++
+    op = torch.ops.specviz.rowattn.default
+    query, key, value = _inputs(2, 9, 3, 5, 40, 64, seed=21)
+    tree = _tree_mask(2, 5, 48)  # 8 slots longer than the keys: cut to S
+    big_k, big_v = _inputs(2, 9, 6, 5, 40, 64, seed=22)[1:]
+    cases = [
+        (query, key, value, tree),
+        (query.transpose(1, 2).contiguous().transpose(1, 2), big_k[:, ::2], big_v[:, 1::2],
+         tree[..., :40]),  # strided views of larger buffers
+        (query, key, value, torch.zeros(1, 1, 1, 40)),  # broadcast over rows and queries
+        (query, key, value, tree.double()),  # made fp32
+        (query, key, value, tree.transpose(-1, -2).contiguous().transpose(-1, -2)),
+        (query[..., :1, :], key, value, tree[..., -1:, :]),  # one query row
+    ]
+    for q, k, v, m in cases:
+        assert torch.equal(op(q, k, v, m, 0.125), rowattn.attend(lib, q, k, v, m, 0.125))
+    with pytest.raises(RuntimeError, match="rowattn: query"):
+        op(query, key[:, :2], value[:, :2], tree, 0.125)  # 9 heads over 2 key/value heads
+    with pytest.raises(RuntimeError, match="rowattn: a mask"):
+        op(query, key, value, tree[..., :30], 0.125)  # fewer mask slots than keys
+
+
 def test_a_head_whose_scores_overflow_gives_zero_beside_heads_that_do_not(lib):
     """Three query heads share a key/value head and are taken together: one whose every score
     is -inf (its query overflows against the keys) gives 0, and the other two the bits they
