@@ -374,8 +374,6 @@ def native_op() -> ctypes.CDLL | None:
     Loaded by either op's first call (a compiled step's), never by eager products."""
     if library() is None:
         return None
-    from engine.core import rowattn  # noqa: F401  (defines specviz::rowattn, implemented here)
-
     out = op_path()
     if not out.exists() and not _build_op(out):
         return None

@@ -31,7 +31,7 @@ import torch
 
 from engine.core import qmm
 
-SOURCE = Path(__file__).with_name("rowattn.c")
+SOURCE = qmm.ROWATTN_SOURCE  # rowattn.c (named in qmm, which links it into the ops' C++ kernels)
 
 
 def compile_at(out: Path, march: str = "native", defines: tuple[str, ...] = ()
