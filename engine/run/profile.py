@@ -92,9 +92,12 @@ def verify_points(pair, width: int) -> tuple[float, tuple[tuple[int, float], ...
     return memo[width]
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def _forward_s(target: torch.nn.Module, vocab: int, width: int, nodes: int) -> float:
-    """Median seconds of one target forward over W rows of (1 + nodes) positions."""
+    """Median seconds of one target forward over W rows of (1 + nodes) positions. Under
+    no_grad, as every run, not inference_mode: the static paths' buffers and captured steps
+    it leases from the model's pool are written in place by the runs after it, which an
+    inference tensor refuses."""
     model = CachedModel(target)
     ids = torch.tensor([[1 + (i * 7 + r) % max(vocab - 1, 1) for i in range(PROMPT)]
                         for r in range(width)])  # (W, PROMPT)

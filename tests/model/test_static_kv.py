@@ -263,3 +263,20 @@ def test_loading_a_pair_on_the_captured_path_captures_the_common_step_shapes(mon
     trace = engine.generate(pair, [3, 4, 5], "sd", gamma=3, max_new_tokens=12)
     ref = target.generate(torch.tensor([[3, 4, 5]]), do_sample=False, max_new_tokens=12)
     assert list(trace.token_ids) == ref[0, 3:].tolist()
+
+
+@pytest.mark.parametrize("method", ["sd", "mcsd"])
+def test_the_cost_switchs_calibration_leaves_the_pooled_steps_usable_by_later_runs(kv, method):
+    """The cost switch measures the target's verify forwards (engine.run.profile) on this
+    path's pooled buffers and steps; the runs after it (and the calibration's own decode)
+    write into those buffers in place, so they must not be inference tensors. Each run keeps
+    generate()'s tokens and the switch plans from the measured profile."""
+    pair = tiny_pair(draft="ngram+feature")
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12)
+    for _ in range(2):
+        trace = engine.generate(pair, prompt, method, max_new_tokens=12, switch="cost")
+        assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+        assert any(r.switch is not None for r in trace.rounds)
+    plain = engine.generate(pair, prompt, method, max_new_tokens=12)
+    assert list(plain.token_ids) == list(trace.token_ids)
