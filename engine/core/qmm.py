@@ -30,8 +30,8 @@ rows, and :func:`reference` is the same computation in torch: the tests' oracle 
 fallback (slow: it unpacks the weight on every call) where no compiler is found.
 
 Under ``torch.compile`` the product is the op ``specviz::qmm`` (opaque to inductor); eager
-calls go to the library directly. The op's first call builds (once per machine and torch, about
-25 s) and loads the compiled step's C++ kernels, ops.cpp linked with qmm.c and rowattn.c
+calls go to the library directly. The op's first call builds (once per machine and torch,
+16-25 s) and loads the compiled step's C++ kernels, ops.cpp linked with qmm.c and rowattn.c
 (:func:`native_op`): later calls of both ops on CPU tensors reach qmm.c's product and
 rowattn.c's attention from torch's dispatcher without Python (the same bits).
 A fixed-shape step (the compiled path) declares its padded tokens with :func:`padded_rows`,
@@ -308,7 +308,8 @@ def _run(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
 
 
 class _OpLibrary:
-    """The loaded C++ kernel of the op (None: not loaded, or not built here)."""
+    """The loaded C++ kernels of the compiled step's ops (None: not loaded, or not built
+    here); qmm's padding is set there through it."""
 
     lib: ctypes.CDLL | None = None
 

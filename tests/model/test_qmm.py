@@ -339,8 +339,10 @@ def test_a_build_that_hangs_fails_or_cannot_start_falls_back_with_its_reason(mon
             raise FileNotFoundError(2, "No such file or directory")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
+    def variants(tag: str) -> list:  # OpenMP first, then without: two commands each
+        return [[["cc", tag, *extra], ["c++", tag]] for extra in ((qmm.OPENMP,), ())]
+
     monkeypatch.setattr(subprocess, "run", run)
-    variants = lambda tag: [[["cc", tag, *extra], ["c++", tag]] for extra in ((qmm.OPENMP,), ())]  # noqa: E731
     assert qmm.build_first(variants("fail-omp"), timeout=5) == ""
     assert calls == [["cc", "fail-omp", qmm.OPENMP], ["cc", "fail-omp"], ["c++", "fail-omp"]]
     assert qmm.build_first(variants("hang"), timeout=5) == "cc ran past 5 s"
