@@ -26,7 +26,7 @@ from engine.core.cached_model import Scored
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.forest import ROOT, Forest, depths, empty_forest
 from engine.core.records import ControllerState, OptimalRecord, RoundExtras, SwitchPlan
-from engine.core.sampling import probs_from_logits
+from engine.core.sampling import argmax, probs_from_logits
 from engine.core.trace import (
     ACCEPTED,
     BONUS,
@@ -44,7 +44,7 @@ from engine.drafters.ngram import support
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.verify.optimality import position_record
-from engine.verify.token import RULES, SCHEME, draw_candidates
+from engine.verify.token import RULES, SCHEME, draw_candidates, on_support
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,8 @@ def draft_dist(logits: torch.Tensor, k: int, scheme: str,
         top: (k,) at temperature 0, ``top_k(logits, k)``'s indices when the caller has them
             (children_at).
     Returns:
-        ((V,) q, candidate tokens in draw order).
+        ((V,) q, candidate tokens in draw order). At temperature 0, q is zero outside the
+        candidates (verify runs the rule on them alone: on_support).
     """
     if ctx.warp.greedy:
         top = top_k(logits, k)[1] if top is None else top  # (k,)
@@ -203,11 +204,18 @@ class TreeSpeculation(SingleStart):
     # -------------------------------------------------------------- verify
     def verify(self, ctx: RunState, forest: Forest, scored: Scored) -> RoundVerdict:
         p_root, p_nodes = scored.root_logits, scored.node_logits  # target logits (W, V), (W, m, V)
+        # temperature 0: p is one-hot on the logits' argmax, and at temperature 0 draft_dist
+        # puts q on the candidates alone, so each rule runs on those few tokens (on_support)
+        sparse = ctx.warp.greedy and not self.cfg.record_optimal
         if forest.size == 0:
-            p = probs_from_logits(p_root[0], ctx.warp)
-            tok = target_token(p, ctx)
+            if sparse:
+                tok, pt = int(argmax(p_root[0])), 1.0
+            else:
+                p = probs_from_logits(p_root[0], ctx.warp)
+                tok = target_token(p, ctx)
+                pt = float(p[tok])
             return finish_single(ctx, [], [], tok, [ORIGIN_BONUS],
-                                 nodes=(_pseudo(0, ROOT, 1, tok, ctx, BONUS, p),))
+                                 nodes=(_pseudo(0, ROOT, 1, tok, ctx, BONUS, pt),))
         tokens = forest.tokens[0].tolist()
         parents = forest.parents[0].tolist()
         kids: dict[int, list[int]] = {}
@@ -220,15 +228,24 @@ class TreeSpeculation(SingleStart):
         node, path, final, final_status = ROOT, [], None, BONUS
         self._optimal: list[dict] = []
         while True:
-            p = probs_from_logits(p_root[0] if node == ROOT else p_nodes[0, node], ctx.warp)
+            logits = p_root[0] if node == ROOT else p_nodes[0, node]  # (V,)
+            if sparse:  # p = one-hot on a
+                p, a = None, int(argmax(logits))
+            else:
+                p, a = probs_from_logits(logits, ctx.warp), None  # (V,)
             for c in kids.get(node, []):
-                p_tok[c] = float(p[tokens[c]])
+                p_tok[c] = float(tokens[c] == a) if sparse else float(p[tokens[c]])
             if node not in kids:  # leaf: every draft on the path accepted -> bonus
-                final = target_token(p, ctx)
+                final = a if sparse else target_token(p, ctx)
                 break
             group = kids[node]
             q, cands = forest.extras["q_at"][node], [tokens[c] for c in group]
-            v = rule(p, q, cands, ctx.chooser)
+            if sparse:
+                q_ids = sorted(set(cands))
+                v = on_support(rule, ([a], torch.ones(1)), (q_ids, q[q_ids]), cands,
+                               ctx.chooser)
+            else:
+                v = rule(p, q, cands, ctx.chooser)
             depth = len(path) + 1
             if self.cfg.record_optimal:
                 self._optimal.append(position_record(self.cfg.rule, p, q, cands, depth, node))
@@ -288,9 +305,10 @@ def _remap(t: TestRecord, group: list[int], depth: int) -> TestRecord:
     return replace(t, node=group[t.node], depth=depth)
 
 
-def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: str, p) -> NodeTrace:
-    """The round's target token (resampled or bonus) drawn as a node below the path."""
-    pt = float(p[tok]) if p is not None else None
+def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: str,
+            pt: float | None) -> NodeTrace:
+    """The round's target token (resampled or bonus), with p(tok) where known, drawn as a node
+    below the path."""
     return NodeTrace(i, parent, 0, depth, tok, ctx.decode(tok), None, pt, status)
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -46,6 +46,7 @@ from engine.core.trace import TestRecord
 ACCEPT = "accept"
 REJECT = "reject"
 KSEQ_ITERS = 64  # bisection halvings of [1, n]: ~1e-19 relative width, below float64 resolution
+Y_NOTE = "y={}"  # naive's note: the token drawn from p (the one note that names a token)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def naive(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
         off[x] = 0.0
         mass = float(off.sum())
         tests.append(_record(i, x, float(p64[x]), float(q[x]), float(ok), None, ok, mass,
-                             note=f"y={y}"))
+                             note=Y_NOTE.format(y)))
         if ok:
             return TokenVerdict(i, y, tuple(tests), None)
     return TokenVerdict(None, y, tuple(tests), float(off.sum()))
@@ -352,6 +353,46 @@ def greedy_drafts(p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
         return _final_draw(p64, candidates, chooser, [], 1.0)
     return _recursive_rejection(p64, q_rest, candidates, chooser, update_q=False,
                                 start=len(candidates) - 1)
+
+
+# --------------------------------------------------------------------- on the support
+
+
+def on_support(rule: Rule, p: tuple[Sequence[int], torch.Tensor],
+               q: tuple[Sequence[int], torch.Tensor], candidates: Sequence[int],
+               rng: torch.Generator | Chooser) -> TokenVerdict:
+    """``rule``'s verdict from laws given on their supports: p = (ids, probs) and q likewise,
+    each zero outside its ids (distinct).
+
+    The rule runs on S = supp p ∪ supp q ∪ candidates, sorted by token id, and its tokens are
+    mapped back. Every rule reads p and q through indexing, element-wise operations and sums,
+    where a token outside S has 0 in both laws and adds nothing; and S keeps the vocabulary's
+    order, so the inverse-CDF draw and greedy_top's ties pick the same token. The verdict, its
+    records and the chooser's draws are the dense rule's (a sum may round differently in its
+    last bit). At temperature 0, with p one-hot and q on the top-k drafts, this costs a few
+    entries instead of vocabulary-sized float64 copies, residuals and cumulative sums.
+
+    Args:
+        p, q: ((n,) token ids, (n,) their probabilities) of the target and draft laws.
+        candidates: the drafted child tokens in draw order (in S whatever q gives them).
+    """
+    ids = sorted({*map(int, p[0]), *map(int, q[0]), *map(int, candidates)})  # S
+    at = {tok: i for i, tok in enumerate(ids)}
+    p_s, q_s = (torch.zeros(len(ids), dtype=torch.float64) for _ in range(2))  # (|S|,) each
+    for law, (law_ids, probs) in ((p_s, p), (q_s, q)):
+        if len(law_ids):
+            law[[at[int(t)] for t in law_ids]] = probs.detach().double().cpu()
+    v = rule(p_s, q_s, [at[int(c)] for c in candidates], rng)
+    return TokenVerdict(v.accepted, ids[v.token],
+                        tuple(_on_vocabulary(t, ids) for t in v.tests), v.residual_mass)
+
+
+def _on_vocabulary(t: TestRecord, ids: list[int]) -> TestRecord:
+    """A record of a rule run on S with its token (and a naive note's y) as vocabulary ids."""
+    note = t.note
+    if note.startswith(Y_NOTE.format("")):
+        note = Y_NOTE.format(ids[int(note[len(Y_NOTE.format("")):])])
+    return replace(t, token_id=ids[t.token_id], note=note)
 
 
 # ------------------------------------------------------------------------ draft side

@@ -93,6 +93,36 @@ def test_rounds_record_nodes_tests_and_statuses():
     assert r.draft_calls == 2 and r.target_calls == 1
 
 
+@pytest.mark.parametrize("method,params", [
+    ("sd", {"gamma": 3}),
+    ("mcsd", {"k_config": "4x2x2"}),
+    ("mcsd", {"k_config": "3x2", "verifier": "rrs_wr"}),
+    ("mcsd", {"k_config": "2x2x1", "verifier": "naive"}),
+    ("mcsd", {"k_config": "3x1", "verifier": "kseq"}),
+    ("greedy_drafts", {"k_config": "3x2x2"}),
+])
+def test_temperature_zero_rounds_on_the_support_record_what_the_dense_rules_do(method, params):
+    """At temperature 0 the rules run on the drafted tokens and the argmax (on_support);
+    ``optimal`` keeps the dense laws. Both record the same nodes, tests and draws."""
+    pair = tiny_pair()
+    runs = [list(engine.iter_rounds(pair, [3, 4, 5, 6], method, max_new_tokens=16, seed=3,
+                                    optimal=optimal, **params)) for optimal in (False, True)]
+    assert [r.committed for r in runs[0]] == [r.committed for r in runs[1]]
+    rejected = 0
+    for sparse, dense in zip(*runs):
+        assert sparse.nodes == dense.nodes
+        assert len(sparse.tests) == len(dense.tests)
+        for a, b in zip(sparse.tests, dense.tests):
+            assert (a.node, a.depth, a.token_id, a.decision, a.uniform, a.note) == (
+                b.node, b.depth, b.token_id, b.decision, b.uniform, b.note)
+            assert (a.p, a.q, a.ratio) == pytest.approx((b.p, b.q, b.ratio), rel=1e-9)
+            assert (a.residual_mass is None) == (b.residual_mass is None)
+            if a.residual_mass is not None:
+                assert a.residual_mass == pytest.approx(b.residual_mass, rel=1e-9)
+            rejected += a.decision == "reject"
+    assert rejected > 0
+
+
 def test_eos_inside_an_accepted_draft_stops_the_run():
     target = tiny_pair(layers=2, early_exit_layers=1).target
     ref = target.generate(torch.tensor([[3, 4, 5]]), do_sample=False,

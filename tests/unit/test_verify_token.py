@@ -29,6 +29,7 @@ from engine.verify.token import (
     draw_candidates,
     kseq_beta,
     kseq_rho,
+    on_support,
     without,
 )
 from tests.choosers import ScriptedChooser
@@ -253,6 +254,95 @@ def test_one_hot_target_with_drafted_candidates_emits_argmax(rule):
         for n in [1] if rule == "sd" else [1, 2, 3]:
             dist = exact_output_distribution(rule, p, q, n, scheme=scheme)
             torch.testing.assert_close(dist, p, atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------- on the support
+
+
+def _embed(x: torch.Tensor, v: int, seed: int) -> torch.Tensor:
+    """x's entries at seeded random positions of a length-v zero vector."""
+    out = torch.zeros(v, dtype=x.dtype)
+    out[torch.randperm(v, generator=make_generator(seed))[:x.numel()]] = x
+    return out
+
+
+def _support(law: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    ids = torch.nonzero(law).flatten()  # (n,)
+    return ids.tolist(), law[ids]
+
+
+def _on_support(rule: str, restrict_q=_support):
+    """RULES[rule] through on_support, p and q handed over as their nonzero entries (or q as
+    ``restrict_q`` gives it)."""
+    def run(p, q, candidates, rng):
+        return on_support(RULES[rule], _support(p), restrict_q(q), candidates, rng)
+    return run
+
+
+ON_SUPPORT_CASES = ["sparse_v5", "sparse_q_v6", "disjoint", "one_hot_p", "one_hot_q"]
+
+
+@pytest.mark.parametrize("rule,scheme", EXACT_PAIRS)
+@pytest.mark.parametrize("case", ON_SUPPORT_CASES)
+def test_rule_on_the_support_has_the_dense_rules_exact_law(rule, scheme, case):
+    p, q = (_embed(x, 40, seed=3) for x in CASES[case])  # same positions for both laws
+    n = 1 if rule == "sd" else 2
+    law, alpha = exact_step(rule, p, q, n, scheme)
+    law_s, alpha_s = exact_step(_on_support(rule), p, q, n, scheme)
+    torch.testing.assert_close(law_s, law, atol=1e-12, rtol=0)
+    torch.testing.assert_close(law_s, p, atol=1e-12, rtol=0)
+    assert alpha_s == pytest.approx(alpha, abs=1e-12)
+
+
+def test_rule_on_the_support_with_q_cut_to_the_candidates_is_not_exact():
+    """Negative control: q handed over on the drafted tokens alone (its other mass lost)
+    changes the residual, and the law test above catches it."""
+    p, q = (_embed(x, 40, seed=3) for x in CASES["sparse_q_v6"])
+
+    def cut(law):  # the two largest entries only
+        ids = torch.topk(law, 2).indices
+        return ids.tolist(), law[ids]
+
+    law = exact_step(_on_support("rrs_wor", restrict_q=cut), p, q, 2, "without_replacement")[0]
+    assert (law - p).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_rule_on_the_support_gives_the_dense_verdict_and_draws(rule):
+    """Same seed, same verdict: token, accepted index, every record (token, decision, uniform,
+    note; the floats to rounding) and the generator's state after; p sampled or one-hot."""
+    n = 1 if rule == "sd" else 3
+    for seed in range(40):
+        p = _embed(_random_dist(100 + seed, 6, zeros=seed % 3), 60, seed)
+        if seed % 4 == 0:  # temperature 0: one-hot on p's argmax
+            p = torch.nn.functional.one_hot(p.argmax(), 60).double()
+        q = _embed(_random_dist(200 + seed, 5), 60, seed + 1)
+        cands = draw_candidates(q, n, SCHEME[rule], make_generator(seed))
+        g_dense, g_sparse = make_generator(seed), make_generator(seed)
+        dense = RULES[rule](p, q, cands, g_dense)
+        sparse = on_support(RULES[rule], _support(p), _support(q), cands, g_sparse)
+        assert (sparse.token, sparse.accepted) == (dense.token, dense.accepted)
+        assert len(sparse.tests) == len(dense.tests)
+        for a, b in zip(sparse.tests, dense.tests):
+            assert (a.token_id, a.decision, a.uniform, a.note) == (
+                b.token_id, b.decision, b.uniform, b.note)
+            assert (a.p, a.q, a.ratio) == pytest.approx((b.p, b.q, b.ratio), rel=1e-12)
+            assert (a.residual_mass is None) == (b.residual_mass is None)
+            if a.residual_mass is not None:
+                assert a.residual_mass == pytest.approx(b.residual_mass, rel=1e-12, abs=1e-15)
+        assert torch.equal(g_sparse.get_state(), g_dense.get_state())
+
+
+def test_naive_note_on_the_support_names_the_vocabulary_token():
+    p = torch.zeros(30, dtype=F64)
+    p[17] = 1.0
+    q = torch.zeros(30, dtype=F64)
+    q[[4, 9]] = 0.5
+    v = on_support(RULES["naive"], ([17], p[[17]]), ([4, 9], q[[4, 9]]), [9, 4],
+                   make_generator(0))
+    assert v.token == 17 and v.accepted is None
+    assert [t.note for t in v.tests] == ["y=17", "y=17"]
+    assert [t.token_id for t in v.tests] == [9, 4]
 
 
 # ------------------------------------------------------------- draft samplers
