@@ -241,9 +241,9 @@ class TreeSpeculation(SingleStart):
             group = kids[node]
             q, cands = forest.extras["q_at"][node], [tokens[c] for c in group]
             if sparse:
-                q_ids = sorted(set(cands))
-                v = on_support(rule, ([a], torch.ones(1)), (q_ids, q[q_ids]), cands,
-                               ctx.chooser)
+                q_ids = sorted(set(cands))  # q's support (draft_dist)
+                p_a, q_s = torch.ones(1), q[q_ids]  # (1,) p on a, (|q_ids|,) q on q_ids
+                v = on_support(rule, ([a], p_a), (q_ids, q_s), cands, ctx.chooser)
             else:
                 v = rule(p, q, cands, ctx.chooser)
             depth = len(path) + 1

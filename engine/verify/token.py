@@ -364,34 +364,42 @@ def on_support(rule: Rule, p: tuple[Sequence[int], torch.Tensor],
     """``rule``'s verdict from laws given on their supports: p = (ids, probs) and q likewise,
     each zero outside its ids (distinct).
 
-    The rule runs on S = supp p ∪ supp q ∪ candidates, sorted by token id, and its tokens are
-    mapped back. Every rule reads p and q through indexing, element-wise operations and sums,
-    where a token outside S has 0 in both laws and adds nothing; and S keeps the vocabulary's
-    order, so the inverse-CDF draw and greedy_top's ties pick the same token. The verdict, its
-    records and the chooser's draws are the dense rule's (a sum may round differently in its
-    last bit). At temperature 0, with p one-hot and q on the top-k drafts, this costs a few
-    entries instead of vocabulary-sized float64 copies, residuals and cumulative sums.
+    The rule runs on S = supp p ∪ supp q ∪ candidates, listed by token id, and its tokens are
+    mapped back. Every rule reads p and q through indexing, element-wise operations, sums,
+    cumulative sums and (kseq) a sort of p/q over q > 0, where a token outside S is 0 in both
+    laws and changes nothing; and S keeps the vocabulary's order, so the inverse-CDF draw picks
+    the same token. The records and the chooser's draws are the dense rule's, except that a
+    float64 sum over S may group its terms differently and round differently in its last bit
+    (a residual's or a renormalised q's mass). At temperature 0 that cannot change a verdict:
+    p is one-hot, every residual stays one-hot, and each ratio is exactly 0 or 1. With other
+    laws a decision or a draw would flip only when a uniform falls within that last bit of a
+    threshold. At temperature 0, with q on the drafted tokens, this costs a few entries
+    instead of vocabulary-sized float64 copies, residuals and cumulative sums.
 
     Args:
         p, q: ((n,) token ids, (n,) their probabilities) of the target and draft laws.
-        candidates: the drafted child tokens in draw order (in S whatever q gives them).
+        candidates: the drafted child tokens in draw order (in S even where q is 0).
     """
     ids = sorted({*map(int, p[0]), *map(int, q[0]), *map(int, candidates)})  # S
     at = {tok: i for i, tok in enumerate(ids)}
     p_s, q_s = (torch.zeros(len(ids), dtype=torch.float64) for _ in range(2))  # (|S|,) each
     for law, (law_ids, probs) in ((p_s, p), (q_s, q)):
         if len(law_ids):
-            law[[at[int(t)] for t in law_ids]] = probs.detach().double().cpu()
+            law[[at[int(t)] for t in law_ids]] = probs.detach().double().cpu()  # (n,) placed
     v = rule(p_s, q_s, [at[int(c)] for c in candidates], rng)
+    relabel = rule is naive  # the one rule whose note names a token (Y_NOTE)
     return TokenVerdict(v.accepted, ids[v.token],
-                        tuple(_on_vocabulary(t, ids) for t in v.tests), v.residual_mass)
+                        tuple(_on_vocabulary(t, ids, relabel) for t in v.tests),
+                        v.residual_mass)
 
 
-def _on_vocabulary(t: TestRecord, ids: list[int]) -> TestRecord:
-    """A record of a rule run on S with its token (and a naive note's y) as vocabulary ids."""
+def _on_vocabulary(t: TestRecord, ids: list[int], relabel_note: bool) -> TestRecord:
+    """A record of a rule run on S with its token (and, for naive, its note's y) as
+    vocabulary ids."""
     note = t.note
-    if note.startswith(Y_NOTE.format("")):
-        note = Y_NOTE.format(ids[int(note[len(Y_NOTE.format("")):])])
+    if relabel_note:
+        head = Y_NOTE.format("")
+        note = Y_NOTE.format(ids[int(note[len(head):])])
     return replace(t, token_id=ids[t.token_id], note=note)
 
 

@@ -267,6 +267,7 @@ def _embed(x: torch.Tensor, v: int, seed: int) -> torch.Tensor:
 
 
 def _support(law: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """A law (V,) as on_support takes it: its nonzero entries' ids and probabilities."""
     ids = torch.nonzero(law).flatten()  # (n,)
     return ids.tolist(), law[ids]
 
@@ -295,8 +296,8 @@ def test_rule_on_the_support_has_the_dense_rules_exact_law(rule, scheme, case):
 
 
 def test_rule_on_the_support_with_q_cut_to_the_candidates_is_not_exact():
-    """Negative control: q handed over on the drafted tokens alone (its other mass lost)
-    changes the residual, and the law test above catches it."""
+    """Negative control: q handed over on its two largest entries alone (its other mass
+    lost) changes the residual, and the law test above catches it."""
     p, q = (_embed(x, 40, seed=3) for x in CASES["sparse_q_v6"])
 
     def cut(law):  # the two largest entries only
@@ -330,6 +331,24 @@ def test_rule_on_the_support_gives_the_dense_verdict_and_draws(rule):
             assert (a.residual_mass is None) == (b.residual_mass is None)
             if a.residual_mass is not None:
                 assert a.residual_mass == pytest.approx(b.residual_mass, rel=1e-12, abs=1e-15)
+        assert torch.equal(g_sparse.get_state(), g_dense.get_state())
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_a_candidate_outside_both_supports_is_verified_as_the_dense_rule_does(rule):
+    """A drafted token where q (and p) is 0, handed to on_support only as a candidate."""
+    p = torch.zeros(40, dtype=F64)
+    p[[5, 30]] = torch.tensor([0.25, 0.75], dtype=F64)
+    q = torch.zeros(40, dtype=F64)
+    q[[5, 12]] = torch.tensor([0.6, 0.4], dtype=F64)
+    cands = [21] if rule == "sd" else [21, 12, 5]  # 21: in neither support
+    for seed in range(20):
+        g_dense, g_sparse = make_generator(seed), make_generator(seed)
+        dense = RULES[rule](p, q, cands, g_dense)
+        sparse = on_support(RULES[rule], _support(p), _support(q), cands, g_sparse)
+        assert (sparse.token, sparse.accepted) == (dense.token, dense.accepted)
+        assert [(t.token_id, t.decision, t.uniform) for t in sparse.tests] == [
+            (t.token_id, t.decision, t.uniform) for t in dense.tests]
         assert torch.equal(g_sparse.get_state(), g_dense.get_state())
 
 
