@@ -1,9 +1,11 @@
 """The README's benchmark table from bench-set summaries (scripts/readme_bench.sh).
 
-    python scripts/bench_table.py DIR [DIR ...] [--readme README.md]
+    python scripts/bench_table.py DIR [DIR ...] [--readme README.md] [--block NAME]
 
 One row per method of each DIR/summary.json; with --readme the table replaces the block
-between README's bench-table markers, else it is printed. Beside the speedup against
+between that page's NAME markers (default: bench-table; readme_bench.sh also writes
+docs/benchmarks.md's packed-table), else it is printed. When the DIRs ran different targets,
+a target column names each row's. Beside the speedup against
 `generate()`, each speculative row gives its speedup against the engine's own plain decode
 (greedy, beam or beam_sample) when that plain method ran in the same DIR: per prompt and
 repeat, the method's tokens/s over the plain run's (DIR/results.jsonl).
@@ -16,7 +18,12 @@ import json
 import re
 from pathlib import Path
 
-START, END = "<!-- bench-table -->", "<!-- /bench-table -->"
+BLOCK = "bench-table"  # the README's table: <!-- bench-table --> ... <!-- /bench-table -->
+
+
+def markers(block: str) -> tuple[str, str]:
+    """A page's start and end markers of a block."""
+    return f"<!-- {block} -->", f"<!-- /{block} -->"
 
 
 def _settings(meta: dict) -> str:
@@ -72,14 +79,18 @@ def against_plain(d: Path) -> dict[str, str]:
 
 
 def table(dirs: list[Path]) -> str:
-    """One row per method: its speedup over all its prompts, and the median per category."""
+    """One row per method: its speedup over all its prompts, and the median per category;
+    a target column when the DIRs ran more than one target."""
     metas = [json.loads((d / "summary.json").read_text()) for d in dirs]
     first = metas[0]["meta"]
-    lines = [f"**{_cpu()}, {first['device']}, {first['dtype']}; {first['target']}; "
+    several = len({s["meta"]["target"] for s in metas}) > 1
+    target = "" if several else f"{first['target']}; "
+    lines = [f"**{_cpu()}, {first['device']}, {first['dtype']}; {target}"
              f"{first['started'][:10]}.**", "",
-             "| method | drafter | runs | against | tau | speedup min / median / max "
-             "| median by category | vs the engine's plain decode | identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| " + ("target | " if several else "") + "method | drafter | runs | against | "
+             "tau | speedup min / median / max | median by category | vs the engine's plain "
+             "decode | identical |",
+             "|---" * (10 if several else 9) + "|"]
     for d, s in zip(dirs, metas):
         meta = s["meta"]
         vs_plain = against_plain(d)
@@ -90,29 +101,39 @@ def table(dirs: list[Path]) -> str:
             by = " · ".join(f"{k} {v['speedup']['median']:.2f}" for k, v in cats.items()
                             if k != "all") if len(cats) > 2 else ""
             lines.append(
-                f"| `{m['method']}` | {_drafter(meta, m)} | {c['runs']} ({_settings(meta)}) | "
+                "| " + (f"{meta['target']} | " if several else "") +
+                f"`{m['method']}` | {_drafter(meta, m)} | {c['runs']} ({_settings(meta)}) | "
                 f"`{m['reference']}` | {c['tau']:.2f} | {sp['min']:.2f} / **{sp['median']:.2f}**"
                 f" / {sp['max']:.2f} | {by} | {vs_plain.get(m['method'], '—')} | "
                 f"{c['identical'] or 'in law (tests)'} |")
     return "\n".join(lines)
 
 
+def write_block(readme: Path, block: str, text: str) -> None:
+    """Replace the page's block (between its markers) by text; SystemExit (one line) when
+    the page is missing or has no such block."""
+    start, end = markers(block)
+    if not readme.is_file():
+        raise SystemExit(f"{readme}: no such file")
+    old = readme.read_text()
+    new, n = re.subn(re.escape(start) + ".*?" + re.escape(end),
+                     lambda _: f"{start}\n{text}\n{end}", old, flags=re.S)
+    if n != 1:
+        raise SystemExit(f"{readme}: no {start} ... {end} block")
+    readme.write_text(new)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--readme", type=Path)
+    ap.add_argument("--block", default=BLOCK, help="the block of the page to replace")
     args = ap.parse_args()
     text = table(args.dirs)
     if args.readme is None:
         print(text)
         return
-    readme = args.readme.read_text()
-    block = f"{START}\n{text}\n{END}"
-    new, n = re.subn(re.escape(START) + ".*?" + re.escape(END), lambda _: block, readme,
-                     flags=re.S)
-    if n != 1:
-        raise SystemExit(f"{args.readme}: no {START} ... {END} block")
-    args.readme.write_text(new)
+    write_block(args.readme, args.block, text)
 
 
 if __name__ == "__main__":
