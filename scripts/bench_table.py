@@ -45,6 +45,11 @@ def _cpu() -> str:
     return "CPU"
 
 
+def _cell(text: str) -> str:
+    """Text for a markdown table cell (a '|' escaped)."""
+    return text.replace("|", "\\|")
+
+
 def _drafter(meta: dict, method: dict) -> str:
     if method["reference"].startswith("generate") and method["method"] in PLAIN:
         return "—"
@@ -84,6 +89,12 @@ def table(dirs: list[Path]) -> str:
     metas = [json.loads((d / "summary.json").read_text()) for d in dirs]
     first = metas[0]["meta"]
     several = len({s["meta"]["target"] for s in metas}) > 1
+    for s in metas[1:]:  # the header names one device, dtype and day for every row
+        meta = s["meta"]
+        if (meta["device"], meta["dtype"], meta["started"][:10]) != \
+                (first["device"], first["dtype"], first["started"][:10]):
+            raise SystemExit("bench_table: the folders ran on different devices, dtypes or "
+                             "days; tabulate them apart")
     target = "" if several else f"{first['target']}; "
     lines = [f"**{_cpu()}, {first['device']}, {first['dtype']}; {target}"
              f"{first['started'][:10]}.**", "",
@@ -101,7 +112,7 @@ def table(dirs: list[Path]) -> str:
             by = " · ".join(f"{k} {v['speedup']['median']:.2f}" for k, v in cats.items()
                             if k != "all") if len(cats) > 2 else ""
             lines.append(
-                "| " + (f"{meta['target']} | " if several else "") +
+                "| " + (f"{_cell(meta['target'])} | " if several else "") +
                 f"`{m['method']}` | {_drafter(meta, m)} | {c['runs']} ({_settings(meta)}) | "
                 f"`{m['reference']}` | {c['tau']:.2f} | {sp['min']:.2f} / **{sp['median']:.2f}**"
                 f" / {sp['max']:.2f} | {by} | {vs_plain.get(m['method'], '—')} | "
@@ -116,10 +127,14 @@ def write_block(readme: Path, block: str, text: str) -> None:
     if not readme.is_file():
         raise SystemExit(f"{readme}: no such file")
     old = readme.read_text()
-    new, n = re.subn(re.escape(start) + ".*?" + re.escape(end),
-                     lambda _: f"{start}\n{text}\n{end}", old, flags=re.S)
-    if n != 1:
+    count = (old.count(start), old.count(end))
+    if count == (0, 0):
         raise SystemExit(f"{readme}: no {start} ... {end} block")
+    if count != (1, 1):
+        raise SystemExit(f"{readme}: {start} {count[0]} times and {end} {count[1]} times, "
+                         f"expected one block")
+    new = re.sub(re.escape(start) + ".*?" + re.escape(end),
+                 lambda _: f"{start}\n{text}\n{end}", old, flags=re.S)
     readme.write_text(new)
 
 

@@ -2,10 +2,10 @@
 # The README's benchmark table: every method at its default (the embedded pair's tuned)
 # settings over the held-out set (assets/heldout/heldout.jsonl, never tuned on), one torch
 # thread, each run interleaved with its matching generate() call; then the table is written
-# into README.md between its bench-table markers; then the token methods on the packed targets
-# (embedded-q4 and embedded-q4:a8, eager, 2 repeats) into docs/benchmarks.md's packed-table
-# block (the README quotes its medians). About 17 minutes on a 2-core CPU. Runs resume: delete
-# bench-out/ to measure afresh.
+# into README.md and docs/benchmarks.md between their bench-table markers; then the token
+# methods on the packed targets (embedded-q4 and embedded-q4:a8, eager, 2 repeats) into
+# docs/benchmarks.md's packed-table block (the README quotes its medians). About 17 minutes on
+# a 2-core CPU. Runs resume: delete bench-out/ to measure afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=(env SPECVIZ_THREADS=1 .venv/bin/python -m engine bench-set --set assets/heldout/heldout.jsonl
@@ -16,11 +16,13 @@ S=(env SPECVIZ_THREADS=1 .venv/bin/python -m engine bench-set --set assets/heldo
   --out bench-out/beam
 "${S[@]}" --categories code --temperature 1 --methods beam_sample,dsbd --max-new-tokens 32 \
   --repeats 2 --out bench-out/beam-sample
-.venv/bin/python scripts/bench_table.py bench-out/token bench-out/eesd bench-out/beam \
-  bench-out/beam-sample --readme README.md
+for page in README.md docs/benchmarks.md; do
+  .venv/bin/python scripts/bench_table.py bench-out/token bench-out/eesd bench-out/beam \
+    bench-out/beam-sample --readme "$page"
+done
 for t in embedded-q4 embedded-q4:a8; do
-  "${S[@]}" --target "$t" --methods greedy,sd,mcsd --max-new-tokens 48 --repeats 2 \
-    --out "bench-out/${t/:/-}"
+  SPECVIZ_KV=dynamic "${S[@]}" --target "$t" --methods greedy,sd,mcsd --max-new-tokens 48 \
+    --repeats 2 --out "bench-out/${t/:/-}"  # eager, whatever SPECVIZ_KV the caller set
 done
 .venv/bin/python scripts/bench_table.py bench-out/embedded-q4 bench-out/embedded-q4-a8 \
   --readme docs/benchmarks.md --block packed-table

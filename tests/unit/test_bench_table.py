@@ -11,11 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def bench_table():
+@pytest.fixture
+def bench_table(monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_table", ROOT / "scripts/bench_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "_cpu", lambda: "CPU")  # not this machine's model name
     return module
 
 
@@ -23,13 +24,14 @@ def _speedup(median: float) -> dict:
     return {"min": median - 0.1, "median": median, "max": median + 0.1}
 
 
-def _folder(path: Path, target: str, tps: dict[str, list[float]]) -> Path:
+def _folder(path: Path, target: str, tps: dict[str, list[float]],
+            device: str = "cpu (1 threads)") -> Path:
     """A bench-set folder: greedy and sd over two prompts x one repeat; tps[case] = the
     tokens/s of each prompt."""
     path.mkdir()
     meta = {"max_new_tokens": 48, "temperature": 0.0, "raw": False, "repeats": 1,
             "target": target, "draft": "n-gram (prompt lookup) + feature (EAGLE-style)",
-            "device": "cpu (1 threads)", "dtype": "float32", "started": "2026-11-29 05:00 UTC"}
+            "device": device, "dtype": "float32", "started": "2026-11-29 05:00 UTC"}
     methods = [{"method": case, "reference": "generate(greedy, width=1)",
                 "categories": {"all": {"runs": 2, "tau": 1.0 if case == "greedy" else 1.8,
                                        "speedup": _speedup(1.0 if case == "greedy" else 1.3),
@@ -53,7 +55,8 @@ def test_one_target_is_named_in_the_header(bench_table, tmp_path):
     d = _folder(tmp_path / "a", "Model A", {"greedy": [10.0, 10.0], "sd": [13.0, 13.0]})
     lines = bench_table.table([d]).splitlines()
     assert "Model A" in lines[0]
-    assert lines[2].startswith("| method |") and lines[3] == "|---" * 9 + "|"
+    assert lines[2].startswith("| method |") and lines[2].count(" | ") == 8
+    assert lines[3] == "|---" * 9 + "|"
     assert lines[5].startswith("| `sd` |") and "1.30 / **1.30** / 1.30" in lines[5]
 
 
@@ -62,7 +65,8 @@ def test_several_targets_get_a_target_column(bench_table, tmp_path):
     b = _folder(tmp_path / "b", "Model B", {"greedy": [10.0, 10.0], "sd": [12.0, 12.0]})
     lines = bench_table.table([a, b]).splitlines()
     assert "Model" not in lines[0]
-    assert lines[2].startswith("| target | method |") and lines[3] == "|---" * 10 + "|"
+    assert lines[2].startswith("| target | method |") and lines[2].count(" | ") == 9
+    assert lines[3] == "|---" * 10 + "|"
     rows = lines[4:]
     assert [r.split(" | ")[0] for r in rows] == ["| Model A"] * 2 + ["| Model B"] * 2
     assert all(r.count(" | ") == 9 for r in rows)
@@ -91,3 +95,30 @@ def test_a_missing_block_is_refused_in_one_line(bench_table, tmp_path):
 def test_a_missing_page_is_refused_in_one_line(bench_table, tmp_path):
     with pytest.raises(SystemExit, match="no such file"):
         bench_table.write_block(tmp_path / "nothing.md", "bench-table", "text")
+
+
+def test_a_target_with_a_bar_stays_in_its_cell(bench_table, tmp_path):
+    a = _folder(tmp_path / "a", "Model A", {"greedy": [10.0, 10.0], "sd": [13.0, 13.0]})
+    b = _folder(tmp_path / "b", "Model B | 4-bit", {"greedy": [10.0, 10.0]})
+    row = bench_table.table([a, b]).splitlines()[-1]
+    assert row.startswith("| Model B \\| 4-bit | `greedy` |")
+
+
+def test_folders_of_different_devices_are_refused(bench_table, tmp_path):
+    a = _folder(tmp_path / "a", "Model A", {"greedy": [10.0, 10.0]})
+    b = _folder(tmp_path / "b", "Model B", {"greedy": [10.0, 10.0]}, device="cuda")
+    with pytest.raises(SystemExit, match="different devices"):
+        bench_table.table([a, b])
+
+
+@pytest.mark.parametrize("text", [
+    "<!-- packed-table -->\none\n<!-- /packed-table -->\n"
+    "<!-- packed-table -->\ntwo\n<!-- /packed-table -->\n",  # two blocks
+    "<!-- packed-table -->\nprose\n<!-- packed-table -->\ntable\n<!-- /packed-table -->\n",
+])
+def test_a_block_marked_more_than_once_is_refused(bench_table, tmp_path, text):
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    with pytest.raises(SystemExit, match="expected one block"):
+        bench_table.write_block(readme, "packed-table", "new")
+    assert readme.read_text() == text
