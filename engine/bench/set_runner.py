@@ -210,7 +210,10 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
         row = {"prompt_id": p.id, "category": p.category, "repeat": rep,
                "seed": int(common["seed"]), **measured,
                "projected_h100": projected,  # a projection (engine.run.costs)
-               **round_record(trace.rounds, trace.stats.new_tokens)}
+               **round_record(trace.rounds, trace.stats.new_tokens),
+               # vLLM's per-request speculative stats (engine.core.trace.RunStats)
+               "acceptance_histogram": list(trace.stats.acceptance_histogram),
+               "per_step_accepted": list(trace.stats.per_step_accepted)}
         with (out / RESULTS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         rows.append(row)

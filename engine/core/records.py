@@ -72,6 +72,13 @@ class RunSummary:
     wall_s: float = 0.0
     tokens_per_s: float | None = None
     cost: CostRecord | None = None  # set when the run has finished
+    # per-request speculative stats as vLLM's ``metrics.speculative_decoding`` gives them
+    # (docs/cli.md): over the rounds that drafted (a verification step), rounds without a
+    # draft left out; accepted drafts exclude the round's own target token (bonus/resampled)
+    acceptance_histogram: tuple[int, ...] = ()  # [j]: rounds that accepted exactly j drafts;
+    # dense, 1 + the longest draft of the run entries (empty: no round drafted)
+    per_step_accepted: tuple[int, ...] = ()  # accepted drafts of each drafting round, in order
+    per_step_drafted: tuple[int, ...] = ()  # drafted depth of each drafting round, in order
 
 
 @dataclass(frozen=True)

@@ -333,8 +333,9 @@ def _dataclass_reader(cls: type) -> Callable[[Any], Any]:
 class RunStats:
     """Run-level statistics accumulated round by round (O(round) per :meth:`add`).
 
-    :meth:`result` gives acceptance, tau, per-depth acceptance and the time split of the
-    rounds added so far; :func:`summarize` is the same over a finished list of rounds.
+    :meth:`result` gives acceptance, tau, per-depth acceptance, the time split and the
+    per-request acceptance histogram and per-round accepted counts of the rounds added so
+    far; :func:`summarize` is the same over a finished list of rounds.
     """
 
     def __init__(self) -> None:
@@ -345,6 +346,8 @@ class RunStats:
         self.opt_alpha = self.opt_achieved = 0.0
         self.opt_n = 0
         self.paths: dict[str, int] = {}  # "target:captured" -> forwards served so
+        self.step_accepted: list[int] = []  # per drafting round (vLLM's per_step_accepted)
+        self.step_drafted: list[int] = []
 
     def add(self, r: RoundTrace) -> None:
         self.rounds += 1
@@ -353,6 +356,9 @@ class RunStats:
         self.target_calls += r.target_calls
         self.draft_calls += r.draft_calls
         self.spec_rounds += r.drafted > 0
+        if r.drafted > 0:
+            self.step_accepted.append(r.accepted)
+            self.step_drafted.append(r.drafted)
         groups: dict[tuple[int, int], bool] = {}
         for t in r.tests:
             key = (t.tree, t.depth)
@@ -387,7 +393,18 @@ class RunStats:
             per_depth_acceptance={str(d): a / n
                                   for d, (a, n) in sorted(self.per_depth.items())},
             time_split_s=dict(self.split),
+            acceptance_histogram=self.histogram(),
+            per_step_accepted=tuple(self.step_accepted),
+            per_step_drafted=tuple(self.step_drafted),
         )
+
+    def histogram(self) -> tuple[int, ...]:
+        """Drafting rounds by accepted drafts: [j] = rounds that accepted exactly j, for
+        j = 0..the longest draft (vLLM's per-request ``acceptance_histogram``)."""
+        counts = [0] * (max(self.step_drafted, default=-1) + 1)
+        for a in self.step_accepted:
+            counts[a] += 1
+        return tuple(counts)
 
 
 def summarize(rounds: tuple[RoundTrace, ...] | list[RoundTrace], new_tokens: int) -> RunSummary:

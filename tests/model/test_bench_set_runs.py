@@ -55,6 +55,9 @@ def test_rows_are_appended_one_by_one_and_progress_reports_each(tmp_path, pair):
         assert len(r["drafted_depth"]) == len(r["accepted_depth"]) >= 1
         assert r["new_tokens"] == 4 and r["target_calls"] == len(r["drafted_depth"])
         assert r["projected_h100"] > 0  # the run's projection on the stored H100 costs
+        steps = [a for d, a in zip(r["drafted_depth"], r["accepted_depth"]) if d > 0]
+        assert r["per_step_accepted"] == steps  # vLLM's per-request stats, per row
+        assert sum(r["acceptance_histogram"]) == len(steps)
 
 
 def test_a_cancelled_run_keeps_its_rows_and_a_restart_runs_only_the_rest(tmp_path, pair,
