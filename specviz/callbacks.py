@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from engine import METHODS
+from engine.analysis.timeline import timeline
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
 from engine.run.specs import EMBEDDED, pair_key
@@ -260,6 +261,20 @@ def export_trace(state: SessionState) -> str | None:
     text = s.cached("json", s.trace.to_json)
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     return trace_file.write_export(s.trace.method or "run", text, digest)
+
+
+@guarded
+def export_timeline(state: SessionState) -> str | None:
+    """The session's run as Chrome trace-event JSON (engine.analysis.timeline: Perfetto's
+    UI opens it), written once per trace; its path (None if no finished run)."""
+    s = coerce(state)
+    if s.trace is None or s.live:
+        return None
+    trace = s.trace
+    digest = hashlib.sha1(s.cached("json", trace.to_json).encode()).hexdigest()[:12]
+    return trace_file.write_export(
+        trace.method or "run", lambda: json.dumps(timeline(trace), separators=(",", ":")),
+        digest, ".timeline.json")
 
 
 @guarded

@@ -42,6 +42,7 @@ class Controls:
     draft: gr.Textbox
     upload: gr.UploadButton
     download: gr.DownloadButton
+    timeline: gr.DownloadButton  # the run's rounds as Chrome trace-event JSON (Perfetto)
     page: gr.Button  # writes the run as one self-contained HTML page into page_file
     page_file: gr.File
     # this session's tuned settings (the Bench tab's Use as defaults): {"target", "draft",
@@ -151,13 +152,15 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
         upload = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
                                  elem_id="sv-import")
         download = gr.DownloadButton("Export trace", size="sm", elem_id="sv-export")
+        timeline = gr.DownloadButton("Export timeline", size="sm",
+                                     elem_id="sv-export-timeline")
         page = gr.Button("Export page", size="sm", elem_id="sv-export-page")
     page_file = gr.File(label="The run as one HTML page (opens offline)", visible=False,
                         interactive=False, elem_id="sv-page-file")
     return Controls(prompt=prompt, method=method, about=about, run=run, advanced=advanced,
                     pool=common.merge(everyday).merge(advanced_pool), preset=preset,
                     target=target_box, draft=draft_box, upload=upload, download=download,
-                    page=page, page_file=page_file, session_tuned=gr.State({}))
+                    timeline=timeline, page=page, page_file=page_file, session_tuned=gr.State({}))
 
 
 def build_views(v: dict[str, Any]) -> Views:
@@ -216,6 +219,8 @@ def wire(tab: DebuggerTab) -> None:
                       **MODEL)
     run.then(cb.export_trace, inputs_kwargs={"state": state}, outputs=c.download,
              api_name="export", **QUICK)
+    run.then(cb.export_timeline, inputs_kwargs={"state": state}, outputs=c.timeline,
+             api_name="export_timeline", **QUICK)
     def page(state):
         path = cb.export_page(state)
         return gr.File(path, visible=path is not None)
@@ -226,6 +231,8 @@ def wire(tab: DebuggerTab) -> None:
     imp = c.upload.upload(cb.import_trace, inputs_kwargs={"file": c.upload, "state": state},
                           outputs=tab.outputs, api_name="import", **QUICK)
     imp.then(cb.export_trace, inputs_kwargs={"state": state}, outputs=c.download,
+             api_visibility="private", **QUICK)
+    imp.then(cb.export_timeline, inputs_kwargs={"state": state}, outputs=c.timeline,
              api_visibility="private", **QUICK)
     imp.then(cb.make_import_controls(pool), inputs_kwargs={"state": state},
              outputs=[c.prompt, c.method, *pool.widgets.values()], api_name="import_controls",

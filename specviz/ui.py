@@ -89,4 +89,6 @@ def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = Tru
                 gr.Markdown(_methods_markdown(), elem_classes="sv-methods")
         demo.load(cb.export_trace, inputs_kwargs={"state": state},
                   outputs=debugger.controls.download, api_visibility="private", **QUICK)
+        demo.load(cb.export_timeline, inputs_kwargs={"state": state},
+                  outputs=debugger.controls.timeline, api_visibility="private", **QUICK)
     return demo

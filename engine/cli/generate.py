@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from engine.analysis.timeline import write_timeline
 from engine.cli.cost_text import cost_sentence
 from engine.cli.flags import (
     add_method_param_flags,
@@ -31,6 +32,16 @@ def stats_json(stats: RunSummary) -> dict[str, Any]:
     return out
 
 
+def _write(flag: str, path: str | None, write) -> None:
+    """write(path) when the flag was given; an OSError is one line."""
+    if not path:
+        return
+    try:
+        write(path)
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot write {path}: {e.strerror}") from e
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", required=True)
     add_prompt_flags(p)
@@ -38,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="print {text, token_ids, beams, stats, method, device}")
     p.add_argument("--trace", default=None, help="write the full RunTrace JSON here")
+    p.add_argument("--timeline", default=None,
+                   help="write the rounds as Chrome trace-event JSON here (Perfetto's UI "
+                        "opens it)")
     add_method_param_flags(p)
 
 
@@ -52,14 +66,12 @@ def run(args: argparse.Namespace) -> int:
     spec = engine.METHODS[args.method]
     validate_params(spec.all_params, params, args.method)
     prompt = read_prompt(args)
-    if args.trace and not Path(args.trace).resolve().parent.is_dir():
-        raise ConfigError(f"--trace: no such folder: {Path(args.trace).parent}")
+    for flag, path in (("--trace", args.trace), ("--timeline", args.timeline)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ConfigError(f"{flag}: no such folder: {Path(path).parent}")
     trace = engine.generate(pair_from_flags(args), prompt, args.method, raw=args.raw, **params)
-    if args.trace:
-        try:
-            Path(args.trace).write_text(trace.to_json())
-        except OSError as e:
-            raise ConfigError(f"--trace: cannot write {args.trace}: {e.strerror}") from e
+    _write("--trace", args.trace, lambda path: Path(path).write_text(trace.to_json()))
+    _write("--timeline", args.timeline, lambda path: write_timeline(trace, path))
     if args.json:
         beams = [{"token_ids": list(b.token_ids), "score": b.score} for b in trace.beams]
         print(json.dumps({
