@@ -27,9 +27,11 @@ from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = OneLineParser(description="specviz: speculative decoding visual debugger; "
                                  "flags override the SPECVIZ_* variables")
-    ap.add_argument("--target", help="target model: embedded, hub id, dir ($SPECVIZ_TARGET)")
-    ap.add_argument("--draft", help="draft spec; empty: the target's default (embedded: "
-                    "ngram, others: their early exit) ($SPECVIZ_DRAFT)")
+    ap.add_argument("--target", help="target model: embedded-q4:a8 (the CPU default, the GGUF "
+                    "as shipped), embedded (fp32; the CUDA default), embedded-q4, hub id, dir "
+                    "($SPECVIZ_TARGET)")
+    ap.add_argument("--draft", help="draft spec; empty: the target's default (the embedded "
+                    "models: ngram+feature, others: their early exit) ($SPECVIZ_DRAFT)")
     ap.add_argument("--device", choices=DEVICES, help="$SPECVIZ_DEVICE (default auto)")
     ap.add_argument("--dtype", choices=DTYPES, help="$SPECVIZ_DTYPE (default auto)")
     ap.add_argument("--presets", help="preset ids offered, comma-separated, or all "

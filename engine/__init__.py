@@ -12,12 +12,12 @@ from engine.core.trace import RoundTrace, RunTrace
 from engine.hf.recorder import record
 from engine.methods import METHODS, MethodSpec
 from engine.run.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start
-from engine.run.models import ModelPair, load_pair
-from engine.run.specs import EMBEDDED
+from engine.run.models import ModelPair, default_target, load_pair
+from engine.run.specs import DEFAULT_TARGET, EMBEDDED
 
 __all__ = [
-    "EMBEDDED", "METHODS", "Run", "ConfigError", "MethodSpec", "ModelLoadError", "ModelPair",
-    "ParamSpec", "RoundTrace", "RunConfig", "RunTrace", "SpecvizError",
-    "UnsupportedModelError", "encode_prompt", "generate", "iter_rounds", "load_pair",
-    "make_decoder", "record", "start",
+    "DEFAULT_TARGET", "EMBEDDED", "METHODS", "Run", "ConfigError", "MethodSpec",
+    "ModelLoadError", "ModelPair", "ParamSpec", "RoundTrace", "RunConfig", "RunTrace",
+    "SpecvizError", "UnsupportedModelError", "default_target", "encode_prompt", "generate",
+    "iter_rounds", "load_pair", "make_decoder", "record", "start",
 ]

@@ -240,11 +240,12 @@ class Timings:
 def run_kwargs(case: Case) -> dict[str, Any]:
     """/run keyword arguments: every parameter of the method at its default, then the case's."""
     from engine import METHODS
+    from engine.run.specs import DEFAULT_TARGET, default_draft
     from specviz.params import param_key
 
     given = {"max_new_tokens": case.tokens, "temperature": 0.0, **case.params}
     kw: dict[str, Any] = {"prompt": case.prompt, "method": case.method,
-                          "target": "embedded", "draft": ""}
+                          "target": DEFAULT_TARGET, "draft": default_draft(DEFAULT_TARGET)}
     for p in METHODS[case.method].all_params:
         kw[param_key(p)] = given.get(p.name, p.default)
     return kw

@@ -24,7 +24,7 @@ from engine import METHODS
 from engine.analysis.timeline import timeline
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
-from engine.run.specs import EMBEDDED, pair_key
+from engine.run.specs import pair_key
 from specviz import pairs, share_page, text_view, trace_file
 from specviz.params import ParamPool
 from specviz.render import render, render_live
@@ -349,8 +349,9 @@ def session_params(session: dict | None, target: str, draft: str, method: str
     if not session or method not in session.get("params", {}):
         return {}
     try:
-        same = pair_key(session["target"] or EMBEDDED, session.get("draft", "")) == \
-            pair_key((target or "").strip() or EMBEDDED, (draft or "").strip())
+        default = pairs.HOST.config.target  # '': the host's default target
+        same = pair_key(session["target"] or default, session.get("draft", "")) == \
+            pair_key((target or "").strip() or default, (draft or "").strip())
     except (ConfigError, OSError, KeyError, TypeError, ValueError):
         return {}
     return dict(session["params"][method]) if same else {}

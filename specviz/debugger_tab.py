@@ -141,7 +141,8 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
         # custom models off: the boxes only show a preset's pair, and the handlers refuse
         # any other pair too (pairs.check_pair_spec)
         custom = pairs.HOST.config.allow_custom_models
-        target_box = gr.Textbox(target, label="Target (p): embedded, hub id or local dir",
+        target_box = gr.Textbox(target, label="Target (p): embedded-q4:a8 (the CPU default), "
+                                "embedded (fp32), hub id or local dir",
                                 interactive=custom)
         draft_box = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
                                "the target's first N layers; ngram = prompt lookup; "

@@ -8,7 +8,7 @@ engine and ZeroGPU must patch torch first.
 
 | variable | values | default |
 |---|---|---|
-| SPECVIZ_TARGET | a target spec (engine.run.specs.parse_model_spec) | embedded |
+| SPECVIZ_TARGET | a target spec (engine.run.specs.parse_model_spec) | the device's (below) |
 | SPECVIZ_DRAFT | a draft spec; empty = the target's default (see default_draft) | (empty) |
 | SPECVIZ_DEVICE | auto, cpu, cuda | auto |
 | SPECVIZ_DTYPE | auto, float32, bfloat16, float16 | auto |
@@ -16,6 +16,10 @@ engine and ZeroGPU must patch torch first.
 | SPECVIZ_ALLOW_CUSTOM_MODELS | 1 (users may type model specs), 0 (presets only) | 1; 0 on ZeroGPU |
 | SPECVIZ_BENCH_MAX_PROMPTS | prompts one Bench-tab run may take (>= 1) | 8 |
 | SPECVIZ_BENCH_MAX_SECONDS | seconds after which a Bench-tab run stops, rows kept (>= 1) | 120 |
+
+Without SPECVIZ_TARGET the target is the device's default (engine.run.models.default_target):
+on a CPU the embedded GGUF as shipped, embedded-q4:a8; on CUDA (ZeroGPU included) the fp32
+model, embedded.
 
 ZeroGPU is detected by ``SPACES_ZERO_GPU`` (true/1), the variable Hugging Face sets on
 ZeroGPU Spaces, together with an importable ``spaces`` package.
@@ -32,8 +36,13 @@ import torch
 from engine.core.errors import ConfigError
 from engine.core.placement import requested_map
 from engine.core.static_kv import kv_mode
-from engine.run.models import resolve_device
-from engine.run.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, parse_model_spec
+from engine.run.models import default_target, resolve_device
+from engine.run.specs import (
+    DEFAULT_TARGET,
+    EMBEDDED_DEFAULT_DRAFT,
+    default_draft,
+    parse_model_spec,
+)
 from engine.run.tuned import preset_rows
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -64,7 +73,7 @@ def all_presets() -> tuple[Preset, ...]:
 class HostConfig:
     """Hosting settings of one app process (see the module docstring for the variables)."""
 
-    target: str = "embedded"
+    target: str = DEFAULT_TARGET  # the CPU's default target (from_env: the device's)
     draft: str = EMBEDDED_DEFAULT_DRAFT  # the default target's default drafter
     device: str = "auto"  # one of DEVICES
     dtype: str = "auto"  # one of DTYPES
@@ -74,6 +83,7 @@ class HostConfig:
     bench_max_prompts: int = 8  # the Bench tab's caps: while a set runs it holds the model
     # thread, and other sessions' runs wait in the queue for it
     bench_max_seconds: int = 120
+    default_pair: bool = True  # target and draft are the device's defaults (none was named)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> HostConfig:
@@ -82,10 +92,12 @@ class HostConfig:
         if zero and importlib.util.find_spec("spaces") is None:
             raise ConfigError(f"{ZERO_GPU_ENV} is set but the 'spaces' package is not "
                               "installed (ZeroGPU needs it)")
-        target = env.get("SPECVIZ_TARGET", "").strip() or "embedded"
+        device = _choice(env, "SPECVIZ_DEVICE", DEVICES)
+        named = env.get("SPECVIZ_TARGET", "").strip()
+        target = named or default_target("cuda" if zero else device)
         return cls(target=target,
                    draft=env.get("SPECVIZ_DRAFT", "").strip() or default_draft(target),
-                   device=_choice(env, "SPECVIZ_DEVICE", DEVICES),
+                   device=device, default_pair=not named,
                    dtype=_choice(env, "SPECVIZ_DTYPE", DTYPES),
                    presets=parse_presets(env.get("SPECVIZ_PRESETS", "")),
                    allow_custom_models=_flag(env, "SPECVIZ_ALLOW_CUSTOM_MODELS", not zero),
@@ -104,6 +116,13 @@ class HostConfig:
                               f"got {given['dtype']!r}")
         if isinstance(given.get("presets"), str):
             given["presets"] = parse_presets(str(given["presets"]))
+        if "target" in given:
+            given["default_pair"] = False
+        elif self.default_pair and "device" in given:  # that device's default target
+            given["target"] = default_target("cuda" if self.zero_gpu else given["device"])
+        if "draft" not in given and self.draft == default_draft(self.target):
+            given["draft"] = default_draft(str(given.get("target", self.target)))  # the
+            # default drafter follows the target
         return replace(self, **given)
 
     def offered(self) -> tuple[Preset, ...]:

@@ -258,7 +258,7 @@ def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
     """Normalised (target, draft) strings, read by the engine's spec parser (a bad spec fails
     here, before any model work); with custom models off, only the host's pairs (returned as
     the host spells them); GPU-only presets refused without a CUDA device."""
-    target = (target or "").strip() or engine.EMBEDDED
+    target = (target or "").strip() or HOST.config.target
     draft = (draft or "").strip()
     key = pair_key(target, draft)
     cfg = HOST.config

@@ -13,6 +13,7 @@ from typing import Any
 import gradio as gr
 
 from engine import METHODS
+from engine.run.specs import DEFAULT_TARGET
 from specviz import bench_tab, check_tab, compare_tab, debugger_tab, trace_file
 from specviz import callbacks as cb
 from specviz.render import views
@@ -56,7 +57,7 @@ def _methods_markdown() -> str:
     return "\n".join(rows)
 
 
-def build_demo(target: str = "embedded", draft: str = "", demo_trace: bool = True,
+def build_demo(target: str = DEFAULT_TARGET, draft: str = "", demo_trace: bool = True,
                method: str | None = None) -> gr.Blocks:
     """The specviz app. Models load lazily on the first Run (cached per process).
 

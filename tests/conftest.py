@@ -44,11 +44,21 @@ def perturbed_exit_layer(target, n_layers, seed=0, scale=0.05):
 
 @pytest.fixture(scope="session")
 def embedded_pair():
-    """The embedded target with its early-exit drafter (the shipped trained one), named
-    explicitly: the target's default drafter is another (default_draft)."""
+    """The default target (on a CPU the embedded GGUF as shipped, embedded-q4:a8) with its
+    early-exit drafter (the shipped trained one), named explicitly: the target's default
+    drafter is another (default_draft)."""
     import engine
 
     return engine.load_pair(draft="early-exit", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def fp32_pair():
+    """The fp32 embedded model (the GGUF's weights dequantised) with its early-exit drafter:
+    the reference the packed targets are bounded against."""
+    import engine
+
+    return engine.load_pair("embedded", draft="early-exit", device="cpu")
 
 
 STATS_SUMMARY: list[str] = []  # sample sizes and powers of the statistical tests (tests/stats.py)

@@ -23,7 +23,7 @@ from engine.cli import (
     train_feature,
     tune,
 )
-from engine.cli.flags import OneLineParser
+from engine.cli.flags import OneLineParser, resolve_target
 from engine.core.errors import SpecvizError
 
 COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.core import threads
 
         threads.configure()  # the same thread rule as the app
+        resolve_target(args)  # no --target: the device's default
         return int(args.run(args) or 0)
     except SpecvizError as e:
         print(f"error: {e}", file=sys.stderr)

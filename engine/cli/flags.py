@@ -21,11 +21,27 @@ class OneLineParser(argparse.ArgumentParser):
 
 # ------------------------------------------------------------------------------ models
 
+TARGET_HELP = ("default (when none is given: the device's default, embedded-q4:a8 on a CPU, "
+               "the GGUF as shipped; embedded on CUDA) | embedded (fp32) | embedded-q4 | "
+               "embedded-q4:a8 | tiny | tiny:{json} | local dir | hub id")
+
+
+def resolve_target(args: argparse.Namespace) -> None:
+    """args.target, when no --target was given, set to the default target of args.device
+    (engine.run.models.default_target; a device map: the fp32 model, as load_pair)."""
+    if getattr(args, "target", "") is not None:
+        return
+    from engine.core.placement import requested_map
+    from engine.run.models import default_target
+
+    placed = requested_map(getattr(args, "device_map", None)) is not None
+    args.target = default_target("cuda" if placed else getattr(args, "device", "auto"))
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     """--target / --draft specs (engine.run.specs.parse_model_spec), device, device map,
     dtype, layers."""
-    p.add_argument("--target", default="embedded",
-                   help="embedded | tiny | tiny:{json} | local dir | hub id")
+    p.add_argument("--target", default=None, help=TARGET_HELP)
     p.add_argument("--draft", default=None,
                    help="early-exit | early-exit:N | ngram[:N] | feature[:PATH] | "
                         "ngram+feature[:N] | tiny | tiny:{json} | local dir | hub id "

@@ -8,12 +8,13 @@ import argparse
 import json
 from typing import Any
 
+from engine.cli.flags import TARGET_HELP
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
-    p.add_argument("--target", default="embedded",
-                   help="the pair whose tuned values to show: embedded | tiny | tiny:{json} | "
-                        "local dir | hub id")
+    p.add_argument("--target", default=None,
+                   help=f"the pair whose tuned values to show: {TARGET_HELP}")
     p.add_argument("--draft", default=None,
                    help="its drafter spec (default: the target's default drafter)")
 

@@ -7,6 +7,7 @@ built from a config; the target/draft :class:`ModelPair` with the pair's tuned m
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -35,9 +36,16 @@ from engine.core.placement import (
 )
 from engine.core.static_kv import kv_mode
 from engine.drafters.base import Drafter
-from engine.run.specs import EMBEDDED, ModelSpec, default_draft, parse_model_spec
+from engine.run.specs import (
+    DEFAULT_TARGET,
+    EMBEDDED,
+    ModelSpec,
+    default_draft,
+    parse_model_spec,
+)
 from engine.run.tuned import Tuned, tuned_settings
 
+LOG = logging.getLogger(__name__)
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
 EMBEDDED_Q4_NAME = "SmolLM2-135M-Instruct (embedded GGUF, 4-bit packed)"
@@ -87,6 +95,24 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return torch.device(device)
     except RuntimeError as e:
         raise ConfigError(f"unknown device '{device}'") from e
+
+
+def default_target(device: str | torch.device = "auto") -> str:
+    """The target a run gets when none is named: on a CPU the embedded GGUF as shipped
+    (DEFAULT_TARGET, 4-bit packed weights at 8-bit activations: llama.cpp's numerics, exact
+    against its own ``generate()``, the fastest exact path measured on every CPU host), where
+    its kernel builds (engine.core.qmm; without a C compiler it would run its slow torch
+    reference: one log line, the fp32 model instead); on CUDA (``auto`` with a GPU) the fp32
+    model (the packed kernel is a CPU kernel)."""
+    if resolve_device(device).type != "cpu":
+        return EMBEDDED
+    from engine.core import qmm
+
+    if qmm.library() is None:
+        LOG.warning("the packed kernel does not build here: the default target is %r (fp32) "
+                    "instead of %r", EMBEDDED, DEFAULT_TARGET)
+        return EMBEDDED
+    return DEFAULT_TARGET
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -357,14 +383,15 @@ def check_vocab(target: torch.nn.Module, draft: torch.nn.Module) -> None:
         )
 
 
-def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_map=None,
+def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=None,
               early_exit_layers: int | None = None, warm: bool = True) -> ModelPair:
     """Load a target and its drafter, with the pair's tuned settings (``ModelPair.tuned``:
     those of the preset whose target and draft specs are this pair's, else none).
 
     Args:
-        target: a spec (see parse_model_spec: embedded, embedded-q4, tiny, tiny:{json}, local
-            dir, hub id), a transformers config or a model.
+        target: a spec (see parse_model_spec: embedded, embedded-q4[:a8], default, tiny,
+            tiny:{json}, local dir, hub id), a transformers config or a model; None: the
+            default target of the device (default_target: the GGUF as shipped on a CPU).
         draft: the same kinds, or '' / 'early-exit' / 'early-exit:N' for the target's own
             first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style),
             'ngram+feature[:N]' (the lookup where it matches, else the feature drafter).
@@ -386,6 +413,8 @@ def load_pair(target=EMBEDDED, draft=None, device="auto", dtype="auto", device_m
             a token-input drafter now (engine.core.cached_model.warm_steps); False leaves
             them to the first run (ZeroGPU loads in a process that never runs a step).
     """
+    if target is None:
+        target = default_target(device if requested_map(device_map) is None else "cuda")
     if draft is None and isinstance(target, str) and early_exit_layers is None:
         draft = default_draft(target)
     tuned = tuned_settings(target, draft) if isinstance(target, str) and (

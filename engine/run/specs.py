@@ -11,8 +11,8 @@ from typing import Any
 
 from engine.core.errors import ConfigError
 
-EMBEDDED = "embedded"
-EMBEDDED_ALIASES = ("embedded", "default", "smollm2-135m-instruct", "embedded:smollm2-135m")
+EMBEDDED = "embedded"  # the fp32 model: dequantised weights (CUDA, training, or by choice)
+EMBEDDED_ALIASES = ("embedded", "smollm2-135m-instruct", "embedded:smollm2-135m")
 # The embedded model run as shipped: its Q4_1 linear weights kept packed in 4 bits
 # (engine.core.packed4), on the CPU; a separate target (its logits are not the fp32 model's).
 EMBEDDED_Q4 = "embedded-q4"
@@ -20,6 +20,11 @@ EMBEDDED_Q4_ALIASES = ("embedded-q4",)
 # 'embedded-q4:a8': the same packed weights against activations quantised to 8 bits (llama.cpp's
 # own numerics for this file, engine.core.qmm) instead of 16: another target again.
 ACTIVATIONS_8 = "a8"
+# The target a run on a CPU gets when none is named (engine.run.models.default_target): the
+# GGUF as shipped, llama.cpp's numerics, the fastest exact path measured on every CPU host
+# (README, "Measured numbers"); 'default' is its alias.
+DEFAULT_TARGET = f"{EMBEDDED_Q4}:{ACTIVATIONS_8}"
+DEFAULT_ALIAS = "default"
 # The embedded target's default drafter: the one measured fastest on held-out prompts
 # (README, "Measured numbers").
 EMBEDDED_DEFAULT_DRAFT = "ngram+feature"
@@ -55,9 +60,10 @@ class ModelSpec:
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
-    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias),
-    'embedded-q4' (the embedded model with its 4-bit weights packed, CPU only; 'embedded-q4:a8':
-    its activations quantised to 8 bits instead of 16), exactly
+    """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias: the fp32
+    model), 'embedded-q4' (the embedded model with its 4-bit weights packed, CPU only;
+    'embedded-q4:a8': its activations quantised to 8 bits instead of 16; 'default' is
+    DEFAULT_TARGET, that one), exactly
     'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
     local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
     layers), 'early-exit:N' (its first N), and the names of
@@ -103,6 +109,8 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
         if ngram:
             return ModelSpec("ngram", text, layers=layers)
         return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
+    if text.lower() == DEFAULT_ALIAS:
+        return ModelSpec("embedded-q4", text, bits=8)  # DEFAULT_TARGET
     if text.lower() in EMBEDDED_ALIASES:
         return ModelSpec("embedded", text)
     if text.lower() in EMBEDDED_Q4_ALIASES:

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from engine.core.errors import ConfigError
 from engine.core.paths import ASSETS, cache_root
-from engine.run.specs import EMBEDDED, pair_key
+from engine.run.specs import DEFAULT_TARGET, pair_key
 
 PRESETS_FILE = ASSETS / "presets.json"
 
@@ -41,11 +41,11 @@ def tuned_settings(target: str, draft: str | None = "") -> dict[str, dict[str, A
     ``controller=cost`` as ``switch=cost`` with ``controller=fixed``).
 
     Args:
-        target: a target spec string ('' = the embedded model).
+        target: a target spec string ('' = DEFAULT_TARGET, the CPU default).
         draft: a draft spec string; None / '' = the target's early exit.
     """
     try:
-        key = pair_key((target or "").strip() or EMBEDDED, (draft or "").strip())
+        key = pair_key((target or "").strip() or DEFAULT_TARGET, (draft or "").strip())
     except (ConfigError, OSError, RuntimeError, ValueError):  # e.g. '~nobody/x', a long name
         return {}
     out: dict[str, dict[str, Any]] = {}
@@ -76,7 +76,7 @@ def save_tuned(target: str, draft: str, params: Mapping[str, Mapping[str, Any]],
     """Store a pair's tuned settings (a preset row's format: target, draft, params; ``about``
     says how they were found) at ``path``, else in ``tuned_dir()`` where runs of the pair
     read them; the path written."""
-    key = pair_key((target or "").strip() or EMBEDDED, (draft or "").strip())
+    key = pair_key((target or "").strip() or DEFAULT_TARGET, (draft or "").strip())
     out = Path(path) if path else tuned_path(key)
     out.parent.mkdir(parents=True, exist_ok=True)
     row = {"target": target, "draft": draft, "params": {m: dict(v) for m, v in params.items()},

@@ -25,7 +25,7 @@ RUN_TIMEOUT_MS = 150_000
 
 @pytest.fixture(scope="module")
 def app_url():
-    demo, url = launch_app(target="embedded")
+    demo, url = launch_app()  # the default target, as make app runs it
     yield url
     demo.close()
 
@@ -346,7 +346,7 @@ def test_tuning_in_the_bench_tab_streams_trials_and_its_winners_become_the_defau
     page.set_default_timeout(30_000)
     page.goto(app_url)
     page.get_by_text("Model pair").first.click()
-    target = page.get_by_label("Target (p): embedded, hub id or local dir")
+    target = page.get_by_label("Target (p)")
     target.fill(TINY)
     target.press("Tab")
     page.get_by_role("tab", name="Bench").click()

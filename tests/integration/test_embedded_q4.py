@@ -94,27 +94,27 @@ def test_every_decoder_linear_and_the_head_are_packed(q4_pair):
 
 
 def test_packed_head_dequantises_to_the_fp32_head_and_stays_within_its_bound(
-        q4_pair, embedded_pair):
-    head, w = q4_pair.target.lm_head, embedded_pair.target.lm_head.weight  # (V, d)
+        q4_pair, fp32_pair):
+    head, w = q4_pair.target.lm_head, fp32_pair.target.lm_head.weight  # (V, d)
     assert torch.equal(head.dequantize(), w)
-    ids = torch.tensor([engine.encode_prompt(embedded_pair, PROMPTS[0])])
+    ids = torch.tensor([engine.encode_prompt(fp32_pair, PROMPTS[0])])
     with torch.no_grad():
-        h = embedded_pair.target.model(ids).last_hidden_state[0]  # (L, d) real states
+        h = fp32_pair.target.model(ids).last_hidden_state[0]  # (L, d) real states
     x = h  # (L, d)
     y, ref = head(x), x @ w.T  # (L, V)
     assert ((y - ref).abs() <= _head_bound(head, x)).all()
     assert (y - ref).abs().max() <= MAX_REL_ERROR * ref.abs().max()
 
 
-def test_packed_weights_dequantise_to_the_fp32_embedded_weights(q4_pair, embedded_pair):
+def test_packed_weights_dequantise_to_the_fp32_embedded_weights(q4_pair, fp32_pair):
     for name, m in _packed(q4_pair).items():
-        assert torch.equal(m.dequantize(), embedded_pair.target.get_submodule(name).weight), name
+        assert torch.equal(m.dequantize(), fp32_pair.target.get_submodule(name).weight), name
 
 
-def test_each_packed_layer_is_within_its_bound_of_the_fp32_layer(q4_pair, embedded_pair):
+def test_each_packed_layer_is_within_its_bound_of_the_fp32_layer(q4_pair, fp32_pair):
     gen = torch.Generator().manual_seed(0)
     for name, m in _packed(q4_pair).items():
-        w = embedded_pair.target.get_submodule(name).weight  # (out, in)
+        w = fp32_pair.target.get_submodule(name).weight  # (out, in)
         x = torch.randn(4, m.in_features, generator=gen)  # (4, in)
         y, ref = m(x), x @ w.T  # (4, out)
         err = (y - ref).abs()
@@ -159,13 +159,13 @@ def a8_pair():
         yield engine.load_pair("embedded-q4:a8", draft="early-exit")
 
 
-def test_a8_runs_every_packed_layer_at_8_bits_within_its_bound(a8_pair, embedded_pair):
+def test_a8_runs_every_packed_layer_at_8_bits_within_its_bound(a8_pair, fp32_pair):
     packed = _packed(a8_pair)
     assert len(packed) == 30 * 7 and "8-bit activations" in a8_pair.target_name
     assert {m.bits for m in packed.values()} == {8} and a8_pair.target.lm_head.bits == 8
     gen = torch.Generator().manual_seed(0)
     for name in list(packed)[::23]:  # every 23rd layer: all seven kinds, several depths
-        m, w = packed[name], embedded_pair.target.get_submodule(name).weight  # (out, in)
+        m, w = packed[name], fp32_pair.target.get_submodule(name).weight  # (out, in)
         x = torch.randn(4, m.in_features, generator=gen)  # (4, in)
         err = (m(x) - x @ w.T).abs()  # (4, out)
         assert (err <= qmm_error_bound(m.dequantize().abs(), x, GROUP, levels=127)).all(), name

@@ -89,18 +89,25 @@ def test_the_trace_names_the_tuned_parameters_through_a_json_round_trip(preset_p
 
 def test_load_pair_gives_the_embedded_target_its_default_drafter_and_tuned_settings(
         monkeypatch):
-    """The embedded model stood in by a tiny one: the spec rules, not the weights."""
+    """The embedded models stood in by a tiny one: the spec rules, not the weights; no
+    target named: the device's default (on a CPU the GGUF as shipped, on CUDA fp32)."""
     real = models.load_model
+    loaded = []
 
     def stand_in(spec, device, dtype, device_map=None):
-        if spec == "embedded":
-            return real("tiny", device, dtype)[0], None, "embedded (stand-in)"
+        loaded.append(spec)
+        if spec in ("embedded", "embedded-q4:a8"):
+            return real("tiny", device, dtype)[0], None, f"{spec} (stand-in)"
         return real(spec, device, dtype, device_map)
 
     monkeypatch.setattr(models, "load_model", stand_in)
     pair = engine.load_pair(device="cpu")
+    assert loaded == ["embedded-q4:a8"] and pair.target_name == "embedded-q4:a8 (stand-in)"
     assert "n-gram" in pair.draft_name and "feature" in pair.draft_name, pair.draft_name
-    assert pair.tuned == tuned.tuned_settings("embedded", "ngram+feature") != {}
+    assert pair.tuned == tuned.tuned_settings("embedded-q4:a8", "ngram+feature") != {}
+    fp32 = engine.load_pair("embedded", device="cpu")
+    assert fp32.tuned == tuned.tuned_settings("embedded", "ngram+feature") != pair.tuned
+    assert models.default_target("cuda") == "embedded"  # the packed kernel is a CPU one
     early = engine.load_pair(draft="early-exit", device="cpu")
     assert early.draft_name.startswith("early-exit") and early.tuned == {}
     layers = engine.load_pair(device="cpu", early_exit_layers=1)  # the flag names the drafter

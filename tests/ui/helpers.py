@@ -13,10 +13,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_app(target: str = "embedded", **kw):
-    """(demo, url) of a launched app; the caller closes demo."""
+def launch_app(target: str = "", **kw):
+    """(demo, url) of a launched app (target '': the host's default, as make app runs it);
+    the caller closes demo."""
     import specviz
+    from specviz.pairs import HOST
 
+    target = target or HOST.config.target
     demo = specviz.build_demo(target=target, **kw)
     demo.queue()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1",

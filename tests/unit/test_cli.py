@@ -125,7 +125,10 @@ def _section(out: str, method: str) -> str:
 
 
 def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys):
-    assert _main(["methods"]) == 0  # the embedded target with its default drafter
+    assert _main(["methods"]) == 0  # the default target (on a CPU: the GGUF as shipped)
+    assert capsys.readouterr().out.startswith("pair: target 'embedded-q4:a8', draft "
+                                              "'ngram+feature'; 'tuned' = ")
+    assert _main(["methods", "--target", "embedded"]) == 0  # the fp32 model, its drafter
     out = capsys.readouterr().out
     assert "    --gamma (int, default 4, tuned 3): " in _section(out, "sd")
     assert "    --controller (str, default 'fixed', tuned 'fixed') " in _section(out, "sd")
@@ -147,8 +150,8 @@ def test_methods_json_gives_the_tuned_value_beside_the_default(capsys):
         row = next(p for p in sd["params"] if p["name"] == "gamma")
         return row["default"], row["tuned"]
 
-    assert gamma_of_sd(["methods", "--json"]) == (4, 3)
-    assert gamma_of_sd(["methods", "--json", "--target", "default",
+    assert gamma_of_sd(["methods", "--json", "--target", "embedded"]) == (4, 3)
+    assert gamma_of_sd(["methods", "--json", "--target", "smollm2-135m-instruct",
                         "--draft", "n-gram+feature"]) == (4, 3)
     assert gamma_of_sd(["methods", "--json", "--target", "tiny"]) == (4, None)
 

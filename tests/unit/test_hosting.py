@@ -28,8 +28,29 @@ def host():
 
 def test_no_variables_give_the_defaults():
     assert HostConfig.from_env({}) == HostConfig(
-        target="embedded", draft="ngram+feature", device="auto", dtype="auto", presets=(),
-        allow_custom_models=True, zero_gpu=False)
+        target="embedded-q4:a8", draft="ngram+feature", device="auto", dtype="auto",
+        presets=(), allow_custom_models=True, zero_gpu=False, default_pair=True)
+
+
+def test_the_default_target_is_the_gguf_as_shipped_on_a_cpu_and_fp32_on_cuda():
+    assert HostConfig.from_env({"SPECVIZ_DEVICE": "cpu"}).target == "embedded-q4:a8"
+    cuda = HostConfig.from_env({"SPECVIZ_DEVICE": "cuda"})
+    assert (cuda.target, cuda.draft, cuda.default_pair) == ("embedded", "ngram+feature", True)
+    moved = HostConfig.from_env({}).with_overrides(device="cuda")  # the flag moves the default
+    assert (moved.target, moved.draft) == ("embedded", "ngram+feature")
+    named = HostConfig.from_env({"SPECVIZ_TARGET": "embedded-q4"}).with_overrides(device="cpu")
+    assert (named.target, named.default_pair) == ("embedded-q4", False)  # a named one stays
+    assert HostConfig.from_env({}).with_overrides(target=TINY).draft == ""  # its early exit
+
+
+def test_a_cpu_whose_packed_kernel_does_not_build_defaults_to_the_fp32_model(monkeypatch):
+    from engine.core import qmm
+    from engine.run.models import default_target
+
+    assert default_target("cpu") == "embedded-q4:a8"
+    monkeypatch.setattr(qmm, "library", lambda: None)  # no C compiler
+    assert default_target("cpu") == "embedded"
+    assert HostConfig.from_env({}).target == "embedded"
 
 
 def test_the_embedded_target_defaults_to_the_hybrid_drafter_and_others_to_their_early_exit():
@@ -47,7 +68,7 @@ def test_every_variable_is_read():
         "SPECVIZ_ALLOW_CUSTOM_MODELS": "0"})
     assert cfg == HostConfig("HuggingFaceTB/SmolLM2-1.7B-Instruct",
                              "ngram", "cuda", "bfloat16",
-                             ("smollm2-1.7b", "embedded"), False, False)
+                             ("smollm2-1.7b", "embedded"), False, False, default_pair=False)
     assert [p.id for p in cfg.offered()] == ["smollm2-1.7b", "embedded"]
     assert cfg.allowed_pairs() == (
         ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "ngram"), ("embedded", "ngram+feature"))
@@ -58,8 +79,8 @@ def test_every_variable_is_read():
     ({"SPECVIZ_DTYPE": "fp8"},
      "SPECVIZ_DTYPE must be one of auto, float32, bfloat16, float16, got 'fp8'"),
     ({"SPECVIZ_PRESETS": "embedded,gpt5"},
-     "SPECVIZ_PRESETS: unknown preset 'gpt5' (known: all, embedded, embedded-q4, "
-     "embedded-q4-a8, smollm2-1.7b"),
+     "SPECVIZ_PRESETS: unknown preset 'gpt5' (known: all, embedded-q4-a8, embedded, "
+     "embedded-q4, smollm2-1.7b"),
     ({"SPECVIZ_ALLOW_CUSTOM_MODELS": "maybe"},
      "SPECVIZ_ALLOW_CUSTOM_MODELS must be 0 or 1, got 'maybe'"),
     ({"SPACES_ZERO_GPU": "2"}, "SPACES_ZERO_GPU must be 0 or 1, got '2'"),
@@ -150,7 +171,8 @@ def test_the_run_handler_leaves_values_equal_to_the_tuned_ones_to_the_engine():
 def test_custom_models_off_accepts_the_host_pairs_only(host):
     host(HostConfig(target="embedded", draft="", presets=("tiny",), allow_custom_models=False))
     assert pairs.check_pair_spec("", "") == ("embedded", "")
-    assert pairs.check_pair_spec("default", "early-exit") == ("embedded", "")  # aliases
+    assert pairs.check_pair_spec("smollm2-135m-instruct", "early-exit") == ("embedded", "")  #
+    # aliases
     assert pairs.check_pair_spec('tiny:{"layers":4,"vocab_size":64}', "") == (TINY, "")
     for target, draft in (("tiny", ""), ("embedded", "early-exit:3"), ("gpt2", "")):
         with pytest.raises(ConfigError) as err:
@@ -171,7 +193,9 @@ def test_the_app_tunes_a_pair_as_the_engine_does_whatever_presets_it_offers(host
     want = tuned_settings("embedded", "ngram+feature")
     assert want  # the embedded pair ships its measured best settings
     assert pairs.tuned_params("embedded", "ngram+feature") == want
-    assert pairs.tuned_params("", "n-gram+feature") == want  # aliases
+    assert pairs.tuned_params("smollm2-135m-instruct", "n-gram+feature") == want  # aliases
+    default = tuned_settings("embedded-q4:a8", "ngram+feature")
+    assert pairs.tuned_params("", "ngram+feature") == default != want  # '': the host's
     assert pairs.tuned_params("embedded", "feature") == {}  # another drafter
     assert pairs.tuned_params(TINY, "") == {}
     for bad in ("tiny:{not json", "~nosuchuser9/x", "x" * 300):  # the defaults, no traceback

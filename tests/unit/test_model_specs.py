@@ -20,6 +20,16 @@ def test_target_kinds(text, kind):
     assert parse_model_spec(text).kind == kind
 
 
+def test_default_names_the_gguf_as_shipped_whatever_its_spelling():
+    from engine.run.specs import DEFAULT_TARGET, pair_key
+
+    assert DEFAULT_TARGET == "embedded-q4:a8"
+    spec = parse_model_spec(" Default ")
+    assert (spec.kind, spec.bits) == ("embedded-q4", 8)
+    assert pair_key("default", "ngram") == pair_key(DEFAULT_TARGET, "ngram") != pair_key(
+        "embedded", "ngram")
+
+
 def test_an_existing_path_is_local_even_when_it_starts_with_tiny(tmp_path, monkeypatch):
     (tmp_path / "tiny-local").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -95,7 +105,7 @@ def test_the_ui_checks_specs_with_the_engine_parser():
     from specviz.pairs import check_pair_spec
 
     assert check_pair_spec(" tiny ", " early-exit:1 ") == ("tiny", "early-exit:1")
-    assert check_pair_spec("", "") == ("embedded", "")
+    assert check_pair_spec("", "") == ("embedded-q4:a8", "")  # the host's default target
     with pytest.raises(ConfigError, match="positive integer"):
         check_pair_spec("tiny", "early-exit:x")
     with pytest.raises(ConfigError, match="not a target"):
