@@ -133,7 +133,8 @@ class BeamSearch(BeamStart):
             prev = self.state.scores  # (K,) running scores before the step
             self.state, info = beam_step(self.state, lp, self.cfg)
             hits = self._step(ctx, forest, kids, rp, info, lp, j, depth)
-            accepted = all(h is not None for h in hits)  # never on the bonus step
+            accepted = all(h is not None for h in hits)  # a step passes iff all K were
+            # drafted (never the bonus step)
             if self.gamma:  # (K, V) joint scores as beam_step accumulates them
                 rp.matches.append(self._match(ctx, forest, rp, prev[:, None] + lp, info, j,
                                               depth, accepted))
@@ -141,9 +142,12 @@ class BeamSearch(BeamStart):
             if not accepted or self.state.done:
                 break
             rp.pos = [(rp.pos[a][0], h) for a, h in zip(info.parents.tolist(), hits)]
-        beams = [NewBeam(rp.pos[a], t, ACCEPTED if h is not None else TARGET, s)
-                 for a, t, h, s in zip(info.parents.tolist(), info.tokens.tolist(), hits,
-                                       info.scores.tolist())]
+        # the last step's tokens are drafts only if the step passed: a failed step's tokens
+        # are the target's own (a bonus after every drafted step passed), matched or not
+        origin = ACCEPTED if accepted else _undrafted(j, depth)
+        beams = [NewBeam(rp.pos[a], t, origin, s)
+                 for a, t, s in zip(info.parents.tolist(), info.tokens.tolist(),
+                                    info.scores.tolist())]
         return self._verdict(ctx, forest, p_root, p_nodes, rp, beams, depth, j)
 
     def _step(self, ctx: RunState, forest, kids, rp: Replay, info, lp, j: int, depth: int) -> list:
@@ -152,13 +156,14 @@ class BeamSearch(BeamStart):
         drafted = j <= depth
         hits = [kids.get(rp.pos[a], {}).get(t) if drafted else None
                 for a, t in zip(parents, tokens)]
+        passed = drafted and all(h is not None for h in hits)  # AtSpeed: all K drafted
         for c in info.pool_admitted.nonzero().flatten().tolist():
             a, t = int(info.pool_parents[c]), int(info.pool_tokens[c])
-            hit = drafted and t in kids.get(rp.pos[a], {})
-            record_finished(ctx, forest, rp.pos[a], t, ACCEPTED if hit else TARGET)
+            hit = passed and t in kids.get(rp.pos[a], {})
+            record_finished(ctx, forest, rp.pos[a], t, ACCEPTED if hit else _undrafted(j, depth))
         for i, (a, t, h) in enumerate(zip(parents, tokens, hits)):
             row = rp.pos[a][0]
-            if h is not None:
+            if passed:  # a drafted beam of a failed step is rejected with its step
                 rp.status[(row, h)] = ACCEPTED
             if drafted:
                 q = float(forest.q_tok[row, h]) if h is not None else 0.0
@@ -166,12 +171,11 @@ class BeamSearch(BeamStart):
                     -1 if h is None else h, row, j, t, float(lp[a, t].exp()), q,
                     1.0 if h is not None else 0.0, None, "match" if h is not None else "mismatch",
                     note=f"target beam {i} <- beam {a}"))
-        ok = drafted and all(h is not None for h in hits)
         rp.steps.append({
             "depth": j, "kind": "drafted" if drafted else ("bonus" if depth else "target"),
             "target_topk": [[a, t, h is not None] for a, t, h in zip(parents, tokens, hits)],
             "parent_nodes": [list(rp.pos[a]) for a in parents],
-            "accepted": ok, "finished": int(info.pool_admitted.sum()),
+            "accepted": passed, "finished": int(info.pool_admitted.sum()),
         })
         return hits
 
@@ -195,16 +199,13 @@ class BeamSearch(BeamStart):
         for level in levels[last:]:  # depths below the last replayed step
             status.update({p: NOT_REACHED for p in level.pos})
         status.update(rp.status)
-        pseudo = BONUS if depth and last == depth + 1 else TARGET
-        shown = [NewBeam(b.parent, b.token, b.origin if b.origin == ACCEPTED else pseudo,
-                         b.score) for b in beams]
         failing = next((s["depth"] for s in rp.steps if s["kind"] == "drafted"
                         and not s["accepted"]), None)
         done = self.state.done
         return beam_verdict(
             ctx, forest, beams,
             nodes=node_traces(ctx, forest, node_target_probs(p_root, p_nodes, forest), status,
-                              shown, last),
+                              beams, last),
             tests=tuple(rp.tests), drafted=depth, accepted=rp.accepted, done=done,
             stop_reason=stop_reason(ctx, last) if done else "",
             final_beams=self.final() if done else (),
@@ -213,6 +214,12 @@ class BeamSearch(BeamStart):
                                beams=self.start_width, depth=depth),
             beam_steps=tuple(rp.matches),
         )
+
+
+def _undrafted(j: int, depth: int) -> str:
+    """Origin of a token the target chose at step j of a round that drafted ``depth`` steps:
+    a bonus after every drafted step passed, else the target's own step."""
+    return BONUS if depth and j == depth + 1 else TARGET
 
 
 # ------------------------------------------------------------------ beam sampling baseline

@@ -363,6 +363,28 @@ def test_strict_beam_steps_agree_with_the_target_top_k_recomputed_from_log_probs
     assert checked > 4 and rejected  # both accepted and rejected steps were checked
 
 
+def test_strict_accepts_a_draft_only_with_its_whole_step():
+    """A step passes iff all K target beams were drafted (AtSpeed Alg. 1): the drafted nodes a
+    failed step's target beams matched are rejected with it, the step's tokens are the
+    target's own (a bonus after every drafted step passed), and the committed tokens'
+    origins hold exactly the round's accepted steps."""
+    _, _, runs = strict_runs(2, False)
+    matched_in_failed = 0
+    for _, tr in runs:
+        for r in tr.rounds:
+            passed = {s["depth"] for s in r.extras.steps if s["kind"] == "drafted"
+                      and s["accepted"]}
+            assert {n.depth for n in r.nodes if n.status == "accepted"} == passed
+            origins = [c.origin for c in r.committed]
+            assert origins.count("accepted") == r.accepted
+            if origins[-1] != "accepted":  # the step after the last passed one
+                assert origins[-1] == ("bonus" if r.accepted == r.drafted > 0 else "target")
+            matched_in_failed += sum(1 for s in r.extras.steps if s["kind"] == "drafted"
+                                     and not s["accepted"] and any(t[2] for t in
+                                                                   s["target_topk"]))
+    assert matched_in_failed  # failed steps whose target beams were partly drafted
+
+
 def test_beam_baseline_records_no_beam_steps():
     target = tiny(2)
     set_generation(target)
