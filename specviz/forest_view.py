@@ -27,6 +27,7 @@ from engine.core.trace import (
     RoundTrace,
     RunTrace,
 )
+from specviz.figures import round_counts
 
 STATUS_COLORS = {
     ACCEPTED: "#2e9e4f",
@@ -288,9 +289,7 @@ def forest_figure(trace: RunTrace | None, index: int) -> go.Figure:
         fig.add_trace(_status_trace(g, pos, status, not dense or status not in DENSE_HIDDEN,
                                     dense))
     fig.add_traces(_match_traces(g, pos))
-    n_nodes = len(r.nodes)
-    title = (f"Round {r.index}: {n_nodes} drafted node{'s' * (n_nodes != 1)}, "
-             f"{r.accepted}/{r.drafted} accepted on the path")
+    title = f"Round {r.index}: {round_counts(r).drafted_phrase}"
     if notes:
         title += "<br><span style='font-size:12px;color:#8a5a00'>" + "; ".join(notes) + "</span>"
     fig.update_layout(

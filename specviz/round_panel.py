@@ -10,12 +10,17 @@ Absent fields render as "—".
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from engine.cli.cost_text import cost_sentence
+from engine import METHODS
+from engine.cli.cost_text import ACCEPTANCE, TAU, cost_sentence
+from engine.control.config import CONTROL_PARAMS
+from engine.core.errors import SpecvizError
 from engine.core.records import CostRecord, GateRecord, SwitchPlan
 from engine.core.trace import RoundTrace, RunTrace
+from specviz.figures import plural, round_counts
 from specviz.forest_view import token_label, vocab_of
 
 TEST_HEADERS = ["#", "tree", "depth", "node", "token", "p (target)", "q (draft)",
@@ -241,32 +246,96 @@ def round_markdown(trace: RunTrace | None, index: int) -> str:
     if trace is None or not trace.rounds:
         return "**No trace yet.** Run a method, or import a trace JSON."
     r = _round(trace, index)
-    toks = "".join(c.text for c in r.committed)
+    c = round_counts(r)
+    toks = "".join(t.text for t in r.committed)
     ms = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in r.timings.items())
-    return (f"**Round {r.index}** of {len(trace.rounds)} · drafted {r.drafted}, accepted "
-            f"{r.accepted}, committed {len(r.committed)} token(s) `{toks!r}` · target calls "
-            f"{r.target_calls}, draft calls {r.draft_calls}" + (f" · {ms}" if ms else ""))
+    return (f"**Round {r.index}** of {len(trace.rounds)} · {c.drafted_phrase} · "
+            f"{c.committed_phrase} `{toks!r}` · target calls {r.target_calls}, draft calls "
+            f"{r.draft_calls}" + (f" · {ms}" if ms else ""))
 
 
 def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -> str:
-    """Run-level summary: method, models, device and the engine's statistics."""
+    """Run-level summary: method, the parameters that shaped the run, models, device and the
+    engine's statistics, each figure under its one name (engine.cli.cost_text)."""
     if trace is None:
         return ""
     s = trace.stats
     state = "running…" if live else (trace.stop_reason or "done")
     origin = {"demo": "recorded demo trace", "import": "imported trace"}.get(source, "")
+    shown, hidden = shown_params(trace)
     tuned = set(trace.tuned_names)  # taken from the pair's measured best settings
-    params = ", ".join(f"{k}={v}" + (" (tuned)" if k in tuned else "")
-                       for k, v in (trace.params or {}).items())
+    params = ", ".join(f"{k}={v}" + (" (tuned)" if k in tuned else "") for k, v in shown)
+    if hidden:
+        params += f"; {plural(hidden, 'other')} at {'its' if hidden == 1 else 'their'} " \
+                  "default or unused by the run's controller"
     return (
         f"**{trace.method}** ({params}) · target `{trace.target}` · draft "
-        f"`{trace.draft or '—'}` · {trace.device}" + (f" · *{origin}*" if origin else "")
+        f"`{drafter_of(trace) or '—'}` · {device_text(trace.device)}"
+        + (f" · *{origin}*" if origin else "")
         + f"\n\n{len(trace.token_ids)} tokens in {len(trace.rounds)} rounds ({state}) · "
-        f"acceptance {_num(s.acceptance_rate)} · tau {_num(s.tau)} · "
-        f"target calls {_num(s.target_calls)} · draft calls "
-        f"{_num(s.draft_calls)} · wall {_num(s.wall_s)} s · "
-        f"{_num(s.tokens_per_s)} tok/s" + cost_markdown(s.cost)
+        f"{acceptance_text(trace)} · {TAU} {_num(s.tau)} tokens per target call · "
+        f"target calls {_num(s.target_calls)} · draft calls {_num(s.draft_calls)} · wall "
+        f"{_num(s.wall_s)} s · {_num(s.tokens_per_s)} tok/s" + cost_markdown(s.cost)
     )
+
+
+def acceptance_text(trace: RunTrace) -> str:
+    """The run's acceptance with what it divides (tokens, or a beam method's steps)."""
+    s = trace.stats
+    if not s.drafted:
+        return f"{ACCEPTANCE} — (nothing drafted)"
+    what = ("drafted steps passed" if any(round_counts(r).steps for r in trace.rounds)
+            else "drafted tokens accepted")
+    return f"{ACCEPTANCE} {_num(s.acceptance_rate)} ({s.accepted} of {s.drafted} {what})"
+
+
+def drafter_of(trace: RunTrace) -> str:
+    """The drafter the run drafted with: a round's own record of it (eesd drafts with the
+    target's early exit, whatever the pair's drafter is), else the trace's."""
+    own = next((r.extras.drafter for r in trace.rounds if r.extras.drafter), None)
+    return own or trace.draft
+
+
+def device_text(device: str) -> str:
+    """The device as the engine names it, its thread count in the singular for one."""
+    return re.sub(r"\b1 threads\b", "1 thread", device)
+
+
+def controller_reads(trace: RunTrace) -> set[str] | None:
+    """The settings the run's controller read (its rounds' ControllerState.config); None
+    when no round recorded a controller."""
+    configs = [r.controller.config for r in trace.rounds if r.controller is not None]
+    return set().union(*configs) if configs else None
+
+
+def shown_params(trace: RunTrace) -> tuple[list[tuple[str, Any]], int]:
+    """The parameters worth a line: every everyday one, and an advanced one that is tuned or
+    off its default, unless it is a controller setting the run's controller did not read;
+    with how many were left out. An unknown method's are all shown."""
+    params = dict(trace.params or {})
+    spec = METHODS.get(trace.method)
+    if spec is None:
+        return list(params.items()), 0
+    rows = {p.name: p for p in spec.all_params}
+    reads, tuned = controller_reads(trace), set(trace.tuned_names)
+    shown = []
+    for k, v in params.items():
+        p = rows.get(k)
+        ignored = reads is not None and k in CONTROLLER_SETTINGS and k not in reads
+        quiet = p is not None and p.advanced and k not in tuned and _same(p, v, p.default)
+        if p is None or not (ignored or quiet):
+            shown.append((k, v))
+    return shown, len(params) - len(shown)
+
+
+CONTROLLER_SETTINGS = {p.name for p in CONTROL_PARAMS} - {"controller", "switch"}
+
+
+def _same(p, a: Any, b: Any) -> bool:
+    try:
+        return p.parse(a) == p.parse(b)
+    except SpecvizError:
+        return False
 
 
 def cost_markdown(cost: CostRecord | None) -> str:

@@ -184,7 +184,7 @@ def test_the_opening_page_steps_through_the_demo_forest(browser, app_url):
     page.goto(app_url)
     page.locator("#sv-forest .js-plotly-plot").wait_for()
     expect(page.locator("#sv-run-md")).to_contain_text("recorded demo trace")
-    expect(page.locator("#sv-run-md")).to_contain_text("against plain decoding")
+    expect(page.locator("#sv-run-md")).to_contain_text("round-time")
     page.locator("#sv-reset").click()
     _wait_round(page, 0)
     for k in (1, 2):

@@ -42,8 +42,9 @@ def test_a_finished_run_equals_generate_and_carries_its_cost_model_once():
     assert cost.kind == "chain" and cost.t_step_s > 0
     assert cost.predicted_speedup > 0 and cost.measured_speedup > 0
     said = cost_sentence(cost)
-    assert said.startswith("draft steps cost")  # timings: wording depends on load
-    assert ("break-even needs acceptance" in said) == (cost.break_even_acceptance is not None)
+    assert said.startswith("over rounds 1..")  # timings: wording depends on load
+    assert ": draft steps cost" in said
+    assert ("break-even needs per-token α" in said) == (cost.break_even_acceptance is not None)
     assert list(run) == []  # a finished run yields nothing more
 
 

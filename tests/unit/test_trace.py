@@ -109,15 +109,22 @@ def test_a_switch_plan_stored_in_the_old_places_becomes_the_round_s_own():
 
 def test_a_trace_in_the_old_shape_still_imports():
     """Written before the records (stats a dict with the cost model's English summary,
-    controller states without a switch): it imports, its extra keys ignored, and the
-    sentence the views build now is the one it stored."""
+    controller states without a switch): it imports, its extra keys ignored, and the views
+    build today's sentence from its numbers (the stored one named the round-time speedup
+    "measured")."""
     data = json.loads(OLD_TRACE.read_text())
     old_cost = data["stats"]["cost"]
     assert "summary" in old_cost and "switch" not in data["rounds"][1]["controller"]
     tr = RunTrace.from_dict(data)
     assert isinstance(tr.stats, RunSummary) and tr.stats.tau == data["stats"]["tau"]
     assert tr.stats.cost.kind == "tree" and tr.stats.cost.projected is None
-    assert cost_sentence(tr.stats.cost) == old_cost["summary"]
+    assert old_cost["summary"].startswith("a round costs 1.28 target steps (drafting 0.11, "
+                                          "verifying 1.16) and commits 2.55 tokens")
+    assert cost_sentence(tr.stats.cost) == (
+        "over rounds 1..11 (round 0, which also prefills the prompt, left out): a round costs "
+        "1.28 target steps (drafting 0.11, verifying 1.16) and commits 2.55 tokens per round: "
+        "break-even needs 1.28 tokens per round · predicted 1.99x, round-time 1.88x (tokens x "
+        "a plain step's time / the rounds' time; efficiency 94% = round-time / predicted)")
     state = tr.rounds[1].controller
     assert isinstance(state, ControllerState) and state.kind == "confidence"
     assert tr.rounds[1].switch is None

@@ -330,17 +330,22 @@ def test_navigation_reuses_the_whole_trace_views_and_moves_only_the_marker(monke
     assert json.loads(again["progress"].plot)["data"] == before["data"]
 
 
-def test_run_summary_states_the_cost_model():
+def test_run_summary_states_the_cost_model_with_each_figure_under_its_own_name():
+    """The chain's per-token alpha is not the run's acceptance, and the round-time speedup is
+    not Compare's measured one: the sentence names them apart and says what it averages."""
     from specviz import round_panel
 
     cost = CostRecord(kind="chain", c_draft=0.2, c_verify=1.2, gamma=2.0, acceptance=0.5,
                       break_even_acceptance=0.45, predicted_speedup=1.1, measured_speedup=1.0,
-                      efficiency=1.0 / 1.1)
+                      efficiency=1.0 / 1.1, rounds_used=7)
     assert round_panel.cost_markdown(cost) == (
-        "\n\n**Cost model**: draft steps cost 0.20 of a target step and verifying 1.20; at "
-        "2.0 drafts per round break-even needs acceptance 0.45; this run accepted 0.50 · "
-        "predicted 1.10x, measured 1.00x against plain decoding (implementation efficiency "
-        "91%).")
+        "\n\n**Cost model**: over rounds 1..7 (round 0, which also prefills the prompt, left "
+        "out): draft steps cost 0.20 of a target step and verifying 1.20; at 2.0 drafts per "
+        "round break-even needs per-token α 0.45; this run's per-token α 0.50 (accepted / "
+        "tested drafts; the acceptance, accepted / drafted, also counts the drafts after a "
+        "rejection, never tested) · predicted 1.10x, round-time 1.00x (tokens x a plain "
+        "step's time / the rounds' time; efficiency 91% = round-time / predicted).")
+    assert "measured" not in round_panel.cost_markdown(cost)
     assert round_panel.cost_markdown(None) == "" == round_panel.cost_markdown(CostRecord())
 
 
