@@ -1,11 +1,13 @@
 """specviz engine: speculative decoding methods as rounds over a beam set.
 
 Public API: load_pair, start (a streaming Run), generate, iter_rounds, METHODS, the trace /
-config types, and record (transformers' own assisted generate() recorded round by round).
+config types, record (transformers' own assisted generate() recorded round by round) and
+replay (a temperature-0 run replayed in hindsight under other settings).
 """
 
 from __future__ import annotations
 
+from engine.analysis.hindsight import ReplayReport, replay
 from engine.core.config import ParamSpec, RunConfig
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
 from engine.core.trace import RoundTrace, RunTrace
@@ -17,7 +19,7 @@ from engine.run.specs import DEFAULT_TARGET, EMBEDDED
 
 __all__ = [
     "DEFAULT_TARGET", "EMBEDDED", "METHODS", "Run", "ConfigError", "MethodSpec",
-    "ModelLoadError", "ModelPair", "ParamSpec", "RoundTrace", "RunConfig", "RunTrace",
-    "SpecvizError", "UnsupportedModelError", "default_target", "encode_prompt", "generate",
-    "iter_rounds", "load_pair", "make_decoder", "record", "start",
+    "ModelLoadError", "ModelPair", "ParamSpec", "ReplayReport", "RoundTrace", "RunConfig",
+    "RunTrace", "SpecvizError", "UnsupportedModelError", "default_target", "encode_prompt",
+    "generate", "iter_rounds", "load_pair", "make_decoder", "record", "replay", "start",
 ]

@@ -1,5 +1,5 @@
 """Command line: python -m engine {methods, generate, check, bench, bench-set, tune, optimal,
-train-draft, train-feature}.
+replay, train-draft, train-feature}.
 
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
 Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``, listed
@@ -19,6 +19,7 @@ from engine.cli import (
     generate,
     methods,
     optimal,
+    replay,
     train_draft,
     train_feature,
     tune,
@@ -36,6 +37,8 @@ COMMANDS: tuple[tuple[str, str, ModuleType], ...] = (  # (name, help, module)
     ("tune", "each method's best exact setting on the pair over a prompt set, within a "
      "budget; stored as the pair's tuned settings", tune),
     ("optimal", "alpha* per position vs what RRS, K-SEQ and greedy drafts achieve", optimal),
+    ("replay", "a run replayed in hindsight: other settings, the clairvoyant bound, the "
+     "run's own standing", replay),
     ("train-draft", "train the EESD early-exit drafter and its Cali-TS predictor", train_draft),
     ("train-feature", "train the feature (EAGLE-style) drafter on token shards", train_feature),
 )

@@ -1,0 +1,85 @@
+"""Hindsight replay on tiny pairs: from one run's trace, the rounds of every chain and tree
+setting of the grid equal those of a real run with that setting, round for round."""
+
+from __future__ import annotations
+
+import pytest
+
+import engine
+from engine.analysis.hindsight import grid, replay
+from engine.analysis.proposals import propose_from_prefixes
+from engine.analysis.replay import simulate
+from engine.control.cost import CostProfile
+from tests.conftest import tiny_pair
+
+PROMPT = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 7, 8, 3, 4]
+N = 40
+UNIT = CostProfile("unit", 0.2, ((0, 1.0), (16, 2.0)))
+
+
+def _real(pair, setting):
+    if setting.kind == "tree":
+        kw = {"k_config": "x".join(map(str, setting.k_config)), "controller": "fixed"}
+        method = "mcsd"
+    else:
+        method = "sd"
+        kw = {"gamma": max(setting.gamma, 1), "controller": setting.kind,
+              "cap": setting.cap or 16, "confidence": setting.threshold or 0.4}
+    return engine.generate(pair, PROMPT, method, raw=True, max_new_tokens=N,
+                           temperature=0.0, **kw)
+
+
+def _shape(rounds):
+    """(committed, accepted, drafted depth, draft calls) of each round."""
+    return [(len(r.committed), r.accepted, r.drafted, r.draft_calls) for r in rounds]
+
+
+@pytest.fixture(scope="module", params=["ngram", "early-exit"])
+def replayed(request):
+    pair = tiny_pair(draft=request.param)
+    trace = engine.generate(pair, PROMPT, "sd", raw=True, gamma=2, controller="fixed",
+                            max_new_tokens=N, temperature=0.0)
+    props = propose_from_prefixes(pair, trace.prompt_ids, trace.token_ids, 8, 3, 3)
+    return pair, trace, props
+
+
+@pytest.mark.parametrize("setting", grid(8, 2), ids=lambda s: s.label)
+def test_replay_gives_a_real_runs_rounds_for_every_setting(replayed, setting):
+    pair, trace, props = replayed
+    real = _real(pair, setting)
+    assert real.token_ids == trace.token_ids  # temperature 0: every setting, one sequence
+    sim = simulate(props, setting, N, UNIT)
+    assert [(r.committed, r.accepted, r.drafted, r.draft_calls) for r in sim.rounds] == \
+        _shape(real.rounds)
+
+
+def test_the_settings_differ_on_this_run(replayed):
+    # a negative control: the equality above is not that of identical rounds everywhere
+    pair, trace, props = replayed
+    shapes = {tuple(_shape(_real(pair, s).rounds)) for s in grid(8, 2)[:4]}
+    assert len(shapes) >= 2 and props.target_disagreements == ()
+
+
+def test_the_report_prices_the_runs_own_rounds_as_its_replayed_setting():
+    pair = tiny_pair(draft="ngram")
+    trace = engine.generate(pair, PROMPT, "sd", raw=True, gamma=2, controller="fixed",
+                            max_new_tokens=N, temperature=0.0)
+    report = engine.replay(trace, pair)
+    assert report.exact and report.own.label == "this run: sd gamma=2"
+    same = next(o for o in report.grid if o.label == "sd gamma=2")
+    assert same.cost == pytest.approx(report.own.cost)
+    assert report.bound.cost <= min(o.cost for o in report.grid if o.label.startswith(
+        "sd gamma=")) + 1e-9
+    assert report.best_fixed.cost == min(o.cost for o in report.grid
+                                         if o.label.startswith("sd gamma="))
+
+
+def test_above_temperature_zero_replay_gives_expectations_only():
+    pair = tiny_pair(draft="ngram")
+    trace = engine.generate(pair, PROMPT, "sd", raw=True, gamma=3, max_new_tokens=24,
+                            temperature=1.0, seed=1)
+    report = replay(trace, pair)
+    assert not report.exact and report.grid == () and report.bound is None
+    assert [e.length for e in report.expected] == list(range(1, 9))
+    values = [e.tokens_per_round for e in report.expected]
+    assert values == sorted(values) and 1.0 <= values[0] <= 2.0
