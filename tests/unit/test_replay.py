@@ -142,3 +142,17 @@ def test_the_expectation_multiplies_the_acceptance_at_each_depth():
 def test_the_runs_own_rounds_are_costed_by_their_drafted_nodes_and_calls():
     own = own_outcome("own", [_tested([(1, 0.5), (2, 1.0)])], UNIT)
     assert own.rounds[0].nodes == 2 and own.cost == pytest.approx(round_cost(UNIT, 2, 1))
+
+
+def test_a_traces_pair_names_read_back_as_specs():
+    from engine.analysis.source import draft_spec, target_spec
+    from engine.run.models import EMBEDDED_NAME, EMBEDDED_Q4_A8_NAME
+
+    assert target_spec(EMBEDDED_NAME) == "embedded"
+    assert target_spec(EMBEDDED_Q4_A8_NAME) == "embedded-q4:a8"
+    assert target_spec('tiny:{"layers": 4}') == 'tiny:{"layers": 4}'
+    assert draft_spec("n-gram (prompt lookup, n = 4..2) + feature (EAGLE-style, 1 layer, "
+                      "trained, 8192-token head)") == "ngram+feature"
+    assert draft_spec("n-gram (prompt lookup, n = 4..2)") == "ngram"
+    assert draft_spec("early-exit (first 2/4 layers, untrained)") == "early-exit:2"
+    assert draft_spec("") is None
