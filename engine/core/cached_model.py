@@ -34,12 +34,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from engine.core import attention, static_kv
+from engine.core import attention, eager_bits, static_kv
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import ROOT
 from engine.core.forest import SHARED as SHARED_BUFFERS
 from engine.core.layout import head_logits, layout_for
-from engine.core.packed4 import activation_bits
+from engine.core.packed4 import activation_bits, is_packed
 from engine.core.placement import input_device
 
 RESERVE = 512  # slots leased beyond the prompt (a longer run moves to a larger buffer)
@@ -135,6 +135,9 @@ class CachedModel:
             self.mode = "static"  # without rowattn's op a compiled step is not row-invariant,
             # and 8-bit activations turn its float-order differences into token changes
             # (embedded-q4:a8 kept its greedy's tokens on 6 and 4 of 8 prompts): eager
+        if self.mode == "compiled" and is_packed(model):
+            eager_bits.keep_eager_bits(model)  # its norms and rotary traced as ops: a
+            # compiled step's bits are the eager step's
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)

@@ -1,6 +1,8 @@
 // The CPU kernels in C++ of the ops a compiled step calls (engine/core/qmm.py `native_op`):
 // specviz::qmm (qmm.c's product) and specviz::rowattn (rowattn.c's attention), both linked
-// into this library and built with their libraries' own flags (the same bits). Torch's
+// into this library and built with their libraries' own flags (the same bits), and
+// specviz::rmsnorm / specviz::rotary (engine/core/eager_bits.py: the stock modules' ATen
+// operations, so a compiled step rounds as an eager one). Torch's
 // dispatcher reaches them without Python, where the ops' Python kernels pass a Python
 // function, its checks and a ctypes call: for qmm about 12 % of a compiled one-row step on an
 // AVX512 Xeon (docs/benchmarks.md, "The op's kernel in C++"), for rowattn's 30 calls a step
@@ -86,7 +88,30 @@ static at::Tensor rowattn_cpu(const at::Tensor &query, const at::Tensor &key,
     return out;
 }
 
+// eager_bits.py `rmsnorm` without Python: the stock RMSNorm's ATen operations in its order, so
+// a compiled step's norms round as the eager step's (inductor's fused mean does not)
+static at::Tensor rmsnorm_cpu(const at::Tensor &x, const at::Tensor &weight, double eps) {
+    at::Tensor h = x.to(at::kFloat);
+    const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+    h = h * at::rsqrt(variance + eps);
+    return weight * h.to(x.scalar_type());
+}
+
+// eager_bits.py `rotary`: the stock default rotary embedding's cos and sin (ATen's, not
+// inductor's vectorised functions)
+static std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor &position_ids,
+                                                     const at::Tensor &inv_freq, double scaling,
+                                                     const at::Tensor &like) {
+    const at::Tensor freqs = position_ids.unsqueeze(-1).to(at::kFloat) *
+                             inv_freq.to(like.device(), at::kFloat);  // (W, q, d / 2)
+    const at::Tensor emb = at::cat({freqs, freqs}, -1);                // (W, q, d)
+    const at::Tensor cos = emb.cos() * scaling, sin = emb.sin() * scaling;
+    return {cos.to(like.scalar_type()), sin.to(like.scalar_type())};
+}
+
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
     m.impl("qmm", qmm_cpu);
     m.impl("rowattn", rowattn_cpu);
+    m.impl("rmsnorm", rmsnorm_cpu);
+    m.impl("rotary", rotary_cpu);
 }

@@ -11,9 +11,9 @@ so an eager speculative run's tokens equal its own greedy's and generate()'s by 
 A compiled step (SPECVIZ_KV=compiled) calls the kernel through the op ``specviz::rowattn``,
 opaque to inductor as qmm's products are (its first call loads the ops' C++ kernels,
 engine/core/ops.cpp, with qmm.native_op: later calls skip Python), so the compiled path of a
-packed target is row-invariant as well (tests/model/test_compiled_kv.py): its bits differ
-from the eager path's (inductor's fused kernels round in their own order), but a token gets
-the same ones in every compiled step shape.
+packed target is row-invariant as well (tests/model/test_compiled_kv.py), and with its norms
+and rotary traced as ops (engine/core/eager_bits.py) it gives every token the eager path's
+bits.
 
 rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
 cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same

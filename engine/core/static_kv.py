@@ -24,16 +24,19 @@ measured rule):
   and a model fed embeddings (a feature drafter) runs it static. A packed target's compiled
   step multiplies through qmm's op and attends through rowattn's, both opaque to inductor, and
   what inductor fuses around them stays within one token's row, so a token's bits do not depend
-  on the step's shape (tests/model/test_compiled_kv.py); a packed model at 8-bit activations
+  on the step's shape; its RMSNorms and rotary cos / sin are traced as ops too
+  (:mod:`engine.core.eager_bits`), so what inductor still fuses rounds as eager does and a
+  compiled step gives every token the eager step's bits (tests/model/test_compiled_kv.py);
+  a packed model at 8-bit activations
   whose attention is not rowattn's (the kernel does not build, or the model is not on sdpa)
   runs static, as the traced attention's float order would flip its roundings. A compiled
   step attends
   a view of the buffer, the first :func:`view_for` slots (a power of two from
   COMPILED_MIN_VIEW that holds the row's real slots): a shape is (rows, bucket, view), and
   attention's cost follows the run's length, not the buffer's, and runs of most lengths share
-  one buffer size and so their compiled shapes. Fused
-  kernels sum in another order: results equal the eager path's up to float rounding, as the
-  captured path's do. On CUDA it is the captured path.
+  one buffer size and so their compiled shapes. For an unpacked model fused kernels sum in
+  another order: results equal the eager path's up to float rounding, as the captured path's
+  do. On CUDA it is the captured path.
 
 The same 4D masks and position ids as the dynamic path (:func:`engine.core.forest.attention_inputs`)
 are used, padded with the dtype's minimum to the attended width. The results equal the

@@ -122,16 +122,66 @@ def test_a_packed_targets_compiled_step_gives_a_token_the_same_bits_alone_or_in_
             assert torch.equal(a, b), (trial, i, (a - b).abs().max().item())
 
 
+def _eager_and_compiled_hidden(pair, monkeypatch, rows: int) -> tuple[list, list]:
+    """The final hidden states of a prompt's tokens and of a chain fed in one step, eager
+    (static path) and compiled, on the same inputs."""
+    gen = torch.Generator().manual_seed(1)
+    out = {}
+    for mode in ("static", "compiled"):
+        monkeypatch.setenv("SPECVIZ_KV", mode)
+        gen.manual_seed(1)
+        states = []
+        for trial in range(3):
+            prompt = torch.randint(3, 64, (rows, 9 + 7 * trial), generator=gen)  # (W, n)
+            chain = torch.randint(3, 64, (rows, 5), generator=gen)  # (W, 5)
+            cached = CachedModel(pair.target)
+            cached.start(prompt)
+            cached.feed()
+            cached.commit(torch.arange(rows), torch.zeros((rows, 0), dtype=torch.long),
+                          torch.zeros((rows, 0), dtype=torch.long), chain[:, :1])
+            scored = cached.feed(chain[:, 1:], torch.tensor([[ROOT, 0, 1, 2]] * rows))
+            assert cached.take_served()[-1] == mode
+            states += [scored.root_hidden, scored.node_hidden]
+        out[mode] = states
+    return out["static"], out["compiled"]
+
+
+@pytest.mark.parametrize("bits,rows", [(16, 1), (8, 2)])
+def test_a_packed_targets_compiled_step_gives_every_token_the_eager_steps_bits(
+        monkeypatch, bits, rows):
+    """RMSNorm and the rotary cos / sin traced as ops (engine.core.eager_bits) with the
+    stock modules' ATen operations: what inductor still fuses rounds as eager does, so a
+    compiled step's hidden states are the eager step's, bit for bit. Negative control:
+    with the norms and the rotary traced by inductor, some differ."""
+    from engine.core import cached_model
+    from engine.core.packed4 import quantize_linears
+
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3, hidden_size=128,
+                     intermediate_size=256)
+    quantize_linears(pair.target.model, bits)
+    eager, compiled_ = _eager_and_compiled_hidden(pair, monkeypatch, rows)
+    for i, (a, b) in enumerate(zip(eager, compiled_)):
+        assert torch.equal(a, b), (i, (a - b).abs().max().item())
+    inductors = tiny_pair(layers=2, early_exit_layers=1, seed=3, hidden_size=128,
+                          intermediate_size=256)
+    quantize_linears(inductors.target.model, bits)
+    monkeypatch.setattr(cached_model.eager_bits, "keep_eager_bits", lambda model: 0)
+    eager, compiled_ = _eager_and_compiled_hidden(inductors, monkeypatch, rows)
+    assert not all(torch.equal(a, b) for a, b in zip(eager, compiled_))
+
+
 def test_a_target_at_8_bit_activations_runs_its_compiled_steps_and_keeps_its_greedys_tokens(
         compiled):
-    """Compiled bits are not eager bits (inductor rounds its fused operations in its own
-    order): a compiled speculative run is held to the compiled greedy run's tokens."""
+    """A compiled step has the eager step's bits (engine.core.eager_bits), so a compiled run
+    equals generate()'s tokens, and a compiled speculative run its greedy's."""
     from engine.core.packed4 import quantize_linears
 
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
     assert quantize_linears(pair.target.model, 8) == 2 * 7
     for prompt in ([3, 4, 5, 6, 3, 4, 5], [9, 8, 7, 9, 8, 7, 9]):
         greedy = engine.generate(pair, prompt, "greedy", max_new_tokens=16)
+        ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16)
+        assert list(greedy.token_ids) == ref[0, len(prompt):].tolist(), prompt
         for method, params in (("sd", {"gamma": 4, "controller": "fixed"}),
                                ("mcsd", {"k_config": "2x2"})):
             trace = engine.generate(pair, prompt, method, max_new_tokens=16, **params)

@@ -1,0 +1,64 @@
+"""engine.core.eager_bits: the ops a compiled step traces in place of RMSNorm and the rotary
+embedding compute the stock modules' bits (Python and C++ kernels alike), for every supported
+family; swapped modules run their stock forward eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.core import eager_bits, qmm
+from engine.run.models import model_from_config, tiny_config
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _model(family: str):
+    return model_from_config(tiny_config(family, hidden_size=96, intermediate_size=192,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=24), seed=2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_ops_give_the_stock_modules_bits(family):
+    model = _model(family)
+    gen = torch.Generator().manual_seed(0)
+    norms = [m for m in model.modules() if eager_bits.is_rmsnorm(m)]
+    rotary = model.model.rotary_emb
+    assert norms and eager_bits.is_default_rotary(rotary)
+    with torch.no_grad():
+        for norm in norms:
+            x = torch.randn(3, 5, norm.weight.shape[0], generator=gen) * 4  # (W, q, d)
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=gen))
+            want = norm(x)
+            assert torch.equal(torch.ops.specviz.rmsnorm(x, norm.weight,
+                                                         norm.variance_epsilon), want)
+            assert torch.equal(eager_bits.rmsnorm(x, norm.weight, norm.variance_epsilon), want)
+        pos = torch.randint(0, 4000, (2, 7), generator=gen)  # (W, q)
+        x = torch.zeros(2, 7, 96)
+        want = rotary(x, pos)
+        for got in (torch.ops.specviz.rotary(pos, rotary.inv_freq, rotary.attention_scaling, x),
+                    eager_bits.rotary(pos, rotary.inv_freq, rotary.attention_scaling, x)):
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_cpp_kernels_are_the_ones_called_once_loaded():
+    if qmm.native_op() is None:
+        pytest.fail("the ops' C++ kernels did not build here (a C++ compiler is part of "
+                    "the set-up)")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specviz::rmsnorm", "CPU")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specviz::rotary", "CPU")
+
+
+def test_swapped_modules_keep_their_eager_forward_and_class_name():
+    model = _model("llama")
+    ids = torch.tensor([[3, 9, 4, 1, 7]])
+    with torch.no_grad():
+        before = model(ids).logits
+        assert eager_bits.keep_eager_bits(model) == 2 * 2 + 1 + 1
+        assert eager_bits.keep_eager_bits(model) == 6  # idempotent: no subclass of a subclass
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    norm = model.model.norm
+    assert type(norm).__name__ == "LlamaRMSNorm" and type(norm).__mro__[2].__name__ == \
+        "LlamaRMSNorm"
