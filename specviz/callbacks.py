@@ -27,8 +27,9 @@ from engine.core.errors import ConfigError, SpecvizError
 from engine.run.specs import pair_key
 from specviz import pairs, share_page, text_view, trace_file
 from specviz.params import ParamPool
-from specviz.render import render, render_live
+from specviz.render import OUTPUTS, render, render_live
 from specviz.state import HELD, SessionState, coerce
+from specviz.wiring import load_note
 
 log = logging.getLogger("specviz")
 
@@ -107,6 +108,12 @@ def _out(state: SessionState) -> tuple[Any, ...]:
     return (*render(state), state)
 
 
+def status_only(text: str) -> tuple[Any, ...]:
+    """Every view and the state left as they are, the run summary replaced by ``text`` (what
+    a run waits for before its first round)."""
+    return (*(text if k == "run_md" else gr.skip() for k in OUTPUTS), gr.skip())
+
+
 # ----------------------------------------------------------------------------- run
 
 
@@ -156,6 +163,8 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         # names it as tuned (same run)
         params = pairs.untuned(target, draft, method, values)
         HELD.admit()  # no run while the sessions' traces fill the server's budget
+        if load := load_note(target, draft):  # a load says so, not the last run's header
+            yield status_only(f"**{method}**: {load} …")
         rounds: list = []
         state = SessionState(source="run", live=True)
         pace = LivePace()

@@ -23,7 +23,7 @@ from specviz import pairs
 from specviz.params import COMMON, ParamPool
 from specviz.render import OUTPUTS
 from specviz.text_view import ORIGIN_COLORS
-from specviz.wiring import MODEL, QUICK, Shared, examples
+from specviz.wiring import MODEL, PROMPT_LABEL, QUICK, Shared, examples
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,8 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
     """
     values = {**pairs.tuned_params(target, draft).get(method0, {}),
               **(trace0.get("params", {}) if trace0.get("method") == method0 else {})}
-    prompt = gr.Textbox(label="Prompt", lines=2, value=trace0.get("prompt") or examples()[0],
-                        max_length=pairs.MAX_PROMPT_CHARS, elem_id="sv-prompt")
+    prompt = gr.Textbox(label=PROMPT_LABEL, lines=2, value=trace0.get("prompt") or examples()[0],
+                        elem_id="sv-prompt")
     method = gr.Dropdown(list(METHODS), value=method0, label="Method", elem_id="sv-method")
     about = gr.Markdown(method_about(method0), elem_classes="sv-about")
     everyday = ParamPool.build(method0, values=values, advanced=False)
@@ -135,9 +135,12 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
     with gr.Accordion("Sampling, seed and budget", open=False):
         common = ParamPool.build(method0, names=COMMON, values=values)
     with gr.Accordion("Model pair", open=False):
-        names = [p.name for p in pairs.presets()]
-        match = next((p.name for p in pairs.presets() if p.target == target), None)
-        preset = gr.Dropdown(names, value=match, label="Preset")
+        usable = pairs.usable_presets()  # a GPU preset only where a CUDA device is
+        match = next((p.name for p in usable if p.target == target), None)
+        hidden = len(pairs.presets()) - len(usable)
+        preset = gr.Dropdown([p.name for p in usable], value=match, label="Preset" + (
+            f" ({hidden} GPU preset{'s' * (hidden != 1)} hidden: no CUDA device here)"
+            if hidden else ""))
         # custom models off: the boxes only show a preset's pair, and the handlers refuse
         # any other pair too (pairs.check_pair_spec)
         custom = pairs.HOST.config.allow_custom_models

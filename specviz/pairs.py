@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import engine
 from engine.core import threads
 from engine.core.config import layered
-from engine.core.errors import ConfigError, ModelLoadError
+from engine.core.errors import ConfigError, ModelLoadError, SpecvizError
 from engine.run.api import tune_threads
 from engine.run.models import resolve_device
 from engine.run.specs import pair_key
@@ -254,6 +254,12 @@ def _same(row: engine.ParamSpec, a: Any, b: Any) -> bool:
         return False
 
 
+def usable_presets() -> tuple[Preset, ...]:
+    """The presets this machine can run: a GPU preset only with a CUDA device (the others
+    would be refused at Run)."""
+    return tuple(p for p in presets() if not p.needs_gpu or _cuda_available())
+
+
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
     """Normalised (target, draft) strings, read by the engine's spec parser (a bad spec fails
     here, before any model work); with custom models off, only the host's pairs (returned as
@@ -280,6 +286,17 @@ def check_pair_spec(target: str, draft: str) -> tuple[str, str]:
 
 def _cuda_available() -> bool:
     return resolve_device(HOST.config.device).type == "cuda"
+
+
+def is_loaded(target: str, draft: str = "") -> bool:
+    """Whether a run on the pair starts without a load (10-40 s for the embedded models): it
+    is in this process's model cache, or this is ZeroGPU, where every pair loads at start."""
+    if HOST.config.zero_gpu:
+        return True
+    try:
+        return check_pair_spec(target, draft) in _PAIRS
+    except SpecvizError:
+        return False
 
 
 def get_pair(target: str, draft: str = "") -> engine.ModelPair:

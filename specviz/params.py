@@ -15,8 +15,11 @@ import gradio as gr
 
 from engine import METHODS
 from engine.core.config import COMMON_PARAMS, ParamSpec
+from specviz.pairs import MAX_NEW_TOKENS
 
 COMMON = tuple(p.name for p in COMMON_PARAMS)
+# the app's own caps below the engine's (specviz.pairs.check_run_limits refuses past them)
+UI_MAX = {"max_new_tokens": MAX_NEW_TOKENS}
 
 
 def param_key(p: ParamSpec) -> str:
@@ -28,8 +31,10 @@ def param_key(p: ParamSpec) -> str:
 
 
 def _range(p: ParamSpec) -> str:
+    """The valid range as the help says it: the engine's, or the app's cap where lower."""
     lo = "" if p.min is None else (f"> {p.min}" if p.min_exclusive else f">= {p.min}")
-    hi = "" if p.max is None else f"<= {p.max}"
+    top = UI_MAX.get(p.name, p.max)
+    hi = "" if top is None else f"<= {top}" + (" in the app" if top != p.max else "")
     both = ", ".join(x for x in (lo, hi) if x)
     return f" ({both})" if both else ""
 
@@ -46,8 +51,8 @@ def make_widget(p: ParamSpec, visible: bool, value: Any = None) -> gr.components
         return gr.Dropdown([*p.choices], value=value, **common)
     if p.type is bool:
         return gr.Checkbox(value=bool(value), **common)
-    if p.type is int:
-        return gr.Number(value=value, precision=0, **common)
+    if p.type is int:  # no rounding: the engine refuses 2.5 in one line, never runs 2
+        return gr.Number(value=value, **common)
     if p.type is float:
         return gr.Number(value=value, **common)
     return gr.Textbox(value="" if value is None else str(value), **common)

@@ -19,6 +19,8 @@ from typing import Any, Iterator, NamedTuple
 import gradio as gr
 
 from engine.core.errors import ConfigError
+from specviz import pairs
+from specviz.pairs import MAX_PROMPT_CHARS
 from specviz.state import ASSETS
 
 QUICK = dict(concurrency_limit=None, show_progress="hidden")  # cheap re-renders
@@ -26,6 +28,35 @@ MODEL_SLOTS = 4  # model events (Run, Compare, Check, Bench) served at once, all
 # together: they share the one model thread in turns (specviz.pairs.ModelWorker); more wait
 # in Gradio's queue
 MODEL = dict(concurrency_limit=MODEL_SLOTS, concurrency_id="model")
+
+
+# no maxlength on a prompt box: a longer prompt is refused in one line (pairs.check_run_limits),
+# never cut without a word
+PROMPT_LABEL = f"Prompt (at most {MAX_PROMPT_CHARS:,} characters)"
+
+
+def load_note(target: str, draft: str) -> str:
+    """"" when a run on the pair starts at once, else what the wait is for (a model load)."""
+    if pairs.is_loaded(target, draft):
+        return ""
+    return (f"loading the model pair first (target `{target or 'the default'}`, draft "
+            f"`{draft or 'its default'}`): 10-40 s on first use, while it is cached")
+
+
+def whole(name: str, value: Any, default: int | None = None) -> int:
+    """A number box's value as an int, refused in one line when it is not a whole number (a
+    box rounds nothing: 2.5 tokens is an error, not 2)."""
+    if value is None or value == "":
+        if default is None:
+            raise ConfigError(f"{name} is empty")
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
+    if not number.is_integer():
+        raise ConfigError(f"{name} must be a whole number, got {value}")
+    return int(number)
 
 
 def examples() -> list[str]:
