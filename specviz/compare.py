@@ -22,20 +22,28 @@ from typing import Any, Iterator, Mapping, NamedTuple
 import pandas as pd
 
 from engine import METHODS
-from engine.cli.cost_text import cost_sentence, round_time_sentence
+from engine.cli.cost_text import (
+    ACCEPTANCE,
+    MEASURED,
+    PREDICTED,
+    ROUND_TIME,
+    TAU,
+    cost_sentence,
+    round_time_sentence,
+)
 from engine.core.config import COMMON_PARAMS, layered, validate_params
 from engine.core.errors import ConfigError
 from engine.core.trace import RunTrace
 from specviz import charts, pairs
 from specviz.callbacks import guarded
+from specviz.wiring import load_note, whole
 
-HEADERS = ["run", "role", "parameters", "wall s", "tokens/s", "tokens", "target calls",
-           "draft calls", "acceptance", "tau", "predicted ×", "measured ×", "H100 (projected)",
-           "efficiency", "equals plain decode", "output"]
-COLUMN_WIDTHS = ["8%", "7%", "13%", "4%", "5%", "4%", "5%", "5%", "6%", "4%", "6%", "6%", "6%",
-                 "6%", "7%", "8%"]  # of the table's width: every column wraps in a 1440-px page
+# the figures' names are engine.cli.cost_text's, the ones the Debugger's summary uses
+HEADERS = ["run", "role", "tokens", "wall s", "tokens/s", ACCEPTANCE, TAU, f"{PREDICTED} ×",
+           f"{ROUND_TIME} ×", f"{MEASURED} ×", "H100 (projected)", "equals plain decode",
+           "parameters", "output"]  # the figures first: the long text columns scroll
 MAX_METHODS = 8
-OUTPUT_CHARS = 48  # of a run's text in the table (the table fits a 1440-px page)
+OUTPUT_CHARS = 40  # of a run's text in the table: one line of its column
 MAX_COMPARE_TOKENS = 128
 COMMON = {p.name for p in COMMON_PARAMS}
 
@@ -62,6 +70,12 @@ def shared_params(method: str, other: str) -> dict[str, Any]:
 
 def baseline_of() -> str:
     return "beam" if "beam" in METHODS else "greedy"
+
+
+def _is_beam(method: str) -> bool:
+    """A beam method (its plain decode is beam search or beam sampling): only then does
+    Compare add plain beam search as the time line's baseline."""
+    return METHODS[method].reference in ("beam", "beam_sample")
 
 
 @dataclass(frozen=True)
@@ -155,7 +169,8 @@ def plan(entries: list[str], common: dict[str, Any],
                                                                 METHODS[ref].params}}
             refs[e] = _key(ref, {**common, **shared_params(m, ref), **shared})
             roles.setdefault(refs[e], set()).add("reference")
-    roles.setdefault(_key(baseline_of(), common), set()).add("baseline")
+    if any(_is_beam(m) for m, _ in parsed.values()):  # the time line's beam yardstick
+        roles.setdefault(_key(baseline_of(), common), set()).add("baseline")
     return [Job(k[0], k[1], frozenset(r), titles.get(k, ""), sources.get(k, ()))
             for k, r in roles.items()], refs
 
@@ -175,15 +190,14 @@ def _row(job: Job, t: RunTrace, ref: RunTrace | None, verdict: str) -> list[str]
     cost = s.cost if s.cost is not None and s.cost.kind != "plain" else None
     measured = _speedup(t, ref) if ref is not None and ref is not t else None
     predicted = None if cost is None else cost.predicted_speedup
+    round_time = None if cost is None else cost.measured_speedup
     projected = None if cost is None or cost.projected is None else cost.projected.speedup
-    eff = measured / predicted if measured and predicted else None
-    out = t.text if len(t.text) <= OUTPUT_CHARS else t.text[:OUTPUT_CHARS - 1] + "…"
-    return [job.label, job.role, job.own_params, _num(s.wall_s, "{:.2f}"),
-            _num(s.tokens_per_s, "{:.1f}"), str(len(t.token_ids)),
-            str(s.target_calls), str(s.draft_calls),
-            _num(s.acceptance_rate), _num(s.tau), _num(predicted, "{:.2f}"),
-            _num(measured, "{:.2f}"), _num(projected, "{:.2f}"), _num(eff, "{:.0%}"), verdict,
-            out.replace("\n", "↵")]
+    text = t.text.replace("\n", "↵")
+    out = text if len(text) <= OUTPUT_CHARS else text[:OUTPUT_CHARS - 1] + "…"
+    return [job.label, job.role, str(len(t.token_ids)), _num(s.wall_s, "{:.2f}"),
+            _num(s.tokens_per_s, "{:.1f}"), _num(s.acceptance_rate), _num(s.tau),
+            _num(predicted, "{:.2f}"), _num(round_time, "{:.2f}"), _num(measured, "{:.2f}"),
+            _num(projected, "{:.2f}"), verdict, job.own_params, out]
 
 
 def _validate(prompt: str, methods: list[str], max_new: float) -> None:
@@ -193,7 +207,7 @@ def _validate(prompt: str, methods: list[str], max_new: float) -> None:
         raise ConfigError(f"compare at most {MAX_METHODS} methods at once")
     for m in methods:
         parse_entry(m)  # unknown method or a malformed key=value: one line
-    if max_new is None or not 1 <= float(max_new) <= MAX_COMPARE_TOKENS:
+    if max_new is None or not 1 <= whole("max_new_tokens", max_new) <= MAX_COMPARE_TOKENS:
         raise ConfigError(f"max_new_tokens must be in [1, {MAX_COMPARE_TOKENS}] here")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("prompt is empty: type a prompt to compare on")
@@ -203,6 +217,20 @@ def _check_jobs(jobs: list[Job]) -> None:
     """Every job built by the engine (cross-parameter checks) before any model work."""
     for job in jobs:
         METHODS[job.method].make(dict(job.params))
+
+
+LEGEND = (
+    "*parameters*: the method's defaults, with *(tuned)* the pair's tuned settings and "
+    f"*(typed)* what the entry set. *{ACCEPTANCE}*: accepted / drafted (a beam method: steps "
+    f"passed / steps drafted); *{TAU}*: tokens per target call. Two speedups come from the "
+    f"run's cost model, over its rounds after the first against the pair's plain step time: "
+    f"*{PREDICTED} ×*, what its costs and acceptance predict, and *{ROUND_TIME} ×*, what its "
+    f"rounds took (their ratio is the efficiency in the notes below). *{MEASURED} ×* is the "
+    "whole run's tokens/s against its plain decode's, both run just now in this process: it "
+    f"also counts round 0 (the prompt's prefill) and the time between rounds, so it sits "
+    f"below {ROUND_TIME} × when those weigh, and it moves with the machine's load. "
+    "*H100 (projected)*: the speedup stored H100 costs (a 1.7B-sized random target, width "
+    "1) would give at this run's tokens per round, a projection, not a measurement.")
 
 
 class CompareView(NamedTuple):
@@ -216,29 +244,36 @@ class CompareView(NamedTuple):
 
 @guarded
 def compare(*, prompt: str, methods: list[str], max_new_tokens: float, temperature: float,
-            seed: float, target: str, draft: str, more: str = "") -> Iterator[CompareView]:
+            seed: float, target: str, draft: str, more: str = "",
+            compare_draft: str = "") -> Iterator[CompareView]:
     """Run each job in turn, yielding the table, time line, speedup bars and note after each
     run.
 
     more: extra comma-separated entries with parameters, e.g. "eesd:controller=cali_ts".
+    compare_draft: a drafter for this comparison only (empty: the Debugger's ``draft``).
     """
     extra = [e.strip() for e in (more or "").split(",") if e.strip()]
     methods = list(dict.fromkeys([*(methods or []), *extra]))
     _validate(prompt, methods, max_new_tokens)
-    common = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature or 0),
-              "seed": int(seed or 0)}
+    common = {"max_new_tokens": whole("max_new_tokens", max_new_tokens),
+              "temperature": float(temperature or 0), "seed": whole("seed", seed, 0)}
+    draft = (compare_draft or "").strip() or draft
+    target, draft = pairs.check_pair_spec(target, draft)
     jobs, refs = plan(methods, common, pairs.tuned_params(target, draft))
     _check_jobs(jobs)
     traces: dict[tuple, RunTrace] = {}
+    pair = f"target `{target}`, draft `{draft or 'the target’s default'}`"
 
     def view(note: str) -> CompareView:
         return CompareView(table(jobs, traces, refs), _timeline(jobs, traces),
                            _bars(jobs, traces, refs), note)
 
     for k, job in enumerate(jobs):
-        yield view(f"running {k + 1}/{len(jobs)}: {job.label} ({job.role}) …")
+        load = load_note(target, draft)
+        yield view(f"running {k + 1}/{len(jobs)}: {job.label} ({job.role})"
+                   + (f"; {load}" if load else "") + " …")
         traces[job.key] = pairs.run_trace(target, draft, prompt, job.method, dict(job.params))
-    yield view(_note(jobs, traces, refs, common))
+    yield view(f"On {pair}. " + _note(jobs, traces, refs, common))
 
 
 def _ref_key(job: Job, refs: dict[str, tuple]) -> tuple | None:
@@ -309,20 +344,20 @@ def _note(jobs: list[Job], traces: dict[tuple, RunTrace], refs: dict[str, tuple]
              "process."]
     if extra:
         parts.append(f"Added: {', '.join(extra)}.")
-    parts.append("*parameters*: the method's defaults, with *(tuned)* the pair's tuned "
-                 "settings and *(typed)* what the entry set. *predicted ×*: the speedup the "
-                 "run's own measured acceptance and costs predict; *measured ×*: tokens/s "
-                 "against its plain decode; *efficiency*: their ratio; *H100 (projected)*: "
-                 "the speedup stored H100 costs (a 1.7B-sized random target, width 1) would "
-                 "give at this run's tokens per round, a projection, not a measurement.")
+    parts.append(LEGEND)
     if common["temperature"] > 0:
         parts.append("At temperature > 0 outputs are samples: equality is checked in law by "
                      "the engine's tests, not token by token here.")
     lines = [" ".join(parts)]
     for j in jobs:
-        cost = traces[j.key].stats.cost
+        t = traces[j.key]
+        cost = t.stats.cost
         if j.chosen and cost is not None and cost.kind not in ("", "plain"):
-            split = round_time_sentence(traces[j.key])
-            lines.append(f"- **{j.label}**: {cost_sentence(cost)}" +
-                         (f" · {split}" if split else "") + ".")
+            split = round_time_sentence(t)
+            ref = _ref_key(j, refs)
+            measured = _speedup(t, traces.get(ref)) if ref and ref != j.key else None
+            whole = ("" if measured is None else
+                     f" · {MEASURED} {measured:.2f}x (the whole run against its plain decode)")
+            lines.append(f"- **{j.label}**: {cost_sentence(cost)}{whole}"
+                         + (f" · {split}" if split else "") + ".")
     return "\n".join(lines)

@@ -174,6 +174,8 @@ def test_bad_inputs_become_one_line_errors(client, kw, message):
     (("hi", ["sd"], 8, 0.0, 0, TINY, "", ",".join(["sd:gamma=2"] * 3 + [
         f"sd:gamma={g}" for g in range(3, 10)])), "compare at most 8 methods"),
     (("hi", ["sd"], 8, 0.0, 0, "tiny:{oops", "", ""), "bad tiny model spec"),
+    (("hi", ["sd"], 2.5, 0.0, 0, TINY, "", ""), "max_new_tokens must be a whole number"),
+    (("hi", ["sd"], 8, 0.0, 1.5, TINY, "", ""), "seed must be a whole number, got 1.5"),
 ])
 def test_bad_compare_inputs_become_one_line_errors(client, args, message):
     with pytest.raises(AppError) as err:
@@ -229,12 +231,18 @@ def test_compare_checks_each_output_against_its_reference(client):
     assert rows["sd:gamma=1"]["parameters"].startswith("gamma=1 (typed),")
     assert rows["greedy"]["role"] == "plain decode"
     assert rows["greedy"]["equals plain decode"] == "is the plain decode"
-    assert rows["beam"]["role"] == "baseline" and rows["beam"]["parameters"] == "beams=4"
+    assert "beam" not in rows  # no beam method ticked: no beam baseline
     assert float(rows["sd"]["predicted ×"]) > 0 and float(rows["sd"]["measured ×"]) > 0
     names = _plot_names(timeline)
     assert {"draft (propose)", "target forward (score)"} <= names
     assert {"measured ×", "predicted ×"} <= _plot_names(bars)
-    assert "Ran" in note and "- **sd**: draft steps cost" in note
+    assert "Ran" in note and "- **sd**: over " in note
+    for name in ("sd", "mcsd"):  # the note's figures are the table's, under the same names
+        line = next(ln for ln in note.splitlines() if ln.startswith(f"- **{name}**"))
+        row = rows[name]
+        assert (f"predicted {row['predicted ×']}x, round-time {row['round-time ×']}x"
+                in line)
+        assert f"measured {row['measured ×']}x (the whole run against its plain decode)" in line
 
 
 def test_compare_puts_transformers_prompt_lookup_beside_the_engines_ngram_sd(client):
