@@ -45,12 +45,22 @@ from engine.bench.set_runner import (
 from engine.core.errors import ConfigError
 from specviz import pairs, tune_tab
 from specviz.callbacks import guarded
-from specviz.wiring import MODEL, QUICK, Shared, fields, set_path, shipped_sets, stream
+from specviz.wiring import (
+    MODEL,
+    QUICK,
+    Shared,
+    fields,
+    load_note,
+    set_path,
+    shipped_sets,
+    stream,
+    whole,
+)
 
 KEEP_RUNS = 20  # newest run folders kept in the temp folder
 RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-bench"
-HEADERS = ["prompt", "category", "method", "speedup ×", "tau", "accepted / drafted",
-           "identical"]
+HEADERS = ["prompt", "category", "method", "speedup × vs generate()", "tau",
+           "accepted / drafted", "identical"]
 POLL_S = 0.25
 _BUSY = threading.Lock()  # one bench run per process: it runs for minutes
 _CANCEL: dict[str, threading.Event] = {}  # session -> its run's cancel flag
@@ -62,8 +72,8 @@ def settings_of(path: str, methods: list[str], categories: str, limit: float | N
         raise ConfigError("pick at least one method to benchmark")
     cats = tuple(c.strip() for c in (categories or "").split(",") if c.strip())
     return SetSettings(set_path=path, methods=",".join(methods), categories=cats,
-                       limit=int(limit) if limit else None,
-                       max_new_tokens=int(max_new_tokens or 0))
+                       limit=whole("prompts at most", limit) if limit else None,
+                       max_new_tokens=whole("max_new_tokens", max_new_tokens, 0))
 
 
 def _run_dir() -> Path:
@@ -132,6 +142,8 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
         deadline = time.monotonic() + cfg.bench_max_seconds
         events: queue.SimpleQueue = queue.SimpleQueue()
         out_dir = _run_dir()
+        if load := load_note(target, draft):
+            yield BenchView(f"{load} …", _table([]), None, None, None, "", None, prompts)
         pair = pairs.get_pair(target, draft)
         fut = pairs.WORKER.submit(
             run_set, pair, plan, out_dir,
@@ -249,9 +261,11 @@ def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
             with gr.Row():
                 categories = gr.Textbox("", label="Categories (comma-separated; empty: all)",
                                         max_lines=1)
-                limit = gr.Number(4, precision=0, minimum=1, label="prompts at most",
+                limit = gr.Number(min(4, cfg.bench_max_prompts), minimum=1,
+                                  maximum=cfg.bench_max_prompts,
+                                  label=f"prompts at most (≤ {cfg.bench_max_prompts})",
                                   elem_id="sv-bench-limit")
-                max_new_tokens = gr.Number(24, precision=0, minimum=1, label="max_new_tokens",
+                max_new_tokens = gr.Number(24, minimum=1, label="max_new_tokens",
                                            elem_id="sv-bench-max-new")
     with gr.Row():
         go = gr.Button("Run set", variant="primary", elem_id="sv-bench")

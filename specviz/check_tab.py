@@ -6,6 +6,7 @@ runs: ``pairs.pausing``), refused on ZeroGPU (a check is many runs). ``build`` l
 from __future__ import annotations
 
 import queue
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -17,9 +18,24 @@ from engine.check.run import run_check
 from engine.core.errors import ConfigError
 from specviz import charts, pairs
 from specviz.callbacks import guarded
-from specviz.wiring import MODEL, Shared, examples, fields, stream
+from specviz.wiring import (
+    MODEL,
+    PROMPT_LABEL,
+    Shared,
+    examples,
+    fields,
+    load_note,
+    stream,
+    whole,
+)
 
-MAX_CHECK_S = 120.0  # a check estimated longer runs fewer runs, and says the power it keeps
+CHECK_S = 60  # the law check's budget a check starts with: a check estimated longer runs
+# fewer runs, and says the power it keeps
+
+
+def budget_cap() -> int:
+    """The most seconds a check may ask for here: the host's cap on a Bench run."""
+    return pairs.HOST.config.bench_max_seconds
 
 
 def parse_params(text: str) -> dict[str, str]:
@@ -49,29 +65,35 @@ class CheckView(NamedTuple):
 
 @guarded
 def check(*, prompt: str, method: str, params_text: str, temperature: float, top_k: float,
-          top_p: float, max_new_tokens: float, target: str, draft: str
-          ) -> Iterator[CheckView]:
+          top_p: float, max_new_tokens: float, target: str, draft: str,
+          max_seconds: float = CHECK_S) -> Iterator[CheckView]:
     """Yield the status markdown and figure: progress lines while the check runs, then its
-    report and the observed-vs-expected chart."""
+    report (with the time it took against its budget) and the observed-vs-expected chart."""
     if pairs.HOST.config.zero_gpu:
         raise ConfigError("the Check tab is off on ZeroGPU (a check is many runs, more than "
                           "one GPU call): use python -m engine check")
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}'")
+    budget = whole("seconds", max_seconds, CHECK_S)
+    if not 1 <= budget <= budget_cap():
+        raise ConfigError(f"seconds must be in [1, {budget_cap()}] on this server")
     params: dict[str, Any] = {**parse_params(params_text),
                               "temperature": float(temperature or 0),
-                              "top_k": int(top_k or 0), "top_p": float(top_p or 1.0),
-                              "max_new_tokens": int(max_new_tokens or 24)}
+                              "top_k": whole("top_k", top_k, 0), "top_p": float(top_p or 1.0),
+                              "max_new_tokens": whole("max_new_tokens", max_new_tokens, 24)}
     full = pairs.with_tuned(target, draft, method, params)
     pairs.check_run_limits(prompt, full)
     pairs.check_forest_budget(method, full)
+    empty = charts.check_figure(())
+    if load := load_note(target, draft):
+        yield CheckView(f"{load} …", empty)
     pair = pairs.get_pair(target, draft)
     lines: queue.SimpleQueue = queue.SimpleQueue()
+    start = time.monotonic()
     job = pairs.WORKER.submit(run_check, pair, prompt, method,
-                              config=CheckConfig(max_seconds=MAX_CHECK_S),
+                              config=CheckConfig(max_seconds=float(budget)),
                               progress=pairs.pausing(lambda done, total, msg: lines.put(msg)),
                               **params)
-    empty = charts.check_figure(())
     yield CheckView("checking …", empty)
     while not job.done():
         try:
@@ -79,10 +101,17 @@ def check(*, prompt: str, method: str, params_text: str, temperature: float, top
         except queue.Empty:
             pass
     result = job.result()
-    yield CheckView(report(result), charts.check_figure(result.plot))
+    took = time.monotonic() - start
+    yield CheckView(report(result) + "\n" + took_line(took, budget),
+                    charts.check_figure(result.plot))
 
 
-# ------------------------------------------------------------------------------ layout
+def took_line(took: float, budget: float) -> str:
+    """The check's time against its budget (the budget sizes the law check's runs from two
+    timed runs, so a check can overrun it; a check at temperature 0 is one run each)."""
+    over = (" (over the budget: the runs were sized from two timed ones, and other "
+            "sessions' work ran in between)" if took > budget * 1.05 else "")
+    return f"- took {took:.0f} s of a {budget:g}-s budget{over}"
 
 
 @dataclass(frozen=True)
@@ -96,6 +125,7 @@ class CheckTab:
     top_k: gr.Number
     top_p: gr.Number
     max_new_tokens: gr.Number
+    max_seconds: gr.Number
     go: gr.Button
     report: gr.Markdown
     plot: gr.Plot
@@ -106,26 +136,29 @@ def build(shared: Shared) -> CheckTab:
     gr.Markdown("Check a method's exactness on a prompt with the model pair of the Debugger "
                 "tab: at temperature 0 token by token against its reference generate(); "
                 "above, the law of its first token(s) over seeded runs against the target's "
-                f"exact law (chi-square; runs cut to about {MAX_CHECK_S:.0f} s).")
+                "exact law (chi-square; as many runs as fit the seconds given, and the report "
+                "states the power they keep).")
     with gr.Row():
-        prompt = gr.Textbox(examples()[0], label="Prompt", lines=2, scale=3,
-                            max_length=pairs.MAX_PROMPT_CHARS)
+        prompt = gr.Textbox(examples()[0], label=PROMPT_LABEL, lines=2, scale=3)
         with gr.Column(scale=2):
             method = gr.Dropdown(list(METHODS), value="sd", label="Method")
             params_text = gr.Textbox("", label="Parameters (key=value, comma-separated)",
                                      placeholder="gamma=4", max_lines=1)
             with gr.Row():
                 temperature = gr.Number(1.0, label="temperature", minimum=0)
-                top_k = gr.Number(0, precision=0, label="top_k", minimum=0)
+                top_k = gr.Number(0, label="top_k", minimum=0)
                 top_p = gr.Number(1.0, label="top_p", minimum=0, maximum=1)
-                max_new_tokens = gr.Number(24, precision=0, label="max_new_tokens (T=0)",
-                                           minimum=1)
+                max_new_tokens = gr.Number(24, label="max_new_tokens (T=0)", minimum=1)
+                max_seconds = gr.Number(min(CHECK_S, budget_cap()), minimum=1,
+                                        maximum=budget_cap(), elem_id="sv-check-seconds",
+                                        label=f"seconds at most (≤ {budget_cap()})")
     go = gr.Button("Check", variant="primary", elem_id="sv-check")
-    report_md = gr.Markdown()
+    report_md = gr.Markdown(elem_id="sv-check-report")
     plot = gr.Plot(charts.check_figure(()), label="Observed vs expected")
     tab = CheckTab(prompt=prompt, method=method, params_text=params_text,
                    temperature=temperature, top_k=top_k, top_p=top_p,
-                   max_new_tokens=max_new_tokens, go=go, report=report_md, plot=plot)
+                   max_new_tokens=max_new_tokens, max_seconds=max_seconds, go=go,
+                   report=report_md, plot=plot)
     wire(tab, shared)
     return tab
 
@@ -137,6 +170,7 @@ def wire(tab: CheckTab, shared: Shared) -> None:
     # the keyword order is the API's (/check takes them positionally in this order)
     inputs = {name: getattr(tab, name) for name in (
         "prompt", "method", "params_text", "temperature", "top_k", "top_p", "max_new_tokens")}
-    tab.go.click(run_check_tab, inputs_kwargs={**inputs, **shared.pair()},
+    tab.go.click(run_check_tab, inputs_kwargs={**inputs, **shared.pair(),
+                                               "max_seconds": tab.max_seconds},
                  outputs=fields(tab, CheckView._fields), api_name="check",
                  show_progress="minimal", show_progress_on=[tab.report], **MODEL)

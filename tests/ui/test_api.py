@@ -7,6 +7,7 @@ Outputs come back in specviz.render.OUTPUTS order.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -192,10 +193,13 @@ def test_bad_compare_inputs_become_one_line_errors(client, args, message):
     (("", "sd", "", 1.0, 0, 1.0, 8), "prompt is empty"),
     (("hi", "sd", "", 0.0, 0, 1.0, 999), "max_new_tokens must be <= 256 in the UI"),
     (("hi", "beam_sample", "", 0.0, 0, 1.0, 8), "temperature"),
+    (("hi", "sd", "", 0.0, 0, 1.0, 8.5), "max_new_tokens must be a whole number"),
+    (("hi", "sd", "", 0.0, 0, 1.0, 8, 0), "Value 0 is less than minimum value 1"),
+    (("hi", "sd", "", 0.0, 0, 1.0, 8, 99999), "is greater than maximum value"),
 ])
 def test_bad_check_inputs_become_one_line_errors(client, args, message):
     with pytest.raises(AppError) as err:
-        client.predict(*args, TINY, "", api_name="/check")
+        client.predict(*args[:7], TINY, "", *args[7:], api_name="/check")
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -305,3 +309,13 @@ def test_preset_fills_the_model_pair_fields_and_gpu_presets_need_a_gpu(client):
     if not torch.cuda.is_available():  # issue 57 (13): not offered, so never refused at Run
         with pytest.raises(AppError, match="not in the list of choices"):
             client.predict("Qwen2.5-7B-Instruct + n-gram lookup (GPU)", api_name="/preset")
+
+
+def test_a_check_keeps_to_the_seconds_it_is_given_and_says_what_it_took(client):
+    """Issue 57 (10): Check's budget is a control, like Bench's caps; a law check sized past
+    it runs fewer runs, says so, and reports its time against the budget."""
+    report, _ = client.predict("hello world", "sd", "", 1.0, 0, 1.0, 8, TINY, "", 3,
+                               api_name="/check")
+    assert "to stay within 3 s" in report  # the runs it kept
+    took = re.search(r"took (\d+) s of a 3-s budget", report)
+    assert took and int(took.group(1)) <= 30, report
