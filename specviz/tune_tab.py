@@ -6,10 +6,14 @@ defaults** puts the winners in this session's state: the Debugger's parameter wi
 open on them for this pair (specviz.callbacks' method change), so this session's runs use
 them while other sessions keep the pair's stored settings.
 
-Hosted limits: the search's minutes are capped at ``HostConfig.bench_max_seconds`` (the whole
-tune, report included, stops there), the report at ``bench_max_prompts`` prompts, one tune at
-a time per process, and with custom models off only the host's pairs (specviz.pairs). Between
-its runs the tune lets other sessions' model work in (``pairs.pausing``).
+The minutes given are the whole tune's: half for the search, half for the held-out report
+(``run_tune``'s ``report_budget_s``), which stops where its half is spent and keeps the runs
+it made, so even the smallest budget ends with winners shown in the page (the current
+settings when no rung finished). Hosted limits: the minutes are capped at
+``HostConfig.bench_max_seconds`` (a cancel past it: the trials so far), the report at
+``bench_max_prompts`` prompts, one tune at a time per process, and with custom models off
+only the host's pairs (specviz.pairs). Between its runs the tune lets other sessions' model
+work in (``pairs.pausing``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from engine.tune.report import WINNERS_HEAD, trials_figure, winners_rows, write_
 from engine.tune.search import RESULT, TRIALS, TuneSettings, plan_tune, run_tune, score
 from specviz import pairs
 from specviz.callbacks import guarded
-from specviz.wiring import MODEL, QUICK, Shared, fields, set_path, stream
+from specviz.figures import plural
+from specviz.wiring import MODEL, QUICK, Shared, fields, load_note, set_path, stream, whole
 
 RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-tune"
 KEEP_RUNS = 10
@@ -76,10 +81,13 @@ def _run_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="tune-", dir=RUNS_DIR))
 
 
-def search_cap() -> float:
-    """The most minutes of search a tune may ask for here: half the host's seconds (the other
-    half is for the held-out report)."""
-    return pairs.HOST.config.bench_max_seconds / 120
+def minutes_cap() -> float:
+    """The most minutes a tune (search and report) may ask for here: the host's seconds."""
+    return pairs.HOST.config.bench_max_seconds / 60
+
+
+def minutes_text(minutes: float) -> str:
+    return plural(round(minutes, 2), "minute")
 
 
 def settings_of(path: str, methods: list[str], minutes: float | None,
@@ -88,11 +96,11 @@ def settings_of(path: str, methods: list[str], minutes: float | None,
     cfg = pairs.HOST.config
     if not methods:
         raise ConfigError("pick at least one method to tune")
-    cap = search_cap()
+    cap = minutes_cap()
     if minutes is None or not 0 < float(minutes) <= cap:
         raise ConfigError(f"minutes must be in (0, {cap:g}] on this server")
-    return TuneSettings(set_path=path, methods=tuple(methods), minutes=float(minutes),
-                        max_new_tokens=int(max_new_tokens or 32),
+    return TuneSettings(set_path=path, methods=tuple(methods), minutes=float(minutes) / 2,
+                        max_new_tokens=whole("max_new_tokens", max_new_tokens, 32),
                         report_limit=cfg.bench_max_prompts, first_prompts=1)
 
 
@@ -112,12 +120,15 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
     session = getattr(request, "session_hash", None) or "local"
     stop = _CANCEL[session] = threading.Event()
     try:
-        deadline = time.monotonic() + cfg.bench_max_seconds
+        began = time.monotonic()
+        deadline = began + cfg.bench_max_seconds
         events: queue.SimpleQueue = queue.SimpleQueue()
         out = _run_dir()
+        if load := load_note(target, draft):
+            yield TuneView(f"{load} …", trials_figure([]), best_so_far([]), None, {})
         pair = pairs.get_pair(target, draft)
         fut = pairs.WORKER.submit(
-            run_tune, pair, plan, out,
+            run_tune, pair, plan, out, report_budget_s=30.0 * float(minutes),
             progress=pairs.pausing(lambda phase, row: events.put((phase, row))),
             cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
         trials: list[dict] = []
@@ -138,17 +149,19 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
             time.sleep(POLL_S)
         outcome = fut.result()
         if not outcome.finished:
-            why = "cancelled" if stop.is_set() else f"stopped at {cfg.bench_max_seconds} s"
-            yield TuneView(f"{why} after {len(trials)} trials: no winners (the trials are "
-                           f"in {out / TRIALS})", trials_figure(trials), best_so_far(trials),
+            why = ("cancelled" if stop.is_set() else
+                   f"stopped at this server's cap of {cfg.bench_max_seconds} s")
+            yield TuneView(f"{why} during the search, after {len(trials)} trials: no winners; "
+                           "the trials so far are in the chart, the table and trials.jsonl "
+                           "below", trials_figure(trials), best_so_far(trials),
                            [str(out / TRIALS)], {})
             return
         page = write_report(out)
         result = json.loads((out / RESULT).read_text())
         winners = {m: r["params"] for m, r in result["methods"].items()}
-        status = (f"done: {len(trials)} trials; the winners beside the current settings on "
-                  f"{len(plan.report)} held-out prompts below. Use as defaults applies them "
-                  "to this session's runs on this pair.")
+        status = (f"done: {len(trials)} trials in {time.monotonic() - began:.0f} s of "
+                  f"{minutes_text(minutes)}; {report_words(plan, reported, outcome)}. Use as "
+                  "defaults applies the winners to this session's runs on this pair.")
         yield TuneView(status, trials_figure(trials, {m: r["winner"] for m, r in
                                                      result["methods"].items()}),
                        pd.DataFrame(winners_rows(result), columns=WINNERS_HEAD),
@@ -157,6 +170,17 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
     finally:
         _CANCEL.pop(session, None)
         _BUSY.release()
+
+
+def report_words(plan, runs: int, outcome) -> str:
+    """What the winners table's report columns rest on."""
+    prompts = plural(len(plan.report), "held-out prompt")
+    if outcome.report_complete:
+        return f"the winners beside the current settings on {prompts} below"
+    return (f"the held-out report stopped at its half of the budget after "
+            f"{plural(runs, 'run')} (of up to {len(plan.report)} prompts per setting): its "
+            "columns hold those runs, a setting it did not reach shows —, and the winners "
+            "stand on their search scores")
 
 
 def cancel(request: gr.Request = None) -> str:
@@ -205,18 +229,20 @@ def build(shared: Shared, set_name: gr.Dropdown, upload: gr.File) -> TuneTab:
     from engine.tune.space import SPACES
 
     tunable = sorted(m for m in SPACES if m in METHODS and METHODS[m].exact)
-    cap = search_cap()
+    cap = minutes_cap()
     gr.Markdown(f"**Tune the pair** over the chosen set: each method's exact settings race by "
-                "successive halving against their plain decode on part of the set, the "
-                "winners then run beside the current settings on the held-out rest. At most "
-                f"{cap:g} minutes here; `python -m engine tune` has no cap and stores the "
-                "winners as the pair's settings.")
+                "successive halving against generate() on part of the set (half the "
+                "minutes), then the winners run beside the current settings on the held-out "
+                "rest (the other half; a report that runs out keeps the runs it made). At "
+                f"most {minutes_text(cap)} here; `python -m engine tune` has no cap and stores "
+                "the winners as the pair's settings.")
     with gr.Row():
         tune_methods = gr.CheckboxGroup(tunable, value=list(METHODS0), scale=3,
                                         label="Methods to tune", elem_id="sv-tune-methods")
-        minutes = gr.Number(min(1.0, cap), minimum=0.05, maximum=cap, label="minutes",
-                            elem_id="sv-tune-minutes", scale=1)
-        max_new_tokens = gr.Number(24, precision=0, minimum=1, label="max_new_tokens",
+        minutes = gr.Number(min(1.0, cap), minimum=0.05, maximum=cap,
+                            label="minutes (search + report)", elem_id="sv-tune-minutes",
+                            scale=1)
+        max_new_tokens = gr.Number(24, minimum=1, label="max_new_tokens",
                                    elem_id="sv-tune-max-new", scale=1)
     with gr.Row():
         go = gr.Button("Tune", variant="primary", elem_id="sv-tune")

@@ -30,7 +30,9 @@ DIR/run.json holds the arguments; other arguments in the same folder are refused
 **Report.** Each method's winner and its current setting (the pair's tuned values, else the
 defaults) run on the report prompts (DIR/report.jsonl, resumable too): speedup min / median /
 max per category. DIR/result.json holds winners, rungs and report; the winners are written as
-the pair's tuned settings (engine.run.tuned.save_tuned).
+the pair's tuned settings (engine.run.tuned.save_tuned). A report may get its own budget
+(``report_budget_s``, spent like the search's by the stored runs' seconds): once spent, the
+report keeps the runs it made and says so (``report_complete``), and the winners stand.
 """
 
 from __future__ import annotations
@@ -326,15 +328,19 @@ class TuneOutcome:
     results: tuple[MethodResult, ...]
     report: dict[str, Any]
     finished: bool
+    report_complete: bool = True  # False: the report's own budget cut it (its runs so far)
 
 
 def run_tune(pair, plan: TunePlan, out_dir: str | Path, *, measure: Measure = measure_trial,
              progress: Callable[[str, dict], None] | None = None,
              cancelled: Callable[[], bool] | None = None,
-             pair_names: dict[str, str] | None = None) -> TuneOutcome:
+             pair_names: dict[str, str] | None = None,
+             report_budget_s: float | None = None) -> TuneOutcome:
     """Search every method, then report winners and current settings on the held-out part
     (see module docstring). ``progress(phase, row)``: after each new trial ("trial") and each
-    new report run ("report")."""
+    new report run ("report"). ``report_budget_s``: the report's seconds (its stored runs',
+    like the search's budget); once spent the report stops where it is, the winners stand and
+    the outcome says the report is not complete (None: every report run)."""
     s = plan.settings
     names = pair_names or {"target": pair.target_name, "draft": pair.draft_name,
                            "device": pair.device_name}
@@ -349,26 +355,30 @@ def run_tune(pair, plan: TunePlan, out_dir: str | Path, *, measure: Measure = me
     try:
         for method in plan.spaces:
             results.append(search_method(trials, plan, method))
-        report = _report(out, pair, plan, results, measure, report_cb, stop)
+        report, complete = _report(out, pair, plan, results, measure, report_cb, stop,
+                                   report_budget_s)
     except _Cancelled:
         return TuneOutcome(out, tuple(results), {}, False)
-    result = {"arguments": run_arguments(names, plan), "methods": {
+    result = {"arguments": run_arguments(names, plan), "report_complete": complete, "methods": {
         r.method: {"winner": r.winner.label, "params": r.winner.values, "score": r.score,
                    "current_score": r.current_score, "stopped": r.stopped,
                    "pruned": list(r.pruned), "rungs": list(r.rungs),
                    "spent_s": trials.spent(r.method), "report": report.get(r.method, {})}
         for r in results}}
     (out / RESULT).write_text(json.dumps(result, indent=1))
-    return TuneOutcome(out, tuple(results), report, True)
+    return TuneOutcome(out, tuple(results), report, True, complete)
 
 
 def _report(out: Path, pair, plan: TunePlan, results: list[MethodResult], measure: Measure,
-            progress: Callable[[str, dict], None], stop: Callable[[], bool]) -> dict:
+            progress: Callable[[str, dict], None], stop: Callable[[], bool],
+            budget_s: float | None = None) -> tuple[dict, bool]:
     """Winner and current setting of each method on the report prompts: speedups per
-    category (min / median / max) and over all."""
+    category (min / median / max) and over all; and whether every report run was made (the
+    budget, spent by the stored runs' seconds, may stop the report: then its runs so far)."""
     path = out / REPORT
     rows = {trial_key(r["method"], r["label"], r["prompt_id"]): r for r in read_rows(path)}
     summary: dict[str, Any] = {}
+    complete = True
     for res in results:
         shown = [res.winner] + [c for c in plan.spaces[res.method]
                                 if c.label == CURRENT and c.label != res.winner.label]
@@ -377,6 +387,11 @@ def _report(out: Path, pair, plan: TunePlan, results: list[MethodResult], measur
             got = []
             for p in plan.report:
                 key = trial_key(cand.method, cand.label, p.id)
+                if key not in rows and budget_s is not None and complete and \
+                        sum(r.get("seconds", 0.0) for r in rows.values()) >= budget_s:
+                    complete = False
+                if key not in rows and not complete:
+                    continue
                 if key not in rows:
                     if stop():
                         raise _Cancelled
@@ -392,10 +407,13 @@ def _report(out: Path, pair, plan: TunePlan, results: list[MethodResult], measur
                 got.append(rows[key])
             per[cand.label] = _by_category(got)
         summary[res.method] = per
-    return summary
+    return summary, complete
 
 
 def _by_category(rows: list[dict]) -> dict[str, Any]:
+    if not rows:  # a report its budget stopped before this setting ran
+        return {"all": None}
+
     def mmm(rs: list[dict]) -> dict[str, float] | None:
         v = [r["speedup"] for r in rs if r.get("speedup")]
         return {"min": min(v), "median": statistics.median(v), "max": max(v),

@@ -48,6 +48,19 @@ def test_a_tune_streams_trials_then_winners_and_use_as_defaults_is_per_session(a
     assert mine_values != other_values or not winner
 
 
+def test_the_smallest_budget_ends_with_winners_in_the_page_not_a_server_path(client):
+    """Issue 57 (9): at the widget's smallest budget the tune ends "done:" with a winners
+    table (the held-out report counts inside the minutes), and no status names a folder."""
+    job = _tune(client, minutes=0.05)
+    status, _, table, files = job.result(timeout=300)[:4]
+    assert status.startswith("done:"), status
+    assert "of 0.05 minutes" in status
+    assert all("/tmp" not in o[0] and "specviz-tune" not in o[0] for o in job.outputs())
+    rows = [dict(zip(table["headers"], r)) for r in table["data"]]
+    assert [r["method"] for r in rows] == ["sd"] and rows[0]["winner"]
+    assert files  # report.html and trials.jsonl, to download
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"tune_methods": []}, "pick at least one method"),
     ({"minutes": 100}, "greater than maximum value"),  # the widget's own cap

@@ -195,3 +195,24 @@ def test_a_challenger_replaces_the_current_setting_only_by_the_margin(tmp_path, 
     assert res.rungs[-1]["scores"].keys() == {CURRENT, "sd:controller=fixed:gamma=2"}
     assert res.winner.label == ("sd:controller=fixed:gamma=2" if wins else CURRENT)
     assert res.current_score == 1.0
+
+
+def test_a_report_budget_stops_the_report_and_the_winners_stand(tmp_path):
+    """Issue 57 (9): the app's smallest tune ended "no winners" because its held-out report
+    ran past the budget; with its own budget (spent by its stored runs' seconds) the report
+    stops where it is, keeps its runs, says so, and the search's winners stand."""
+    plan = plan_tune(TuneSettings(_set(tmp_path), methods=("sd",), minutes=60,
+                                  first_prompts=1, eta=3), {})
+    full = _tune(plan, tmp_path / "full", Fake())
+    cut = run_tune(None, plan, tmp_path / "cut", measure=Fake(seconds=1.0), pair_names=NAMES,
+                   report_budget_s=2.0)
+    assert full.report_complete and full.finished
+    assert cut.finished and not cut.report_complete
+    assert [r.winner.label for r in cut.results] == [r.winner.label for r in full.results]
+    rows = [json.loads(line) for line in (cut.out_dir / "report.jsonl").read_text().splitlines()]
+    assert len(rows) == 2  # two 1-s runs spend the 2-s budget; none after
+    assert len(rows) < 2 * len(plan.report)
+    result = json.loads((cut.out_dir / "result.json").read_text())
+    assert result["report_complete"] is False and result["methods"]["sd"]["winner"]
+    current = result["methods"]["sd"]["report"][CURRENT]
+    assert current == {"all": None}  # a setting the report never reached: no figure
