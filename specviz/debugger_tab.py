@@ -19,7 +19,7 @@ import gradio as gr
 
 from engine import METHODS
 from specviz import callbacks as cb
-from specviz import pairs
+from specviz import hindsight_panel, pairs
 from specviz.params import COMMON, ParamPool
 from specviz.render import OUTPUTS
 from specviz.text_view import ORIGIN_COLORS
@@ -208,6 +208,7 @@ def build(state: gr.State, timer: gr.Timer, method0: str, target: str, draft: st
             controls = build_controls(method0, target, draft, opening)
         with gr.Column(scale=3):
             views = build_views(v)
+            hindsight_panel.build(state)
     tab = DebuggerTab(controls=controls, views=views, state=state, timer=timer)
     wire(tab)
     return tab

@@ -59,6 +59,15 @@ def _row(o: Outcome, step_s: float | None, mark: str = "") -> str:
             f"{o.cost:>9.1f} {seconds} {o.speedup:>7.2f}x")
 
 
+def _standing(r) -> str:
+    if r.standing is None:
+        return ""
+    if r.standing < 0:
+        return f", {r.own.cost / r.best_fixed.cost - 1:.0%} dearer than the best fixed length"
+    return (f", at {r.standing:.2f} of the way from the best fixed length (0) to the "
+            "bound (1)")
+
+
 def report_lines(r) -> list[str]:
     """The report as the table the command prints."""
     kind = ("temperature 0: exact" if r.exact else
@@ -79,9 +88,7 @@ def report_lines(r) -> list[str]:
         lines.append("")
         lines.append(f"best fixed length: {r.best_fixed.label} ({r.best_fixed.speedup:.2f}x); "
                      f"clairvoyant lengths: {r.bound.speedup:.2f}x; this run: "
-                     f"{r.own.speedup:.2f}x" + ("" if r.standing is None else
-                                                f", at {r.standing:.2f} of the way from the "
-                                                "best fixed length (0) to the bound (1)"))
+                     f"{r.own.speedup:.2f}x" + _standing(r))
     for e in r.expected:
         lines.append(f"expected with {e.length} drafts a round: {e.tokens_per_round:.2f} "
                      f"tokens a round, {e.speedup:.2f}x (an expectation from the trace's "

@@ -156,3 +156,10 @@ def test_a_traces_pair_names_read_back_as_specs():
     assert draft_spec("n-gram (prompt lookup, n = 4..2)") == "ngram"
     assert draft_spec("early-exit (first 2/4 layers, untrained)") == "early-exit:2"
     assert draft_spec("") is None
+
+
+def test_a_noisy_verify_curve_is_made_non_decreasing():
+    from engine.analysis.hindsight import monotone
+
+    noisy = CostProfile("m", 0.1, ((0, 1.0), (2, 1.4), (3, 1.2), (4, 1.5)))
+    assert monotone(noisy).verify == ((0, 1.0), (2, 1.4), (3, 1.4), (4, 1.5))
