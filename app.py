@@ -20,6 +20,7 @@ if importlib.util.find_spec("spaces") is not None:
 import specviz  # noqa: E402
 from engine.cli.flags import OneLineParser  # noqa: E402
 from engine.core.errors import SpecvizError  # noqa: E402
+from engine.run.models import resolve_device  # noqa: E402
 from specviz import pairs  # noqa: E402
 from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
 
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         host = host_config(args)
         pairs.configure(host)
+        if not host.zero_gpu and resolve_device(host.device).type == "cpu":
+            pairs.serve_compiled()  # packed targets: compiled steps, warmed when idle
         if host.zero_gpu:
             pairs.preload_all()  # module scope on ZeroGPU: weights to CUDA once, here
         elif args.preload:

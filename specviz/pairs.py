@@ -25,6 +25,8 @@ process, so their arguments, yields and results are pickled, and no model thread
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import threading
 import time
@@ -34,7 +36,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import engine
-from engine.core import threads
+from engine.core import static_kv, threads
+from engine.core.cached_model import CachedModel, warm_shapes, warming
 from engine.core.config import layered
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError
 from engine.run.api import tune_threads
@@ -43,6 +46,7 @@ from engine.run.specs import pair_key
 from engine.run.tuned import tuned_settings
 from specviz.hosting import HostConfig, Preset
 
+log = logging.getLogger("specviz")
 MAX_PROMPT_CHARS = 2000
 MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 256
@@ -75,6 +79,8 @@ class ModelWorker:
 
     def _loop(self) -> None:
         self.threads = threads.configure()
+        static_kv.POLICY.deferred = True  # a compiled step shape not made yet runs static
+        # here (the same bits): no unit waits for a compile (warm_up makes them)
         while True:
             with self._wake:
                 while not self._ready:
@@ -314,10 +320,81 @@ def _get_pair(target: str, draft: str) -> engine.ModelPair:
                             warm=not cfg.zero_gpu)  # ZeroGPU: no GPU in this process
     if not cfg.zero_gpu:
         WORKER.threads = tune_threads(pair)  # this is the model thread
+        warm_up(pair)
     _PAIRS[key] = pair
     while len(_PAIRS) > CACHE_SIZE and not cfg.zero_gpu:
         _PAIRS.popitem(last=False)
     return pair
+
+
+@dataclass
+class Warmup:
+    """What the warm-up thread (warm_up) has done (module state: one per process, read by
+    the UI's status line)."""
+
+    pair: str = ""  # the target it compiles for
+    done: int = 0  # step shapes made
+    total: int = 0
+    seconds: float = 0.0  # spent so far
+
+    def note(self) -> str:
+        """One line for the UI ('' once every shape is made, or when there is none)."""
+        if self.done >= self.total:
+            return ""
+        return (f"compiling step shapes in the background: {self.done} / {self.total} "
+                f"({self.seconds:.0f} s so far); until then steps run eagerly, with the "
+                "same bits")
+
+
+WARMUP = Warmup()
+
+
+def serve_compiled() -> bool:
+    """app.py, at start: a packed target on this CPU runs compiled steps (made by warm_up on
+    a thread of their own, engine.core.static_kv.POLICY) where a C++ compiler exists for
+    inductor; else one log line and eager steps. Whether it does."""
+    import shutil
+
+    from engine.core import qmm
+
+    if not (shutil.which("c++") or shutil.which("g++") or os.environ.get("CXX")) or \
+            qmm.library() is None:
+        log.warning("no C++ compiler for inductor here: packed targets run eager steps")
+        return False
+    static_kv.POLICY.packed = True
+    return True
+
+
+def warm_up(pair: engine.ModelPair) -> threading.Thread | None:
+    """Compile the pair's common step shapes (its target's and a token-input drafter's
+    runner) on a thread of their own, in their own KV buffers, while the model thread serves
+    runs eagerly (it never compiles: ``ModelWorker``); the warm buffers go back to the pool at
+    the end and later runs take them. None where the pair runs eagerly."""
+    runners = [r for r in (CachedModel(pair.target), pair.drafter.runner())
+               if isinstance(r, CachedModel) and warm_shapes(r)]
+    if not runners:
+        return None
+    WARMUP.pair, WARMUP.done, WARMUP.seconds = pair.target_name, 0, 0.0
+    WARMUP.total = sum(warm_shapes(r) for r in runners)
+    thread = threading.Thread(target=_warming, args=(runners,), name="specviz-warm-up",
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def _warming(runners: list[CachedModel]) -> None:
+    threads.configure()
+    start = time.monotonic()
+    try:
+        for runner in runners:
+            for _ in warming(runner):
+                WARMUP.done += 1
+                WARMUP.seconds = time.monotonic() - start
+                log.info("warm-up: step shape %d / %d made (%.0f s)", WARMUP.done,
+                         WARMUP.total, WARMUP.seconds)
+    except Exception:  # noqa: BLE001 - runs keep the eager path; the log says why
+        WARMUP.total = WARMUP.done
+        log.warning("warm-up stopped: steps run eagerly", exc_info=True)
 
 
 def _preloaded_pair(target: str, draft: str) -> engine.ModelPair:

@@ -29,6 +29,7 @@ import inspect
 import itertools
 import types
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +139,10 @@ class CachedModel:
         if self.mode == "compiled" and is_packed(model):
             eager_bits.keep_eager_bits(model)  # its norms and rotary traced as ops: a
             # compiled step's bits are the eager step's
+        self.whole_view = (self.mode == "compiled"
+                           and model.config._attn_implementation == attention.ROWS_NAME)
+        # rowattn reads a row's visible slots only: a compiled step attends the whole buffer,
+        # one shape per rows and bucket instead of one per view too
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)
@@ -303,7 +308,8 @@ class CachedModel:
         # runner: a captured step outlives this run in the pool
         out, path = static_kv.run_step(self.kv, step, inputs, mask, pos,
                                        captured=self.mode == "captured",
-                                       compiled=self.mode == "compiled")
+                                       compiled=self.mode == "compiled",
+                                       whole_view=self.whole_view)
         self.served.append(path)
         return out
 
@@ -402,7 +408,9 @@ class CachedModel:
         static_kv.gather(self.kv, self.width, rows, prefix, node_slots)
 
 
-WARM_NODES = (0, 1, 3, 7, 15)  # chain nodes per row of the warmed steps: buckets 1 to 16
+WARM_PROMPT = 8  # tokens of the warm-up's dummy prompt: its prefill makes the bucket-8 step
+WARM_NODES = (0, 1, 3, 15)  # chain nodes per row of the warmed verify steps: buckets 1, 2,
+# 4 and 16 (with the prompt's, 1 to 16)
 
 
 def warm_steps(runner: CachedModel, width: int = 1) -> int:
@@ -411,20 +419,47 @@ def warm_steps(runner: CachedModel, width: int = 1) -> int:
     8-token dummy prompt; the captured steps stay in the model's pool for every later run.
     Only on the captured path and for token inputs (a feature runner's embeddings capture on
     first use). Returns the number of shapes the runner's KV set holds."""
-    if runner.mode != "captured" or type(runner)._inputs is not CachedModel._inputs:
+    if runner.mode != "captured":
         return 0
+    for _ in warming(runner, width):
+        pass
+    return len(runner.kv.graphs) if runner.kv is not None else 0
+
+
+def warm_shapes(runner: CachedModel) -> int:
+    """How many step shapes :func:`warming` makes for this runner (0: none to make)."""
+    if runner.mode not in ("captured", "compiled") or \
+            type(runner)._inputs is not CachedModel._inputs:
+        return 0
+    return len(WARM_NODES) + 1  # the prompt, then 1 + n tokens a row
+
+
+def warming(runner: CachedModel, width: int = 1) -> Iterator[int]:
+    """Make a runner's common step shapes, one at a time (a generator: yields after each,
+    the number made so far, so a caller can follow it): the WARM_PROMPT-token prompt of a
+    dummy run, then verify passes of 1 + n tokens per row (n in WARM_NODES) at ``width``
+    rows. Captured (CUDA) or compiled (CPU; compiled here even where this thread defers
+    compiles), the steps stay in the model's pool for every later run; the runner's buffers
+    go back to the pool at the end. Nothing for other paths or embedding inputs."""
+    total = warm_shapes(runner)
+    if not total:
+        return
     dev = runner.device
-    runner.start(torch.zeros((width, 8), dtype=torch.long, device=dev))  # (W, 8)
     rows = torch.arange(width, device=dev)
     empty = torch.zeros((width, 0), dtype=torch.long, device=dev)
-    for n in (0, *WARM_NODES):  # the first feed prefills the prompt
+    with static_kv.compiling():
+        runner.start(torch.zeros((width, WARM_PROMPT), dtype=torch.long, device=dev))  # (W, 8)
+    for done, n in enumerate((0, *WARM_NODES), start=1):  # the first feed prefills the prompt
         par = torch.arange(-1, n - 1, device=dev).expand(width, -1).clone()  # (W, n) chain
         par[:, :1] = ROOT
-        runner.feed(torch.zeros((width, n), dtype=torch.long, device=dev), par)  # (W, n)
+        with static_kv.compiling():
+            runner.feed(torch.zeros((width, n), dtype=torch.long, device=dev), par)  # (W, n)
         runner.commit(rows, empty, empty, torch.zeros((width, 1), dtype=torch.long,
                                                       device=dev))
-    runner.take_served()
-    return len(runner.kv.graphs)
+        runner.take_served()
+        yield done
+    if runner.mode == "compiled":
+        runner.close()  # its compiled steps stay with the buffers, in the pool
 
 
 def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -54,8 +54,10 @@ runs (and pairs) that lease them, for as long as the model lives.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -66,6 +68,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from engine.core import qmm
 from engine.core.errors import ConfigError
+from engine.core.packed4 import is_packed
+from engine.core.paths import cache_root
 from engine.core.placement import is_placed
 
 LOG = logging.getLogger(__name__)
@@ -84,10 +88,51 @@ COMPILED_MIN_VIEW = 128  # the fewest slots a compiled step attends; more in pow
 SPARE_SLOTS = 64  # kept free at a buffer's end: capture warm-ups and padded slots land there
 
 
+class CompilePolicy:
+    """The process's compiled-path defaults (module state: one per process, set by its
+    entry point; docs/ARCHITECTURE.md lists it).
+
+    ``packed``: without SPECVIZ_KV, a packed model on a CPU runs the compiled path (the app
+    turns it on: a long-lived process whose warm-up compiles in its idle time; a one-shot CLI
+    call keeps the eager path, which a compile would outlast). ``deferred`` (per thread): a
+    compiled step whose shape is not compiled yet runs on the static path instead of
+    compiling on the spot (the app's model thread, so no Run waits for a compile: its
+    warm-up compiles under :func:`compiling`); the bits are the same either way for a packed
+    model (engine.core.eager_bits)."""
+
+    def __init__(self) -> None:
+        self.packed = False
+        self._local = threading.local()
+
+    @property
+    def deferred(self) -> bool:
+        return getattr(self._local, "deferred", False)
+
+    @deferred.setter
+    def deferred(self, value: bool) -> None:
+        self._local.deferred = value
+
+
+POLICY = CompilePolicy()
+
+
+@contextlib.contextmanager
+def compiling():
+    """Within (this thread): a missing compiled step shape compiles on first use, deferred
+    or not (a warm-up's own steps)."""
+    saved = POLICY.deferred
+    POLICY.deferred = False
+    try:
+        yield
+    finally:
+        POLICY.deferred = saved
+
+
 def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
     """The path of a model on ``device``: dynamic for a model placed by a device map
     (accelerate's hooks move weights at every forward: no fixed-address step), else
-    ``SPECVIZ_KV`` when set, else the measured rule (captured on CUDA, dynamic on CPU;
+    ``SPECVIZ_KV`` when set, else the measured rule (captured on CUDA; on a CPU compiled for
+    a packed model where the process asks for it (``POLICY.packed``), else dynamic;
     docs/benchmarks.md, "Static KV and captured steps")."""
     if model is not None and is_placed(model):
         return "dynamic"
@@ -96,7 +141,10 @@ def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
         if env not in MODES:
             raise ConfigError(f"SPECVIZ_KV={env!r}: expected one of {', '.join(MODES)}")
         return "captured" if env == "compiled" and device.type == "cuda" else env
-    return "captured" if device.type == "cuda" else "dynamic"
+    if device.type == "cuda":
+        return "captured"
+    return "compiled" if POLICY.packed and model is not None and is_packed(model) \
+        else "dynamic"
 
 
 def bucket(q: int) -> int | None:
@@ -205,6 +253,8 @@ class KVSet:
     graphs: dict[StepKey, _Graph | None] = field(default_factory=dict)  # None: that shape's
     # capture failed (its reason in `failed`)
     failed: dict[StepKey, str] = field(default_factory=dict)
+    wanted: set[StepKey] = field(default_factory=set)  # compiled shapes a deferring step
+    # asked for (run static meanwhile)
     busy: bool = False
     holder: weakref.finalize | None = None  # releases it when its holder is collected
 
@@ -240,7 +290,8 @@ def lease(model: torch.nn.Module, rows: int, length: int, owner: object,
     sets = _POOL.setdefault(model, [])
     need = slots_for(length, minimum)
     free = [s for s in sets if not s.busy and s.rows == rows and s.slots >= need]
-    kv = min(free, key=lambda s: s.slots) if free else _new_set(model, rows, need)
+    kv = min(free, key=lambda s: (s.slots, -len(s.graphs))) if free else \
+        _new_set(model, rows, need)  # the smallest; of those the one with most steps made
     if not free:  # a new, larger set supersedes the smaller free ones of the same rows
         sets[:] = [s for s in sets if s.busy or s.rows != rows or s.slots >= need]
         sets.append(kv)
@@ -265,7 +316,7 @@ def pool_sets(model: torch.nn.Module) -> list[KVSet]:
 
 def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
              mask: torch.Tensor, pos: torch.Tensor, captured: bool,
-             compiled: bool = False) -> tuple[torch.Tensor, str]:
+             compiled: bool = False, whole_view: bool = False) -> tuple[torch.Tensor, str]:
     """One forward writing its (W, q) fed tokens at slots [written, written + q).
 
     Args:
@@ -274,7 +325,11 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
         mask: (W, 1, q, kv) additive mask over the written slots and the fed ones.
         pos: (W, q) position ids.
         captured: fixed-shape steps (CUDA graphs; eager on a CPU).
-        compiled: fixed-shape steps compiled by inductor (CPU), up to COMPILED_MAX_TOKENS.
+        compiled: fixed-shape steps compiled by inductor (CPU), up to COMPILED_MAX_TOKENS;
+            a shape not compiled yet runs static where this thread defers compiles
+            (``POLICY.deferred``).
+        whole_view: a compiled step attends every slot (its attention reads a row's visible
+            slots only, as rowattn's: one shape per rows and bucket, not per view too).
     Returns:
         the (W, q, d) hidden states (a fresh tensor) and the path that served the step.
     """
@@ -285,7 +340,12 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
     b = bucket(q) if captured else None
     if compiled and q <= COMPILED_MAX_TOKENS:
         b = bucket(q)
-    view = view_for(start + q, kv.slots) if compiled else kv.slots
+    view = kv.slots if whole_view or not compiled else view_for(start + q, kv.slots)
+    key = step_key(W, b, "inputs_embeds" if "inputs_embeds" in inputs else "input_ids",
+                   compiled, view)
+    if compiled and b is not None and key not in kv.graphs and POLICY.deferred:
+        kv.wanted.add(key)  # compiled later, in the process's idle time
+        b = None
     graph = _graph(kv, forward, inputs, W, b, compiled, view) if b is not None else None
     if graph is None:
         cache.rows, cache.view = W, start + q
@@ -319,13 +379,18 @@ def _fill(g: _Graph, kv: KVSet, inputs: dict, mask: torch.Tensor, pos: torch.Ten
     full[:, :, q:, 0] = 0  # padded queries: slot 0 only
 
 
+def step_key(W: int, b: int | None, name: str, compiled: bool, view: int) -> StepKey:
+    """A step shape's key in ``KVSet.graphs``: (rows, bucket, input kind[, view])."""
+    return (W, b, name, view) if compiled else (W, b, name)
+
+
 def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
            compiled: bool = False, view: int | None = None) -> _Graph | None:
     """The captured step of (W rows, b fed tokens, this input kind; compiled: attending the
     first ``view`` slots), captured on first use; None where capture failed (that shape then
     runs eager, recorded as static). A captured step attends every slot."""
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
-    key = (W, b, name, view) if compiled else (W, b, name)
+    key = step_key(W, b, name, compiled, view or kv.slots)
     if key not in kv.graphs:
         try:
             kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name, compiled,
@@ -383,6 +448,9 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     marked as fixed addresses."""
     import torch._dynamo
 
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))  # kept
+    # with the app's other caches: a restart (a Space's, where the cache persists) reuses
+    # inductor's work instead of compiling again
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)  # all models
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,

@@ -249,3 +249,58 @@ def test_a_view_holds_the_rows_real_slots_in_a_power_of_two():
     assert static_kv.view_for(129, 512) == 256
     assert static_kv.view_for(256, 512) == 256
     assert static_kv.view_for(300, 256) == 256  # never past the buffer
+
+
+def _packed_pair(bits: int = 8):
+    from engine.core.packed4 import quantize_linears
+
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
+    quantize_linears(pair.target.model, bits)
+    return pair
+
+
+def test_a_packed_targets_compiled_steps_attend_the_whole_buffer(compiled):
+    """rowattn reads a row's visible slots only, so a packed target's compiled step attends
+    every slot: one shape per rows and bucket, whatever the run's length."""
+    pair = _packed_pair()
+    assert CachedModel(pair.target).whole_view
+    engine.generate(pair, list(range(3, 43)), "sd", max_new_tokens=12, gamma=3,
+                    controller="fixed")
+    keys = {k for s in static_kv.pool_sets(pair.target) for k in s.graphs}
+    assert keys and {k[3] for k in keys} == {static_kv.MIN_SLOTS}
+
+
+def test_a_deferring_thread_runs_a_shape_not_made_yet_static_until_a_warm_up_makes_it(
+        monkeypatch):
+    """The app's model thread never compiles (static_kv.POLICY.deferred): a step whose
+    shape is not made runs static, with the same bits; warming (another thread in the app)
+    makes the common shapes in its own buffers, which later runs then take."""
+    from engine.core.cached_model import warm_shapes, warming
+
+    monkeypatch.delenv("SPECVIZ_KV", raising=False)
+    monkeypatch.setattr(static_kv.POLICY, "packed", True)  # as the app sets it
+    pair = _packed_pair()
+    assert static_kv.kv_mode(pair.device, pair.target) == "compiled"
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16)
+    monkeypatch.setattr(static_kv.POLICY, "deferred", True)
+    cold = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3, controller="fixed")
+    assert not any("compiled" in k for k in cold.stats.step_paths), cold.stats.step_paths
+    assert any(s.wanted for s in static_kv.pool_sets(pair.target))
+    runner = CachedModel(pair.target)
+    assert list(warming(runner)) == list(range(1, warm_shapes(runner) + 1)) == [1, 2, 3, 4, 5]
+    warm = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3, controller="fixed")
+    assert warm.stats.step_paths["target:compiled"] == len(warm.rounds)
+    assert "target:static" not in warm.stats.step_paths
+    assert list(cold.token_ids) == list(warm.token_ids) == ref[0, len(prompt):].tolist()
+
+
+def test_without_the_processs_ask_a_packed_model_runs_eagerly(monkeypatch):
+    monkeypatch.delenv("SPECVIZ_KV", raising=False)
+    pair = _packed_pair()
+    assert static_kv.kv_mode(pair.device, pair.target) == "dynamic"  # the CLI's default
+    monkeypatch.setattr(static_kv.POLICY, "packed", True)
+    assert static_kv.kv_mode(pair.device, pair.target) == "compiled"
+    assert static_kv.kv_mode(pair.device, tiny_pair().target) == "dynamic"  # not packed
+    monkeypatch.setenv("SPECVIZ_KV", "dynamic")  # the variable decides
+    assert static_kv.kv_mode(pair.device, pair.target) == "dynamic"

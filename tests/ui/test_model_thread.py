@@ -82,3 +82,32 @@ def test_a_run_that_fails_mid_stream_keeps_its_rounds_and_the_app_usable(client,
     monkeypatch.setattr(pairs, "_start", real)
     v = _run(client)  # the model thread is free again
     assert "12 tokens in" in v["run_md"]
+
+
+def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_on(
+        monkeypatch):
+    """The app's warm-up (pairs.warm_up): the common step shapes compile on their own
+    thread, the model thread serves runs meanwhile (static steps, the same tokens), and the
+    status line counts the shapes until the last, then says nothing."""
+    import engine
+    from engine.core import static_kv
+    from engine.core.packed4 import quantize_linears
+    from tests.conftest import tiny_pair
+
+    monkeypatch.delenv("SPECVIZ_KV", raising=False)
+    monkeypatch.setattr(static_kv.POLICY, "packed", True)
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
+    quantize_linears(pair.target.model, 8)
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    want = pairs.WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
+    thread = pairs.warm_up(pair)
+    assert thread is not None and pairs.WARMUP.total == 5 + 5  # the target, its early exit
+    assert pairs.WARMUP.note().startswith("compiling step shapes in the background: ")
+    during = [pairs.WORKER.call(engine.generate, pair, prompt, "sd", max_new_tokens=12)
+              for _ in range(2)]
+    thread.join(timeout=300)
+    assert not thread.is_alive() and pairs.WARMUP.done == 10 and pairs.WARMUP.note() == ""
+    after = pairs.WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
+    assert after.stats.step_paths["target:compiled"] == len(after.rounds)
+    for run in (*during, after):
+        assert run.token_ids == want.token_ids
