@@ -502,6 +502,7 @@ def _updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator
         stop = nodes > MAX_TRACE_NODES and not run.done
         if run.done or stop or (cancel is not None and cancel.is_set()):
             note = f"stopped by the UI: more than {MAX_TRACE_NODES} forest nodes" if stop else ""
+            run.cancel()  # (a finished run: nothing to do; transformers': generate() stops)
             yield Update([r], run.trace(with_rounds=False), final=True, note=note)
             return
         if time.monotonic() - last_head >= HEAD_EVERY_S:
@@ -519,8 +520,9 @@ def _produce(run: engine.Run, out: queue.SimpleQueue, cancel: threading.Event
     try:
         for update in _updates(run, cancel):
             out.put(update)
-            if not update.final:
-                yield  # the next round: in this job's next turn
+            if not update.final and not run.own_thread:
+                yield  # the next round: in this job's next turn (a run whose generate()
+                # goes on in its own thread keeps the model thread until it is done)
     except BaseException as e:  # noqa: BLE001 - re-raised in the handler's thread
         out.put(e)
     finally:

@@ -102,8 +102,10 @@ class _Run:
     """One recorded generate() call: its rounds, as they come."""
 
     def __init__(self, model: torch.nn.Module, generator: Any, config: Any,
-                 decode: Callable[[int], str]) -> None:
+                 decode: Callable[[int], str],
+                 on_round: Callable[[RoundTrace], None] | None = None) -> None:
         name = type(generator).__name__
+        self.on_round = on_round  # called with each round once its times are complete
         self.method, self.draft = MODES.get(name, (f"hf:{name}", name))
         self.model, self.decode, self.config = model, decode, config
         self.rounds: list[RoundTrace] = []
@@ -156,6 +158,8 @@ class _Run:
         self.rounds[-1] = replace(last, timings={**last.timings, "commit": end - start})
         self.t_end = max(self.t_end, end)
         self._open = None
+        if self.on_round is not None:
+            self.on_round(self.rounds[-1])
 
     def trace(self) -> RunTrace:
         self.closed()
@@ -254,10 +258,15 @@ class Recording:
 
 
 @contextmanager
-def record(model: torch.nn.Module, tokenizer: Any = None) -> Iterator[Recording]:
+def record(model: torch.nn.Module, tokenizer: Any = None,
+           on_round: Callable[[RoundTrace], None] | None = None) -> Iterator[Recording]:
     """Within the block, every assisted ``model.generate(...)`` call is recorded round by round
     (``rec.trace()``: the last run's RunTrace). The model is left as it was on exit. One
-    recorder per model at a time."""
+    recorder per model at a time.
+
+    on_round: called, on generate()'s thread, with each round as soon as it is complete (its
+    commit time is known when the next round starts, or generate() returns and the
+    recording is closed): the rounds of the final trace, while generate() runs."""
     original = getattr(type(model), SEAM, None)
     if not callable(original):
         raise ConfigError(f"this transformers has no {SEAM} on {type(model).__name__}: the "
@@ -273,7 +282,7 @@ def record(model: torch.nn.Module, tokenizer: Any = None) -> Iterator[Recording]
     def seam(*args: Any, **kwargs: Any) -> Any:
         generator = original(model, *args, **kwargs)
         config = kwargs.get("generation_config", args[0] if args else None)
-        run = _Run(model, generator, config, decode)
+        run = _Run(model, generator, config, decode, on_round)
         rec._runs.append(run)
         return _Watch(generator, run)
 

@@ -102,6 +102,10 @@ class Run:
     between rounds (a UI rendering, a client reading).
     """
 
+    # False: every round is whole engine calls on the caller's thread, so the caller may run
+    # other model work between rounds (engine.run.hf_run.HfRun: True, its generate() goes on)
+    own_thread = False
+
     def __init__(self, pair: ModelPair, prompt, method: str, raw: bool = False,
                  **params: Any) -> None:
         self.pair, self.method, self.prompt = pair, method, prompt
@@ -112,6 +116,7 @@ class Run:
         self._rounds: list[RoundTrace] = []
         self._stats = RunStats()
         self._cost: CostRecord | None = None  # the cost model, once the run has finished
+        self._cancelled = False
         self.wall_s = 0.0
         self.done = False
 
@@ -139,7 +144,14 @@ class Run:
 
     @property
     def stop_reason(self) -> str:
-        return self._decoder.stop_reason
+        return "cancelled" if self._cancelled else self._decoder.stop_reason
+
+    def cancel(self) -> None:
+        """No round after those handed out: the run is done with them (stop reason
+        "cancelled")."""
+        if not self.done:
+            self._cancelled = True
+            self._finish()
 
     def to_end(self) -> RunTrace:
         """Step the remaining rounds and return the whole trace."""
@@ -180,7 +192,7 @@ class Run:
             prompt=self.prompt if isinstance(self.prompt, str) else "",
             prompt_ids=self.prompt_ids, rounds=tuple(self._rounds) if with_rounds else (),
             token_ids=tuple(best), text=tok.decode(best), beams=tuple(beams), stats=stats,
-            stop_reason=self._decoder.stop_reason,
+            stop_reason=self.stop_reason,
             token_origins=tuple(o for o, _ in origins),
             token_rounds=tuple(r for _, r in origins),
             prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),

@@ -1,10 +1,14 @@
 """A run of one of transformers' own assisted-generation modes (engine.methods.hf).
 
 ``start(pair, prompt, "hf_prompt_lookup", ...)`` gives an :class:`HfRun` with the interface of
-``engine.run.api.Run``: iterate it for RoundTrace records, ``trace()`` at any point. Its first
-step makes the whole ``pair.target.generate(...)`` call inside ``engine.hf.recorder.record``
-(transformers' loop cannot be stepped from outside: it runs to its end), and each step after
-hands out the next recorded round. The call is the run's plain ``generate()``
+``engine.run.api.Run``: iterate it for RoundTrace records, ``trace()`` at any point.
+transformers' loop cannot be stepped from outside, so the first step starts the whole
+``pair.target.generate(...)`` call on a thread of its own, inside
+``engine.hf.recorder.record``, whose ``on_round`` puts each round into a queue as soon as it
+is complete; each step hands out the next one, while generate() goes on. ``cancel()`` stops
+generate() after the round in progress (a stopping criterion transformers checks after every
+round, which answers "go on" until then, so an uncancelled run's output is unchanged) and
+waits for it. The call is the run's plain ``generate()``
 (:func:`generate_kwargs`: greedy at temperature 0, sampling with the same warp above it) plus
 the mode's keywords; sampling draws from torch's global generator, seeded with the run's seed
 inside ``torch.random.fork_rng`` so the caller's global state is left as it was.
@@ -17,11 +21,14 @@ first round. The cost model is the engine's (engine.run.costs), with the pair's 
 from __future__ import annotations
 
 import copy
+import queue
+import threading
 import time
 from dataclasses import replace
 from typing import Any, Callable
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from engine.core.errors import ConfigError
 from engine.core.records import CostRecord
@@ -36,6 +43,25 @@ from engine.run import costs
 from engine.run.inputs import check_length, encode_prompt, run_params, tokenizer_of
 
 STOP_REASONS = {"length": "max_new_tokens", "eos": "eos"}  # the recorder's -> the engine's
+CANCELLED = "cancelled"
+
+
+class CancelCriterion(StoppingCriteria):
+    """Stop generate() once `event` is set (transformers asks after every round)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool,
+                          device=input_ids.device)  # (B,)
+
+
+class _End:
+    """The queue's last item: generate() returned (error: what it raised, if it did)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
 
 
 def generate_kwargs(kind: tuple[str, int], params: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +99,10 @@ def assistant_of(pair) -> tuple[torch.nn.Module, str]:
 class HfRun:
     """One run of a transformers mode (see module docstring). Not thread-safe."""
 
+    # generate() goes on in its own thread between the rounds handed out: its caller must run
+    # no other model work until the run is done (or cancelled)
+    own_thread = True
+
     def __init__(self, pair, prompt, method: str, raw: bool = False,
                  step_s: Callable[[int], float] | None = None, **params: Any) -> None:
         """step_s(W): seconds of a plain target step of width W, the cost model's unit
@@ -104,7 +134,10 @@ class HfRun:
         self._step_s = step_s
         self._recorded: RunTrace | None = None
         self._cost: CostRecord | None = None
-        self._k = 0  # rounds handed out
+        self._rounds: list[RoundTrace] = []  # handed out
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # rounds, then an _End
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
         self.wall_s = 0.0
         self.done = False
 
@@ -114,46 +147,68 @@ class HfRun:
     def __next__(self) -> RoundTrace:
         if self.done:
             raise StopIteration
-        if self._recorded is None:
-            self._recorded = self._generate()
-        rounds = self._recorded.rounds
-        if self._k >= len(rounds):
-            self._finish()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._generate, daemon=True,
+                                            name=f"specviz-{self.method}")
+            self._thread.start()
+        item = self._queue.get()
+        if isinstance(item, _End):
+            self._end(item)
             raise StopIteration
-        r = rounds[self._k]
-        self._k += 1
-        if self._k == len(rounds):
-            self._finish()
-        return r
+        self._rounds.append(item)
+        return item
 
-    def _generate(self) -> RunTrace:
+    def cancel(self) -> None:
+        """Stop generate() after the round in progress and wait for it; the run ends with
+        the rounds handed out so far (stop reason "cancelled")."""
+        if self.done:
+            return
+        self._cancel.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._end(next(i for i in iter(self._queue.get, None) if isinstance(i, _End)))
+        self.done = True
+
+    def _generate(self) -> None:
+        """generate() on this run's thread, every complete round into the queue, then _End."""
         pair, tok = self.pair, tokenizer_of(self.pair)
         x = torch.tensor([list(self.prompt_ids)], device=pair.device)  # (1, T)
         cuda = [pair.device] if pair.device.type == "cuda" else []
-        with record(pair.target, tok) as rec, torch.random.fork_rng(devices=cuda), \
-                torch.no_grad():
-            torch.manual_seed(self.params["seed"])
-            _sync(pair.device)
-            t0 = time.perf_counter()
-            pair.target.generate(x, **self._kwargs)
-            _sync(pair.device)
-            t1 = time.perf_counter()
-            rec.close(t1)
-        self.wall_s = t1 - t0
-        return rec.trace()
+        stop = StoppingCriteriaList([CancelCriterion(self._cancel)])
+        try:
+            with record(pair.target, tok, on_round=self._queue.put) as rec, \
+                    torch.random.fork_rng(devices=cuda), torch.no_grad():
+                torch.manual_seed(self.params["seed"])
+                _sync(pair.device)
+                t0 = time.perf_counter()
+                pair.target.generate(x, **self._kwargs, stopping_criteria=stop)
+                _sync(pair.device)
+                t1 = time.perf_counter()
+                rec.close(t1)
+            self.wall_s = t1 - t0
+            self._recorded = rec.trace()
+            self._queue.put(_End())
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer's thread
+            self._queue.put(_End(e))
 
-    def _finish(self) -> None:
+    def _end(self, item: _End) -> None:
         self.done = True
-        if self._step_s is not None:
-            self._cost = costs.cost_model(self.method, list(self._recorded.rounds),
-                                          self.params, False, self._step_s)
+        if self._thread is not None:
+            self._thread.join()
+        if item.error is not None:
+            raise item.error
+        if self._step_s is not None and self._rounds:
+            self._cost = costs.cost_model(self.method, list(self._rounds), self.params,
+                                          False, self._step_s)
 
     @property
     def rounds(self) -> int:
-        return self._k
+        return len(self._rounds)
 
     @property
     def stop_reason(self) -> str:
+        if self._cancel.is_set():
+            return CANCELLED
         if not self.done or self._recorded is None:
             return ""
         return STOP_REASONS.get(self._recorded.stop_reason, self._recorded.stop_reason)
@@ -165,11 +220,13 @@ class HfRun:
 
     def trace(self, with_rounds: bool = True) -> RunTrace:
         """The RunTrace of the rounds handed out so far (``with_rounds=False``: the head)."""
-        rec, tok = self._recorded, tokenizer_of(self.pair)
-        rounds = rec.rounds[:self._k] if rec is not None else ()
-        n = sum(len(r.committed) for r in rounds)
-        tokens = rec.token_ids[:n] if rec is not None else ()
-        wall = self.wall_s if self.done else sum(sum(r.timings.values()) for r in rounds)
+        tok = tokenizer_of(self.pair)
+        rounds = list(self._rounds)
+        committed = [c for r in rounds for c in r.committed]
+        tokens = tuple(c.token_id for c in committed)
+        n = len(tokens)
+        wall = (self.wall_s if self.done and self.wall_s
+                else sum(sum(r.timings.values()) for r in rounds))
         stats = replace(summarize(rounds, n), wall_s=wall, cost=self._cost,
                         tokens_per_s=n / wall if wall > 0 else None)
         return RunTrace(
@@ -180,8 +237,8 @@ class HfRun:
             token_ids=tuple(tokens), text=tok.decode(list(tokens)),
             beams=(BeamTrace(tuple(tokens), 0.0, self.done),), stats=stats,
             stop_reason=self.stop_reason,
-            token_origins=rec.token_origins[:n] if rec is not None else (),
-            token_rounds=rec.token_rounds[:n] if rec is not None else (),
+            token_origins=tuple(c.origin for c in committed),
+            token_rounds=tuple(r.index for r in rounds for _ in r.committed),
             prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),
             tuned_names=self.tuned_names)
 
