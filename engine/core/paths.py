@@ -16,3 +16,11 @@ def cache_root() -> Path:
     env = os.environ.get("SPECVIZ_CACHE")
     base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return base if env else base / "specviz"
+
+
+def keep_inductor_cache() -> None:
+    """torch.compile's on-disk work in cache_root()/inductor unless TORCHINDUCTOR_CACHE_DIR
+    says otherwise, so a restart (a Space's, where the cache persists) compiles nothing
+    again. Inductor fixes its folder the first time anything asks for it (the engine's op
+    registrations do, at import): engine/core/__init__.py calls this first."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))

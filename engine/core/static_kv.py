@@ -69,7 +69,6 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from engine.core import qmm
 from engine.core.errors import ConfigError
 from engine.core.packed4 import is_packed
-from engine.core.paths import cache_root
 from engine.core.placement import is_placed
 
 LOG = logging.getLogger(__name__)
@@ -448,9 +447,6 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     marked as fixed addresses."""
     import torch._dynamo
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))  # kept
-    # with the app's other caches: a restart (a Space's, where the cache persists) reuses
-    # inductor's work instead of compiling again
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)  # all models
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
