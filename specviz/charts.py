@@ -2,8 +2,10 @@
 
 - ``progress_figure``: acceptance per round and cumulative, draft length per round, tokens
   per target call, with the selected round marked.
-- ``posterior_figure``: the Thompson-sampling posterior recorded in RoundTrace.controller
-  (Beta for Beta-TS, Gaussian for Cali-TS) with the sampled theta of each draft step.
+- ``posterior_figure``: the draft-length controller's panel: the Thompson-sampling posterior
+  recorded in RoundTrace.controller (Beta for Beta-TS, Gaussian for Cali-TS) with the sampled
+  theta of each draft step, or the confidence controller's q per draft step against its
+  threshold; ``has_controller_panel`` says whether a trace has one (else the panel hides).
 - ``switch_figure``: the cost switch's plan per round (depth, predicted gain) against what
   the round drafted and accepted (shown in the posterior's place when a switch planned).
 - ``timeline_figure``: per-round propose/score/verify/commit phases of several runs.
@@ -52,8 +54,8 @@ def progress_figure(trace: RunTrace | None, index: int) -> go.Figure:
     rs = trace.rounds
     x = [r.index for r in rs]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("acceptance rate", "draft length", "tokens per target "
-                                        "call"))
+                        subplot_titles=("acceptance (accepted / drafted)", "draft length",
+                                        "tau (tokens per target call)"))
     fig.add_bar(x=x, y=[_ratio(r.accepted, r.drafted) for r in rs], name="per round",
                 marker_color="#7fd18b", row=1, col=1)
     fig.add_scatter(x=x, y=_cumulative(rs, lambda r: r.accepted, lambda r: r.drafted),
@@ -70,6 +72,9 @@ def progress_figure(trace: RunTrace | None, index: int) -> go.Figure:
                     col=1)
     _mark_round(fig, min(max(index, 0), len(rs) - 1))
     fig.update_yaxes(range=[0, 1.05], row=1, col=1)
+    longest = max([r.drafted for r in rs] + [r.accepted for r in rs])
+    fig.update_yaxes(range=[0, max(longest, 1) * 1.1], dtick=1 if longest <= 8 else None,
+                     row=2, col=1)  # whole drafts, from 0 (never -1..1 when none drafted)
     fig.update_layout(height=PROGRESS_HEIGHT, margin=dict(l=40, r=10, t=30, b=60),
                       barmode="overlay", plot_bgcolor="white", bargap=0.15,
                       legend=dict(orientation="h", y=-0.1, yanchor="top", font=dict(size=10)))
@@ -115,15 +120,11 @@ def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
         return switch_figure(trace, index)
     seen = _controller_rounds(trace, index)
     if not seen:
-        return empty_figure("no draft-length controller recorded for this method",
+        return empty_figure("no draft-length controller recorded before this round",
                             POSTERIOR_HEIGHT)
     kind = seen[-1].controller.kind or "?"
     if kind == "confidence":  # no posterior: the draft's q per step against the threshold
-        st = seen[-1].controller
-        qs = ", ".join(f"{s['q']:.2f}" for s in st.steps if s.get("q") is not None)
-        t = st.before.get("threshold")
-        return empty_figure(f"controller 'confidence' (threshold {t}): round {seen[-1].index} "
-                            f"drafted on q = {qs or 'nothing'}", POSTERIOR_HEIGHT)
+        return confidence_figure(seen[-1], index)
     if kind not in ("beta_ts", "cali_ts"):
         cap = seen[-1].controller.before.get("length")
         return empty_figure(f"controller '{kind}' has no posterior (length {cap})",
@@ -156,34 +157,77 @@ def posterior_figure(trace: RunTrace | None, index: int) -> go.Figure:
     return fig
 
 
+def has_controller_panel(trace: RunTrace | None) -> bool:
+    """Whether the trace has anything for the controller panel: a cost switch's plans, a
+    Thompson-sampling posterior or a confidence controller's q (a fixed length has none)."""
+    if trace is None:
+        return False
+    return any(r.switch is not None or (r.controller is not None and r.controller.kind in
+                                        ("beta_ts", "cali_ts", "confidence"))
+               for r in trace.rounds)
+
+
+def confidence_figure(r: RoundTrace, index: int) -> go.Figure:
+    """The confidence controller's round: the drafter's q of each newest draft against the
+    threshold it drafts on above."""
+    st = r.controller
+    steps = [s for s in st.steps if s.get("q") is not None]
+    threshold = st.before.get("threshold")
+    fig = go.Figure()
+    fig.add_bar(x=[s.get("step", k + 1) for k, s in enumerate(steps)],
+                y=[s["q"] for s in steps], name="q of the newest draft",
+                marker_color=["#59a14f" if s.get("continue") else "#d64545" for s in steps],
+                hovertemplate="step %{x}: q = %{y:.3f}<extra></extra>")
+    if threshold is not None:
+        fig.add_hline(y=float(threshold), line=dict(color="#555", dash="dash", width=1),
+                      annotation_text=f"threshold {threshold}", annotation_position="top left")
+    title = f"confidence controller, round {r.index}: q per draft step"
+    if r.index != index:
+        title += f" (round {index} used no controller)"
+    fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01),
+                      height=POSTERIOR_HEIGHT, plot_bgcolor="white", showlegend=False,
+                      margin=dict(l=40, r=10, t=40, b=40),
+                      xaxis=dict(title="draft step (green: drafted on, red: stopped)", dtick=1,
+                                 range=[0.4, max(len(steps), 4) + 0.6], gridcolor="#eee"),
+                      yaxis=dict(title="q (draft probability)", range=[0, 1.05],
+                                 gridcolor="#eee"))
+    return fig
+
+
 def switch_figure(trace: RunTrace, index: int) -> go.Figure:
-    """Per round up to the selected one: the switch's planned depth (0: a plain step), what
-    the round drafted and accepted, and the predicted gain over a plain step."""
+    """Per round up to the selected one: the switch's planned depth (0: a plain step) beside
+    what the round drafted and accepted, and below the predicted gain over a plain step."""
     rounds = [r for r in trace.rounds[: index + 1] if r.switch]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        row_heights=[0.62, 0.38],
+                        subplot_titles=("draft depth: planned, drafted, accepted",
+                                        "predicted gain (× a plain step's tokens per time)"))
     x = [r.index for r in rounds]
     fig.add_bar(x=x, y=[r.switch.depth for r in rounds], name="planned depth",
-                marker_color="#b8c9e6")
+                marker_color="#b8c9e6", row=1, col=1)
     fig.add_scatter(x=x, y=[r.drafted for r in rounds], mode="markers", name="drafted",
-                    marker=dict(color="#f2a65a", symbol="diamond", size=7))
+                    marker=dict(color="#f2a65a", symbol="diamond", size=7), row=1, col=1)
     fig.add_scatter(x=x, y=[r.accepted for r in rounds], mode="markers", name="accepted",
-                    marker=dict(color="#59a14f", size=6))
-    fig.add_scatter(x=x, y=[r.switch.predicted_gain for r in rounds], mode="lines",
-                    name="predicted gain (x a plain step)", line=dict(color="#3b7dd8"),
-                    secondary_y=True)
-    fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), secondary_y=True)
+                    marker=dict(color="#59a14f", size=6), row=1, col=1)
+    fig.add_scatter(x=x, y=[r.switch.predicted_gain for r in rounds], mode="lines+markers",
+                    name="predicted gain", line=dict(color="#3b7dd8"), row=2, col=1)
+    fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), row=2, col=1)
     plain = sum(1 for r in rounds if r.switch.depth == 0)
     profile = rounds[-1].switch.profile if rounds else "?"
+    deepest = max([r.switch.depth for r in rounds] + [r.drafted for r in rounds] + [1])
     _mark_round(fig, index)
-    fig.update_layout(title=dict(text=f"cost switch ({profile} costs): {plain} of {len(rounds)}"
-                                 " rounds planned plain", font=dict(size=14), x=0.01),
+    fig.update_layout(title=dict(text=f"cost switch's plan ({profile} costs): {plain} of "
+                                 f"{len(rounds)} rounds planned plain", font=dict(size=14),
+                                 x=0.01),
                       height=POSTERIOR_HEIGHT, plot_bgcolor="white",
-                      margin=dict(l=40, r=10, t=40, b=30),
-                      legend=dict(orientation="h", y=-0.2, font=dict(size=10)))
-    fig.update_xaxes(title="round", gridcolor="#eee")
-    fig.update_yaxes(title="draft depth", gridcolor="#eee", rangemode="tozero",
-                     secondary_y=False)
-    fig.update_yaxes(title="predicted gain", rangemode="tozero", secondary_y=True)
+                      margin=dict(l=40, r=10, t=50, b=30),
+                      legend=dict(orientation="h", y=-0.12, font=dict(size=10)))
+    fig.update_annotations(font_size=12)
+    fig.update_xaxes(gridcolor="#eee", dtick=1 if len(rounds) <= 12 else None)
+    fig.update_xaxes(title="round", row=2, col=1)
+    fig.update_yaxes(range=[0, deepest * 1.1], dtick=1 if deepest <= 8 else None,
+                     gridcolor="#eee", row=1, col=1)  # whole depths
+    fig.update_yaxes(rangemode="tozero", gridcolor="#eee", row=2, col=1)
     return fig
 
 

@@ -85,7 +85,7 @@ def build(shared: Shared) -> CompareTab:
     with gr.Row():
         go = gr.Button("Compare", variant="primary", elem_id="sv-compare", scale=3)
         hf = gr.Button(HF_PRESET_LABEL, size="sm", elem_id="sv-compare-hf", scale=2)
-    note = gr.Markdown()
+    note = gr.Markdown(elem_id="sv-compare-note")
     table = gr.Dataframe(pd.DataFrame(columns=compare.HEADERS), interactive=False,
                          label="Results", elem_id="sv-compare-table", max_height=420)
     with gr.Row():

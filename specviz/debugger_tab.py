@@ -191,9 +191,11 @@ def build_views(v: dict[str, Any]) -> Views:
                              visible=v["beams_visible"])
         extras = gr.Markdown(v["extras"], elem_id="sv-extras")
     with gr.Row():
-        progress = gr.Plot(v["progress"], label="Per-round statistics", elem_id="sv-progress")
-        posterior = gr.Plot(v["posterior"], label="Draft-length posterior",
-                            elem_id="sv-posterior")
+        # no label badge over the plots: each figure carries its own title
+        progress = gr.Plot(v["progress"], label="Per-round statistics", show_label=False,
+                           elem_id="sv-progress")
+        posterior = gr.Plot(v["posterior"], label="Draft-length controller", show_label=False,
+                            visible=v["posterior_visible"], elem_id="sv-posterior")
     return Views(run_md=run_md, text=text, back=back, step=step, play=play, reset=reset,
                  slider=slider, round_md=round_md, forest=forest, tests=tests, beams=beams,
                  extras=extras, progress=progress, posterior=posterior)

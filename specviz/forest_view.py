@@ -43,7 +43,8 @@ ON_PATH = (ACCEPTED, RESAMPLED, BONUS, TARGET)
 LABEL_SLOTS = 36  # wider forests label only the examined nodes
 DENSE_HIDDEN = (SKIPPED, NOT_REACHED)
 NODE_LIMIT = 300  # collapse beyond this many nodes
-HEIGHT = 430
+HEIGHT = 430  # the figure's height, grown for deep forests (DEPTH_PX a depth level)
+DEPTH_PX = 48  # a node, its label below it and a gap: deeper forests get a taller figure
 MIN_SLOTS = 9  # narrowest x range, in leaf slots
 IN_TOP_K = "#1f4e9c"  # ring of a drafted beam that is one of the target's top-K
 NOT_IN_TOP_K = "#9a5b13"  # ring of a drafted beam the target did not rank in its top-K
@@ -293,7 +294,7 @@ def forest_figure(trace: RunTrace | None, index: int) -> go.Figure:
     if notes:
         title += "<br><span style='font-size:12px;color:#8a5a00'>" + "; ".join(notes) + "</span>"
     fig.update_layout(
-        title=dict(text=title, font=dict(size=14), x=0.01), height=HEIGHT,
+        title=dict(text=title, font=dict(size=14), x=0.01), height=forest_height(pos),
         margin=dict(l=10, r=10, t=60 if notes else 40, b=10), plot_bgcolor="white",
         xaxis=dict(visible=False, range=_xrange(pos)),
         yaxis=dict(range=_yrange(pos), tickvals=_depths(pos), showgrid=False, zeroline=False,
@@ -302,6 +303,11 @@ def forest_figure(trace: RunTrace | None, index: int) -> go.Figure:
         hoverlabel=dict(bgcolor="white", font=dict(size=12)),
     )
     return fig
+
+
+def forest_height(pos: dict) -> int:
+    """HEIGHT, or taller when the forest is deeper than it holds with labels apart."""
+    return max(HEIGHT, 110 + DEPTH_PX * (len(_depths(pos)) - 1))
 
 
 def _xrange(pos: dict) -> list[float]:

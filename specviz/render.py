@@ -51,6 +51,8 @@ def views(state: SessionState) -> dict[str, Any]:
         "forest": forest_view.forest_figure(trace, i),
         "progress": progress_plot(state),
         "posterior": charts.posterior_figure(trace, i),
+        "posterior_visible": state.cached("has_controller",
+                                          lambda: charts.has_controller_panel(trace)),
         "text": state.cached("text", lambda: text_view.segments(trace)),
         "round_md": round_panel.round_markdown(trace, i),
         "run_md": round_panel.run_markdown(trace, state.live, state.source),
@@ -71,10 +73,14 @@ def render(state: SessionState) -> tuple[Any, ...]:
     v = views(state)
     out = {k: v[k] for k in OUTPUTS}
     out["beams"] = gr.Dataframe(value=v["beams"], visible=v["beams_visible"])
+    posterior = v["posterior"]
+    if not isinstance(posterior, PlotData):
+        posterior = PlotData(type="plotly", plot=posterior.to_json())
+    out["posterior"] = gr.Plot(value=posterior, visible=v["posterior_visible"])
     out["slider"] = gr.Slider(minimum=0, maximum=v["slider_max"], value=v["slider"], step=1,
                               interactive=v["slider_interactive"], label=v["slider_label"])
     for k in PLOTS:  # serialised here, so a handler's measured time includes it
-        if not isinstance(out[k], PlotData):
+        if not isinstance(out[k], (PlotData, gr.Plot)):
             out[k] = PlotData(type="plotly", plot=out[k].to_json())
     return tuple(out[k] for k in OUTPUTS)
 

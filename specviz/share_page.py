@@ -82,14 +82,16 @@ def trace_page(trace: RunTrace) -> str:
     cut = (f"<p>The first {n} of {len(trace.rounds)} rounds are drawn.</p>"
            if n < len(trace.rounds) else "")
     title = html.escape(f"specviz: {trace.method} on {trace.target}")
-    slider = (f"<p>Round <span id='sv-round-label'>0</span> of {n - 1}: <input type='range' "
+    # "Round i of N" as the round header under it says it (rounds numbered from 0)
+    slider = (f"<p>Round <span id='sv-round-label'>0</span> of {len(trace.rounds)}: "
+              f"<input type='range' "
               f"id='sv-round' min='0' max='{max(n - 1, 0)}' value='0' step='1' "
               f"style='width:60%'></p>" if n else "<p>No rounds.</p>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
             f"<style>{CSS}</style></head><body><h1>{title}</h1>"
             + _markdown(round_panel.run_markdown(trace)) +
-            f"<p>Drafter: {html.escape(trace.draft or '(none)')}; device: "
-            f"{html.escape(trace.device)}.</p>"
+            f"<p>Drafter: {html.escape(round_panel.drafter_of(trace) or '(none)')}; device: "
+            f"{html.escape(round_panel.device_text(trace.device))}.</p>"
             + _text_html(trace) + "<h2>Charts</h2>" + "".join(chart_divs)
             + "<h2>Rounds</h2>" + cut + slider + "".join(rounds)
             + (f"<script>{SCRIPT}</script>" if n else "") + "</body></html>")

@@ -41,16 +41,40 @@ def _shown_prompt(trace: RunTrace, max_prompt: int) -> list[tuple[str, str | Non
     return head + [(t, ORIGIN_PROMPT) for t in toks]
 
 
-def _generated(trace: RunTrace) -> list[tuple[str, str]]:
-    """(text, origin) of each generated token of the best beam."""
+def token_texts(trace: RunTrace) -> list[str]:
+    """The text of each generated token of the best beam: from the rounds' nodes and
+    committed tokens, and, for a token no round recorded (a beam method's finished
+    hypothesis ends on an end-of-text token no round committed), from the run's decoded text
+    between its recorded neighbours; ``<id>`` only where the text does not line up."""
     by_id: dict[int, str] = {}
     for r in trace.rounds:
         for c in r.committed:
             by_id.setdefault(c.token_id, c.text)
         for n in r.nodes:
             by_id.setdefault(n.token_id, n.text)
+    texts: list[str | None] = [by_id.get(t) for t in trace.token_ids]
+    pos, i, full = 0, 0, trace.text or ""
+    while i < len(texts):
+        if texts[i] is not None:
+            if not full.startswith(texts[i], pos):
+                break  # the decoded text is not the tokens' texts joined: leave it
+            pos += len(texts[i])
+            i += 1
+            continue
+        j = i
+        while j < len(texts) and texts[j] is None:
+            j += 1
+        end = full.find(texts[j], pos) if j < len(texts) else len(full)
+        if j - i != 1 or end < pos:  # one missing token is its text; several can't be split
+            break
+        texts[i], pos, i = full[pos:end], end, j
+    return [t if t is not None else f"<{tid}>" for t, tid in zip(texts, trace.token_ids)]
+
+
+def _generated(trace: RunTrace) -> list[tuple[str, str]]:
+    """(text, origin) of each generated token of the best beam."""
     origins = list(trace.token_origins) + [ORIGIN_TARGET] * len(trace.token_ids)
-    return [(by_id.get(t, f"<{t}>"), origins[i]) for i, t in enumerate(trace.token_ids)]
+    return [(text, origins[i]) for i, text in enumerate(token_texts(trace))]
 
 
 def segments(trace: RunTrace | None,

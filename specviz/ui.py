@@ -32,13 +32,24 @@ IDLE_STATE_S = 4 * 3600  # a session's trace is dropped after this long without 
 CACHE_CLEANUP = (1800, 3600)  # every 30 min, delete the app's served files older than 1 h
 
 
+# Enter in the round slider's number box opens that round: the box sends its value when it
+# loses focus (the slider's release event), so Enter takes the focus away
+PAGE_JS = """() => {
+  document.addEventListener('keydown', (e) => {
+    const box = e.target;
+    if (e.key === 'Enter' && box instanceof HTMLInputElement && box.type === 'number'
+        && box.closest('#sv-slider')) { box.blur(); }
+  });
+}"""
+
+
 def launch_options() -> dict[str, Any]:
     """Keyword arguments for ``demo.launch`` (Gradio 6 takes css and theme there): the look,
     the upload cap (Gradio refuses a larger file before any handler runs) and the number of
     sessions kept in memory (each holds at most one trace, bounded by trace_file's and
     pairs' caps)."""
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate", radius_size="sm")
-    return {"css": (ASSETS / "style.css").read_text(), "theme": theme,
+    return {"css": (ASSETS / "style.css").read_text(), "theme": theme, "js": PAGE_JS,
             "max_file_size": trace_file.MAX_IMPORT_BYTES,
             "state_session_capacity": MAX_SESSIONS}
 

@@ -70,7 +70,7 @@ def _efficiency(cost: CostRecord) -> str:
     pred, meas, eff = cost.predicted_speedup, cost.measured_speedup, cost.efficiency
     if pred is None or meas is None or eff is None:
         return ""
-    return (f" · {PREDICTED} {pred:.2f}x, {ROUND_TIME} {meas:.2f}x (tokens x a plain step's "
+    return (f" · {PREDICTED} {pred:.2f}x, {ROUND_TIME} {meas:.2f}x (tokens × a plain step's "
             f"time / the rounds' time; {EFFICIENCY} {eff:.0%} = {ROUND_TIME} / {PREDICTED})")
 
 

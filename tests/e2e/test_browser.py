@@ -211,8 +211,8 @@ def test_compare_shows_speedup_bars_and_a_table_that_fits_the_page(browser, app_
     page.get_by_label("max_new_tokens").last.fill("8")
     page.locator("#sv-compare").click()
     bars = page.locator("#sv-compare-bars .js-plotly-plot")
-    expect(page.locator("#sv-compare-table")).to_contain_text("beams=4",  # the last row
-                                                              timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#sv-compare-note")).to_contain_text("decodes on the same prompt",
+                                                             timeout=RUN_TIMEOUT_MS)
     expect(bars.locator(".bars path")).to_have_count(2, timeout=RUN_TIMEOUT_MS)  # sd, mcsd
     page_width = page.evaluate("document.documentElement.clientWidth")
     table_box = page.locator("#sv-compare-table").bounding_box()
@@ -363,4 +363,243 @@ def test_tuning_in_the_bench_tab_streams_trials_and_its_winners_become_the_defau
     page.screenshot(path=str(ARTIFACTS / "e2e-tune.png"), full_page=True)
     page.locator("#sv-tune-use").click()
     expect(page.locator("#sv-tune-status")).to_contain_text("now start from the tuned")
+    ctx.close()
+
+
+# ------------------------------------------------- issue 57: every number agrees, every page reads
+
+
+def _ctx_page(browser, app_url, width: int = 1440):
+    ctx = browser.new_context(viewport={"width": width, "height": 1000}, accept_downloads=True)
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    pg.goto(app_url)
+    pg.locator("#sv-forest .js-plotly-plot").wait_for()
+    return ctx, pg
+
+
+def _use_tiny_pair(page) -> None:
+    """The Debugger's Target box set to the tiny pair (the tabs' model work reads it)."""
+    from tests.ui.helpers import TINY
+
+    page.get_by_text("Model pair").first.click()
+    target = page.get_by_label("Target (p)", exact=False)
+    target.fill(TINY)
+    target.press("Tab")
+
+
+def _forest(page) -> tuple[str, dict[str, int]]:
+    """The forest figure's title and the nodes it draws per trace name (plotly's own data)."""
+    return page.evaluate("""() => {
+        const gd = document.querySelector('#sv-forest .js-plotly-plot');
+        const drawn = {};
+        for (const t of gd.data) drawn[t.name] = (t.x || []).filter(x => x !== null).length;
+        return [gd.layout.title.text.split('<br>')[0], drawn];
+    }""")
+
+
+def _accepted_tokens(page) -> int:
+    """Tokens the text colours 'accepted' (text_view.ORIGIN_COLORS, 50% alpha in the page)."""
+    return page.locator("#sv-text .token").evaluate_all(
+        "els => els.filter(e => (e.style.backgroundColor || '').startsWith("
+        "'rgba(127, 209, 139')).length")
+
+
+def _header_counts(round_md: str) -> tuple[str, dict[str, int]]:
+    """The header's drafted phrase and its committed tokens by origin."""
+    drafted = round_md.split(" · ")[1]
+    committed = re.search(r"committed \d+ tokens? \(([^)]*)\)", round_md)
+    origins = {o: int(n) for n, o in (p.split(" ") for p in committed.group(1).split(", "))} \
+        if committed else {}
+    return drafted, origins
+
+
+def test_the_demos_summary_forest_header_text_and_exported_page_agree(browser, app_url):
+    """For the opening trace: the run summary's accepted drafts are the tokens the text colours
+    accepted; in every round the forest's title is the header's count and its accepted nodes
+    are the header's; the exported page shows the same summary, the same round count and the
+    same header under its slider."""
+    from specviz.state import DEMO_TRACE
+
+    ctx, page = _ctx_page(browser, app_url)
+    run_md = page.locator("#sv-run-md").inner_text()
+    acc = re.search(r"acceptance ([\d.]+) \((\d+) of (\d+) drafted tokens accepted\)", run_md)
+    assert acc, run_md
+    accepted, drafted = int(acc.group(2)), int(acc.group(3))
+    assert abs(float(acc.group(1)) - accepted / drafted) < 1e-3
+    assert _accepted_tokens(page) == accepted
+    tau = re.search(r"tau ([\d.]+) tokens per target call", run_md).group(1)
+    n = len(RunTrace.from_json(DEMO_TRACE.read_text()).rounds)
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    headers = []
+    for k in range(n):
+        if k:
+            page.locator("#sv-step").click()
+            _wait_round(page, k)
+        header = _round_md(page)
+        assert f"Round {k} of {n}" in header
+        phrase, origins = _header_counts(header)
+        title, drawn = _forest(page)
+        assert title == f"Round {k}: {phrase}", (title, phrase)
+        shown = re.search(r"(?:accepted (\d+)|(\d+) accepted)$", phrase)
+        assert drawn["accepted"] == int(shown.group(1) or shown.group(2)), (phrase, drawn)
+        assert drawn["bonus"] == origins.get("bonus", 0)  # a token method: one a round
+        headers.append(header)
+    page.locator("#sv-export-page").click()
+    link = page.locator("#sv-page-file a").first
+    link.wait_for(timeout=60_000)
+    with page.expect_download() as info:
+        link.click()
+    saved = ARTIFACTS / "e2e-demo-page.html"
+    ARTIFACTS.mkdir(exist_ok=True)
+    info.value.save_as(str(saved))
+    ctx.close()
+    ctx = browser.new_context(offline=True)
+    pg = ctx.new_page()
+    pg.goto(saved.as_uri())
+    pg.wait_for_function("typeof Plotly !== 'undefined'")
+    body = pg.inner_text("body")
+    assert acc.group(0) in body and f"tau {tau} tokens per target call" in body
+    assert re.search(rf"Round 0 of {n}:", body)  # the slider counts rounds as headers do
+    for k in (0, n - 1):
+        pg.eval_on_selector("#sv-round", f"e => {{e.value = {k}; "
+                            "e.dispatchEvent(new Event('input'))}")
+        notes = pg.inner_text(f"#round-{k}")
+        assert _header_counts(headers[k])[0] in notes
+        assert re.search(rf"Round {k}\s+of {n}", notes)
+    ctx.close()
+
+
+def test_a_beam_run_draws_what_its_header_counts(browser, app_url):
+    """atspeed_strict on the tiny pair, the issue's case: in every round the forest draws as
+    many accepted nodes as the header counts, and a round that passed no step draws none."""
+    from playwright.sync_api import expect
+
+    ctx, page = _ctx_page(browser, app_url)
+    _use_tiny_pair(page)
+    _choose_method(page, "atspeed_strict")
+    _open_budget(page)
+    _set_number(page, "max_new_tokens", 8)
+    page.locator("#sv-run").click()
+    run_md = page.locator("#sv-run-md")
+    expect(run_md).to_contain_text("atspeed_strict (", timeout=RUN_TIMEOUT_MS)
+    expect(run_md).not_to_contain_text("running", timeout=RUN_TIMEOUT_MS)
+    summary = run_md.inner_text()
+    steps = re.search(r"\((\d+) of (\d+) drafted steps passed\)", summary)
+    assert steps, summary
+    n = int(re.search(r" of (\d+)", _round_md(page)).group(1))
+    page.locator("#sv-reset").click()
+    _wait_round(page, 0)
+    passed_total = 0
+    for k in range(n):
+        if k:
+            page.locator("#sv-step").click()
+            _wait_round(page, k)
+        phrase, origins = _header_counts(_round_md(page))
+        title, drawn = _forest(page)
+        assert title == f"Round {k}: {phrase}"
+        m = re.search(r"(\d+) passed \((\d+) accepted nodes?\)", phrase)
+        assert m and drawn["accepted"] == int(m.group(2)), (phrase, drawn)
+        passed = int(m.group(1))
+        assert origins.get("accepted", 0) == passed  # the text's colours: the steps passed
+        assert passed or drawn["accepted"] == 0
+        passed_total += passed
+    assert passed_total == int(steps.group(1))
+    ctx.close()
+
+
+def test_compares_table_note_and_bars_agree_and_its_preset_leaves_the_debugger_alone(
+        browser, app_url):
+    """Compare on the tiny pair at 1280 px: for each speculative row the note's predicted,
+    round-time and measured speedups are the table's, the bars are the measured column, no
+    beam baseline runs without a beam method, headers stay whole; the prompt-lookup preset
+    sets this comparison's drafter, not the Debugger's."""
+    from playwright.sync_api import expect
+
+    ctx, page = _ctx_page(browser, app_url, width=1280)
+    _use_tiny_pair(page)
+    draft_box = page.get_by_label("Draft (q)", exact=False)
+    debugger_draft = draft_box.input_value()
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#sv-compare-hf").click()
+    expect(page.locator("#sv-compare-draft textarea, #sv-compare-draft input").first
+           ).to_have_value("ngram")
+    page.get_by_role("tab", name="Debugger").click()
+    assert draft_box.input_value() == debugger_draft  # the Debugger's pair is untouched
+    page.get_by_role("tab", name="Compare").click()
+    page.get_by_label("max_new_tokens (at most 128)").fill("8")
+    page.locator("#sv-compare").click()
+    expect(page.locator("#sv-compare")).to_be_enabled(timeout=RUN_TIMEOUT_MS)
+    expect(page.get_by_text("decodes on the same prompt")).to_be_visible(
+        timeout=RUN_TIMEOUT_MS)
+    table = page.locator("#sv-compare-table")
+    heads = table.locator("thead th").evaluate_all("ths => ths.map(t => t.title)")
+    rows = [dict(zip(heads, r)) for r in table.locator(".virtual-row").evaluate_all(
+        "rs => rs.map(r => [...r.children].map(c => c.innerText.trim()))")]
+    by = {r["run"]: r for r in rows}
+    assert set(by) == {"hf_prompt_lookup", "sd", "greedy"}  # no beam baseline
+    note = page.locator("#sv-compare-note").inner_text()
+    bars = dict(page.evaluate("""() => {
+        const gd = document.querySelector('#sv-compare-bars .js-plotly-plot');
+        const t = gd.data.find(d => d.name === 'measured ×');
+        return t.y.map((name, i) => [name, t.x[i]]);
+    }"""))
+    for name in ("hf_prompt_lookup", "sd"):
+        row = by[name]
+        line = next(ln for ln in note.splitlines() if ln.startswith(name + ":"))
+        assert f"predicted {row['predicted ×']}x, round-time {row['round-time ×']}x" in line
+        assert f"measured {row['measured ×']}x" in line
+        assert f"{bars[name]:.2f}" == row["measured ×"]
+    for th in table.locator("thead th").all():  # headers whole: never wrapped
+        box = th.bounding_box()
+        assert box["height"] < 60, th.inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    page.screenshot(path=str(ARTIFACTS / "e2e-compare-1280.png"), full_page=True)
+    ctx.close()
+
+
+@pytest.mark.parametrize("width", [1280, 1440])
+def test_the_methods_tab_keeps_every_name_on_one_line(browser, app_url, width):
+    ctx, page = _ctx_page(browser, app_url, width=width)
+    page.get_by_role("tab", name="Methods").click()
+    table = page.locator(".sv-methods table")
+    table.wait_for()
+    line = page.evaluate("parseFloat(getComputedStyle(document.querySelector("
+                         "'.sv-methods td')).lineHeight) || 24")
+    for cell in table.locator("tbody td:first-child").all():  # the method names
+        assert cell.locator("strong").bounding_box()["height"] < 1.6 * line, cell.inner_text()
+    box, holder = table.bounding_box(), page.locator(".sv-methods").first.bounding_box()
+    assert box["width"] <= holder["width"] + 1  # fits: nothing clipped or scrolled
+    ctx.close()
+
+
+def test_the_debugger_says_what_it_refuses_and_opens_a_typed_round(browser, app_url):
+    """A prompt over the cap is kept whole and refused in one line (never cut to 2,000
+    characters); a round typed in the slider's box and Enter opens it; a fixed-length run
+    hides the empty controller panel."""
+    from playwright.sync_api import expect
+
+    ctx, page = _ctx_page(browser, app_url)
+    box = page.locator("#sv-prompt textarea")
+    long = "word " * 500  # 2,500 characters
+    box.fill(long)
+    assert len(box.input_value()) == len(long)
+    page.locator("#sv-run").click()
+    expect(page.get_by_text("the UI limit is 2000")).to_be_visible()
+    expect(page.locator("#sv-posterior")).to_be_visible()  # the demo's confidence controller
+    number = page.locator("#sv-slider input[type=number]")
+    number.fill("5")
+    number.press("Enter")
+    _wait_round(page, 5)
+    _use_tiny_pair(page)
+    box.fill("Hello there")
+    _choose_method(page, "sd")
+    _open_budget(page)
+    _set_number(page, "max_new_tokens", 6)
+    page.locator("#sv-run").click()
+    run_md = page.locator("#sv-run-md")
+    expect(run_md).to_contain_text("sd (", timeout=RUN_TIMEOUT_MS)
+    expect(run_md).not_to_contain_text("running", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#sv-posterior")).to_be_hidden()  # controller=fixed: no chart
     ctx.close()

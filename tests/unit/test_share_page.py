@@ -54,3 +54,12 @@ def test_the_command_writes_the_page_and_a_bad_file_is_one_line(tmp_path, capsys
     assert share_page.main([str(bad), str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
+
+
+def test_the_pages_slider_counts_rounds_as_each_rounds_header_does():
+    """Issue 57 (3): the slider said "Round 2 of 4" (its last index) beside the round's own
+    "Round 2 of 5"; both now count the rounds."""
+    page = share_page.trace_page(DEMO)
+    n = len(DEMO.rounds)
+    assert f"<span id='sv-round-label'>0</span> of {n}:" in page
+    assert set(re.findall(r"<strong>Round \d+</strong> of (\d+)", page)) == {str(n)}

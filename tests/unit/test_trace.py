@@ -123,7 +123,7 @@ def test_a_trace_in_the_old_shape_still_imports():
     assert cost_sentence(tr.stats.cost) == (
         "over rounds 1..11 (round 0, which also prefills the prompt, left out): a round costs "
         "1.28 target steps (drafting 0.11, verifying 1.16) and commits 2.55 tokens per round: "
-        "break-even needs 1.28 tokens per round · predicted 1.99x, round-time 1.88x (tokens x "
+        "break-even needs 1.28 tokens per round · predicted 1.99x, round-time 1.88x (tokens × "
         "a plain step's time / the rounds' time; efficiency 94% = round-time / predicted)")
     state = tr.rounds[1].controller
     assert isinstance(state, ControllerState) and state.kind == "confidence"

@@ -257,8 +257,24 @@ def test_posterior_figure_shows_the_confidence_controllers_q_per_step():
                {"step": 2, "theta": None, "uniform": None, "q": 0.31, "continue": False}))
     t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=ctl),), (), "",
                  (), RunSummary())
-    text = charts.posterior_figure(t, 0).layout.annotations[0].text
-    assert "threshold 0.5" in text and "q = 0.93, 0.31" in text
+    fig = charts.posterior_figure(t, 0)
+    bars = _by_name(fig, "q of the newest draft")
+    assert list(bars.y) == [0.93, 0.31] and list(bars.x) == [1, 2]
+    assert fig.layout.shapes[0].y0 == 0.5  # the threshold line
+    assert "confidence controller, round 0" in fig.layout.title.text
+    assert charts.has_controller_panel(t)
+
+
+def test_the_controller_panel_hides_when_no_controller_has_a_chart(trace):
+    """Issue 57 (12): a fixed length (or no controller) has no chart: the panel hides."""
+    fixed = ControllerState(kind="fixed", before={"length": 4})
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, controller=fixed),
+                                                     _baseline_round()), (), "", (),
+                 RunSummary())
+    assert not charts.has_controller_panel(t) and not charts.has_controller_panel(None)
+    assert charts.has_controller_panel(trace)  # a Beta-TS round
+    from specviz.render import views
+    assert views(SessionState(t))["posterior_visible"] is False
 
 
 def test_posterior_figure_explains_when_no_controller_ran(trace):
@@ -343,7 +359,7 @@ def test_run_summary_states_the_cost_model_with_each_figure_under_its_own_name()
         "out): draft steps cost 0.20 of a target step and verifying 1.20; at 2.0 drafts per "
         "round break-even needs per-token α 0.45; this run's per-token α 0.50 (accepted / "
         "tested drafts; the acceptance, accepted / drafted, also counts the drafts after a "
-        "rejection, never tested) · predicted 1.10x, round-time 1.00x (tokens x a plain "
+        "rejection, never tested) · predicted 1.10x, round-time 1.00x (tokens × a plain "
         "step's time / the rounds' time; efficiency 91% = round-time / predicted).")
     assert "measured" not in round_panel.cost_markdown(cost)
     assert round_panel.cost_markdown(None) == "" == round_panel.cost_markdown(CostRecord())
@@ -648,8 +664,10 @@ def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
     assert list(_by_name(fig, "planned depth").y) == [2, 0, 1]
     assert list(_by_name(fig, "drafted").y) == [2, 0, 1]
     assert list(_by_name(fig, "accepted").y) == [1, 0, 1]
-    assert list(_by_name(fig, "predicted gain (x a plain step)").y) == [1.41, 1.0, 1.5]
+    assert list(_by_name(fig, "predicted gain").y) == [1.41, 1.0, 1.5]
     assert "1 of 3 rounds planned plain" in fig.layout.title.text
+    assert fig.layout.yaxis.dtick == 1 and list(fig.layout.yaxis.range)[0] == 0  # whole depths
+    assert "yaxis3" not in fig.layout  # two panels, no second axis on one
 
 
 def test_compares_table_and_note_give_each_speedup_under_one_name_and_agree():
@@ -676,3 +694,37 @@ def test_compares_table_and_note_give_each_speedup_under_one_name_and_agree():
     assert "measured 1.50x (the whole run against its plain decode)" in line
     assert "efficiency 67% = round-time / predicted" in line
     assert "*measured ×* is the whole run's tokens/s against its plain decode's" in note
+
+
+def test_a_token_no_round_recorded_takes_its_text_from_the_runs_decoded_text(trace):
+    """Issue 57 (5): a beam method's best hypothesis ends on an end-of-text token no round
+    committed; the text shows it as the tokenizer wrote it, not as its id."""
+    from dataclasses import replace
+
+    ended = replace(trace, token_ids=trace.token_ids + (2,), text=trace.text + "<|im_end|>",
+                    token_origins=trace.token_origins + ("target",))
+    assert text_view.token_texts(ended) == [" b", " e", " x", "!", "<|im_end|>"]
+    assert text_view.segments(ended)[-1] == ("<|im_end|>", "target")
+    garbled = replace(ended, text="something else")  # no alignment: the id, not a guess
+    assert text_view.token_texts(garbled)[-1] == "<2>"
+
+
+def test_a_run_that_drafted_nothing_draws_its_draft_length_axis_from_zero():
+    """Issue 57 (12): plotly's autorange put an all-zero axis at -1..1."""
+    t = RunTrace("greedy", {}, "t", "", "cpu", "", (), (_baseline_round(), _baseline_round()),
+                 (), "", (), RunSummary())
+    fig = charts.progress_figure(t, 0)
+    assert list(fig.layout.yaxis2.range) == [0, 1.1] and fig.layout.yaxis2.dtick == 1
+
+
+def test_a_deep_forest_gets_a_taller_figure_so_its_labels_stay_apart():
+    """Issue 57 (12): an 11-deep chain overlapped its labels in the fixed height."""
+    chain = tuple(_node(i, i - 1, i + 1, f" t{i}", "accepted") for i in range(11))
+    deep = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, nodes=chain, drafted=11,
+                                                                   accepted=11),),
+                    (), "", (), RunSummary())
+    fig = forest_view.forest_figure(deep, 0)
+    assert fig.layout.height >= 110 + forest_view.DEPTH_PX * 11 > forest_view.HEIGHT
+    shallow = forest_view.forest_figure(deep.__class__(**{**deep.__dict__, "rounds": (
+        RoundTrace(0, nodes=chain[:2], drafted=2, accepted=2),)}), 0)
+    assert shallow.layout.height == forest_view.HEIGHT
