@@ -197,4 +197,5 @@ def test_a_cancelled_decode_stops_after_its_current_round():
     job.result(WAIT_S)
     items = [out.get(timeout=WAIT_S) for _ in range(2)]
     assert items[0].final and items[1] is pairs._DONE
-    assert len(run.trace().rounds) == 2 and not run.done  # the round in progress, then stop
+    assert len(run.trace().rounds) == 2  # the round in progress, then stop
+    assert run.done and run.stop_reason == "cancelled"
