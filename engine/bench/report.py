@@ -34,7 +34,8 @@ def acceptance_figure(summary: Sequence[dict]):
                 customdata=g["drafts_per_position"],
                 hovertemplate="position %{x}: %{y:.2f} of %{customdata} rounds"))
     fig.update_layout(title="Acceptance per draft position", xaxis_title="draft position j",
-                      yaxis_title="accepted at j / drafted a j", yaxis_range=[0, 1.05])
+                      yaxis_title="accepted at depth j / drafted to depth j",
+                      yaxis_range=[0, 1.05])
     return fig
 
 

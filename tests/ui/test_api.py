@@ -203,6 +203,16 @@ def test_bad_check_inputs_become_one_line_errors(client, args, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_check_keeps_to_the_seconds_it_is_given_and_says_what_it_took(client):
+    """Issue 57 (10): Check's budget is a control, like Bench's caps; a law check sized past
+    it runs fewer runs, says so, and reports its time against the budget."""
+    report, _ = client.predict("hello world", "sd", "", 1.0, 0, 1.0, 8, TINY, "", 3,
+                               api_name="/check")
+    assert "to stay within 3 s" in report  # the runs it kept
+    took = re.search(r"took (\d+) s of a 3-s budget", report)
+    assert took and int(took.group(1)) <= 30, report
+
+
 def test_method_change_shows_that_methods_parameters_with_defaults(client):
     out = client.predict("dsbd", api_name="/method")
     assert out[0].startswith("**dsbd** (beam)")
@@ -224,6 +234,15 @@ def test_method_change_fills_in_the_pairs_measured_best_settings(client):
     assert {"2x2", "confidence", 0.5} <= set(mcsd)  # the tree and its depth controller
     assert 0.3 in shown("embedded", "ngram+feature", "atspeed_strict")  # the draft gate
     assert 0.3 not in shown(TINY, "", "atspeed_strict")
+
+
+def test_preset_fills_the_model_pair_fields_and_gpu_presets_need_a_gpu(client):
+    target, draft = client.predict("Tiny random llama (instant, gibberish)",
+                                   api_name="/preset")
+    assert (target, draft) == (TINY, "")
+    if not torch.cuda.is_available():  # issue 57 (13): not offered, so never refused at Run
+        with pytest.raises(AppError, match="not in the list of choices"):
+            client.predict("Qwen2.5-7B-Instruct + n-gram lookup (GPU)", api_name="/preset")
 
 
 def test_compare_checks_each_output_against_its_reference(client):
@@ -300,22 +319,3 @@ def test_run_on_the_embedded_model(client):
     v = _run(client, target="embedded", prompt="Say hi.", p_gamma=2, p_max_new_tokens=4)
     assert "SmolLM2-135M-Instruct" in v["run_md"]
     assert "4 tokens in" in v["run_md"] or "eos" in v["run_md"]
-
-
-def test_preset_fills_the_model_pair_fields_and_gpu_presets_need_a_gpu(client):
-    target, draft = client.predict("Tiny random llama (instant, gibberish)",
-                                   api_name="/preset")
-    assert (target, draft) == (TINY, "")
-    if not torch.cuda.is_available():  # issue 57 (13): not offered, so never refused at Run
-        with pytest.raises(AppError, match="not in the list of choices"):
-            client.predict("Qwen2.5-7B-Instruct + n-gram lookup (GPU)", api_name="/preset")
-
-
-def test_a_check_keeps_to_the_seconds_it_is_given_and_says_what_it_took(client):
-    """Issue 57 (10): Check's budget is a control, like Bench's caps; a law check sized past
-    it runs fewer runs, says so, and reports its time against the budget."""
-    report, _ = client.predict("hello world", "sd", "", 1.0, 0, 1.0, 8, TINY, "", 3,
-                               api_name="/check")
-    assert "to stay within 3 s" in report  # the runs it kept
-    took = re.search(r"took (\d+) s of a 3-s budget", report)
-    assert took and int(took.group(1)) <= 30, report

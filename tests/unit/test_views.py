@@ -728,3 +728,26 @@ def test_a_deep_forest_gets_a_taller_figure_so_its_labels_stay_apart():
     shallow = forest_view.forest_figure(deep.__class__(**{**deep.__dict__, "rounds": (
         RoundTrace(0, nodes=chain[:2], drafted=2, accepted=2),)}), 0)
     assert shallow.layout.height == forest_view.HEIGHT
+
+
+def test_the_guide_describes_the_demo_the_page_opens():
+    """Issue 57 (5): docs/debugger.md described another demo (3x2x2, 11 rounds, tau 2.64)
+    than the one the page opens; its figures are the shipped trace's."""
+    import re
+    from pathlib import Path
+
+    from specviz.figures import round_counts
+
+    guide = Path(__file__).resolve().parents[2] / "docs" / "debugger.md"
+    said = re.search(r"\(mcsd (\S+) with the confidence\s+controller at ([\d.]+), the pair's "
+                     r"tuned settings; (\d+) rounds, (\d+) drafted nodes, acceptance ([\d.]+),"
+                     r"\s+tau ([\d.]+);", guide.read_text())
+    assert said, "docs/debugger.md no longer describes the demo trace"
+    demo = demo_state().trace
+    assert (demo.method, demo.params["k_config"], demo.params["controller"]) == (
+        "mcsd", said.group(1), "confidence")
+    assert float(said.group(2)) == demo.params["confidence"]
+    assert int(said.group(3)) == len(demo.rounds)
+    assert int(said.group(4)) == sum(round_counts(r).nodes for r in demo.rounds)
+    assert said.group(5) == f"{demo.stats.acceptance_rate:.2f}"
+    assert said.group(6) == f"{demo.stats.tau:.2f}"
