@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.set_runner import load_run, write_summary
-from engine.bench.set_summary import ALL, SUMMARY_HEAD, summary_cells
+from engine.bench.set_summary import (
+    ALL,
+    REPLAY_HEAD,
+    REPLAY_NOTE,
+    SUMMARY_HEAD,
+    replay_cells,
+    summary_cells,
+)
 
 REPORT = "report.html"
 
@@ -108,6 +115,15 @@ CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
        "padding:3px 8px;text-align:left}th{background:#f3f3f3}")
 
 
+def replay_section(summary: Sequence[dict]) -> str:
+    """The hindsight replay's medians (bench-set --replay), or nothing."""
+    cells = replay_cells(summary)
+    if not cells:
+        return ""
+    return ("<h2>Hindsight replay</h2>" + _table(REPLAY_HEAD, cells)
+            + f"<p>{html.escape(REPLAY_NOTE)}</p>")
+
+
 def report_html(summary: dict[str, Any], rows: Sequence[dict]) -> str:
     """The whole page: settings, the summary table and the four figures."""
     import plotly.io as pio
@@ -126,6 +142,7 @@ def report_html(summary: dict[str, Any], rows: Sequence[dict]) -> str:
             "beside this page.</p><h2>Settings</h2>"
             + _table(["setting", "value"], list(meta.items()))
             + "<h2>Summary</h2>" + summary_table(methods) + f"<p>{PROJECTION_NOTE}</p>"
+            + replay_section(methods)
             + "<h2>Figures</h2>"
             + "".join(divs) + "</body></html>")
 

@@ -58,6 +58,7 @@ class SetSettings:
     seed: int = 0  # repeat r runs the methods with seed + r
     temperature: float = 0.0
     raw: bool = False  # no chat template
+    replay: bool = False  # each temperature-0 run of one sequence replayed in hindsight
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ def run_arguments(pair, plan: SetPlan) -> dict[str, Any]:
     selected prompts' digest is)."""
     s = asdict(plan.settings)
     s.pop("set_path")
+    if not s["replay"]:
+        s.pop("replay")  # a run folder written without the flag resumes as before
     dtype = next(pair.target.parameters()).dtype
     return json.loads(json.dumps({
         **s, "prompts": len(plan.prompts), "prompts_sha256": set_digest(list(plan.prompts)),
@@ -214,12 +217,30 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
                # vLLM's per-request speculative stats (engine.core.trace.RunStats)
                "acceptance_histogram": list(trace.stats.acceptance_histogram),
                "per_step_accepted": list(trace.stats.per_step_accepted)}
+        if s.replay:
+            row["replay"] = replay_record(pair, trace)
         with (out / RESULTS).open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         rows.append(row)
         if progress:
             progress(len(rows), plan.total, row)
     return SetOutcome(out, tuple(rows), plan.total, True)
+
+
+def replay_record(pair, trace) -> dict | None:
+    """A row's hindsight replay (engine.analysis.hindsight) in numbers: the best fixed length
+    and its speedup, the clairvoyant bound's, the run's own, its standing; None where replay
+    does not apply exactly (above temperature 0, beam methods)."""
+    from engine.analysis.hindsight import replay
+    from engine.methods import METHODS
+
+    spec = METHODS[trace.method]
+    if float(trace.params.get("temperature", 0.0)) > 0 or spec.reference != "greedy":
+        return None
+    r = replay(trace, pair)
+    return {"best_fixed": r.best_fixed.label, "best_fixed_speedup": r.best_fixed.speedup,
+            "bound_speedup": r.bound.speedup, "own_speedup": r.own.speedup,
+            "standing": r.standing, "exact": r.exact}
 
 
 def load_run(out_dir: str | Path) -> tuple[dict[str, Any], list[dict]]:

@@ -110,7 +110,38 @@ def group_summary(rows: Sequence[dict]) -> dict[str, Any]:
         "identical": identity(rows),
         "efficiency_median": eff["median"] if eff else None,
         "projected_h100_median": projected["median"] if projected else None,
+        "replay": replay_summary(rows),
     }
+
+
+def replay_summary(rows: Sequence[dict]) -> dict[str, Any] | None:
+    """Medians of the rows' hindsight replays (bench-set --replay): the best fixed length's
+    speedup, the clairvoyant bound's, the runs' own; the best fixed length most often best;
+    None when no row was replayed."""
+    done = [r["replay"] for r in rows if r.get("replay")]
+    if not done:
+        return None
+    labels = [d["best_fixed"] for d in done]
+    return {"runs": len(done), "best_fixed": max(dict.fromkeys(labels), key=labels.count),
+            **{f"{k}_median": statistics.median(d[k] for d in done)
+               for k in ("best_fixed_speedup", "bound_speedup", "own_speedup")}}
+
+
+REPLAY_HEAD = ("method", "category", "replayed runs", "own (predicted) ×",
+               "best fixed length (most often)", "best fixed ×", "clairvoyant bound ×")
+
+
+def replay_cells(summary: Sequence[dict]) -> list[list[str]]:
+    """The replay medians as table rows of text (REPLAY_HEAD); none without replays."""
+    out = []
+    for m in summary:
+        for cat, g in m["categories"].items():
+            r = g.get("replay")
+            if r:
+                out.append([m["method"], cat, str(r["runs"]), _num(r["own_speedup_median"]),
+                            r["best_fixed"], _num(r["best_fixed_speedup_median"]),
+                            _num(r["bound_speedup_median"])])
+    return out
 
 
 def summarize_rows(rows: Sequence[dict], labels: Sequence[str]) -> list[dict[str, Any]]:
@@ -160,5 +191,15 @@ def summary_markdown(summary: Sequence[dict], meta: dict[str, Any]) -> str:
     """The summary as one markdown table under a line of settings."""
     lines = ["| " + " | ".join(SUMMARY_HEAD) + " |", "|---" * len(SUMMARY_HEAD) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in summary_cells(summary)]
+    if replayed := replay_cells(summary):
+        lines += ["", REPLAY_NOTE, "", "| " + " | ".join(REPLAY_HEAD) + " |",
+                  "|---" * len(REPLAY_HEAD) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in replayed]
     info = ", ".join(f"{k}={v}" for k, v in meta.items())
     return f"{info}\n\n" + "\n".join(lines) + "\n"
+
+
+REPLAY_NOTE = ("Hindsight replay (medians over the temperature-0 runs, engine replay): the "
+               "speedup the pair's measured costs predict for each run's own rounds, for the "
+               "best fixed draft length and for a clairvoyant length controller on the same "
+               "committed text.")

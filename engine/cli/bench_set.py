@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder; a restart with the same arguments resumes it")
     p.add_argument("--report", action="store_true",
                    help="also write DIR/report.html (self-contained, plotly figures)")
+    p.add_argument("--replay", action="store_true",
+                   help="replay each temperature-0 run in hindsight (engine replay): the "
+                        "best fixed length and the clairvoyant bound beside the run's own")
     add_model_flags(p)
 
 
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         set_path=args.set_path, methods=args.methods,
         categories=tuple(c.strip() for c in args.categories.split(",") if c.strip()),
         limit=args.limit, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        seed=args.seed, temperature=args.temperature, raw=args.raw)
+        seed=args.seed, temperature=args.temperature, raw=args.raw, replay=args.replay)
     plan = plan_set(settings)  # every set and method error before a model loads
     pair = pair_from_flags(args)
     bar = _ProgressBar()

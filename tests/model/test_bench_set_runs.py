@@ -184,3 +184,29 @@ def test_a_restart_over_edited_prompts_is_refused(tmp_path, pair):
     _set(tmp_path, [{**PROMPTS[0], "prompt": "edited"}, *PROMPTS[1:]])
     with pytest.raises(ConfigError, match=r"other arguments \(prompts_sha256:"):
         run_set(pair, plan_set(_settings(path)), tmp_path / "out")
+
+
+def test_replay_puts_the_best_fixed_length_and_the_bound_beside_each_run(tmp_path, pair):
+    plan = plan_set(_settings(_set(tmp_path), replay=True, max_new_tokens=12))
+    outcome = run_set(pair, plan, tmp_path / "out")
+    for row in outcome.rows:
+        r = row["replay"]
+        assert r["exact"] and r["best_fixed"].startswith("sd gamma=")
+        assert r["bound_speedup"] >= r["best_fixed_speedup"] - 1e-9
+        assert r["bound_speedup"] >= r["own_speedup"] - 1e-9
+    summary = runner.write_summary(tmp_path / "out")
+    replayed = summary["methods"][0]["categories"]["all"]["replay"]
+    assert replayed["runs"] == len(outcome.rows) == 2
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "Hindsight replay (medians" in text and "clairvoyant bound" in text
+    from engine.bench.report import write_report
+    assert "<h2>Hindsight replay</h2>" in write_report(tmp_path / "out").read_text()
+
+
+def test_a_run_without_replay_keeps_its_arguments_and_tables(tmp_path, pair):
+    plan = plan_set(_settings(_set(tmp_path)))
+    run_set(pair, plan, tmp_path / "out")
+    args = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert "replay" not in args["arguments"]  # a folder written before the flag resumes
+    runner.write_summary(tmp_path / "out")
+    assert "Hindsight replay" not in (tmp_path / "out" / "summary.md").read_text()
