@@ -196,33 +196,6 @@ def test_the_opening_page_steps_through_the_demo_forest(browser, app_url):
     ctx.close()
 
 
-def test_compare_shows_speedup_bars_and_a_table_that_fits_the_page(browser, app_url):
-    """Compare on the embedded pair at 1440 px: the results table is no wider than the page
-    (its columns wrap), the speedup bar chart draws one bar per chosen run, and the intro
-    says where each row's settings come from."""
-    from playwright.sync_api import expect
-
-    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
-    page = ctx.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(app_url)
-    page.get_by_role("tab", name="Compare").click()
-    expect(page.get_by_text("pair's tuned settings")).to_be_visible()
-    page.get_by_label("max_new_tokens").last.fill("8")
-    page.locator("#sv-compare").click()
-    bars = page.locator("#sv-compare-bars .js-plotly-plot")
-    expect(page.locator("#sv-compare-note")).to_contain_text("decodes on the same prompt",
-                                                             timeout=RUN_TIMEOUT_MS)
-    expect(bars.locator(".bars path")).to_have_count(2, timeout=RUN_TIMEOUT_MS)  # sd, mcsd
-    page_width = page.evaluate("document.documentElement.clientWidth")
-    table_box = page.locator("#sv-compare-table").bounding_box()
-    assert table_box["x"] + table_box["width"] <= page_width
-    assert page.evaluate("document.documentElement.scrollWidth") <= page_width
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "e2e-06-compare.png"), full_page=True)
-    ctx.close()
-
-
 def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browser, app_url):
     """Bench: two shipped prompts with sd, rows and then the three plots; a selected row opens
     its prompt in the Debugger; the exported report.html opens in Chromium without the app
@@ -414,11 +387,20 @@ def _header_counts(round_md: str) -> tuple[str, dict[str, int]]:
     return drafted, origins
 
 
+def _open_round(page, k: int) -> None:
+    """Type round k in the slider's number box and press Enter (the page's js: the box sends
+    its value when it loses focus)."""
+    number = page.locator("#sv-slider input[type=number]")
+    number.fill(str(k))
+    number.press("Enter")
+    _wait_round(page, k)
+
+
 def test_the_demos_summary_forest_header_text_and_exported_page_agree(browser, app_url):
     """For the opening trace: the run summary's accepted drafts are the tokens the text colours
-    accepted; in every round the forest's title is the header's count and its accepted nodes
-    are the header's; the exported page shows the same summary, the same round count and the
-    same header under its slider."""
+    accepted; in the rounds opened (typed in the slider's box, Enter) the forest's title is the
+    header's count and its accepted nodes are the header's; the exported page shows the same
+    summary, the same round count and the same header under its slider."""
     from specviz.state import DEMO_TRACE
 
     ctx, page = _ctx_page(browser, app_url)
@@ -430,13 +412,9 @@ def test_the_demos_summary_forest_header_text_and_exported_page_agree(browser, a
     assert _accepted_tokens(page) == accepted
     tau = re.search(r"tau ([\d.]+) tokens per target call", run_md).group(1)
     n = len(RunTrace.from_json(DEMO_TRACE.read_text()).rounds)
-    page.locator("#sv-reset").click()
-    _wait_round(page, 0)
-    headers = []
-    for k in range(n):
-        if k:
-            page.locator("#sv-step").click()
-            _wait_round(page, k)
+    headers = {}
+    for k in (0, 2, 7, n - 1):  # round 0, the opening round, a resampled one, the last
+        _open_round(page, k)
         header = _round_md(page)
         assert f"Round {k} of {n}" in header
         phrase, origins = _header_counts(header)
@@ -445,7 +423,7 @@ def test_the_demos_summary_forest_header_text_and_exported_page_agree(browser, a
         shown = re.search(r"(?:accepted (\d+)|(\d+) accepted)$", phrase)
         assert drawn["accepted"] == int(shown.group(1) or shown.group(2)), (phrase, drawn)
         assert drawn["bonus"] == origins.get("bonus", 0)  # a token method: one a round
-        headers.append(header)
+        headers[k] = header
     page.locator("#sv-export-page").click()
     link = page.locator("#sv-page-file a").first
     link.wait_for(timeout=60_000)
@@ -480,7 +458,7 @@ def test_a_beam_run_draws_what_its_header_counts(browser, app_url):
     _use_tiny_pair(page)
     _choose_method(page, "atspeed_strict")
     _open_budget(page)
-    _set_number(page, "max_new_tokens", 8)
+    _set_number(page, "max_new_tokens", 6)
     page.locator("#sv-run").click()
     run_md = page.locator("#sv-run-md")
     expect(run_md).to_contain_text("atspeed_strict (", timeout=RUN_TIMEOUT_MS)
@@ -551,17 +529,19 @@ def test_compares_table_note_and_bars_agree_and_its_preset_leaves_the_debugger_a
         assert f"predicted {row['predicted ×']}x, round-time {row['round-time ×']}x" in line
         assert f"measured {row['measured ×']}x" in line
         assert f"{bars[name]:.2f}" == row["measured ×"]
+    assert len(bars) == 2  # a bar per chosen speculative run
     for th in table.locator("thead th").all():  # headers whole: never wrapped
         box = th.bounding_box()
         assert box["height"] < 60, th.inner_text()
+    table_box = table.bounding_box()
+    assert table_box["x"] + table_box["width"] <= 1280  # the table scrolls inside the page
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
-    page.screenshot(path=str(ARTIFACTS / "e2e-compare-1280.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "e2e-06-compare.png"), full_page=True)
     ctx.close()
 
 
-@pytest.mark.parametrize("width", [1280, 1440])
-def test_the_methods_tab_keeps_every_name_on_one_line(browser, app_url, width):
-    ctx, page = _ctx_page(browser, app_url, width=width)
+def _names_on_one_line(page) -> None:
+    """The Methods tab: every method name on one line, the table no wider than its holder."""
     page.get_by_role("tab", name="Methods").click()
     table = page.locator(".sv-methods table")
     table.wait_for()
@@ -571,16 +551,19 @@ def test_the_methods_tab_keeps_every_name_on_one_line(browser, app_url, width):
         assert cell.locator("strong").bounding_box()["height"] < 1.6 * line, cell.inner_text()
     box, holder = table.bounding_box(), page.locator(".sv-methods").first.bounding_box()
     assert box["width"] <= holder["width"] + 1  # fits: nothing clipped or scrolled
-    ctx.close()
+    page.get_by_role("tab", name="Debugger").click()
 
 
-def test_the_debugger_says_what_it_refuses_and_opens_a_typed_round(browser, app_url):
-    """A prompt over the cap is kept whole and refused in one line (never cut to 2,000
-    characters); a round typed in the slider's box and Enter opens it; a fixed-length run
+def test_the_pages_read_and_the_debugger_says_what_it_refuses(browser, app_url):
+    """The Methods tab keeps every name on one line at 1280 and 1440 px; a prompt over the cap
+    is kept whole and refused in one line (never cut to 2,000 characters); a fixed-length run
     hides the empty controller panel."""
     from playwright.sync_api import expect
 
-    ctx, page = _ctx_page(browser, app_url)
+    ctx, page = _ctx_page(browser, app_url, width=1280)
+    _names_on_one_line(page)
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    _names_on_one_line(page)
     box = page.locator("#sv-prompt textarea")
     long = "word " * 500  # 2,500 characters
     box.fill(long)
@@ -588,10 +571,6 @@ def test_the_debugger_says_what_it_refuses_and_opens_a_typed_round(browser, app_
     page.locator("#sv-run").click()
     expect(page.get_by_text("the UI limit is 2000")).to_be_visible()
     expect(page.locator("#sv-posterior")).to_be_visible()  # the demo's confidence controller
-    number = page.locator("#sv-slider input[type=number]")
-    number.fill("5")
-    number.press("Enter")
-    _wait_round(page, 5)
     _use_tiny_pair(page)
     box.fill("Hello there")
     _choose_method(page, "sd")
