@@ -15,9 +15,11 @@ propose step's own argmax / top-k (engine.methods.token.top_k):
   committed tokens t_{L+1} .. t_{L+d-1} (a tree's accepted path goes through exactly those
   nodes), up to ``tree_depth``, while the committed token is among them.
 
-Then the target takes one plain step, committing t_{L+1} exactly as a round that rejected
-every draft would (the drafter's runner gets the target's scores, so a feature drafter sees
-the true features), and checks that the trace's token is the target's own greedy one.
+The target scores the committed text CHUNK tokens a forward (a chain of them after its tail,
+committed as a round that accepted them all), and the drafter's runner commits one token at a
+time with the slice of those scores a plain target step there would have given (so a feature
+drafter sees the true features); each trace token is checked against the target's own greedy
+one.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.cached_model import CachedModel
-from engine.core.forest import ROOT, empty_forest
+from engine.core.cached_model import CachedModel, Scored
+from engine.core.forest import ROOT
 from engine.drafters.ngram import support
 from engine.methods.token import top_k
 
@@ -55,10 +57,13 @@ class Proposals:
     # the target's greedy token (the trace is then not a temperature-0 run of this pair)
 
 
+CHUNK = 8  # committed tokens the target scores per forward (a chain, as a round would)
+
+
 @torch.no_grad()
 def propose_from_prefixes(pair, prompt_ids: tuple[int, ...], committed: tuple[int, ...],
                           depth: int = 8, tree_depth: int = 0, top: int = 1,
-                          drafter=None) -> Proposals:
+                          drafter=None, chunk: int = CHUNK) -> Proposals:
     """The drafter's proposals from every committed prefix (module docstring).
 
     Args:
@@ -66,30 +71,53 @@ def propose_from_prefixes(pair, prompt_ids: tuple[int, ...], committed: tuple[in
         prompt_ids: the run's prompt ids; committed: its generated ids (N of them).
         depth: D, the free chain's depth; tree_depth / top: the committed path's depth and
             its top-k (0: none).
+        chunk: committed tokens per target forward (1: a plain step per token).
     """
     target = CachedModel(pair.target)
     draft = (drafter or pair.drafter).runner()
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # (1, P)
     target.start(ids)
     draft.start(ids)
-    rows = torch.zeros(1, dtype=torch.long)  # (1,)
-    nothing = torch.zeros((1, 0), dtype=torch.long)  # (1, 0)
-    plain = empty_forest(1)
     positions, disagree = [], []
     try:
-        for at in range(len(committed)):
-            positions.append(_probe(draft, committed[at:], depth, tree_depth, top))
-            scored = target.feed(plain.tokens, plain.parents)  # a plain target step
-            if int(torch.argmax(scored.root_logits[0])) != committed[at]:
-                disagree.append(at)
-            new = torch.tensor([[committed[at]]], dtype=torch.long)  # (1, 1)
-            target.commit(rows, nothing, nothing, new)
-            draft.commit(rows, nothing, nothing, new, target=scored)
+        for first in range(0, len(committed), chunk):
+            block = committed[first:first + chunk]
+            for i, scored in enumerate(_score_block(target, block)):
+                at = first + i
+                positions.append(_probe(draft, committed[at:], depth, tree_depth, top))
+                if int(torch.argmax(scored.root_logits[0])) != committed[at]:
+                    disagree.append(at)
+                draft.commit(ROWS, NOTHING, NOTHING,
+                             torch.tensor([[committed[at]]], dtype=torch.long),  # (1, 1)
+                             target=scored)
     finally:
         target.close()
         draft.close()
     return Proposals(tuple(committed), tuple(positions), depth, tree_depth, top,
                      tuple(disagree))
+
+
+ROWS = torch.zeros(1, dtype=torch.long)  # (1,) the one row
+NOTHING = torch.zeros((1, 0), dtype=torch.long)  # (1, 0) no path
+
+
+def _score_block(target: CachedModel, block: tuple[int, ...]) -> list[Scored]:
+    """One target forward over the tail and block[:-1] as a chain (a round whose drafts are
+    all accepted), committed with block[-1] as its own token; per position of the block, the
+    Scored a plain step there would have given (its root the logits and state after the
+    token before it, its tail that token's state)."""
+    chain = torch.tensor([list(block[:-1])], dtype=torch.long)  # (1, c - 1)
+    parents = torch.arange(-1, chain.shape[1] - 1)[None]  # (1, c - 1): a chain off the root
+    out = target.feed(chain, parents)
+    empty_v = out.node_logits[:, :0]  # (1, 0, V)
+    empty_d = out.node_hidden[:, :0]  # (1, 0, d)
+    per = [Scored(empty_v, empty_d, out.root_logits, out.root_hidden, out.tail_hidden)]
+    for j in range(chain.shape[1]):
+        per.append(Scored(empty_v, empty_d, out.node_logits[:, j], out.node_hidden[:, j],
+                          out.node_hidden[:, j:j + 1]))  # (1, V), (1, d), (1, 1, d)
+    target.commit(ROWS, torch.arange(chain.shape[1])[None], chain,
+                  torch.tensor([[block[-1]]], dtype=torch.long))  # (1, 1)
+    return per
 
 
 def _probe(draft, ahead: tuple[int, ...], depth: int, tree_depth: int,
