@@ -227,11 +227,11 @@ def test_method_change_fills_in_the_pairs_measured_best_settings(client):
         out = client.predict(method, target, draft, api_name="/method")
         return [u.get("value") for u in out[1:] if u.get("visible")]
 
-    assert 3 in shown("embedded", "ngram+feature")  # the embedded preset's sd gamma
+    assert "cost" in shown("embedded", "ngram+feature")  # the embedded preset's sd switch
     assert "cost" in shown("embedded", "ngram+feature", "eesd")  # eesd's cost switch
-    assert 4 in shown(TINY, "") and 3 not in shown(TINY, "")  # sd's own defaults
+    assert "off" in shown(TINY, "") and "cost" not in shown(TINY, "")  # sd's own defaults
     mcsd = shown("embedded", "ngram+feature", "mcsd")
-    assert {"2x2", "confidence", 0.5} <= set(mcsd)  # the tree and its depth controller
+    assert {"2x2", "cost"} <= set(mcsd)  # the tree and its cost switch
     assert 0.3 in shown("embedded", "ngram+feature", "atspeed_strict")  # the draft gate
     assert 0.3 not in shown(TINY, "", "atspeed_strict")
 

@@ -130,9 +130,9 @@ def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys)
                                               "'ngram+feature'; 'tuned' = ")
     assert _main(["methods", "--target", "embedded"]) == 0  # the fp32 model, its drafter
     out = capsys.readouterr().out
-    assert "    --gamma (int, default 4, tuned 3): " in _section(out, "sd")
+    assert "    --gamma (int, default 4): " in _section(out, "sd")  # not tuned
     assert "    --controller (str, default 'fixed', tuned 'fixed') " in _section(out, "sd")
-    assert "    --switch (str, default 'off') " in _section(out, "sd")  # not tuned
+    assert "    --switch (str, default 'off', tuned 'cost') " in _section(out, "sd")
     assert "    --switch (str, default 'off', tuned 'cost') " in _section(out, "eesd")
     assert "    --k-config (str, default '4x2x2', tuned '2x2'): " in _section(out, "mcsd")
     assert "    --top-p (float, default 1.0): " in _section(out, "sd")  # not tuned
@@ -144,16 +144,16 @@ def test_methods_shows_each_parameters_default_and_the_pairs_tuned_value(capsys)
 
 
 def test_methods_json_gives_the_tuned_value_beside_the_default(capsys):
-    def gamma_of_sd(argv):
+    def switch_of_sd(argv):
         assert _main(argv) == 0
         sd = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == "sd")
-        row = next(p for p in sd["params"] if p["name"] == "gamma")
+        row = next(p for p in sd["params"] if p["name"] == "switch")
         return row["default"], row["tuned"]
 
-    assert gamma_of_sd(["methods", "--json", "--target", "embedded"]) == (4, 3)
-    assert gamma_of_sd(["methods", "--json", "--target", "smollm2-135m-instruct",
-                        "--draft", "n-gram+feature"]) == (4, 3)
-    assert gamma_of_sd(["methods", "--json", "--target", "tiny"]) == (4, None)
+    assert switch_of_sd(["methods", "--json", "--target", "embedded"]) == ("off", "cost")
+    assert switch_of_sd(["methods", "--json", "--target", "smollm2-135m-instruct",
+                         "--draft", "n-gram+feature"]) == ("off", "cost")
+    assert switch_of_sd(["methods", "--json", "--target", "tiny"]) == ("off", None)
 
 
 # ----------------------------------------------------------------- CLI input checks

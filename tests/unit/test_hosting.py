@@ -154,12 +154,14 @@ def test_dtype_auto_is_bf16_only_on_a_gpu_that_runs_it(monkeypatch):
 
 
 def test_the_run_handler_leaves_values_equal_to_the_tuned_ones_to_the_engine():
-    widgets = {"gamma": 3.0, "controller": "fixed", "switch": "off",  # sd tuned: gamma 3
+    widgets = {"gamma": 4.0, "controller": "fixed", "switch": "cost",  # sd tuned: the switch
                "temperature": 0.0}
     assert pairs.untuned("embedded", "ngram+feature", "sd", widgets) == {
-        "switch": "off", "temperature": 0.0}
-    assert pairs.untuned("embedded", "ngram+feature", "sd", {"gamma": 4}) == {"gamma": 4}
-    assert pairs.untuned("embedded", "early-exit", "sd", {"gamma": 3}) == {"gamma": 3}
+        "gamma": 4.0, "temperature": 0.0}
+    assert pairs.untuned("embedded", "ngram+feature", "sd", {"switch": "off"}) == {
+        "switch": "off"}
+    assert pairs.untuned("embedded", "early-exit", "sd", {"switch": "cost"}) == {
+        "switch": "cost"}
     widgets = {"switch": "cost", "controller": "fixed"}  # eesd tuned: the cost switch
     assert pairs.untuned("embedded", "ngram+feature", "eesd", widgets) == {}
     # the UI's limits see what the engine will run with
