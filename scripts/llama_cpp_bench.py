@@ -14,15 +14,18 @@ natively takes minutes)::
 
 Each repeat, for each prompt (the chat template's token ids, the same for every runner):
 llama.cpp greedy (temperature 0, a persistent subprocess of the side environment fed the same
-token ids), then the engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` (not
-with ``--skip-fp32``) and on `embedded-q4` (with ``--a8`` also on `embedded-q4:a8`, 8-bit
-activations; with ``--compiled`` also on the packed targets' compiled paths, SPECVIZ_KV=compiled,
-and with ``--skip-eager`` on those alone), and transformers' ``generate()`` (greedy) on each
-eager target, one after another (the compiled runners first run
-every prompt once, untimed, so every step shape is compiled before timing). Prints tokens/s
-min / median / max per runner, the ratios of medians, the engine's mean tokens per target
-forward (a drafter's acceptance on each target), and for each speculative runner on how many
-prompts its tokens equal the greedy runner's of the same target and path (last repeat).
+token ids) and llama.cpp's own speculative decoding (llama-cpp-python's prompt-lookup draft
+model, ``LlamaPromptLookupDecoding`` at its defaults, in a second subprocess), then the
+engine's greedy, `sd` and `mcsd` (the pair's defaults) on `embedded` (not with
+``--skip-fp32``) and on `embedded-q4` (with ``--a8`` also on `embedded-q4:a8`, 8-bit
+activations; with ``--compiled`` also on the packed targets' compiled paths,
+SPECVIZ_KV=compiled, and with ``--skip-eager`` on those alone), and transformers'
+``generate()`` (greedy) on each eager target, one after another (the compiled runners first
+run every prompt once, untimed, so every step shape is compiled before timing). Prints
+tokens/s min / median / max per runner, the ratios of medians, the engine's mean tokens per
+target forward (a drafter's acceptance on each target), and for each speculative runner on
+how many prompts its tokens equal the greedy runner's of the same target and path (last
+repeat); then each runner's median by prompt category.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ sys.path.insert(0, str(ROOT))
 SERVER = r"""
 import json, sys, time
 from llama_cpp import Llama
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+draft = LlamaPromptLookupDecoding() if sys.argv[3] == "lookup" else None  # its own defaults
 llm = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
-            n_ctx=2048, verbose=False)
+            n_ctx=2048, verbose=False, draft_model=draft)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -85,12 +90,15 @@ def main() -> int:
             .splitlines() if ln.strip()][:args.prompts]
     q4 = engine.load_pair("embedded-q4", device="cpu")
     fp32 = None if args.skip_fp32 else engine.load_pair("embedded", device="cpu")
-    server = subprocess.Popen(
+    servers = {kind: subprocess.Popen(
         [args.llama_python, "-c", SERVER, str(embedded_gguf_dir() / EMBEDDED_GGUF),
-         str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert json.loads(server.stdout.readline())["ready"]
+         str(args.threads), kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for kind in ("plain", "lookup")}  # llama.cpp's greedy, and its prompt-lookup decoding
+    for server in servers.values():
+        assert json.loads(server.stdout.readline())["ready"]
 
-    def llama(ids: list[int]) -> float:
+    def llama(ids: list[int], kind: str = "plain") -> float:
+        server = servers[kind]
         server.stdin.write(json.dumps({"ids": ids, "max_new": args.max_new_tokens}) + "\n")
         server.stdin.flush()
         r = json.loads(server.stdout.readline())
@@ -117,7 +125,8 @@ def main() -> int:
                                          set(eos_ids(pair.target)))
         return len(tokens[name, prompt]) / wall
 
-    runners = {"llama.cpp greedy": lambda p, ids: llama(ids)}
+    runners = {"llama.cpp greedy": lambda p, ids: llama(ids),
+               "llama.cpp prompt lookup": lambda p, ids: llama(ids, "lookup")}
     targets = ([] if fp32 is None else [("embedded (fp32)", fp32)]) + [("embedded-q4", q4)]
     a8 = engine.load_pair("embedded-q4:a8", device="cpu") if args.a8 else None
     if a8 is not None:
@@ -151,8 +160,9 @@ def main() -> int:
             ids = engine.encode_prompt(q4, row["prompt"])
             for name, run in runners.items():
                 got[name].append(run(row["prompt"], ids))
-    server.stdin.close()
-    server.wait(timeout=30)
+    for server in servers.values():
+        server.stdin.close()
+        server.wait(timeout=30)
 
     def same_as_greedy(name: str) -> str:
         """How many prompts' tokens equal the engine's greedy run's on the same target and
@@ -173,6 +183,14 @@ def main() -> int:
         tpr = f"{statistics.mean(per_round[name]):.2f}" if name in per_round else ""
         print(f"| {name} | {min(vals):.1f} / **{med:.1f}** / {max(vals):.1f} | "
               f"{med / ref:.2f} | {tpr} | {same_as_greedy(name)} |")
+    cats = list(dict.fromkeys(r.get("category", "?") for r in rows))
+    print("\nmedian tokens/s by category\n\n| runner | " + " | ".join(cats) + " |\n|---|"
+          + "---|" * len(cats))
+    for name, vals in got.items():  # vals: repeat by repeat, prompt by prompt
+        by = {c: [v for i, v in enumerate(vals) if rows[i % len(rows)].get("category", "?")
+                  == c] for c in cats}
+        print(f"| {name} | " + " | ".join(f"{statistics.median(by[c]):.1f}" for c in cats)
+              + " |")
     return 0
 
 

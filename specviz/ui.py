@@ -14,13 +14,14 @@ import gradio as gr
 
 from engine import METHODS
 from engine.run.specs import DEFAULT_TARGET
-from specviz import bench_tab, check_tab, compare_tab, debugger_tab, trace_file
+from specviz import bench_tab, check_tab, compare_tab, debugger_tab, pairs, trace_file
 from specviz import callbacks as cb
 from specviz.render import views
 from specviz.state import ASSETS, SessionState, demo_state
 from specviz.wiring import QUICK
 
 PLAY_INTERVAL_S = 0.8
+WARM_POLL_S = 3.0  # how often the page asks how far the step warm-up is
 HEADER = ("## specviz · speculative decoding, round by round\n"
           "Pick a method and press **Run**: each round's draft forest, verification numbers "
           "and charts stream in. Step through rounds, click a token to jump to the round "
@@ -68,6 +69,12 @@ def _methods_markdown() -> str:
     return "\n".join(rows)
 
 
+def _warm_note() -> str:
+    """The status line of the compiled steps' warm-up (specviz.pairs.warm_up), or ''."""
+    note = pairs.WARMUP.note()
+    return f"⏳ {note}" if note else ""
+
+
 def build_demo(target: str = DEFAULT_TARGET, draft: str = "", demo_trace: bool = True,
                method: str | None = None) -> gr.Blocks:
     """The specviz app. Models load lazily on the first Run (cached per process).
@@ -87,6 +94,9 @@ def build_demo(target: str = DEFAULT_TARGET, draft: str = "", demo_trace: bool =
         state = gr.State(state0, time_to_live=IDLE_STATE_S)
         timer = gr.Timer(PLAY_INTERVAL_S, active=False)
         gr.Markdown(HEADER, elem_classes="sv-header")
+        warm = gr.Markdown(_warm_note(), elem_id="sv-warmup")
+        gr.Timer(WARM_POLL_S).tick(_warm_note, outputs=warm, api_visibility="private",
+                                   **QUICK)
         with gr.Tabs() as tabs:
             with gr.Tab("Debugger", id="debugger"):
                 debugger = debugger_tab.build(state, timer, method0, target, draft, opening,

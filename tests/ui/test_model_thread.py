@@ -92,6 +92,7 @@ def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_o
     import engine
     from engine.core import static_kv
     from engine.core.packed4 import quantize_linears
+    from specviz import ui
     from tests.conftest import tiny_pair
 
     monkeypatch.delenv("SPECVIZ_KV", raising=False)
@@ -103,10 +104,12 @@ def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_o
     thread = pairs.warm_up(pair)
     assert thread is not None and pairs.WARMUP.total == 5 + 5  # the target, its early exit
     assert pairs.WARMUP.note().startswith("compiling step shapes in the background: ")
+    assert ui._warm_note().startswith("⏳ compiling step shapes")  # the page's status line
     during = [pairs.WORKER.call(engine.generate, pair, prompt, "sd", max_new_tokens=12)
               for _ in range(2)]
     thread.join(timeout=300)
     assert not thread.is_alive() and pairs.WARMUP.done == 10 and pairs.WARMUP.note() == ""
+    assert ui._warm_note() == ""  # nothing shown once every shape is made
     after = pairs.WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
     assert after.stats.step_paths["target:compiled"] == len(after.rounds)
     for run in (*during, after):
