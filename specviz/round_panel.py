@@ -19,7 +19,7 @@ from engine.cli.cost_text import ACCEPTANCE, TAU, cost_sentence
 from engine.control.config import CONTROL_PARAMS
 from engine.core.errors import SpecvizError
 from engine.core.records import CostRecord, GateRecord, SwitchPlan
-from engine.core.trace import RoundTrace, RunTrace
+from engine.core.trace import ORIGIN_ACCEPTED, RoundTrace, RunTrace
 from specviz.figures import plural, round_counts
 from specviz.forest_view import token_label, vocab_of
 
@@ -284,9 +284,14 @@ def acceptance_text(trace: RunTrace) -> str:
     s = trace.stats
     if not s.drafted:
         return f"{ACCEPTANCE} — (nothing drafted)"
-    what = ("drafted steps passed" if any(round_counts(r).steps for r in trace.rounds)
-            else "drafted tokens accepted")
-    return f"{ACCEPTANCE} {_num(s.acceptance_rate)} ({s.accepted} of {s.drafted} {what})"
+    steps = any(round_counts(r).steps for r in trace.rounds)
+    what = "drafted steps passed" if steps else "drafted tokens accepted"
+    text = f"{ACCEPTANCE} {_num(s.acceptance_rate)} ({s.accepted} of {s.drafted} {what})"
+    kept = trace.token_origins.count(ORIGIN_ACCEPTED)
+    if steps and kept > s.accepted:  # a sampled beam step keeps its accepted drafts
+        text += (f"; the text's {kept} accepted tokens include drafts a step kept without "
+                 "passing (the rest of it drawn from the residual)")
+    return text
 
 
 def drafter_of(trace: RunTrace) -> str:

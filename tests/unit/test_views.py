@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -751,3 +752,19 @@ def test_the_guide_describes_the_demo_the_page_opens():
     assert int(said.group(4)) == sum(round_counts(r).nodes for r in demo.rounds)
     assert said.group(5) == f"{demo.stats.acceptance_rate:.2f}"
     assert said.group(6) == f"{demo.stats.tau:.2f}"
+
+
+def test_a_sampled_beam_runs_summary_says_why_its_text_has_more_accepted_tokens():
+    """dsbd / atspeed_relaxed test every draft of a step: a step that did not pass keeps its
+    accepted drafts, so the text can colour more tokens accepted than steps passed; the
+    summary says how the two relate (issue 57, point 4)."""
+    step = BeamStep(1, "drafted", accepted=False, reason="only 1 of 4 drafts accepted")
+    r = RoundTrace(0, beam_steps=(step,), drafted=1, accepted=0,
+                   committed=(CommittedToken(5, "a", "accepted"),))
+    t = RunTrace("dsbd", {}, "t", "d", "cpu", "", (), (r,), (5,), "a", (),
+                 RunSummary(drafted=1, accepted=0, acceptance_rate=0.0),
+                 token_origins=("accepted",), token_rounds=(0,))
+    said = round_panel.acceptance_text(t)
+    assert said.startswith("acceptance 0 (0 of 1 drafted steps passed); the text's 1 accepted")
+    strict = replace(t, token_origins=("target",))
+    assert round_panel.acceptance_text(strict) == "acceptance 0 (0 of 1 drafted steps passed)"
