@@ -294,8 +294,7 @@ def export_page(state: SessionState) -> str | None:
     if s.trace is None or s.live:
         return None
     trace = s.trace
-    text = s.cached("json", trace.to_json)
-    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    digest = share_page.page_digest(s.cached("json", trace.to_json))
     return trace_file.write_export(trace.method or "run", lambda: share_page.trace_page(trace),
                                    digest, ".html")
 

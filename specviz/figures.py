@@ -46,6 +46,9 @@ class RoundCounts:
     @property
     def drafted_phrase(self) -> str:
         """What the round drafted and accepted, as the header and the forest say it."""
+        if self.drafted == 0 and self.nodes == 0:
+            return "no draft this round" + (f" ({plural(self.beams, 'beam')})"
+                                             if self.steps else "")
         if self.steps:
             return (f"drafted {plural(self.drafted, 'step')} of {plural(self.beams, 'beam')} "
                     f"({plural(self.nodes, 'node')}), {self.accepted} passed "

@@ -13,6 +13,7 @@ so.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import html
 import sys
 from pathlib import Path
@@ -95,6 +96,26 @@ def trace_page(trace: RunTrace) -> str:
             + _text_html(trace) + "<h2>Charts</h2>" + "".join(chart_divs)
             + "<h2>Rounds</h2>" + cut + slider + "".join(rounds)
             + (f"<script>{SCRIPT}</script>" if n else "") + "</body></html>")
+
+
+def _builder_version() -> str:
+    """A digest of the code that draws a page (this module and the views it calls): an
+    export folder outlives the process, so a page cached for a trace is redrawn when the
+    code that drew it changed, never served as the older code drew it."""
+    from engine.cli import cost_text
+    from specviz import figures
+
+    mods = (sys.modules[__name__], charts, forest_view, round_panel, text_view, figures,
+            cost_text)
+    return hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in mods)).hexdigest()
+
+
+BUILDER = _builder_version()
+
+
+def page_digest(trace_json: str) -> str:
+    """The name a trace's page is cached under: the trace and the code that draws it."""
+    return hashlib.sha1((BUILDER + trace_json).encode()).hexdigest()[:12]
 
 
 def write_page(trace: RunTrace, path: str | Path) -> Path:

@@ -63,3 +63,13 @@ def test_the_pages_slider_counts_rounds_as_each_rounds_header_does():
     n = len(DEMO.rounds)
     assert f"<span id='sv-round-label'>0</span> of {n}:" in page
     assert set(re.findall(r"<strong>Round \d+</strong> of (\d+)", page)) == {str(n)}
+
+
+def test_a_pages_cache_name_changes_with_the_code_that_draws_it(monkeypatch):
+    """The export folder outlives the app: a page cached for a trace must not be served as
+    older code drew it (its round notes said another thing)."""
+    text = DEMO.to_json()
+    first = share_page.page_digest(text)
+    assert first == share_page.page_digest(text) != share_page.page_digest(text + " ")
+    monkeypatch.setattr(share_page, "BUILDER", "other code")
+    assert share_page.page_digest(text) != first
