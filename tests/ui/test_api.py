@@ -57,6 +57,23 @@ def test_run_streams_a_tiny_model_run_and_shows_its_last_round(client):
     assert {"accepted", "rejected", "committed path"} <= _plot_names(v["forest"])
 
 
+def test_a_run_that_loads_its_pair_first_says_so_before_its_rounds(client):
+    """Issue 57 (8): a load (10-40 s for the embedded models) showed only a spinner under the
+    last run's header; the summary now says what the run waits for."""
+    fresh = 'tiny:{"vocab_size": 64, "layers": 3}'  # a pair no other test loads
+    args = dict(prompt="hello world", method="sd", target=fresh, draft="", p_gamma=3,
+                p_max_new_tokens=4)
+    job = client.submit(api_name="/run", **args)
+    job.result(timeout=120)
+    said = [_views(o)["run_md"] for o in job.outputs()]
+    assert said[0] == f"**sd**: loading the model pair first (target `{fresh}`, draft " \
+                      "`its default`): 10-40 s on first use, while it is cached …"
+    assert said[-1].startswith("**sd** (") and "4 tokens in" in said[-1]
+    again = client.submit(api_name="/run", **args)  # cached now: no such line
+    again.result(timeout=120)
+    assert not any("loading the model pair" in _views(o)["run_md"] for o in again.outputs())
+
+
 def test_run_streams_updates_while_rounds_arrive(client):
     job = client.submit(prompt="hello world", method="sd", target=TINY, draft="", p_gamma=2,
                         p_max_new_tokens=16, api_name="/run")
