@@ -1,8 +1,11 @@
 """A Hugging Face Space, simulated: a fresh virtual environment built ONLY with
 ``pip install -r requirements.txt`` (no scripts/setup.sh), then ``python app.py`` from a copy
 of the repository's files with the variables a CPU Space sets, on a free port; the page must
-answer HTTP 200 and one Run on the default pair (the embedded model, converted on this first
-start into a fresh cache) must succeed through gradio_client. The server is killed at the end.
+answer HTTP 200 and one Run on the default pair (the embedded GGUF as shipped, converted and its
+kernels built on this first start into a fresh cache) must succeed through gradio_client. The
+server is killed at the end. SPECVIZ_KV=dynamic keeps the app's steps eager here: a Space would
+compile them in the background (tests/ui/test_model_thread.py tests that warm-up), minutes of a
+core the suite does not spend twice.
 
 The environment is built once and reused while requirements.txt (and the Python version) are
 unchanged: it lives in $SPECVIZ_CACHE/space-venv/<sha256 of both>, marked complete only after
@@ -33,8 +36,9 @@ from tests.ui.helpers import free_port
 pytestmark = [pytest.mark.space, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 REPO = Path(__file__).resolve().parents[2]
 SPACE_ENV = {  # what a CPU Space's settings hold (README, "Host it on a Space")
-    "GRADIO_SERVER_NAME": "0.0.0.0", "SPECVIZ_TARGET": "embedded", "SPECVIZ_DEVICE": "cpu",
-    "SPECVIZ_PRESETS": "embedded,tiny", "SPECVIZ_ALLOW_CUSTOM_MODELS": "0",
+    "GRADIO_SERVER_NAME": "0.0.0.0", "SPECVIZ_DEVICE": "cpu",  # no SPECVIZ_TARGET: the
+    "SPECVIZ_PRESETS": "embedded-q4-a8,embedded,tiny", "SPECVIZ_ALLOW_CUSTOM_MODELS": "0",
+    "SPECVIZ_KV": "dynamic",  # device's default target, embedded-q4:a8
 }
 START_S = 180  # imports, then the page; the model loads (and converts) on the first Run
 
@@ -98,7 +102,7 @@ def test_a_fresh_requirements_txt_env_serves_the_app_and_runs_the_default_pair(t
         assert wait_for_page(url, proc, log) == 200
         client = Client(url, verbose=False)
         out = client.predict(prompt="What is the capital of France?", method="sd",
-                             target="embedded", draft=EMBEDDED_DEFAULT_DRAFT,  # the Draft
+                             target="embedded-q4:a8", draft=EMBEDDED_DEFAULT_DRAFT,  # Draft
                              p_max_new_tokens=8,  # box's value: the host's default drafter
                              api_name="/run")
         run_md = dict(zip(OUTPUTS, out))["run_md"]
