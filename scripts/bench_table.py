@@ -4,7 +4,7 @@
 
 One row per method of each DIR/summary.json; with --readme the table replaces the block
 between that page's NAME markers (default: bench-table; readme_bench.sh also writes
-docs/benchmarks.md's packed-table), else it is printed. When the DIRs ran different targets,
+docs/benchmarks.md's fp32-table), else it is printed. When the DIRs ran different targets,
 a target column names each row's. Beside the speedup against
 `generate()`, each speculative row gives its speedup against the engine's own plain decode
 (greedy, beam or beam_sample) when that plain method ran in the same DIR: per prompt and
