@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
 import sys
 
@@ -57,8 +58,20 @@ def host_config(args: argparse.Namespace) -> HostConfig:
         presets=args.presets, allow_custom_models=custom).check()
 
 
+def log_to_stderr() -> None:
+    """The app's own log lines (the 'specviz' logger: loads, the step warm-up) on stderr at
+    INFO, with a time stamp; other libraries keep their levels."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s specviz: %(message)s", "%H:%M:%S"))
+    log = logging.getLogger("specviz")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    log_to_stderr()
     try:
         host = host_config(args)
         pairs.configure(host)

@@ -376,6 +376,8 @@ def warm_up(pair: engine.ModelPair) -> threading.Thread | None:
         return None
     WARMUP.pair, WARMUP.done, WARMUP.seconds = pair.target_name, 0, 0.0
     WARMUP.total = sum(warm_shapes(r) for r in runners)
+    log.info("compiling %d step shapes of %s in the background; steps run eagerly meanwhile",
+             WARMUP.total, pair.target_name)
     thread = threading.Thread(target=_warming, args=(runners,), name="specviz-warm-up",
                               daemon=True)
     thread.start()
