@@ -21,6 +21,7 @@ if importlib.util.find_spec("spaces") is not None:
 import specviz  # noqa: E402
 from engine.cli.flags import OneLineParser  # noqa: E402
 from engine.core.errors import SpecvizError  # noqa: E402
+from engine.drafters.registry import draft_help  # noqa: E402
 from engine.run.models import resolve_device  # noqa: E402
 from specviz import pairs  # noqa: E402
 from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
@@ -32,8 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--target", help="target model: embedded-q4:a8 (the CPU default, the GGUF "
                     "as shipped), embedded (fp32; the CUDA default), embedded-q4, hub id, dir "
                     "($SPECVIZ_TARGET)")
-    ap.add_argument("--draft", help="draft spec; empty: the target's default (the embedded "
-                    "models: ngram+feature, others: their early exit) ($SPECVIZ_DRAFT)")
+    ap.add_argument("--draft", help=f"draft spec: {draft_help(' | ')} | hub id | dir; "
+                    "empty: the target's default (the embedded models: ngram+feature, "
+                    "others: their early exit) ($SPECVIZ_DRAFT)")
     ap.add_argument("--device", choices=DEVICES, help="$SPECVIZ_DEVICE (default auto)")
     ap.add_argument("--dtype", choices=DTYPES, help="$SPECVIZ_DTYPE (default auto)")
     ap.add_argument("--presets", help="preset ids offered, comma-separated, or all "

@@ -18,6 +18,7 @@ from typing import Any
 import gradio as gr
 
 from engine import METHODS
+from engine.drafters.registry import EMPTY_DRAFT, draft_help
 from specviz import callbacks as cb
 from specviz import hindsight_panel, pairs
 from specviz.params import COMMON, ParamPool
@@ -147,11 +148,8 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
         target_box = gr.Textbox(target, label="Target (p): embedded-q4:a8 (the CPU default), "
                                 "embedded (fp32), hub id or local dir",
                                 interactive=custom)
-        draft_box = gr.Textbox(draft, label="Draft (q): hub id or dir; empty or early-exit:N = "
-                               "the target's first N layers; ngram = prompt lookup; "
-                               "feature = EAGLE-style feature drafter; "
-                               "ngram+feature = lookup where it matches, else feature",
-                               interactive=custom)
+        draft_box = gr.Textbox(draft, label=f"Draft (q): hub id or dir; empty = {EMPTY_DRAFT}; "
+                               + draft_help(), interactive=custom)
     with gr.Row():
         upload = gr.UploadButton("Import trace", file_types=[".json"], size="sm",
                                  elem_id="sv-import")

@@ -5,10 +5,9 @@ names are checked against the trace's."""
 
 from __future__ import annotations
 
-import re
-
 from engine.core.errors import ConfigError
 from engine.core.trace import RunTrace
+from engine.drafters.registry import spec_of_name
 from engine.run.models import (
     EMBEDDED_NAME,
     EMBEDDED_Q4_A8_NAME,
@@ -27,18 +26,12 @@ def target_spec(name: str) -> str:
 
 
 def draft_spec(name: str) -> str | None:
-    """The draft spec a trace's drafter name comes from (None: the target's default)."""
+    """The draft spec a trace's drafter name comes from (None: the target's default): the
+    drafter kind that reads the name (engine.drafters.registry), else the name itself (a
+    separate draft model, named by its spec)."""
     if not name:
         return None
-    if name.startswith("n-gram") and "+ feature" in name:
-        return "ngram+feature"
-    if name.startswith("n-gram"):
-        return "ngram"
-    if name.startswith("feature"):
-        return "feature"
-    if m := re.match(r"early-exit \(first (\d+)/", name):
-        return f"early-exit:{m.group(1)}"
-    return name  # a separate draft model, named by its spec
+    return spec_of_name(name) or name
 
 
 def pair_of(trace: RunTrace, target: str | None = None, draft: str | None = None,

@@ -3,11 +3,11 @@ after a prompt, and the drafter's (the wrong law a rule that ignores p would giv
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.check.stats import PAIR_LIMIT
 from engine.core.sampling import Warp, probs_from_logits
+from engine.drafters.ngram import support
 
 # ------------------------------------------------------------------ laws
 
@@ -22,26 +22,20 @@ def _next_probs(model, contexts: list[list[int]], warp: Warp, device) -> torch.T
 
 
 def _q_probs(pair, contexts: list[list[int]], warp: Warp) -> list[torch.Tensor | None]:
-    """The drafter's warped law after each context; None where an n-gram drafter proposes
-    nothing (no suffix of the context recurs)."""
-    drafter = pair.drafter
-    if hasattr(drafter, "context_logits"):  # a feature drafter: true target features
-        x = torch.tensor(contexts, device=pair.device)  # (B, T)
-        p = probs_from_logits(drafter.context_logits(x)[:, -1].float().cpu(), warp).double()
-        return list(p / p.sum(-1, keepdim=True))  # (V,) each
-    if getattr(drafter, "model", None) is not None:
-        return list(_next_probs(drafter.model, contexts, warp, pair.device))
-    from engine.drafters.ngram import ngram_law
-
+    """The drafter's warped law after each context (its declared context law); None where
+    it proposes nothing there (a lookup with no recurring suffix) or declares no context
+    law."""
+    x = torch.tensor(contexts, device=pair.device)  # (B, T)
+    logits = pair.drafter.context_logits(x)  # (B, T, V) or None
+    if logits is None:
+        return [None] * len(contexts)
     out: list[torch.Tensor | None] = []
-    for ctx in contexts:
-        tokens, probs = ngram_law(np.asarray(ctx, dtype=np.int64), drafter.max_n, drafter.min_n)
-        if not tokens.size:
+    for last in logits[:, -1].float().cpu():  # (V,) after each context
+        if support(last) == 0:
             out.append(None)
             continue
-        logits = torch.full((pair.vocab_size,), torch.finfo(torch.float32).min)  # (V,)
-        logits[torch.from_numpy(tokens)] = torch.from_numpy(np.log(probs)).float()
-        out.append(probs_from_logits(logits, warp).double())
+        p = probs_from_logits(last, warp).double()
+        out.append(p / p.sum())
     return out
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.core.errors import ConfigError
+from engine.drafters.registry import EMPTY_DRAFT, draft_help
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -24,6 +25,9 @@ class OneLineParser(argparse.ArgumentParser):
 TARGET_HELP = ("default (when none is given: the device's default, embedded-q4:a8 on a CPU, "
                "the GGUF as shipped; embedded on CUDA) | embedded (fp32) | embedded-q4 | "
                "embedded-q4:a8 | tiny | tiny:{json} | local dir | hub id")
+DRAFT_HELP = (draft_help(" | ") + " | tiny | tiny:{json} | local dir | hub id (a separate "
+              "draft model) (default: the target's default drafter, ngram+feature for "
+              f"embedded, else {EMPTY_DRAFT}; {EMPTY_DRAFT} when --early-exit-layers is given)")
 
 
 def resolve_target(args: argparse.Namespace) -> None:
@@ -42,11 +46,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     """--target / --draft specs (engine.run.specs.parse_model_spec), device, device map,
     dtype, layers."""
     p.add_argument("--target", default=None, help=TARGET_HELP)
-    p.add_argument("--draft", default=None,
-                   help="early-exit | early-exit:N | ngram[:N] | feature[:PATH] | "
-                        "ngram+feature[:N] | tiny | tiny:{json} | local dir | hub id "
-                        "(default: the target's default drafter, ngram+feature for embedded, "
-                        "else early-exit; early-exit when --early-exit-layers is given)")
+    p.add_argument("--draft", default=None, help=DRAFT_HELP)
     p.add_argument("--device", default="auto")
     p.add_argument("--device-map", default=None,
                    help="place the target over devices with accelerate: auto | balanced | "

@@ -12,6 +12,7 @@ import torch
 from engine.cli.flags import add_model_flags, add_prompt_flags, pair_from_flags, read_prompts
 from engine.core.errors import ConfigError
 from engine.core.sampling import Warp, probs_from_logits
+from engine.drafters.ngram import support
 from engine.verify.optimal import (
     alpha_star,
     greedy_drafts_acceptance,
@@ -68,24 +69,27 @@ def position_row(p: torch.Tensor, q: torch.Tensor, n: int) -> dict:
 
 
 def walk(pair, ids: list[int], n: int, steps: int, warp: Warp):
-    """Greedy continuation of the target; p and q at every position of it."""
-    if pair.drafter.model is None:
-        raise ConfigError(f"'optimal' compares a draft model's law with the target's; "
-                          f"'{pair.draft_name}' has no model")
+    """Greedy continuation of the target; p and q at every position of it where the drafter
+    proposes (its declared context law; a lookup proposes nothing where no suffix recurs)."""
     x = torch.tensor([ids], device=pair.device)
     with torch.no_grad():
         out = pair.target.generate(x, do_sample=False, max_new_tokens=steps)
         seq = out[:, : len(ids) + steps]
         p_logits = pair.target(input_ids=seq).logits[0, len(ids) - 1: -1]  # (steps, V)
-        if hasattr(pair.drafter, "context_logits"):  # feature drafter: true features
-            q_logits = pair.drafter.context_logits(seq)[0, len(ids) - 1: -1]
-        else:
-            q_logits = pair.drafter.model(input_ids=seq).logits[0, len(ids) - 1: -1]
+        q_all = pair.drafter.context_logits(seq)  # (1, T, V) or None
+    if q_all is None:
+        raise ConfigError(f"'optimal' compares the drafter's law with the target's; "
+                          f"'{pair.draft_name}' declares no context law")
+    q_logits = q_all[0, len(ids) - 1: -1]  # (steps, V)
     rows = []
     for t in range(p_logits.shape[0]):
+        if support(q_logits[t]) == 0:
+            continue  # no law here: nothing to compare
         p = probs_from_logits(p_logits[t], warp).double().cpu()
         q = probs_from_logits(q_logits[t], warp).double().cpu()
         rows.append({"position": t, **position_row(p, q, n)})
+    if not rows:
+        raise ConfigError(f"'{pair.draft_name}' proposes nothing along this continuation")
     return seq[0, len(ids):].tolist(), rows
 
 

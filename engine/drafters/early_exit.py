@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -43,6 +44,14 @@ from engine.core.weights import (
     same_target,
     save_tensors,
     target_fingerprint,
+)
+from engine.drafters.base import (
+    DraftArgs,
+    DrafterBase,
+    DrafterKind,
+    LoadContext,
+    TargetNeeds,
+    positive_int,
 )
 
 
@@ -102,7 +111,7 @@ def build_exit_tail(target: nn.Module, extra_layer: nn.Module, norm: nn.Module) 
     return _stock_model(target, [extra_layer], [total - 1], norm, target.get_output_embeddings())
 
 
-class EarlyExitDrafter:
+class EarlyExitDrafter(DrafterBase):
     """The target's first N layers (+ one trained layer) + final norm + head.
 
     Args:
@@ -134,8 +143,19 @@ class EarlyExitDrafter:
         self.name = label or (f"early-exit (first {self.n_layers}/{total} layers, "
                               f"{kind}{short}{bits})")
 
+    needs = TargetNeeds(layers=True)
+
     def runner(self) -> CachedModel:
         return CachedModel(self.model)
+
+    @torch.no_grad()
+    def context_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, T, V) the early exit's logits after every prefix."""
+        return self.model(input_ids=ids).logits
+
+    def assistant(self) -> nn.Module:
+        """A stock causal LM over the target's first layers: transformers can lend it."""
+        return self.model
 
     def predictor(self):
         """The Cali-TS predictor trained for these weights (a file beside them), or None."""
@@ -303,3 +323,37 @@ def _load_early_exit_file(target: nn.Module, path: Path,
         raise ConfigError(f"early-exit weights {path} have {trained.n_layers} layers, "
                           f"not {n_layers}")
     return trained
+
+
+# ------------------------------------------------------------------- the drafter kind
+
+
+def _parse(head: str, rest: str | None) -> DraftArgs:
+    """early-exit[:N] in every spelling of EARLY_EXIT_SPECS; early-exit-trained:PATH."""
+    trained = head in TRAINED_SPECS
+    if trained and rest is not None and rest.strip() and not rest.strip().isdigit():
+        return DraftArgs(variant=head, path=rest.strip())
+    what = "early-exit layers" + (" (or a weight file)" if trained else "")
+    return DraftArgs(variant=head, n=positive_int(rest, what) if rest is not None else None)
+
+
+def _load(over: LoadContext, args: DraftArgs) -> EarlyExitDrafter:
+    """The early exit the spec names, N from the spec or load_pair's early_exit_layers
+    (both given: equal); the shipped trained one when it was made for the target."""
+    if args.n is not None and over.exit_layers not in (None, args.n):
+        raise ConfigError(f"draft '{args.text}' and early_exit_layers={over.exit_layers} "
+                          "disagree")
+    n = args.n if args.n is not None else over.exit_layers
+    return early_exit_drafter(over.target, args.variant, n, weights=args.path)
+
+
+def _spec_of(name: str) -> str | None:
+    """'early-exit (first N/L layers, ...)' -> 'early-exit:N'."""
+    m = re.match(r"early-exit \(first (\d+)/", name)
+    return f"early-exit:{m.group(1)}" if m else None
+
+
+KIND = DrafterKind(
+    name="early-exit", heads=EARLY_EXIT_SPECS, syntax="early-exit[:N]",
+    summary="the target's first N layers", parse=_parse, load=_load,
+    spec_of=_spec_of)

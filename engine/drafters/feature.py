@@ -50,6 +50,7 @@ from engine.core.packed4 import activation_bits, is_packed, quantize_linears
 from engine.core.paths import ASSETS
 from engine.core.placement import unhooked_copy
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
+from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds
 from engine.drafters.early_exit import ShortlistHead, _decoder, _stock_model, set_layer_index
 
 FEATURE_DIR = ASSETS / "feature_drafter"
@@ -104,7 +105,7 @@ def build_feature_model(target: nn.Module, parts: FeatureParts,
     return _stock_model(target, [parts.layer], [total - 1], nn.Identity(), head)
 
 
-class FeatureDrafter:
+class FeatureDrafter(DrafterBase):
     """EAGLE-style drafter over a target (see the module docstring).
 
     Args:
@@ -129,6 +130,8 @@ class FeatureDrafter:
         short = f", {len(shortlist)}-token head" if shortlist is not None else ""
         bits = ", 4-bit" if is_packed(self.parts) else ""
         self.name = f"feature (EAGLE-style, 1 layer, {kind}{short}{bits})"
+
+    needs = TargetNeeds(features=True)
 
     def runner(self) -> FeatureRunner:
         return FeatureRunner(self)
@@ -328,3 +331,20 @@ def feature_drafter(target: nn.Module, weights: str = "") -> FeatureDrafter:
         except ConfigError:
             pass  # made for another target: the untrained drafter, named so in the trace
     return FeatureDrafter(target)
+
+
+# ------------------------------------------------------------------- the drafter kind
+
+
+def _parse(head: str, rest: str | None) -> DraftArgs:
+    """feature[:PATH]: PATH a weight file."""
+    if rest is not None and not rest.strip():
+        raise ConfigError("feature drafter weights: give a file after 'feature:'")
+    return DraftArgs(path=(rest or "").strip())
+
+
+KIND = DrafterKind(
+    name="feature", heads=FEATURE_SPECS, syntax="feature[:PATH]",
+    summary="EAGLE-style feature drafter", parse=_parse,
+    load=lambda over, args: feature_drafter(over.target, args.path),
+    spec_of=lambda name: "feature" if name.startswith("feature") else None)

@@ -24,14 +24,14 @@ feeds are replayed): the cost model's c_draft is its mean per call.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from engine.core.cached_model import Scored
 from engine.core.forest import PAD
-from engine.drafters.feature import FeatureDrafter, FeatureRunner
-from engine.drafters.ngram import Laws, NGramDrafter, NGramRunner, ngram_law
+from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds, positive_int
+from engine.drafters.feature import FeatureDrafter, FeatureRunner, feature_drafter
+from engine.drafters.ngram import Laws, NGramDrafter, NGramRunner, ngram_drafter
 
 HYBRID_SPECS = ("ngram+feature", "n-gram+feature", "ngram+eagle")
 
@@ -69,7 +69,7 @@ def hybrid_logits(ngram: torch.Tensor, feature: torch.Tensor,
                        as_float(feature.to(ngram.device)))  # (..., V)
 
 
-class HybridDrafter:
+class HybridDrafter(DrafterBase):
     """n-gram where it matches, feature drafter elsewhere (see the module docstring).
 
     Args:
@@ -85,6 +85,8 @@ class HybridDrafter:
         self.max_n, self.min_n = ngram.max_n, ngram.min_n
         self.name = f"{ngram.name} + {feature.name}"
 
+    needs = TargetNeeds(features=True)
+
     def runner(self) -> HybridRunner:
         return HybridRunner(self.ngram.runner(), self.feature.runner(), lazy=self.lazy)
 
@@ -93,16 +95,7 @@ class HybridDrafter:
         """(B, T) token ids -> (B, T, V) float32 hybrid logits after every prefix: the
         n-gram law where the prefix's suffix recurs, else the feature drafter's law with the
         target's true features (the law q after each prefix, for check and optimal)."""
-        out = as_float(self.feature.context_logits(ids))  # (B, T, V)
-        rows = ids.cpu().numpy()
-        for b in range(rows.shape[0]):
-            for t in range(rows.shape[1]):
-                tokens, probs = ngram_law(rows[b, : t + 1], self.max_n, self.min_n)
-                if tokens.size:
-                    out[b, t] = torch.finfo(torch.float32).min
-                    out[b, t, torch.from_numpy(tokens)] = torch.from_numpy(
-                        np.log(probs)).float().to(out.device)
-        return out
+        return hybrid_logits(self.ngram.context_logits(ids), self.feature.context_logits(ids))
 
 
 def lookup_covers(laws: Laws, parents: torch.Tensor | None) -> bool:
@@ -194,3 +187,20 @@ class HybridRunner:
         self.deferred = []
         self.ngram.commit(rows, path_nodes, path_tokens, new_tokens)
         self.feature.commit(rows, path_nodes, path_tokens, new_tokens, target=target)
+
+
+# ------------------------------------------------------------------- the drafter kind
+
+
+def _parse(head: str, rest: str | None) -> DraftArgs:
+    """ngram+feature[:N]: N the n-gram drafter's longest suffix."""
+    return DraftArgs(n=positive_int(rest, "n-gram length") if rest is not None else None)
+
+
+KIND = DrafterKind(
+    name="ngram+feature", heads=HYBRID_SPECS, syntax="ngram+feature[:N]",
+    summary="lookup where it matches, else feature", parse=_parse,
+    load=lambda over, args: HybridDrafter(ngram_drafter(over.target, args.n),
+                                         feature_drafter(over.target)),
+    spec_of=lambda name: "ngram+feature" if name.startswith("n-gram") and "+ feature" in name
+    else None)

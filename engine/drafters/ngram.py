@@ -25,7 +25,9 @@ import torch
 from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
+from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, positive_int
 
+NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 MAX_N = 4  # longest suffix looked up
 MIN_N = 2  # shortest suffix that may propose (a lone repeated token: right 29% of the time)
 RECENCY = 1e-3  # tie-break: among equal counts, the most recent follower weighs more
@@ -90,7 +92,7 @@ class Laws:
     root: torch.Tensor | None = None
 
 
-class NGramDrafter:
+class NGramDrafter(DrafterBase):
     """Prompt lookup over the context (see the module docstring)."""
 
     model = None  # no model: nothing to load, move or train
@@ -106,6 +108,26 @@ class NGramDrafter:
 
     def runner(self) -> NGramRunner:
         return NGramRunner(self.vocab_size, self.max_n, self.min_n, self.device)
+
+    def context_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) float32: log q after every prefix where a suffix of
+        it recurs, float32's minimum (nothing proposed) elsewhere."""
+        B, T = ids.shape
+        out = torch.full((B, T, self.vocab_size), torch.finfo(torch.float32).min)
+        rows = ids.cpu().numpy()
+        for b in range(B):
+            for t in range(T):
+                tokens, probs = ngram_law(rows[b, : t + 1], self.max_n, self.min_n)
+                if tokens.size:
+                    out[b, t, torch.from_numpy(tokens)] = torch.from_numpy(np.log(probs)).float()
+        return out.to(self.device)
+
+
+def ngram_drafter(target: torch.nn.Module, max_n: int | None = None) -> NGramDrafter:
+    """The prompt-lookup drafter over a target's vocabulary (suffixes up to max_n tokens,
+    default MAX_N), its logits on the head's device."""
+    head = target.get_output_embeddings().weight
+    return NGramDrafter(int(head.shape[0]), max_n=max_n or MAX_N, device=head.device)
 
 
 class NGramRunner:
@@ -197,3 +219,22 @@ class NGramRunner:
         appended = torch.cat([path_tokens.cpu(), new_tokens.cpu()], dim=1).tolist()
         self.rows = [self.rows[r] + a for r, a in zip(rows.tolist(), appended)]
         self._reset_round()
+
+
+# ------------------------------------------------------------------- the drafter kind
+
+
+def _parse(head: str, rest: str | None) -> DraftArgs:
+    """ngram[:N]: N the longest suffix looked up."""
+    return DraftArgs(n=positive_int(rest, "n-gram length") if rest is not None else None)
+
+
+def _spec_of(name: str) -> str | None:
+    """An n-gram drafter's name (not the hybrid's) -> 'ngram'."""
+    return "ngram" if name.startswith("n-gram") and " + " not in name else None
+
+
+KIND = DrafterKind(
+    name="ngram", heads=NGRAM_SPECS, syntax="ngram[:N]",
+    summary="prompt lookup, suffixes up to N tokens",
+    parse=_parse, load=lambda over, args: ngram_drafter(over.target, args.n), spec_of=_spec_of)

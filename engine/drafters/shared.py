@@ -30,6 +30,7 @@ from engine.core.cached_model import Scored, cache_kwarg
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.layout import head_logits, layout_for
+from engine.drafters.base import DrafterBase, TargetNeeds
 
 
 class SharedTrunk:
@@ -213,8 +214,10 @@ class SharedSide:
         self._reset_round()
 
 
-class SharedDrafter:
+class SharedDrafter(DrafterBase):
     """Drafter-protocol wrapper: its runner is the draft side of the trunk."""
+
+    needs = TargetNeeds(layers=True)
 
     def __init__(self, drafter, trunk: SharedTrunk) -> None:
         self.model, self.name = drafter.model, drafter.name + ", KV shared"

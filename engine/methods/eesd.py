@@ -39,10 +39,11 @@ PREDICTOR_CHOICES = ("auto", "trained", "constant")
 
 
 def drafter_for(pair: PairView, which: str = "auto") -> EarlyExitDrafter:
-    """The early-exit drafter of a run: the pair's own when it is an early exit of the wanted
-    kind, else one built once per pair and kept in ``pair.exit_drafters`` (trained = the
+    """The early-exit drafter of a run: the pair's own when it is an early exit (its drafter
+    declares it runs the target's first layers: ``needs.layers``) of the wanted kind, else
+    one built once per pair and kept in ``pair.exit_drafters`` (trained = the
     shipped weights for this target)."""
-    own = pair.drafter if isinstance(pair.drafter, EarlyExitDrafter) else None
+    own = pair.drafter if pair.drafter.needs.layers else None  # an early exit
     if own is not None and (which == "auto" or own.trained == (which == "trained")):
         return own
     built = pair.exit_drafters

@@ -23,7 +23,7 @@ from engine.core.errors import ConfigError
 from engine.core.records import CostRecord
 from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
 from engine.methods import METHODS
-from engine.run import costs, profile
+from engine.run import costs, pacing, profile
 from engine.run.hf_run import HfRun
 from engine.run.inputs import (  # noqa: F401  (re-exported: the API's names)
     IdTokenizer,
@@ -99,7 +99,8 @@ class Run:
     """One run in progress (see module docstring). Not thread-safe: step it from one thread.
 
     ``wall_s`` counts only time spent inside the engine's rounds, never the caller's time
-    between rounds (a UI rendering, a client reading).
+    between rounds (a UI rendering, a client reading) nor a ``pacing.between_rounds`` hook,
+    which runs after each round (engine.run.pacing).
     """
 
     # False: every round is whole engine calls on the caller's thread, so the caller may run
@@ -136,6 +137,7 @@ class Run:
         self._stats.add(r)
         if self._decoder.done:
             self._finish()
+        pacing.pause()  # a caller's hook between whole rounds, outside the round's time
         return r
 
     @property

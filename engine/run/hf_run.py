@@ -33,8 +33,6 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from engine.core.errors import ConfigError
 from engine.core.records import CostRecord
 from engine.core.trace import BeamTrace, RoundTrace, RunTrace, summarize
-from engine.drafters.base import ModelDrafter
-from engine.drafters.early_exit import EarlyExitDrafter
 from engine.hf.recorder import record
 from engine.methods import METHODS
 from engine.methods.eesd import drafter_for
@@ -86,9 +84,9 @@ def assistant_of(pair) -> tuple[torch.nn.Module, str]:
     separate model, an early exit), else the target's early exit that eesd uses; a copy
     whose generation config is its own (transformers writes its schedule state into it, and
     an early exit shares the target's)."""
-    if isinstance(pair.drafter, (ModelDrafter, EarlyExitDrafter)):
-        model, name = pair.drafter.model, pair.draft_name
-    else:
+    model = pair.drafter.assistant()  # a separate model or an early exit: their model
+    name = pair.draft_name
+    if model is None:
         exit_ = drafter_for(pair, "auto")
         model, name = exit_.model, exit_.name
     lent = copy.copy(model)  # the same modules and weights

@@ -35,12 +35,13 @@ from engine.core.placement import (
     resolve_map,
 )
 from engine.core.static_kv import kv_mode
-from engine.drafters.base import Drafter
+from engine.drafters.base import Drafter, LoadContext, ModelDrafter
 from engine.run.specs import (
     DEFAULT_TARGET,
     EMBEDDED,
     ModelSpec,
     default_draft,
+    is_drafter,
     parse_model_spec,
 )
 from engine.run.tuned import Tuned, tuned_settings
@@ -283,7 +284,7 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
     if not isinstance(parsed, ModelSpec):  # a PretrainedConfig
         model = model_from_config(spec, dtype=dtype)
         return _put(model, device, device_map), None, f"tiny-{spec.model_type}"
-    if parsed.kind in ("early-exit", "ngram", "feature", "ngram+feature"):
+    if is_drafter(parsed):
         raise ConfigError(f"'{parsed.text}' is a drafter, not a model")
     if parsed.kind == "tiny":
         try:
@@ -349,7 +350,7 @@ class ModelPair:
     """Target model, drafter and tokenizer of a run (p = target, q = draft)."""
 
     target: torch.nn.Module
-    drafter: object  # engine.drafters.early_exit.Drafter
+    drafter: Drafter  # engine.drafters.base.Drafter
     tokenizer: object | None
     device: torch.device
     target_name: str
@@ -392,9 +393,9 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
         target: a spec (see parse_model_spec: embedded, embedded-q4[:a8], default, tiny,
             tiny:{json}, local dir, hub id), a transformers config or a model; None: the
             default target of the device (default_target: the GGUF as shipped on a CPU).
-        draft: the same kinds, or '' / 'early-exit' / 'early-exit:N' for the target's own
-            first layers, 'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style),
-            'ngram+feature[:N]' (the lookup where it matches, else the feature drafter).
+        draft: the same kinds, or a drafter of engine.drafters.registry (its draft_help
+            lists them: '' / 'early-exit[:N]' for the target's own first layers,
+            'ngram[:N]' (prompt lookup), 'feature[:PATH]' (EAGLE-style), ...).
             None: the target's default drafter (default_draft: ngram+feature for the
             embedded model) when the target is a spec string and early_exit_layers is not
             given, else the target's early exit.
@@ -408,7 +409,7 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
             modules; a separate draft model goes on the device of the target's input
             embeddings (``ModelPair.device``).
         early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
-            N of 'early-exit:N' when the draft spec gives it.
+            N of 'early-exit:N' when the draft spec gives it (both: equal, else ConfigError).
         warm: on the captured path (CUDA), capture the one-row step shapes of the target and
             a token-input drafter now (engine.core.cached_model.warm_steps); False leaves
             them to the first run (ZeroGPU loads in a process that never runs a step).
@@ -421,8 +422,6 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
         draft is None or isinstance(draft, str)) else {}
     if draft is None or isinstance(draft, str):
         draft = parse_model_spec(draft, draft=True)
-    if isinstance(draft, ModelSpec) and draft.kind == "early-exit":
-        early_exit_layers = _early_exit_layers(draft, early_exit_layers)
     _quiet_transformers()
     device_map = requested_map(device_map)
     if str(device) == "auto" and isinstance(target, str) and \
@@ -434,7 +433,7 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
     check_supported(tmodel)
     check_placed(tmodel)
     dev = input_device(tmodel)  # where inputs go and logits come out
-    drafter, dtok = _drafter(tmodel, draft, early_exit_layers, dev, dt)
+    drafter, dtok = _drafter(LoadContext(tmodel, tok, dev, dt, early_exit_layers), draft)
     for model in (tmodel, drafter.model):
         if model is not None and dev.type == "cpu":
             prepare(model)  # engine.core.layout: packed weights for few-token forwards
@@ -447,47 +446,20 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
     return ModelPair(tmodel, drafter, tok or dtok, dev, tname, drafter.name, tuned)
 
 
-def _drafter(target: torch.nn.Module, draft, early_exit_layers: int | None,
-             device: torch.device, dtype: torch.dtype) -> tuple[object, object | None]:
-    """The drafter a parsed draft spec (or a config / model) names, and a separate draft
-    model's tokenizer (None for the target's own drafters)."""
-    from engine.drafters.base import ModelDrafter
-    from engine.drafters.early_exit import early_exit_drafter
-    from engine.drafters.feature import feature_drafter
+def _drafter(over: LoadContext, draft) -> tuple[Drafter, object | None]:
+    """The drafter a parsed draft spec (or a config / model) names over the context's
+    target, and a separate draft model's tokenizer (None for the target's own drafters): a
+    registered drafter kind is built by its loader (engine.drafters.registry), anything else
+    is loaded as a separate draft model."""
+    from engine.drafters.registry import DRAFTERS
 
-    kind = draft.kind if isinstance(draft, ModelSpec) else None
-    if kind == "early-exit":
-        # the shipped trained early exit when it was made for this target
-        return early_exit_drafter(target, draft.early_exit, early_exit_layers,
-                                  weights=draft.weights), None
-    if kind == "ngram":
-        return _ngram_drafter(target, draft.layers), None
-    if kind == "ngram+feature":
-        from engine.drafters.hybrid import HybridDrafter
-
-        return HybridDrafter(_ngram_drafter(target, draft.layers),
-                             feature_drafter(target)), None
-    if kind == "feature":
-        return feature_drafter(target, draft.weights), None
-    dmodel, dtok, dname = load_model(draft, device, dtype)
+    if isinstance(draft, ModelSpec) and is_drafter(draft):
+        drafter = DRAFTERS[draft.kind].load(over, draft.draft_args())
+        if drafter.needs.tokenizer and over.tokenizer is None:
+            raise ConfigError(f"the drafter '{draft.text}' reads the target's tokenizer, and "
+                              "this target has none")
+        return drafter, None
+    dmodel, dtok, dname = load_model(draft, over.device, over.dtype)
     check_supported(dmodel)
-    check_vocab(target, dmodel)
+    check_vocab(over.target, dmodel)
     return ModelDrafter(dmodel, dname), dtok
-
-
-def _ngram_drafter(target: torch.nn.Module, max_n: int | None):
-    """The prompt-lookup drafter over the target's vocabulary, its logits on its device."""
-    from engine.drafters.ngram import MAX_N, NGramDrafter
-
-    head = target.get_output_embeddings().weight
-    return NGramDrafter(int(head.shape[0]), max_n=max_n or MAX_N, device=head.device)
-
-
-def _early_exit_layers(draft: ModelSpec, early_exit_layers: int | None) -> int | None:
-    """N of an early-exit draft: from 'early-exit:N' or early_exit_layers (both: equal)."""
-    if draft.layers is None:
-        return early_exit_layers
-    if early_exit_layers not in (None, draft.layers):
-        raise ConfigError(f"draft '{draft.text}' and early_exit_layers={early_exit_layers} "
-                          "disagree")
-    return draft.layers

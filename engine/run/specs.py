@@ -41,74 +41,53 @@ def default_draft(target: str) -> str:
     return EMBEDDED_DEFAULT_DRAFT if kind in ("embedded", "embedded-q4") else ""
 
 
-SPEC_KINDS = ("embedded", "embedded-q4", "tiny", "early-exit", "ngram", "feature",
-              "ngram+feature", "local", "hub")
-NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
+TARGET_KINDS = ("embedded", "embedded-q4", "tiny", "local", "hub")  # a draft spec's kind is
+# one of these (a separate draft model) or a drafter kind of engine.drafters.registry
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """A model spec string, read once (parse_model_spec) for the CLI, load_pair and the UI."""
 
-    kind: str  # one of SPEC_KINDS
+    kind: str  # one of TARGET_KINDS or a drafter kind (engine.drafters.registry.DRAFTERS)
     text: str  # the spec as written (the display name of tiny, local and hub models)
     tiny: dict[str, Any] = field(default_factory=dict)  # tiny: the config's keywords
-    early_exit: str = ""  # early-exit: its name in engine.drafters.early_exit.EARLY_EXIT_SPECS
-    layers: int | None = None  # early-exit:N -> N first layers; ngram[+feature]:N -> max n
-    weights: str = ""  # feature:PATH / early-exit-trained:PATH -> the drafter's weight file
+    early_exit: str = ""  # a drafter's variant: early-exit's spelling (EARLY_EXIT_SPECS)
+    layers: int | None = None  # a drafter's ':N' (early-exit:N -> N first layers;
+    # ngram[+feature]:N -> max n)
+    weights: str = ""  # a drafter's weight file (feature:PATH / early-exit-trained:PATH)
     bits: int = 16  # embedded-q4: the width its packed layers quantise activations to (:a8: 8)
+
+    def draft_args(self):
+        """What a drafter kind's loader reads of this spec (a DraftArgs)."""
+        from engine.drafters.base import DraftArgs
+
+        return DraftArgs(self.text, self.early_exit, self.layers, self.weights)
 
 
 def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     """Read a --target / --draft spec. Targets and drafts: 'embedded' (or an alias: the fp32
     model), 'embedded-q4' (the embedded model with its 4-bit weights packed, CPU only;
     'embedded-q4:a8': its activations quantised to 8 bits instead of 16; 'default' is
-    DEFAULT_TARGET, that one), exactly
-    'tiny' or 'tiny:{json}' (a seeded random model from tiny_config's keywords), an existing
-    local path, else a hub id. Drafts also: None / '' / 'early-exit' (the target's own first
-    layers), 'early-exit:N' (its first N), and the names of
-    engine.drafters.early_exit.EARLY_EXIT_SPECS, each with an optional ':N';
-    'early-exit-trained:PATH' (that trained weight file);
-    'ngram' / 'ngram:N' (prompt lookup, suffixes up to N tokens,
-    engine.drafters.ngram); 'feature' / 'feature:PATH' (the EAGLE-style feature drafter,
-    engine.drafters.feature:
-    the shipped weights when made for the target, else untrained; PATH: that weight file);
-    'ngram+feature' / 'ngram+feature:N' (engine.drafters.hybrid: the lookup where it matches, else
-    the feature drafter). Anything else that starts with 'tiny' is a path or hub id."""
-    from engine.drafters.early_exit import EARLY_EXIT_SPECS, TRAINED_SPECS
-    from engine.drafters.feature import FEATURE_SPECS
-    from engine.drafters.hybrid import HYBRID_SPECS
+    DEFAULT_TARGET, that one), exactly 'tiny' or 'tiny:{json}' (a seeded random model from
+    tiny_config's keywords), an existing local path, else a hub id. Drafts also: every kind
+    of engine.drafters.registry.DRAFTERS, read by its own parser ('early-exit[:N]',
+    'ngram[:N]', 'feature[:PATH]', ...; draft_help lists them); None / '' is EMPTY_DRAFT,
+    the target's early exit. Anything else that starts with 'tiny' is a path or hub id."""
+    from engine.drafters.registry import EMPTY_DRAFT, kind_of, parse_draft
 
     text = (text or "").strip()
     if not text:
         if draft:
-            return ModelSpec("early-exit", "early-exit", early_exit="early-exit")
+            return parse_model_spec(EMPTY_DRAFT, draft=True)
         raise ConfigError("empty model spec (use 'embedded', a hub id or a local directory)")
     head, colon, rest = text.partition(":")
-    if head.lower() in HYBRID_SPECS:
+    if kind_of(head) is not None:
         if not draft:
             raise ConfigError(f"'{text}' is a drafter, not a target")
-        return ModelSpec("ngram+feature", text, layers=_positive(rest, "n-gram length")
-                         if colon else None)
-    if head.lower() in FEATURE_SPECS:
-        if not draft:
-            raise ConfigError(f"'{text}' is a drafter, not a target")
-        if colon and not rest.strip():
-            raise ConfigError("feature drafter weights: give a file after 'feature:'")
-        return ModelSpec("feature", text, weights=rest.strip())
-    if head.lower() in EARLY_EXIT_SPECS + NGRAM_SPECS:
-        ngram = head.lower() in NGRAM_SPECS
-        if not draft:
-            raise ConfigError(f"'{text}' is a drafter, not a target")
-        if head.lower() in TRAINED_SPECS and colon and rest.strip() \
-                and not rest.strip().isdigit():  # early-exit-trained:PATH
-            return ModelSpec("early-exit", text, early_exit=head.lower(), weights=rest.strip())
-        what = "n-gram length" if ngram else "early-exit layers" + (
-            " (or a weight file)" if head.lower() in TRAINED_SPECS else "")
-        layers = _positive(rest, what) if colon else None
-        if ngram:
-            return ModelSpec("ngram", text, layers=layers)
-        return ModelSpec("early-exit", text, early_exit=head.lower(), layers=layers)
+        kind, args = parse_draft(text)
+        return ModelSpec(kind.name, text, early_exit=args.variant, layers=args.n,
+                         weights=args.path)
     if text.lower() == DEFAULT_ALIAS:
         return ModelSpec("embedded-q4", text, bits=8)  # DEFAULT_TARGET
     if text.lower() in EMBEDDED_ALIASES:
@@ -133,11 +112,9 @@ def parse_model_spec(text: str | None, *, draft: bool = False) -> ModelSpec:
     return ModelSpec("hub", text)
 
 
-def _positive(rest: str, what: str) -> int:
-    """N of a ':N' suffix, or ConfigError."""
-    if not rest.strip().isdigit() or int(rest) < 1:
-        raise ConfigError(f"{what} must be a positive integer, got '{rest}'")
-    return int(rest)
+def is_drafter(spec: ModelSpec) -> bool:
+    """Whether a parsed spec names a registered drafter kind (not a model to load)."""
+    return spec.kind not in TARGET_KINDS
 
 
 def spec_key(spec: ModelSpec) -> tuple:

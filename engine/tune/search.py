@@ -41,7 +41,6 @@ import hashlib
 import json
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import Any
 from engine.bench.set_runner import open_run_dir
 from engine.bench.sets import SetPrompt, check_prompt_tokens, read_set, set_digest
 from engine.core.errors import ConfigError
+from engine.run.pacing import own_clock
 from engine.tune.space import CURRENT, DEFAULT_METHODS, Candidate, candidates
 
 TRIALS, REPORT, RUN_FILE, RESULT = "trials.jsonl", "report.jsonl", "run.json", "result.json"
@@ -175,17 +175,18 @@ Measure = Callable[[Any, SetPrompt, Candidate, dict[str, Any], bool], dict[str, 
 def measure_trial(pair, prompt: SetPrompt, cand: Candidate, shared: dict[str, Any],
                   raw: bool) -> dict[str, Any]:
     """One trial: the candidate and its plain generate() call, interleaved; the speedup, the
-    cost model's predicted speedup and the trial's own seconds."""
+    cost model's predicted speedup and the trial's own seconds (less any time a caller's
+    pacing hook let other work run: engine.run.pacing)."""
     from engine.bench.interleaved import Case, measure_run
 
-    t0 = time.perf_counter()
+    t0 = own_clock()
     row, trace = measure_run(pair, prompt.prompt, Case(cand.label, cand.method,
                                                        {k: str(v) for k, v in cand.params}),
                              raw=raw, common={k: str(v) for k, v in shared.items()})
     cost = trace.stats.cost
     return {"speedup": row["speedup"], "identical": row["identical"], "tau": row["tau"],
             "predicted": None if cost is None else cost.predicted_speedup,
-            "seconds": time.perf_counter() - t0}
+            "seconds": own_clock() - t0}
 
 
 def trial_key(method: str, label: str, prompt_id: str) -> tuple[str, str, str]:

@@ -127,8 +127,10 @@ def test_the_check_tab_handler_streams_progress_then_the_report(pair):
                                     max_new_tokens=max_new_tokens, target=SPEC,
                                     draft="early-exit:1"))
 
-    outs = check("gamma=2", 1.0, 24)
-    assert outs[0][0] == "checking …" and any("runs" in md for md, _ in outs[1:-1])
+    outs = check("gamma=2", 1.0, 24)  # a pair not in the app's cache says it loads first
+    assert outs[0][0].startswith("loading the model pair first (target `tiny:")
+    assert any("runs" in md for md, _ in outs[1:-1])
+    assert check("gamma=2", 1.0, 4)[0][0] == "checking …"  # loaded now: checking at once
     md, fig = outs[-1]
     assert md.startswith("✅ **PASS**") and len(fig.data) == 2  # expected and observed bars
     md, fig = check("", 0.0, 6)[-1]
