@@ -9,7 +9,8 @@ assisted generation can borrow, and what it takes from its target (:class:`Targe
 
 A drafter kind (:class:`DrafterKind`) is what ``--draft`` names: its spec syntax and parser,
 its loader, and how a trace's drafter name reads back as its spec. Each drafter module
-declares its own; ``engine.drafters.registry`` lists them.
+registers its own in ``DRAFTERS`` (as each method module registers its MethodSpec);
+``engine.drafters.registry`` imports them all.
 """
 
 from __future__ import annotations
@@ -133,6 +134,18 @@ class DrafterKind:
     parse: Callable[[str, str | None], DraftArgs]
     load: Callable[[LoadContext, DraftArgs], Drafter]
     spec_of: Callable[[str], str | None]
+
+
+DRAFTERS: dict[str, DrafterKind] = {}  # name -> kind, in the order they registered
+
+
+def register(kind: DrafterKind) -> DrafterKind:
+    """Add a drafter kind to DRAFTERS (each drafter module registers its own at import;
+    engine.drafters.registry imports them all)."""
+    if kind.name in DRAFTERS:
+        raise ValueError(f"drafter kind {kind.name!r} registered twice")
+    DRAFTERS[kind.name] = kind
+    return kind
 
 
 def positive_int(rest: str, what: str) -> int:

@@ -52,6 +52,7 @@ from engine.drafters.base import (
     LoadContext,
     TargetNeeds,
     positive_int,
+    register,
 )
 
 
@@ -353,7 +354,7 @@ def _spec_of(name: str) -> str | None:
     return f"early-exit:{m.group(1)}" if m else None
 
 
-KIND = DrafterKind(
+KIND = register(DrafterKind(
     name="early-exit", heads=EARLY_EXIT_SPECS, syntax="early-exit[:N]",
     summary="the target's first N layers", parse=_parse, load=_load,
-    spec_of=_spec_of)
+    spec_of=_spec_of))

@@ -50,7 +50,7 @@ from engine.core.packed4 import activation_bits, is_packed, quantize_linears
 from engine.core.paths import ASSETS
 from engine.core.placement import unhooked_copy
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
-from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds
+from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds, register
 from engine.drafters.early_exit import ShortlistHead, _decoder, _stock_model, set_layer_index
 
 FEATURE_DIR = ASSETS / "feature_drafter"
@@ -343,8 +343,8 @@ def _parse(head: str, rest: str | None) -> DraftArgs:
     return DraftArgs(path=(rest or "").strip())
 
 
-KIND = DrafterKind(
+KIND = register(DrafterKind(
     name="feature", heads=FEATURE_SPECS, syntax="feature[:PATH]",
     summary="EAGLE-style feature drafter", parse=_parse,
     load=lambda over, args: feature_drafter(over.target, args.path),
-    spec_of=lambda name: "feature" if name.startswith("feature") else None)
+    spec_of=lambda name: "feature" if name.startswith("feature") else None))

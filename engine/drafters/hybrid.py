@@ -29,7 +29,14 @@ from torch import nn
 
 from engine.core.cached_model import Scored
 from engine.core.forest import PAD
-from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds, positive_int
+from engine.drafters.base import (
+    DraftArgs,
+    DrafterBase,
+    DrafterKind,
+    TargetNeeds,
+    positive_int,
+    register,
+)
 from engine.drafters.feature import FeatureDrafter, FeatureRunner, feature_drafter
 from engine.drafters.ngram import Laws, NGramDrafter, NGramRunner, ngram_drafter
 
@@ -197,10 +204,14 @@ def _parse(head: str, rest: str | None) -> DraftArgs:
     return DraftArgs(n=positive_int(rest, "n-gram length") if rest is not None else None)
 
 
-KIND = DrafterKind(
+def _spec_of(name: str) -> str | None:
+    """A hybrid's name ('n-gram (...) + feature (...)') -> 'ngram+feature'."""
+    return "ngram+feature" if name.startswith("n-gram") and "+ feature" in name else None
+
+
+KIND = register(DrafterKind(
     name="ngram+feature", heads=HYBRID_SPECS, syntax="ngram+feature[:N]",
     summary="lookup where it matches, else feature", parse=_parse,
     load=lambda over, args: HybridDrafter(ngram_drafter(over.target, args.n),
                                          feature_drafter(over.target)),
-    spec_of=lambda name: "ngram+feature" if name.startswith("n-gram") and "+ feature" in name
-    else None)
+    spec_of=_spec_of))

@@ -25,7 +25,7 @@ import torch
 from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
-from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, positive_int
+from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, positive_int, register
 
 NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 MAX_N = 4  # longest suffix looked up
@@ -234,7 +234,7 @@ def _spec_of(name: str) -> str | None:
     return "ngram" if name.startswith("n-gram") and " + " not in name else None
 
 
-KIND = DrafterKind(
+KIND = register(DrafterKind(
     name="ngram", heads=NGRAM_SPECS, syntax="ngram[:N]",
     summary="prompt lookup, suffixes up to N tokens",
-    parse=_parse, load=lambda over, args: ngram_drafter(over.target, args.n), spec_of=_spec_of)
+    parse=_parse, load=lambda over, args: ngram_drafter(over.target, args.n), spec_of=_spec_of))

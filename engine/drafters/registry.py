@@ -1,22 +1,23 @@
-"""The drafter registry: every kind of drafter ``--draft`` can name, in the order help texts
-list them. Each drafter module declares its :class:`~engine.drafters.base.DrafterKind` (spec
-syntax and parser, loader, its display name read back); adding a drafter is that module and
-one line in ``DRAFTERS``. A spec no kind claims names a separate draft model (hub id, folder,
-tiny), which engine.run.models loads."""
+"""The drafter registry: every kind of drafter ``--draft`` can name. Each drafter module
+registers its :class:`~engine.drafters.base.DrafterKind` (spec syntax and parser, loader, its
+display name read back) in ``DRAFTERS`` when imported, and this module imports them all; help
+texts list them by name. Adding a drafter is that module and one line in the import below
+(no kind's parser or name reader depends on another's: the order they register in is free).
+A spec no kind claims names a separate draft model (hub id, folder, tiny), which
+engine.run.models loads."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.drafters import early_exit, feature, hybrid, ngram
-from engine.drafters.base import DraftArgs, DrafterKind
+from engine.drafters import (  # noqa: F401  (each module registers its kind)
+    early_exit,
+    feature,
+    hybrid,
+    ngram,
+)
+from engine.drafters.base import DRAFTERS, DraftArgs, DrafterKind
 
-DRAFTERS: dict[str, DrafterKind] = {k.name: k for k in (
-    early_exit.KIND,
-    ngram.KIND,
-    feature.KIND,
-    hybrid.KIND,
-)}
 EMPTY_DRAFT = "early-exit"  # what an empty draft spec names: the target's own early exit
 
 
@@ -38,12 +39,13 @@ def parse_draft(text: str) -> tuple[DrafterKind, DraftArgs] | None:
 
 def draft_help(sep: str = "; ") -> str:
     """Every kind's spec forms and what q is, for a help text ('ngram[:N] = prompt lookup')."""
-    return sep.join(f"{k.syntax} = {k.summary}" for k in DRAFTERS.values())
+    return sep.join(f"{k.syntax} = {k.summary}" for _, k in sorted(DRAFTERS.items()))
 
 
 def spec_of_name(name: str) -> str | None:
     """The draft spec a drafter's display name was loaded from (a trace records the name):
-    the first kind that reads it, else None (a separate model, named by its spec)."""
+    the kind that reads it (at most one does), else None (a separate model, named by its
+    spec)."""
     for kind in DRAFTERS.values():
         spec = kind.spec_of(name)
         if spec is not None:

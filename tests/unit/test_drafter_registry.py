@@ -105,6 +105,7 @@ def test_a_trace_drafter_name_reads_back_as_its_spec(name, spec):
 
     assert spec_of_name(name) == spec
     assert draft_spec(name) == (spec or name)
+    assert sum(k.spec_of(name) is not None for k in DRAFTERS.values()) == (spec is not None)
 
 
 def test_a_drafter_declares_nothing_unless_it_says_so():
