@@ -3,7 +3,7 @@
 Settings come from the SPECVIZ_* variables (specviz/hosting.py, the one reader); this
 script's flags override them. Models load lazily on the first Run (or at start with
 --preload), once per process. On ZeroGPU (SPACES_ZERO_GPU) every allowed pair loads at start
-and only spaces.GPU functions compute (specviz/pairs.py).
+and only spaces.GPU functions compute (specviz/zerogpu.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from engine.cli.flags import OneLineParser  # noqa: E402
 from engine.core.errors import SpecvizError  # noqa: E402
 from engine.drafters.registry import draft_help  # noqa: E402
 from engine.run.models import resolve_device  # noqa: E402
-from specviz import pairs  # noqa: E402
+from specviz import hosting, pairs, warmup, zerogpu  # noqa: E402
 from specviz.hosting import DEVICES, DTYPES, HostConfig  # noqa: E402
 
 
@@ -76,11 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     log_to_stderr()
     try:
         host = host_config(args)
-        pairs.configure(host)
+        hosting.configure(host)
         if not host.zero_gpu and resolve_device(host.device).type == "cpu":
-            pairs.serve_compiled()  # packed targets: compiled steps, warmed when idle
+            warmup.serve_compiled()  # packed targets: compiled steps, warmed when idle
         if host.zero_gpu:
-            pairs.preload_all()  # module scope on ZeroGPU: weights to CUDA once, here
+            zerogpu.install()
+            zerogpu.preload_all()  # module scope on ZeroGPU: weights to CUDA once, here
         elif args.preload:
             pairs.preload(host.target, host.draft)
     except SpecvizError as e:

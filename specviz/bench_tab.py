@@ -2,8 +2,8 @@
 
 A run takes a shipped set (assets/sets/*.jsonl) or an uploaded JSONL, runs every chosen method
 and its plain decode on each prompt on the model thread, and streams each row as it lands;
-between runs it lets other sessions' model work in (``pairs.pausing``), so their Runs go on;
-at the end it shows the per-position acceptance curves, tau by category and the speedup
+between runs it lets other sessions' model work in (``specviz.worker.pausing``), so their Runs
+go on; at the end it shows the per-position acceptance curves, tau by category and the speedup
 boxes (engine.bench.report's figures), the summary table, and offers the self-contained
 report.html and results.jsonl. One run at a time in a process (another session is told so in
 one line); Cancel stops this session's run, keeping its rows; HostConfig's caps bound the
@@ -45,6 +45,7 @@ from engine.bench.set_runner import (
 from engine.core.errors import ConfigError
 from specviz import pairs, tune_tab
 from specviz.callbacks import guarded
+from specviz.hosting import HOST
 from specviz.wiring import (
     MODEL,
     QUICK,
@@ -56,6 +57,7 @@ from specviz.wiring import (
     stream,
     whole,
 )
+from specviz.worker import WORKER, pausing
 
 KEEP_RUNS = 20  # newest run folders kept in the temp folder
 RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-bench"
@@ -101,9 +103,9 @@ def run_plan(target: str, draft: str, settings: SetSettings, out_dir: Path,
     """Plan and run a set on the app's model thread, other sessions' work let in between its
     runs; returns the SetOutcome (the tab's and the tests' one way in, so both get the CLI's
     numbers)."""
-    plan = plan_set(settings, max_prompts=max_prompts or pairs.HOST.config.bench_max_prompts)
+    plan = plan_set(settings, max_prompts=max_prompts or HOST.config.bench_max_prompts)
     pair = pairs.get_pair(target, draft)
-    return pairs.WORKER.call(run_set, pair, plan, out_dir, progress=pairs.pausing(progress),
+    return WORKER.call(run_set, pair, plan, out_dir, progress=pausing(progress),
                              cancelled=cancelled)
 
 
@@ -127,7 +129,7 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
           target: str, draft: str) -> Iterator[BenchView]:
     """Stream the status, the rows, and at the end the figures, summary and files while a
     set runs on the model thread."""
-    cfg = pairs.HOST.config
+    cfg = HOST.config
     if cfg.zero_gpu:
         raise ConfigError("the Bench tab is off on ZeroGPU (a run holds the GPU for minutes)")
     settings = settings_of(set_path(set_name, upload), methods, categories, limit,
@@ -145,9 +147,9 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
         if load := load_note(target, draft):
             yield BenchView(f"{load} …", _table([]), None, None, None, "", None, prompts)
         pair = pairs.get_pair(target, draft)
-        fut = pairs.WORKER.submit(
+        fut = WORKER.submit(
             run_set, pair, plan, out_dir,
-            progress=pairs.pausing(lambda done, total, row: events.put((done, total, row))),
+            progress=pausing(lambda done, total, row: events.put((done, total, row))),
             cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
         rows: list[dict] = []
         done, total = 0, plan.total
@@ -242,7 +244,7 @@ METHODS0 = ("sd", "mcsd")  # checked at start, where registered
 def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
     """Lay the tab out in the current Blocks context and wire its events; a selected row
     fills ``shared``'s prompt and method and shows the Debugger tab of ``tabs``."""
-    cfg = pairs.HOST.config
+    cfg = HOST.config
     gr.Markdown("Run methods over a prompt set with the model pair of the Debugger tab, each "
                 "against its plain decode: tau, acceptance per draft position, speedup per "
                 f"category. At most {cfg.bench_max_prompts} prompts and "

@@ -25,7 +25,9 @@ from engine.analysis.timeline import timeline
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
 from engine.run.specs import pair_key
-from specviz import pairs, share_page, text_view, trace_file
+from specviz import pairs, share_page, streaming, text_view, trace_file
+from specviz.hosting import HOST
+from specviz.limits import check_run_limits
 from specviz.params import ParamPool
 from specviz.render import OUTPUTS, render, render_live
 from specviz.state import HELD, SessionState, coerce
@@ -148,7 +150,7 @@ class LivePace:
 def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
     """The Run handler for a parameter pool (keyword widget values -> method parameters).
 
-    The decode runs on the model thread (specviz.pairs); this handler only collects the
+    The decode runs on the model thread (specviz.streaming); this handler only collects the
     rounds that arrived and renders when a new run head comes with them.
     """
 
@@ -158,7 +160,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         if method not in METHODS:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         values = pool.values(method, widgets)
-        pairs.check_run_limits(prompt, values)
+        check_run_limits(prompt, values)
         # a value equal to the pair's tuned one is left to the engine, whose trace then
         # names it as tuned (same run)
         params = pairs.untuned(target, draft, method, values)
@@ -169,7 +171,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         state = SessionState(source="run", live=True)
         pace = LivePace()
         try:
-            for update in pairs.decode_stream(target, draft, prompt, method, params):
+            for update in streaming.decode_stream(target, draft, prompt, method, params):
                 rounds += update.rounds
                 if update.head is None:
                     continue
@@ -357,7 +359,7 @@ def session_params(session: dict | None, target: str, draft: str, method: str
     if not session or method not in session.get("params", {}):
         return {}
     try:
-        default = pairs.HOST.config.target  # '': the host's default target
+        default = HOST.config.target  # '': the host's default target
         same = pair_key(session["target"] or default, session.get("draft", "")) == \
             pair_key((target or "").strip() or default, (draft or "").strip())
     except (ConfigError, OSError, KeyError, TypeError, ValueError):

@@ -1,7 +1,7 @@
 """Check tab: is a method exact on this prompt and pair? engine/check/run.py on the model thread,
 its progress streamed as status lines (where it reports progress, other sessions' model work
-runs: ``pairs.pausing``), refused on ZeroGPU (a check is many runs). ``build`` lays the tab out
-(``CheckTab``, named components) and wires ``check`` to it by name."""
+runs: ``specviz.worker.pausing``), refused on ZeroGPU (a check is many runs). ``build`` lays
+the tab out (``CheckTab``, named components) and wires ``check`` to it by name."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from engine.check.run import run_check
 from engine.core.errors import ConfigError
 from specviz import charts, pairs
 from specviz.callbacks import guarded
+from specviz.hosting import HOST
+from specviz.limits import check_forest_budget, check_run_limits
 from specviz.wiring import (
     MODEL,
     PROMPT_LABEL,
@@ -28,6 +30,7 @@ from specviz.wiring import (
     stream,
     whole,
 )
+from specviz.worker import WORKER, pausing
 
 CHECK_S = 60  # the law check's budget a check starts with: a check estimated longer runs
 # fewer runs, and says the power it keeps
@@ -35,7 +38,7 @@ CHECK_S = 60  # the law check's budget a check starts with: a check estimated lo
 
 def budget_cap() -> int:
     """The most seconds a check may ask for here: the host's cap on a Bench run."""
-    return pairs.HOST.config.bench_max_seconds
+    return HOST.config.bench_max_seconds
 
 
 def parse_params(text: str) -> dict[str, str]:
@@ -69,7 +72,7 @@ def check(*, prompt: str, method: str, params_text: str, temperature: float, top
           max_seconds: float = CHECK_S) -> Iterator[CheckView]:
     """Yield the status markdown and figure: progress lines while the check runs, then its
     report (with the time it took against its budget) and the observed-vs-expected chart."""
-    if pairs.HOST.config.zero_gpu:
+    if HOST.config.zero_gpu:
         raise ConfigError("the Check tab is off on ZeroGPU (a check is many runs, more than "
                           "one GPU call): use python -m engine check")
     if method not in METHODS:
@@ -82,17 +85,17 @@ def check(*, prompt: str, method: str, params_text: str, temperature: float, top
                               "top_k": whole("top_k", top_k, 0), "top_p": float(top_p or 1.0),
                               "max_new_tokens": whole("max_new_tokens", max_new_tokens, 24)}
     full = pairs.with_tuned(target, draft, method, params)
-    pairs.check_run_limits(prompt, full)
-    pairs.check_forest_budget(method, full)
+    check_run_limits(prompt, full)
+    check_forest_budget(method, full)
     empty = charts.check_figure(())
     if load := load_note(target, draft):
         yield CheckView(f"{load} …", empty)
     pair = pairs.get_pair(target, draft)
     lines: queue.SimpleQueue = queue.SimpleQueue()
     start = time.monotonic()
-    job = pairs.WORKER.submit(run_check, pair, prompt, method,
+    job = WORKER.submit(run_check, pair, prompt, method,
                               config=CheckConfig(max_seconds=float(budget)),
-                              progress=pairs.pausing(lambda done, total, msg: lines.put(msg)),
+                              progress=pausing(lambda done, total, msg: lines.put(msg)),
                               **params)
     yield CheckView("checking …", empty)
     while not job.done():

@@ -34,7 +34,7 @@ from engine.cli.cost_text import (
 from engine.core.config import COMMON_PARAMS, layered, validate_params
 from engine.core.errors import ConfigError
 from engine.core.trace import RunTrace
-from specviz import charts, pairs
+from specviz import charts, pairs, streaming
 from specviz.callbacks import guarded
 from specviz.wiring import load_note, whole
 
@@ -272,7 +272,7 @@ def compare(*, prompt: str, methods: list[str], max_new_tokens: float, temperatu
         load = load_note(target, draft)
         yield view(f"running {k + 1}/{len(jobs)}: {job.label} ({job.role})"
                    + (f"; {load}" if load else "") + " …")
-        traces[job.key] = pairs.run_trace(target, draft, prompt, job.method, dict(job.params))
+        traces[job.key] = streaming.run_trace(target, draft, prompt, job.method, dict(job.params))
     yield view(f"On {pair}. " + _note(jobs, traces, refs, common))
 
 

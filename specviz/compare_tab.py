@@ -11,6 +11,7 @@ import pandas as pd
 from engine import METHODS
 from engine.core.errors import SpecvizError
 from specviz import charts, compare, pairs
+from specviz.hosting import HOST
 from specviz.wiring import MODEL, PROMPT_LABEL, QUICK, Shared, examples, fields, stream
 
 INTRO = ("Run several methods on one prompt with the model pair of the Debugger tab (or "
@@ -75,7 +76,7 @@ def build(shared: Shared) -> CompareTab:
                               placeholder="eesd:controller=cali_ts, sd:gamma=2", max_lines=1)
             compare_draft = gr.Textbox("", label=DRAFT_LABEL, max_lines=1,
                                        placeholder="ngram", elem_id="sv-compare-draft",
-                                       interactive=pairs.HOST.config.allow_custom_models)
+                                       interactive=HOST.config.allow_custom_models)
             with gr.Row():
                 max_new_tokens = gr.Number(24, label=f"max_new_tokens (at most "
                                            f"{compare.MAX_COMPARE_TOKENS})", minimum=1,

@@ -21,6 +21,7 @@ from engine import METHODS
 from engine.drafters.registry import EMPTY_DRAFT, draft_help
 from specviz import callbacks as cb
 from specviz import hindsight_panel, pairs
+from specviz.hosting import HOST
 from specviz.params import COMMON, ParamPool
 from specviz.render import OUTPUTS
 from specviz.text_view import ORIGIN_COLORS
@@ -144,7 +145,7 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
             if hidden else ""))
         # custom models off: the boxes only show a preset's pair, and the handlers refuse
         # any other pair too (pairs.check_pair_spec)
-        custom = pairs.HOST.config.allow_custom_models
+        custom = HOST.config.allow_custom_models
         target_box = gr.Textbox(target, label="Target (p): embedded-q4:a8 (the CPU default), "
                                 "embedded (fp32), hub id or local dir",
                                 interactive=custom)

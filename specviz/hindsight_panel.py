@@ -17,8 +17,10 @@ from engine.analysis.source import draft_spec, target_spec
 from specviz import diagnosis_view as dv
 from specviz import pairs
 from specviz.callbacks import guarded
+from specviz.hosting import HOST
 from specviz.state import coerce
 from specviz.wiring import MODEL, QUICK
+from specviz.worker import WORKER
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def diagnose_run(state: Any) -> tuple[Any, ...]:
 def replay_run(state: Any) -> tuple[Any, ...]:
     """The run in view replayed on the pair it names (loaded as a Run would load it)."""
     trace = _finished(state)
-    if pairs.HOST.config.zero_gpu:
+    if HOST.config.zero_gpu:
         raise gr.Error("replay runs the model pair over the whole text: not on ZeroGPU",
                        print_exception=False)
     pair = pairs.get_pair(target_spec(trace.target), draft_spec(trace.draft) or "")
@@ -62,7 +64,7 @@ def replay_run(state: Any) -> tuple[Any, ...]:
         raise gr.Error(f"this run was recorded on {trace.target}"
                        f"{' + ' + trace.draft if trace.draft else ''}, which this app does "
                        "not load by that name", print_exception=False)
-    report = pairs.WORKER.call(engine.replay, trace, pair)
+    report = WORKER.call(engine.replay, trace, pair)
     return dv.replay_markdown(report), dv.replay_rows(report)
 
 

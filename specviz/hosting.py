@@ -23,13 +23,16 @@ model, embedded.
 
 ZeroGPU is detected by ``SPACES_ZERO_GPU`` (true/1), the variable Hugging Face sets on
 ZeroGPU Spaces, together with an importable ``spaces`` package.
+
+``HOST`` holds the settings this process serves with (``configure``, app.py, once at start)
+and, on ZeroGPU, the ``spaces.GPU`` entry points that compute there (specviz.zerogpu).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -198,3 +201,23 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value in FALSE:
         return False
     raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+class Hosting:
+    """The settings this process serves with and, on ZeroGPU, its spaces.GPU-wrapped entry
+    points (None elsewhere: runs go to the model thread, specviz.worker)."""
+
+    def __init__(self) -> None:
+        self.config = HostConfig()
+        self.gpu_stream: Callable[..., Any] | None = None  # specviz.zerogpu's, wrapped
+        self.gpu_trace: Callable[..., Any] | None = None
+
+
+HOST = Hosting()  # the process's: every handler reads it, app.py sets it before the demo
+
+
+def configure(config: HostConfig) -> None:
+    """Serve with these settings (app.py, once, before building the demo; on ZeroGPU then
+    ``specviz.zerogpu.install``)."""
+    HOST.config = config
+    HOST.gpu_stream = HOST.gpu_trace = None

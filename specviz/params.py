@@ -15,10 +15,10 @@ import gradio as gr
 
 from engine import METHODS
 from engine.core.config import COMMON_PARAMS, ParamSpec
-from specviz.pairs import MAX_NEW_TOKENS
+from specviz.limits import MAX_NEW_TOKENS
 
 COMMON = tuple(p.name for p in COMMON_PARAMS)
-# the app's own caps below the engine's (specviz.pairs.check_run_limits refuses past them)
+# the app's own caps below the engine's (specviz.limits.check_run_limits refuses past them)
 UI_MAX = {"max_new_tokens": MAX_NEW_TOKENS}
 
 

@@ -18,8 +18,9 @@ import json
 
 import engine
 from engine.run.specs import default_draft
-from specviz.pairs import WORKER, get_pair
+from specviz.pairs import get_pair
 from specviz.state import DEMO_TRACE
+from specviz.worker import WORKER
 
 DEMO_PROMPT = ("Fix the spelling mistakes in this paragraph and return the corrected "
                "paragraph:\n\nThe team will meet on Monday and the team will meet on Friday. "

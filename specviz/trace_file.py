@@ -18,13 +18,13 @@ from typing import Any, Callable
 
 from engine.core.errors import ConfigError, SpecvizError
 from engine.core.trace import RoundTrace, RunTrace
-from specviz import pairs
+from specviz import limits
 from specviz.state import HELD, weight
 
 MAX_IMPORT_BYTES = 20 * 1024 * 1024
 MAX_DEPTH = 64  # a recorded trace nests about 8 levels deep
-MAX_STRING_CHARS = 100_000  # the UI's prompts are at most pairs.MAX_PROMPT_CHARS
-MAX_IMPORT_NODES = pairs.MAX_TRACE_NODES + pairs.MAX_FOREST_NODES  # a run's cap + its last round
+MAX_STRING_CHARS = 100_000  # the UI's prompts are at most limits.MAX_PROMPT_CHARS
+MAX_IMPORT_NODES = limits.MAX_TRACE_NODES + limits.MAX_FOREST_NODES  # a run's cap + its last round
 MAX_STEP_BEAMS = 64  # target beams one beam step may list (beams K and dsbd draft_beams <= 64)
 MAX_BEAM_STEPS = 17  # beam steps one round may list (gamma <= 16, + the bonus step)
 TRACE_VERSION = 1

@@ -13,7 +13,7 @@ settings when no rung finished). Hosted limits: the minutes are capped at
 ``HostConfig.bench_max_seconds`` (a cancel past it: the trials so far), the report at
 ``bench_max_prompts`` prompts, one tune at a time per process, and with custom models off
 only the host's pairs (specviz.pairs). Between its runs the tune lets other sessions' model
-work in (``pairs.pausing``).
+work in (``specviz.worker.pausing``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from engine.tune.search import RESULT, TRIALS, TuneSettings, plan_tune, run_tune
 from specviz import pairs
 from specviz.callbacks import guarded
 from specviz.figures import plural
+from specviz.hosting import HOST
 from specviz.wiring import MODEL, QUICK, Shared, fields, load_note, set_path, stream, whole
+from specviz.worker import WORKER, pausing
 
 RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-tune"
 KEEP_RUNS = 10
@@ -83,7 +85,7 @@ def _run_dir() -> Path:
 
 def minutes_cap() -> float:
     """The most minutes a tune (search and report) may ask for here: the host's seconds."""
-    return pairs.HOST.config.bench_max_seconds / 60
+    return HOST.config.bench_max_seconds / 60
 
 
 def minutes_text(minutes: float) -> str:
@@ -93,7 +95,7 @@ def minutes_text(minutes: float) -> str:
 def settings_of(path: str, methods: list[str], minutes: float | None,
                 max_new_tokens: float | None) -> TuneSettings:
     """The tune a request asks for, within the host's caps (one ConfigError line if not)."""
-    cfg = pairs.HOST.config
+    cfg = HOST.config
     if not methods:
         raise ConfigError("pick at least one method to tune")
     cap = minutes_cap()
@@ -109,7 +111,7 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
          tune_methods: list[str], minutes: float, max_new_tokens: float, target: str,
          draft: str) -> Iterator[TuneView]:
     """Stream the trials while the tune runs on the model thread, then the winners."""
-    cfg = pairs.HOST.config
+    cfg = HOST.config
     if cfg.zero_gpu:
         raise ConfigError("tuning is off on ZeroGPU (a tune holds the GPU for minutes)")
     target, draft = pairs.check_pair_spec(target, draft)
@@ -127,9 +129,9 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
         if load := load_note(target, draft):
             yield TuneView(f"{load} …", trials_figure([]), best_so_far([]), None, {})
         pair = pairs.get_pair(target, draft)
-        fut = pairs.WORKER.submit(
+        fut = WORKER.submit(
             run_tune, pair, plan, out, report_budget_s=30.0 * float(minutes),
-            progress=pairs.pausing(lambda phase, row: events.put((phase, row))),
+            progress=pausing(lambda phase, row: events.put((phase, row))),
             cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
         trials: list[dict] = []
         reported = 0

@@ -2,7 +2,7 @@
 (debugger_tab, compare_tab, bench_tab, check_tab; no logic here).
 
 Model work happens only in the Run, Compare, Check and Bench events (``MODEL_SLOTS`` of them
-at once, sharing the one model thread in turns: specviz.pairs); navigation events are cheap
+at once, sharing the one model thread in turns: specviz.worker); navigation events are cheap
 re-renders of the session's stored trace and run without a concurrency limit.
 """
 
@@ -14,7 +14,7 @@ import gradio as gr
 
 from engine import METHODS
 from engine.run.specs import DEFAULT_TARGET
-from specviz import bench_tab, check_tab, compare_tab, debugger_tab, pairs, trace_file
+from specviz import bench_tab, check_tab, compare_tab, debugger_tab, trace_file, warmup
 from specviz import callbacks as cb
 from specviz.render import views
 from specviz.state import ASSETS, SessionState, demo_state
@@ -48,7 +48,7 @@ def launch_options() -> dict[str, Any]:
     """Keyword arguments for ``demo.launch`` (Gradio 6 takes css and theme there): the look,
     the upload cap (Gradio refuses a larger file before any handler runs) and the number of
     sessions kept in memory (each holds at most one trace, bounded by trace_file's and
-    pairs' caps)."""
+    specviz.limits' caps)."""
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate", radius_size="sm")
     return {"css": (ASSETS / "style.css").read_text(), "theme": theme, "js": PAGE_JS,
             "max_file_size": trace_file.MAX_IMPORT_BYTES,
@@ -70,8 +70,8 @@ def _methods_markdown() -> str:
 
 
 def _warm_note() -> str:
-    """The status line of the compiled steps' warm-up (specviz.pairs.warm_up), or ''."""
-    note = pairs.WARMUP.note()
+    """The status line of the compiled steps' warm-up (specviz.warmup.warm_up), or ''."""
+    note = warmup.WARMUP.note()
     return f"⏳ {note}" if note else ""
 
 

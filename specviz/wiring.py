@@ -20,18 +20,18 @@ import gradio as gr
 
 from engine.core.errors import ConfigError
 from specviz import pairs
-from specviz.pairs import MAX_PROMPT_CHARS
+from specviz.limits import MAX_PROMPT_CHARS
 from specviz.state import ASSETS
 
 QUICK = dict(concurrency_limit=None, show_progress="hidden")  # cheap re-renders
 MODEL_SLOTS = 4  # model events (Run, Compare, Check, Bench) served at once, all sessions
-# together: they share the one model thread in turns (specviz.pairs.ModelWorker); more wait
+# together: they share the one model thread in turns (specviz.worker.ModelWorker); more wait
 # in Gradio's queue
 MODEL = dict(concurrency_limit=MODEL_SLOTS, concurrency_id="model")
 
 
-# no maxlength on a prompt box: a longer prompt is refused in one line (pairs.check_run_limits),
-# never cut without a word
+# no maxlength on a prompt box: a longer prompt is refused in one line
+# (specviz.limits.check_run_limits), never cut without a word
 PROMPT_LABEL = f"Prompt (at most {MAX_PROMPT_CHARS:,} characters)"
 
 

@@ -17,7 +17,7 @@ def launch_app(target: str = "", **kw):
     """(demo, url) of a launched app (target '': the host's default, as make app runs it);
     the caller closes demo."""
     import specviz
-    from specviz.pairs import HOST
+    from specviz.hosting import HOST
 
     target = target or HOST.config.target
     demo = specviz.build_demo(target=target, **kw)

@@ -95,9 +95,9 @@ def test_an_upload_over_the_cap_is_refused_before_it_is_read(tmp_path, monkeypat
 
 
 def test_a_set_over_the_hosts_prompt_cap_is_refused(prompt_set, monkeypatch):
-    from specviz import pairs
+    from specviz.hosting import HOST
 
-    monkeypatch.setattr(pairs.HOST, "config", HostConfig(bench_max_prompts=2))
+    monkeypatch.setattr(HOST, "config", HostConfig(bench_max_prompts=2))
     with pytest.raises(gr.Error, match="2"):
         _tab_run(prompt_set)
     assert len(_tab_run(prompt_set, methods=("sd",), limit=2)[-1][1]) == 2  # within the cap

@@ -9,6 +9,7 @@ import pytest
 
 from specviz import pairs
 from specviz.render import OUTPUTS
+from specviz.worker import WORKER
 from tests.ui.helpers import TINY
 
 pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -43,5 +44,5 @@ def test_a_cancel_stops_generate_within_a_round(client, slow_target):
         time.sleep(0.01)
     job.cancel()
     t0 = time.perf_counter()
-    pairs.WORKER.call(lambda: None)  # the model thread is free once generate() stopped
+    WORKER.call(lambda: None)  # the model thread is free once generate() stopped
     assert time.perf_counter() - t0 < 0.5  # a round or two, not the rest of 128 tokens

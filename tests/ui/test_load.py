@@ -15,7 +15,7 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
-from specviz import pairs
+from specviz import streaming
 from specviz.render import OUTPUTS
 from specviz.state import DEMO_TRACE, HELD
 from tests.ui.helpers import TINY
@@ -104,7 +104,7 @@ def test_bad_input_in_one_session_leaves_another_sessions_trace_alone(app_url, t
 
 def test_a_client_that_leaves_mid_run_frees_the_model_slot(app_url, monkeypatch):
     rounds: list[float] = []
-    real = pairs._start
+    real = streaming.start_run
 
     def slow_start(*a, **k):
         run = real(*a, **k)
@@ -123,11 +123,11 @@ def test_a_client_that_leaves_mid_run_frees_the_model_slot(app_url, monkeypatch)
     long_run = {**_args(0, tokens=200), "p_temperature": 0.0}
     natural = _rounds(_views(leaver.predict(**long_run, api_name="/run")))
     assert natural >= 40  # unpatched, this run goes on long enough to be left mid-way
-    monkeypatch.setattr(pairs, "_start", slow_start)
+    monkeypatch.setattr(streaming, "start_run", slow_start)
     job = leaver.submit(**long_run, api_name="/run")
     while len(rounds) < 5:
         time.sleep(0.05)
-    monkeypatch.setattr(pairs, "_start", real)
+    monkeypatch.setattr(streaming, "start_run", real)
     t0 = time.perf_counter()
     job.cancel()
     v = _views(waiter.predict(**_args(1, tokens=8), api_name="/run"))

@@ -11,8 +11,9 @@ from gradio_client.exceptions import AppError
 from transformers import GenerationMixin
 
 from engine.core import threads
-from specviz import pairs
+from specviz import pairs, streaming, warmup
 from specviz.render import OUTPUTS
+from specviz.worker import WORKER
 from tests.ui.helpers import TINY
 
 pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -37,8 +38,8 @@ def test_every_model_call_of_run_and_compare_runs_on_the_one_model_thread(client
     finally:
         for h in hooks:
             h.remove()
-    assert seen == {pairs.WORKER.thread.ident}
-    assert pairs.WORKER.threads == (threads.thread_count() or torch.get_num_threads())
+    assert seen == {WORKER.thread.ident}
+    assert WORKER.threads == (threads.thread_count() or torch.get_num_threads())
 
 
 def test_an_eesd_run_through_the_ui_never_calls_generate(client, monkeypatch):
@@ -56,7 +57,7 @@ def test_an_eesd_run_through_the_ui_never_calls_generate(client, monkeypatch):
 
 
 def test_a_run_that_fails_mid_stream_keeps_its_rounds_and_the_app_usable(client, monkeypatch):
-    real = pairs._start
+    real = streaming.start_run
 
     def failing_start(*a, **k):
         run = real(*a, **k)
@@ -71,7 +72,7 @@ def test_a_run_that_fails_mid_stream_keeps_its_rounds_and_the_app_usable(client,
         run.__class__ = Failing
         return run
 
-    monkeypatch.setattr(pairs, "_start", failing_start)
+    monkeypatch.setattr(streaming, "start_run", failing_start)
     job = client.submit(prompt="hello world", method="sd", target=TINY, draft="", p_gamma=3,
                         p_max_new_tokens=20, api_name="/run")
     with pytest.raises(AppError) as err:
@@ -79,14 +80,14 @@ def test_a_run_that_fails_mid_stream_keeps_its_rounds_and_the_app_usable(client,
     assert "boom in round 2" in str(err.value) and "\n" not in str(err.value)
     kept = dict(zip(OUTPUTS, job.outputs()[-1]))
     assert "in 2 rounds" in kept["run_md"] and "running" not in kept["run_md"]
-    monkeypatch.setattr(pairs, "_start", real)
+    monkeypatch.setattr(streaming, "start_run", real)
     v = _run(client)  # the model thread is free again
     assert "12 tokens in" in v["run_md"]
 
 
 def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_on(
         monkeypatch):
-    """The app's warm-up (pairs.warm_up): the common step shapes compile on their own
+    """The app's warm-up (warmup.warm_up): the common step shapes compile on their own
     thread, the model thread serves runs meanwhile (static steps, the same tokens), and the
     status line counts the shapes until the last, then says nothing."""
     import engine
@@ -100,17 +101,17 @@ def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_o
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
     quantize_linears(pair.target.model, 8)
     prompt = [3, 4, 5, 6, 3, 4, 5]
-    want = pairs.WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
-    thread = pairs.warm_up(pair)
-    assert thread is not None and pairs.WARMUP.total == 5 + 5  # the target, its early exit
-    assert pairs.WARMUP.note().startswith("compiling step shapes in the background: ")
+    want = WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
+    thread = warmup.warm_up(pair)
+    assert thread is not None and warmup.WARMUP.total == 5 + 5  # the target, its early exit
+    assert warmup.WARMUP.note().startswith("compiling step shapes in the background: ")
     assert ui._warm_note().startswith("⏳ compiling step shapes")  # the page's status line
-    during = [pairs.WORKER.call(engine.generate, pair, prompt, "sd", max_new_tokens=12)
+    during = [WORKER.call(engine.generate, pair, prompt, "sd", max_new_tokens=12)
               for _ in range(2)]
     thread.join(timeout=300)
-    assert not thread.is_alive() and pairs.WARMUP.done == 10 and pairs.WARMUP.note() == ""
+    assert not thread.is_alive() and warmup.WARMUP.done == 10 and warmup.WARMUP.note() == ""
     assert ui._warm_note() == ""  # nothing shown once every shape is made
-    after = pairs.WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
+    after = WORKER.call(engine.generate, pair, prompt, "greedy", max_new_tokens=12)
     assert after.stats.step_paths["target:compiled"] == len(after.rounds)
     for run in (*during, after):
         assert run.token_ids == want.token_ids

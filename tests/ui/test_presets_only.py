@@ -8,7 +8,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specviz import pairs
+from specviz import hosting
 from specviz.hosting import HostConfig
 from specviz.render import OUTPUTS
 from tests.ui.helpers import TINY, free_port
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWar
 def served():
     import specviz
 
-    pairs.configure(HostConfig(target=TINY, presets=("tiny",), allow_custom_models=False))
+    hosting.configure(HostConfig(target=TINY, presets=("tiny",), allow_custom_models=False))
     demo = specviz.build_demo(TINY)
     demo.queue()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1",
@@ -29,7 +29,7 @@ def served():
         yield demo, Client(url, verbose=False)
     finally:
         demo.close()
-        pairs.configure(HostConfig())
+        hosting.configure(HostConfig())
 
 
 def test_the_model_boxes_are_not_editable_and_only_chosen_presets_show(served):

@@ -1,4 +1,4 @@
-"""Sessions share the model thread (specviz.pairs.ModelWorker): while session A runs a Bench
+"""Sessions share the model thread (specviz.worker.ModelWorker): while session A runs a Bench
 set or a long decode, session B's Run starts, finishes first, and streams the same tokens as
 alone. The order of events is logged on the model thread itself, so the tests assert orders,
 never durations; A is held at one of its pause points until B's request has reached the
@@ -13,8 +13,9 @@ import pytest
 from gradio_client import Client
 from gradio_client.client import Job
 
-from specviz import bench_tab, pairs
+from specviz import bench_tab, streaming
 from specviz.render import OUTPUTS
+from specviz.worker import WORKER
 from tests.ui.helpers import TINY
 
 pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -38,7 +39,7 @@ class Recorder:
         self.log: list[tuple] = []
         self.arrived = threading.Event()
         self.prompts: dict[int, str] = {}
-        start, updates, submit = pairs._start, pairs._updates, pairs.WORKER.submit
+        start, updates, submit = streaming.start_run, streaming.updates, WORKER.submit
 
         def tagged_start(target, draft, prompt, *a, **k):
             run = start(target, draft, prompt, *a, **k)
@@ -58,9 +59,9 @@ class Recorder:
                 self.arrived.set()
             return job
 
-        monkeypatch.setattr(pairs, "_start", tagged_start)
-        monkeypatch.setattr(pairs, "_updates", logged_updates)
-        monkeypatch.setattr(pairs.WORKER, "submit", noting_submit)
+        monkeypatch.setattr(streaming, "start_run", tagged_start)
+        monkeypatch.setattr(streaming, "updates", logged_updates)
+        monkeypatch.setattr(WORKER, "submit", noting_submit)
 
     def wait_for_b(self) -> None:
         """On the model thread, inside a unit of A: hold A until B's first job is queued."""
@@ -113,7 +114,7 @@ def test_a_short_run_made_during_a_long_decode_finishes_first_with_its_tokens_as
                     p_gamma=2, p_temperature=0.0, p_max_new_tokens=200)
     natural = _generated(a.predict(**long_run, api_name="/run"))
     rec = Recorder(monkeypatch)
-    real_updates = pairs._updates
+    real_updates = streaming.updates
 
     def held_updates(run, cancel=None):  # A waits for B at its third round
         for k, update in enumerate(real_updates(run, cancel)):
@@ -121,7 +122,7 @@ def test_a_short_run_made_during_a_long_decode_finishes_first_with_its_tokens_as
                 rec.wait_for_b()
             yield update
 
-    monkeypatch.setattr(pairs, "_updates", held_updates)
+    monkeypatch.setattr(streaming, "updates", held_updates)
     first = a.submit(**long_run, api_name="/run")
     run = _submit_b_when_a_is_mid_way(b, lambda: ("round", long_run["prompt"]) in rec.log)
     assert _generated(run.result(WAIT_S)) == alone

@@ -14,7 +14,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 import engine
-from specviz import pairs
+from specviz import hosting, pairs, zerogpu
 from specviz.hosting import HostConfig
 from specviz.render import OUTPUTS
 from tests.ui.helpers import TINY, free_port
@@ -44,10 +44,11 @@ def zero(tmp_path_factory):
     mp.setattr(engine, "load_pair", counting_load)
     pairs._PAIRS.clear()  # a model cached by other tests must load here, at start
     host = HostConfig.from_env(ENV).check()
-    pairs.configure(host)
+    hosting.configure(host)
     import spaces
 
-    pairs.preload_all()
+    zerogpu.install()
+    zerogpu.preload_all()
     pair = pairs._PAIRS[(TINY, "")]
 
     def record_forward(*_):
@@ -65,7 +66,7 @@ def zero(tmp_path_factory):
         demo.close()
         for h in hooks:
             h.remove()
-        pairs.configure(HostConfig())
+        hosting.configure(HostConfig())
         pairs._PAIRS.clear()
         mp.undo()
         sys.modules.pop("spaces", None)

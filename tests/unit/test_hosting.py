@@ -12,7 +12,7 @@ import app
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.run.models import resolve_dtype
 from engine.run.tuned import tuned_settings
-from specviz import pairs
+from specviz import hosting, pairs
 from specviz.hosting import HostConfig, all_presets, parse_presets
 
 STUB = Path(__file__).resolve().parent.parent / "zerogpu_stub"
@@ -21,9 +21,9 @@ TINY = 'tiny:{"vocab_size": 64, "layers": 4}'
 
 @pytest.fixture
 def host():
-    """Configure pairs with a HostConfig for one test, then restore the default."""
-    yield pairs.configure
-    pairs.configure(HostConfig())
+    """Configure the app with a HostConfig for one test, then restore the default."""
+    yield hosting.configure
+    hosting.configure(HostConfig())
 
 
 def test_no_variables_give_the_defaults():

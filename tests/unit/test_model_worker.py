@@ -1,4 +1,4 @@
-"""The app's model thread (specviz.pairs.ModelWorker): jobs take turns a unit at a time, a long
+"""The app's model thread (specviz.worker.ModelWorker): jobs take turns a unit at a time, a long
 job of one unit lets the others in at its pause points, results, exceptions and cancellation
 reach their callers, and a call from the model thread runs at once. Ordering only: every
 test holds the thread with events, or drives it with a fake clock, never with wall time."""
@@ -11,8 +11,8 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from specviz import pairs
-from specviz.pairs import ModelWorker
+from specviz import streaming
+from specviz.worker import ModelWorker
 from tests.ui.helpers import TINY
 
 WAIT_S = 30  # a hang guard only: every wait below ends as soon as the thread gets there
@@ -181,13 +181,13 @@ def test_a_call_from_the_model_thread_runs_at_once():
 
 
 def test_a_cancelled_decode_stops_after_its_current_round():
-    """pairs._produce as a step job on a tiny model: cancel seen in the job's next turn."""
+    """streaming.produce as a step job on a tiny model: cancel seen in the job's next turn."""
     w = ModelWorker()
-    run = w.call(pairs._start, TINY, "", "hello world", "greedy", {"max_new_tokens": 40})
+    run = w.call(streaming.start_run, TINY, "", "hello world", "greedy", {"max_new_tokens": 40})
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel, go = threading.Event(), threading.Event()
     release = _hold(w)
-    job = w.submit_steps(pairs._produce(run, out, cancel))
+    job = w.submit_steps(streaming.produce(run, out, cancel))
     w.submit(go.wait, WAIT_S)  # the decode's second round waits for this turn
     release.set()
     first = out.get(timeout=WAIT_S)
@@ -196,6 +196,7 @@ def test_a_cancelled_decode_stops_after_its_current_round():
     go.set()
     job.result(WAIT_S)
     items = [out.get(timeout=WAIT_S) for _ in range(2)]
-    assert items[0].final and items[1] is pairs._DONE
+    assert items[0].final and items[1] is streaming.DONE
     assert len(run.trace().rounds) == 2  # the round in progress, then stop
     assert run.done and run.stop_reason == "cancelled"
+

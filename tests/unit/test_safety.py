@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 
 from engine.run import models
-from specviz import check_tab, compare, pairs, trace_file
+from specviz import check_tab, compare, hosting, limits, pairs, streaming, trace_file
 from specviz.hosting import HostConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,14 +102,14 @@ def _check(target: str, draft: str) -> dict:
 
 @pytest.fixture
 def presets_only():
-    pairs.configure(HostConfig(target="tiny", presets=("tiny",), allow_custom_models=False))
+    hosting.configure(HostConfig(target="tiny", presets=("tiny",), allow_custom_models=False))
     yield
-    pairs.configure(HostConfig())
+    hosting.configure(HostConfig())
 
 
 def test_every_model_handler_refuses_a_typed_model_when_custom_models_are_off(presets_only,
                                                                               monkeypatch):
-    monkeypatch.setattr(pairs, "_get_pair", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(pairs, "load", lambda *a: pytest.fail("a model was loaded"))
     refused = "runs only its preset models (SPECVIZ_ALLOW_CUSTOM_MODELS=0)"
     with pytest.raises(gr.Error, match=re.escape(refused)):
         list(check_tab.check(**_check("gpt2", "")))
@@ -119,12 +119,12 @@ def test_every_model_handler_refuses_a_typed_model_when_custom_models_are_off(pr
     with pytest.raises(gr.Error, match=re.escape(refused)):
         list(check_tab.check(**_check("tiny", "gpt2")))
     with pytest.raises(models.ConfigError, match=re.escape(refused)):
-        list(pairs.decode_stream('tiny:{"layers": 9}', "", "hi", "greedy", {}))
+        list(streaming.decode_stream('tiny:{"layers": 9}', "", "hi", "greedy", {}))
 
 
 def test_the_forest_budget_counts_every_tree_when_strict_fills_its_pad_slots():
     params = {"beams": 8, "draft_beams": 16, "gamma": 4}  # 64 nodes; 512 with fill
-    pairs.check_forest_budget("atspeed_strict", params)
-    pairs.check_forest_budget("atspeed_strict", {**params, "fill": True, "gamma": 8})  # 1024
+    limits.check_forest_budget("atspeed_strict", params)
+    limits.check_forest_budget("atspeed_strict", {**params, "fill": True, "gamma": 8})  # 1024
     with pytest.raises(models.ConfigError, match=r"beams x draft_beams x gamma \(fill\) = 2048"):
-        pairs.check_forest_budget("atspeed_strict", {**params, "fill": "true", "gamma": 16})
+        limits.check_forest_budget("atspeed_strict", {**params, "fill": "true", "gamma": 16})

@@ -1,0 +1,162 @@
+"""The app's model thread: ``WORKER``, the one thread that runs every model load and forward
+of the process, its jobs served in turn.
+
+Every load and every forward runs on ``WORKER``, one dedicated thread with the engine's thread
+rule (engine/core/threads.py): torch keeps one OpenMP team, and no two jobs use the weights at
+the same time. The thread serves its jobs in turn (round-robin), one unit of work each: a
+decode (a Run, each Compare method: specviz.streaming) is a step job of one round a step; a
+load or any other call is one unit; a Bench set, a tune or a Check is one unit that lets the
+others in between its runs (``pausing``, through the engine's progress callback; a sampled
+Check calls it about once a second). So another session's Run starts after about one round
+of each decode ahead of it, or one run of a Bench set, instead of after all of them (Gradio
+lets up to ``specviz.wiring.MODEL_SLOTS`` model events run at once; this thread shares the
+model among them). A unit is whole engine calls, never
+part of one, so a run's tokens do not depend on what else runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable, Iterator
+
+from engine.core import static_kv, threads
+
+
+class ModelWorker:
+    """One daemon thread that runs every model call of the process, its jobs served in turn.
+
+    A job is a generator of units: ``submit_steps`` takes one whose every ``next()`` is one
+    unit (a decode: one round), ``submit`` / ``call`` a function, run as a single unit. The
+    thread runs one unit of the job at the head of its ready queue, then puts the job back at
+    the tail unless it finished, so jobs take turns unit by unit (round-robin) and a new job
+    starts after at most one unit of each job ahead of it. A long job that is one unit (a
+    Bench set, a tune, a Check) lets others in at ``pause_point``, which it calls between its
+    runs. Never inside one engine call: a unit is whole engine calls, so runs keep their
+    tokens.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ready: deque[tuple[Iterator, Future]] = deque()
+        self._wake = threading.Condition()
+        self._clock = clock
+        self._slice_start = 0.0  # when the unit running now started or last resumed
+        self.thread = threading.Thread(target=self._loop, name="specviz-model", daemon=True)
+        self.threads = 0
+        self.thread.start()
+
+    def _loop(self) -> None:
+        self.threads = threads.configure()
+        static_kv.POLICY.deferred = True  # a compiled step shape not made yet runs static
+        # here (the same bits): no unit waits for a compile (specviz.warmup makes them)
+        while True:
+            with self._wake:
+                while not self._ready:
+                    self._wake.wait()
+                job = self._ready.popleft()
+            self._run_unit(job)
+
+    def _run_unit(self, job: tuple[Iterator, Future]) -> None:
+        """One unit of the job; the job back at the tail of the queue unless it finished."""
+        steps, fut = job
+        self._slice_start = self._clock()
+        if not fut.running() and not fut.set_running_or_notify_cancel():
+            steps.close()  # cancelled before its first unit
+            return
+        try:
+            next(steps)
+        except StopIteration as end:
+            fut.set_result(end.value)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+        else:
+            self._put(job)
+
+    def _put(self, job: tuple[Iterator, Future]) -> None:
+        with self._wake:
+            self._ready.append(job)
+            self._wake.notify()
+
+    def submit_steps(self, steps: Iterator) -> Future:
+        """Run a step job: each ``next(steps)`` one unit, in turn with the other jobs; the
+        future gets the generator's return value (or its exception)."""
+        fut: Future = Future()
+        self._put((steps, fut))
+        return fut
+
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> Future:
+        """Run fn(*args, **kwargs) on the model thread as one unit."""
+        return self.submit_steps(_one_unit(fn, args, kwargs))
+
+    def call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run fn on the model thread and wait for its result (or exception); on the model
+        thread itself, run it at once."""
+        if threading.current_thread() is self.thread:
+            return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result()
+
+    def call_steps(self, steps: Iterator) -> Any:
+        """``submit_steps`` and wait for the result; on the model thread, run every step at
+        once."""
+        if threading.current_thread() is self.thread:
+            return _to_end(steps)
+        return self.submit_steps(steps).result()
+
+    def pause_point(self) -> None:
+        """Let the other jobs in, then return (call it on the model thread, between whole
+        engine calls of a long unit).
+
+        Every job ready when it is called runs one unit, in turn; then they go on taking
+        turns until they have had about as long each as the caller ran since it last got the
+        thread, or none is ready. The caller is not in the queue while it runs, so none of its
+        own work runs here. A long job of one unit that starts here pauses in turn at its own
+        pause points, and the caller resumes only when that job has ended."""
+        if threading.current_thread() is not self.thread:
+            raise RuntimeError("pause_point is for the model thread")
+        now = self._clock()
+        with self._wake:
+            waiting = len(self._ready)
+        until = now + (now - self._slice_start) * waiting
+        turns = 0
+        while True:
+            with self._wake:
+                if not self._ready or (turns >= waiting and self._clock() >= until):
+                    break
+                job = self._ready.popleft()
+            self._run_unit(job)
+            turns += 1
+        self._slice_start = self._clock()
+
+
+def _one_unit(fn: Callable, args: tuple, kwargs: dict) -> Iterator:
+    """A job of one unit: the first next() runs fn, its result the StopIteration's value."""
+    return fn(*args, **kwargs)
+    yield  # a generator with no yield reached: never a step in between
+
+
+def _to_end(steps: Iterator) -> Any:
+    """Every step of a step job, at once; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+WORKER = ModelWorker()  # the process's one model thread (the thread rule: one OpenMP team)
+
+
+def pausing(progress: Callable[..., None] | None = None) -> Callable[..., None]:
+    """A progress callback for a long job of one unit (engine.bench.set_runner.run_set,
+    engine.tune.search.run_tune, engine.check.run.run_check, which call it between their
+    runs): progress, then ``WORKER.pause_point``, so other sessions' work runs between the
+    job's runs."""
+
+    def report(*args: Any) -> None:
+        if progress is not None:
+            progress(*args)
+        WORKER.pause_point()
+
+    return report
