@@ -2,22 +2,19 @@
 
 A run takes a shipped set (assets/sets/*.jsonl) or an uploaded JSONL, runs every chosen method
 and its plain decode on each prompt on the model thread, and streams each row as it lands;
-between runs it lets other sessions' model work in (``specviz.worker.pausing``), so their Runs
-go on; at the end it shows the per-position acceptance curves, tau by category and the speedup
-boxes (engine.bench.report's figures), the summary table, and offers the self-contained
-report.html and results.jsonl. One run at a time in a process (another session is told so in
-one line); Cancel stops this session's run, keeping its rows; HostConfig's caps bound the
-prompts and seconds of a run. Selecting a row puts its prompt and method in the Debugger.
-``build`` lays the tab out (``BenchTab``, named components) and wires these handlers by name.
+it lets other sessions' model work in after each round of its runs and between them
+(specviz.jobs), so their Runs go on; at the end it shows the per-position acceptance curves,
+tau by category and the speedup boxes (engine.bench.report's figures), the summary table,
+and offers the self-contained report.html and results.jsonl. One run at a time in a process
+(another session is told so in one line); Cancel stops this session's run, keeping its rows;
+HostConfig's caps bound the prompts and seconds of a run. Selecting a row puts its prompt and
+method in the Debugger. ``build`` lays the tab out (``BenchTab``, named components) and wires
+these handlers by name.
 """
 
 from __future__ import annotations
 
-import queue
-import shutil
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -46,6 +43,7 @@ from engine.core.errors import ConfigError
 from specviz import pairs, tune_tab
 from specviz.callbacks import guarded
 from specviz.hosting import HOST
+from specviz.jobs import Runner
 from specviz.wiring import (
     MODEL,
     QUICK,
@@ -57,15 +55,12 @@ from specviz.wiring import (
     stream,
     whole,
 )
-from specviz.worker import WORKER, pausing
 
-KEEP_RUNS = 20  # newest run folders kept in the temp folder
-RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-bench"
 HEADERS = ["prompt", "category", "method", "speedup × vs generate()", "tau",
            "accepted / drafted", "identical"]
 POLL_S = 0.25
-_BUSY = threading.Lock()  # one bench run per process: it runs for minutes
-_CANCEL: dict[str, threading.Event] = {}  # session -> its run's cancel flag
+BENCH = Runner("a benchmark", one_at_a_time=True,  # it runs for minutes
+               runs_dir=Path(tempfile.gettempdir()) / "specviz-bench", keep=20)
 
 
 def settings_of(path: str, methods: list[str], categories: str, limit: float | None,
@@ -78,14 +73,6 @@ def settings_of(path: str, methods: list[str], categories: str, limit: float | N
                        max_new_tokens=whole("max_new_tokens", max_new_tokens, 0))
 
 
-def _run_dir() -> Path:
-    RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    old = sorted(RUNS_DIR.iterdir(), key=lambda p: p.stat().st_mtime)
-    for stale in old[: max(0, len(old) - KEEP_RUNS + 1)]:
-        shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR))
-
-
 def row_cells(row: dict) -> list[str]:
     speed = row.get("speedup")
     return [row.get("prompt_id", ""), row.get("category", ""), row.get("case", ""),
@@ -96,17 +83,6 @@ def row_cells(row: dict) -> list[str]:
 
 def _table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([row_cells(r) for r in rows], columns=HEADERS)
-
-
-def run_plan(target: str, draft: str, settings: SetSettings, out_dir: Path,
-             progress=None, cancelled=None, max_prompts: int | None = None):
-    """Plan and run a set on the app's model thread, other sessions' work let in between its
-    runs; returns the SetOutcome (the tab's and the tests' one way in, so both get the CLI's
-    numbers)."""
-    plan = plan_set(settings, max_prompts=max_prompts or HOST.config.bench_max_prompts)
-    pair = pairs.get_pair(target, draft)
-    return WORKER.call(run_set, pair, plan, out_dir, progress=pausing(progress),
-                             cancelled=cancelled)
 
 
 class BenchView(NamedTuple):
@@ -136,41 +112,27 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
                            max_new_tokens)
     plan = plan_set(settings, max_prompts=cfg.bench_max_prompts)  # bad input: one line, now
     prompts = {p.id: p.prompt for p in plan.prompts}
-    if not _BUSY.acquire(blocking=False):
-        raise ConfigError("a benchmark is running in this app; try again when it ends")
-    session = getattr(request, "session_hash", None) or "local"
-    stop = _CANCEL[session] = threading.Event()
-    try:
-        deadline = time.monotonic() + cfg.bench_max_seconds
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        out_dir = _run_dir()
+    with BENCH.session(request, max_seconds=cfg.bench_max_seconds) as job:
+        out_dir = BENCH.run_dir("run-")
         if load := load_note(target, draft):
             yield BenchView(f"{load} …", _table([]), None, None, None, "", None, prompts)
         pair = pairs.get_pair(target, draft)
-        fut = WORKER.submit(
-            run_set, pair, plan, out_dir,
-            progress=pausing(lambda done, total, row: events.put((done, total, row))),
-            cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
+        BENCH.start(job, run_set, pair, plan, out_dir, cancelled=job.cancelled)
         rows: list[dict] = []
         done, total = 0, plan.total
-        while True:
-            finished = fut.done()
-            while not events.empty():
-                done, total, row = events.get()
+        for events in job.follow(POLL_S):
+            for done, total, row in events:
                 if row is not None:
                     rows.append(row)
             yield BenchView(f"running: {done} / {total} runs …", _table(rows), None, None,
                             None, "", None, prompts)
-            if finished:
-                break
-            time.sleep(POLL_S)
-        outcome = fut.result()
+        outcome = job.result()
         report = write_report(out_dir)
         summary = write_summary(out_dir)
         _, all_rows = load_run(out_dir)
         methods_summary = summary["methods"]
         why = ("done" if outcome.finished else
-               "cancelled" if stop.is_set() else f"stopped at {cfg.bench_max_seconds} s")
+               "cancelled" if job.stop.is_set() else f"stopped at {cfg.bench_max_seconds} s")
         status = (f"{why}: {len(outcome.rows)} / {outcome.total} runs on {len(plan.prompts)} "
                   f"prompts ({summary['meta'].get('device')}); select a row to open its "
                   "prompt in the Debugger")
@@ -180,17 +142,12 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
                         speedup=speedup_figure(methods_summary, all_rows),
                         summary=summary_table(methods_summary) + f"<p>{PROJECTION_NOTE}</p>",
                         files=[str(report), str(out_dir / RESULTS)], prompts=prompts)
-    finally:
-        _CANCEL.pop(session, None)
-        _BUSY.release()
 
 
 def cancel(request: gr.Request = None) -> str:
     """Stop this session's run (its finished rows are kept)."""
-    stop = _CANCEL.get(getattr(request, "session_hash", None) or "local")
-    if stop is None:
+    if not BENCH.cancel(request):
         return "no benchmark of yours is running"
-    stop.set()
     return "cancelling after the current run …"
 
 

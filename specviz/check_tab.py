@@ -1,12 +1,11 @@
 """Check tab: is a method exact on this prompt and pair? engine/check/run.py on the model thread,
-its progress streamed as status lines (where it reports progress, other sessions' model work
-runs: ``specviz.worker.pausing``), refused on ZeroGPU (a check is many runs). ``build`` lays
-the tab out (``CheckTab``, named components) and wires ``check`` to it by name."""
+its progress streamed as status lines; after each round of its runs and between them other
+sessions' model work runs (specviz.jobs), and the time it took is its own. Refused on ZeroGPU
+(a check is many runs). ``build`` lays the tab out (``CheckTab``, named components) and wires
+``check`` to it by name."""
 
 from __future__ import annotations
 
-import queue
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -19,6 +18,7 @@ from engine.core.errors import ConfigError
 from specviz import charts, pairs
 from specviz.callbacks import guarded
 from specviz.hosting import HOST
+from specviz.jobs import Runner
 from specviz.limits import check_forest_budget, check_run_limits
 from specviz.wiring import (
     MODEL,
@@ -30,10 +30,11 @@ from specviz.wiring import (
     stream,
     whole,
 )
-from specviz.worker import WORKER, pausing
 
 CHECK_S = 60  # the law check's budget a check starts with: a check estimated longer runs
 # fewer runs, and says the power it keeps
+POLL_S = 0.25
+CHECKS = Runner("a check", one_at_a_time=False)
 
 
 def budget_cap() -> int:
@@ -88,33 +89,28 @@ def check(*, prompt: str, method: str, params_text: str, temperature: float, top
     check_run_limits(prompt, full)
     check_forest_budget(method, full)
     empty = charts.check_figure(())
-    if load := load_note(target, draft):
-        yield CheckView(f"{load} …", empty)
-    pair = pairs.get_pair(target, draft)
-    lines: queue.SimpleQueue = queue.SimpleQueue()
-    start = time.monotonic()
-    job = WORKER.submit(run_check, pair, prompt, method,
-                              config=CheckConfig(max_seconds=float(budget)),
-                              progress=pausing(lambda done, total, msg: lines.put(msg)),
-                              **params)
-    yield CheckView("checking …", empty)
-    while not job.done():
-        try:
-            yield CheckView(f"checking: {lines.get(timeout=0.25)}", empty)
-        except queue.Empty:
-            pass
-    result = job.result()
-    took = time.monotonic() - start
-    yield CheckView(report(result) + "\n" + took_line(took, budget),
-                    charts.check_figure(result.plot))
+    with CHECKS.session() as job:
+        if load := load_note(target, draft):
+            yield CheckView(f"{load} …", empty)
+        pair = pairs.get_pair(target, draft)
+        CHECKS.start(job, run_check, pair, prompt, method,
+                     config=CheckConfig(max_seconds=float(budget)), **params)
+        yield CheckView("checking …", empty)
+        for events in job.follow(POLL_S):
+            if events:
+                yield CheckView(f"checking: {events[-1][-1]}", empty)
+        result = job.result()
+        yield CheckView(report(result) + "\n" + took_line(job.own_s, budget, job.waited()),
+                        charts.check_figure(result.plot))
 
 
-def took_line(took: float, budget: float) -> str:
-    """The check's time against its budget (the budget sizes the law check's runs from two
-    timed runs, so a check can overrun it; a check at temperature 0 is one run each)."""
-    over = (" (over the budget: the runs were sized from two timed ones, and other "
-            "sessions' work ran in between)" if took > budget * 1.05 else "")
-    return f"- took {took:.0f} s of a {budget:g}-s budget{over}"
+def took_line(took: float, budget: float, waited: str = "") -> str:
+    """The check's own time against its budget (the budget sizes the law check's runs from
+    two timed runs, so a check can overrun it; a check at temperature 0 is one run each), and
+    the time other sessions' work took in between (``Job.waited``)."""
+    over = (" (over the budget: the runs were sized from two timed ones)"
+            if took > budget * 1.05 else "")
+    return f"- took {took:.0f} s of a {budget:g}-s budget{over}{waited}"
 
 
 @dataclass(frozen=True)

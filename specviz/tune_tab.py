@@ -12,18 +12,15 @@ it made, so even the smallest budget ends with winners shown in the page (the cu
 settings when no rung finished). Hosted limits: the minutes are capped at
 ``HostConfig.bench_max_seconds`` (a cancel past it: the trials so far), the report at
 ``bench_max_prompts`` prompts, one tune at a time per process, and with custom models off
-only the host's pairs (specviz.pairs). Between its runs the tune lets other sessions' model
-work in (``specviz.worker.pausing``).
+only the host's pairs (specviz.pairs). After each round of its runs and between them the
+tune lets other sessions' model work in (specviz.jobs); its trial seconds, which spend the
+budget, leave that work out.
 """
 
 from __future__ import annotations
 
 import json
-import queue
-import shutil
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -38,15 +35,13 @@ from specviz import pairs
 from specviz.callbacks import guarded
 from specviz.figures import plural
 from specviz.hosting import HOST
+from specviz.jobs import Runner
 from specviz.wiring import MODEL, QUICK, Shared, fields, load_note, set_path, stream, whole
-from specviz.worker import WORKER, pausing
 
-RUNS_DIR = Path(tempfile.gettempdir()) / "specviz-tune"
-KEEP_RUNS = 10
 POLL_S = 0.5
 BEST_HEAD = ["method", "best so far", "score (geometric mean ×)", "prompts"]
-_BUSY = threading.Lock()  # one tune per process: it runs for minutes
-_CANCEL: dict[str, threading.Event] = {}  # session -> its tune's cancel flag
+TUNES = Runner("a tune", one_at_a_time=True,  # it runs for minutes
+               runs_dir=Path(tempfile.gettempdir()) / "specviz-tune", keep=10)
 
 
 class TuneView(NamedTuple):
@@ -73,14 +68,6 @@ def best_so_far(trials: list[dict]) -> pd.DataFrame:
                           key=lambda kv: score(kv[1]) or 0.0)
         rows.append([method, label, f"{score(runs) or 0:.2f}", str(most)])
     return pd.DataFrame(rows, columns=BEST_HEAD)
-
-
-def _run_dir() -> Path:
-    RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    old = sorted(RUNS_DIR.iterdir(), key=lambda p: p.stat().st_mtime)
-    for stale in old[: max(0, len(old) - KEEP_RUNS + 1)]:
-        shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix="tune-", dir=RUNS_DIR))
 
 
 def minutes_cap() -> float:
@@ -117,28 +104,17 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
     target, draft = pairs.check_pair_spec(target, draft)
     settings = settings_of(set_path(set_name, upload), tune_methods, minutes, max_new_tokens)
     plan = plan_tune(settings, pairs.tuned_params(target, draft))  # bad input: one line, now
-    if not _BUSY.acquire(blocking=False):
-        raise ConfigError("a tune is running in this app; try again when it ends")
-    session = getattr(request, "session_hash", None) or "local"
-    stop = _CANCEL[session] = threading.Event()
-    try:
-        began = time.monotonic()
-        deadline = began + cfg.bench_max_seconds
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        out = _run_dir()
+    with TUNES.session(request, max_seconds=cfg.bench_max_seconds) as job:
+        out = TUNES.run_dir("tune-")
         if load := load_note(target, draft):
             yield TuneView(f"{load} …", trials_figure([]), best_so_far([]), None, {})
         pair = pairs.get_pair(target, draft)
-        fut = WORKER.submit(
-            run_tune, pair, plan, out, report_budget_s=30.0 * float(minutes),
-            progress=pausing(lambda phase, row: events.put((phase, row))),
-            cancelled=lambda: stop.is_set() or time.monotonic() > deadline)
+        TUNES.start(job, run_tune, pair, plan, out, report_budget_s=30.0 * float(minutes),
+                    cancelled=job.cancelled)
         trials: list[dict] = []
         reported = 0
-        while True:
-            finished = fut.done()
-            while not events.empty():
-                phase, row = events.get()
+        for events in job.follow(POLL_S):
+            for phase, row in events:
                 if phase == "trial":
                     trials.append(row)
                 else:
@@ -146,12 +122,9 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
             what = (f"reporting on held-out prompts: {reported} runs" if reported
                     else f"searching: {len(trials)} trials")
             yield TuneView(f"{what} …", trials_figure(trials), best_so_far(trials), None, {})
-            if finished:
-                break
-            time.sleep(POLL_S)
-        outcome = fut.result()
+        outcome = job.result()
         if not outcome.finished:
-            why = ("cancelled" if stop.is_set() else
+            why = ("cancelled" if job.stop.is_set() else
                    f"stopped at this server's cap of {cfg.bench_max_seconds} s")
             yield TuneView(f"{why} during the search, after {len(trials)} trials: no winners; "
                            "the trials so far are in the chart, the table and trials.jsonl "
@@ -161,17 +134,15 @@ def tune(request: gr.Request = None, *, set_name: str, upload: str | None,
         page = write_report(out)
         result = json.loads((out / RESULT).read_text())
         winners = {m: r["params"] for m, r in result["methods"].items()}
-        status = (f"done: {len(trials)} trials in {time.monotonic() - began:.0f} s of "
-                  f"{minutes_text(minutes)}; {report_words(plan, reported, outcome)}. Use as "
+        status = (f"done: {len(trials)} trials in {job.own_s:.0f} s of "
+                  f"{minutes_text(minutes)}{job.waited()}; "
+                  f"{report_words(plan, reported, outcome)}. Use as "
                   "defaults applies the winners to this session's runs on this pair.")
         yield TuneView(status, trials_figure(trials, {m: r["winner"] for m, r in
                                                      result["methods"].items()}),
                        pd.DataFrame(winners_rows(result), columns=WINNERS_HEAD),
                        [str(page), str(out / TRIALS)],
                        {"target": target, "draft": draft, "params": winners})
-    finally:
-        _CANCEL.pop(session, None)
-        _BUSY.release()
 
 
 def report_words(plan, runs: int, outcome) -> str:
@@ -187,10 +158,8 @@ def report_words(plan, runs: int, outcome) -> str:
 
 def cancel(request: gr.Request = None) -> str:
     """Stop this session's tune (its trials are kept in its folder)."""
-    stop = _CANCEL.get(getattr(request, "session_hash", None) or "local")
-    if stop is None:
+    if not TUNES.cancel(request):
         return "no tune of yours is running"
-    stop.set()
     return "cancelling after the current run …"
 
 

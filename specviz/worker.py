@@ -6,11 +6,11 @@ rule (engine/core/threads.py): torch keeps one OpenMP team, and no two jobs use 
 the same time. The thread serves its jobs in turn (round-robin), one unit of work each: a
 decode (a Run, each Compare method: specviz.streaming) is a step job of one round a step; a
 load or any other call is one unit; a Bench set, a tune or a Check is one unit that lets the
-others in between its runs (``pausing``, through the engine's progress callback; a sampled
-Check calls it about once a second). So another session's Run starts after about one round
-of each decode ahead of it, or one run of a Bench set, instead of after all of them (Gradio
-lets up to ``specviz.wiring.MODEL_SLOTS`` model events run at once; this thread shares the
-model among them). A unit is whole engine calls, never
+others in after each round of its runs and between its runs (``pause_point``, called from the
+engine's pacing hook: specviz.jobs). So another session's Run starts after about one round
+of each job ahead of it (or one whole call that is not a round: a reference generate()),
+instead of after all of them (Gradio lets up to ``specviz.wiring.MODEL_SLOTS`` model events
+run at once; this thread shares the model among them). A unit is whole engine calls, never
 part of one, so a run's tokens do not depend on what else runs.
 """
 
@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from contextvars import Context
 from typing import Any, Callable, Iterator
 
 from engine.core import static_kv, threads
@@ -33,9 +34,10 @@ class ModelWorker:
     thread runs one unit of the job at the head of its ready queue, then puts the job back at
     the tail unless it finished, so jobs take turns unit by unit (round-robin) and a new job
     starts after at most one unit of each job ahead of it. A long job that is one unit (a
-    Bench set, a tune, a Check) lets others in at ``pause_point``, which it calls between its
-    runs. Never inside one engine call: a unit is whole engine calls, so runs keep their
-    tokens.
+    Bench set, a tune, a Check) lets others in at ``pause_point``, which it calls between
+    whole engine calls (after each round of its runs). Never inside one engine call: a unit is
+    whole engine calls, so runs keep their tokens. Each unit runs in a context of its own
+    (``contextvars``), so what one job sets there (its engine pacing hook) reaches no other.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -59,14 +61,15 @@ class ModelWorker:
             self._run_unit(job)
 
     def _run_unit(self, job: tuple[Iterator, Future]) -> None:
-        """One unit of the job; the job back at the tail of the queue unless it finished."""
+        """One unit of the job, in a fresh context; the job back at the tail of the queue
+        unless it finished."""
         steps, fut = job
         self._slice_start = self._clock()
         if not fut.running() and not fut.set_running_or_notify_cancel():
             steps.close()  # cancelled before its first unit
             return
         try:
-            next(steps)
+            Context().run(next, steps)
         except StopIteration as end:
             fut.set_result(end.value)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -146,17 +149,3 @@ def _to_end(steps: Iterator) -> Any:
 
 
 WORKER = ModelWorker()  # the process's one model thread (the thread rule: one OpenMP team)
-
-
-def pausing(progress: Callable[..., None] | None = None) -> Callable[..., None]:
-    """A progress callback for a long job of one unit (engine.bench.set_runner.run_set,
-    engine.tune.search.run_tune, engine.check.run.run_check, which call it between their
-    runs): progress, then ``WORKER.pause_point``, so other sessions' work runs between the
-    job's runs."""
-
-    def report(*args: Any) -> None:
-        if progress is not None:
-            progress(*args)
-        WORKER.pause_point()
-
-    return report

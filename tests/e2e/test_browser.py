@@ -225,7 +225,8 @@ def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browse
     page.locator("#sv-bench-rows").get_by_text("chat-01", exact=True).last.click()
     expect(page.get_by_role("tab", name="Debugger")).to_have_attribute("aria-selected", "true")
 
-    report = max(bench_tab.RUNS_DIR.glob("run-*/report.html"), key=lambda p: p.stat().st_mtime)
+    report = max(bench_tab.BENCH.runs_dir.glob("run-*/report.html"),
+                 key=lambda p: p.stat().st_mtime)
     page.goto(report.as_uri())
     expect(page.locator(".js-plotly-plot")).to_have_count(4)
     page.screenshot(path=str(ARTIFACTS / "e2e-bench-report.png"), full_page=True)

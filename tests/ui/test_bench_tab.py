@@ -104,12 +104,10 @@ def test_a_set_over_the_hosts_prompt_cap_is_refused(prompt_set, monkeypatch):
 
 
 def test_a_second_run_while_one_holds_the_model_thread_is_told_so(prompt_set):
-    assert bench_tab._BUSY.acquire(blocking=False)
-    try:
+    with bench_tab.BENCH.session():
         with pytest.raises(gr.Error, match="a benchmark is running"):
             _tab_run(prompt_set)
-    finally:
-        bench_tab._BUSY.release()
+    assert len(_tab_run(prompt_set, methods=("sd",))[-1][1]) == 3  # free once it ended
 
 
 def test_cancel_keeps_the_rows_done_so_far(prompt_set, monkeypatch):

@@ -5,6 +5,7 @@ test holds the thread with events, or drives it with a fake clock, never with wa
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from concurrent.futures import CancelledError
@@ -200,3 +201,30 @@ def test_a_cancelled_decode_stops_after_its_current_round():
     assert len(run.trace().rounds) == 2  # the round in progress, then stop
     assert run.done and run.stop_reason == "cancelled"
 
+
+def test_a_unit_run_in_a_pause_point_never_sees_the_callers_context():
+    """A long job's engine pacing hook lives in its context (a context variable): the units
+    the model thread runs inside its pause point, each in a context of its own, do not see it."""
+    w, seen = ModelWorker(), []
+    mark: contextvars.ContextVar[str] = contextvars.ContextVar("mark", default="none")
+    inside, go = threading.Event(), threading.Event()
+
+    def long_job():
+        mark.set("long job's")
+        inside.set()
+        go.wait(WAIT_S)
+        w.pause_point()
+        return mark.get()
+
+    def other():
+        seen.append(mark.get())
+        yield
+        seen.append(mark.get())
+
+    job = w.submit(long_job)
+    assert inside.wait(WAIT_S)
+    rest = w.submit_steps(other())
+    go.set()
+    assert job.result(WAIT_S) == "long job's"
+    rest.result(WAIT_S)
+    assert seen == ["none", "none"]
