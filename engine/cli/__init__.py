@@ -2,8 +2,10 @@
 replay, train-draft, train-feature}.
 
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
-Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``, listed
-in COMMANDS; a module that fails to import is an error, never a missing subcommand.
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int`` (the
+hyphenated ones: bench_set, train_draft, train_feature), listed in COMMANDS; a module that
+fails to import is an error, never a missing subcommand. The subcommands share their flags
+(flags) and a cost model's sentence (cost_text, which the app shows too).
 """
 
 from __future__ import annotations

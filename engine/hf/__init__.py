@@ -1,1 +1,2 @@
-"""transformers' own speculative engines (assisted generation), recorded as specviz traces."""
+"""transformers' own speculative engines (assisted generation), recorded as specviz traces
+round by round (recorder.py)."""

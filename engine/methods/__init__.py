@@ -1,4 +1,9 @@
-"""Method registry: importing this package registers every method in METHODS."""
+"""Method registry: importing this package registers every method in METHODS.
+
+One module per method family: base.py (the Method protocol, MethodSpec, the registry),
+single.py (greedy, sample), token.py (sd, mcsd, greedy_drafts), eesd.py, beam_forest.py
+(what the beam methods share), beam.py (beam, beam_sample, atspeed_strict), dsbd.py (dsbd,
+atspeed_relaxed) and hf.py (transformers' own modes)."""
 
 from __future__ import annotations
 

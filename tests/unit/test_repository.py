@@ -1,6 +1,7 @@
 """The repository describes itself as it is: engine and specviz import without a cycle (every
 import counted, function-level ones too), ARCHITECTURE.md names every module and only modules
-that exist, and README, docs/ and the code carry no development history."""
+that exist, every package's docstring names every module of the package, and README, docs/
+and the code carry no development history."""
 
 from __future__ import annotations
 
@@ -138,6 +139,32 @@ def test_architecture_page_names_every_module_and_only_real_ones():
     dangling = [n for n in named if not any((ROOT / base / n).exists()
                                             for base in ("", "tests", *PACKAGES))]
     assert dangling == [], "ARCHITECTURE.md names files that do not exist"
+
+
+def unnamed_modules(package: Path) -> list[str]:
+    """The modules of a package (its .py files but __init__ and __main__) whose name its
+    docstring does not hold as a word (``ngram`` names ngram.py, as do ``ngram.py`` and
+    ``engine.drafters.ngram``; ``n-gram`` does not)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    return sorted(p.stem for p in package.glob("*.py")
+                  if not p.stem.startswith("__")
+                  and not re.search(rf"(?<![\w-]){re.escape(p.stem)}(?![\w-])", doc))
+
+
+def packages() -> list[Path]:
+    return sorted(p.parent for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py"))
+
+
+def test_the_docstring_check_catches_a_module_its_package_does_not_name(tmp_path):
+    (tmp_path / "__init__.py").write_text('"""The n-gram drafter (ngram_law.py) and cost."""')
+    for name in ("ngram", "ngram_law", "cost", "cost_controller", "__main__"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert unnamed_modules(tmp_path) == ["cost_controller", "ngram"]
+
+
+def test_every_package_docstring_names_every_module_of_the_package():
+    missing = {str(p.relative_to(ROOT)): unnamed_modules(p) for p in packages()}
+    assert {k: v for k, v in missing.items() if v} == {}, "modules a package docstring omits"
 
 
 HISTORY = [  # wording that tells how the project got here, not what it is
