@@ -49,6 +49,8 @@ def rrs_wor_acceptance(p: torch.Tensor, q: torch.Tensor, n: int,
             break
         q_rest = q.clone()
         q_rest[x] = 0
+        if float(q_rest.sum()) <= 0:  # q has no other token: no further draft accepts
+            continue
         q_rest = q_rest / q_rest.sum()
         a_lo, a_hi = rrs_wor_acceptance(res, q_rest, n - 1, max(4, branch // 2))
         lo += wx * a_lo
@@ -87,6 +89,7 @@ def walk(pair, ids: list[int], n: int, steps: int, warp: Warp):
             continue  # no law here: nothing to compare
         p = probs_from_logits(p_logits[t], warp).double().cpu()
         q = probs_from_logits(q_logits[t], warp).double().cpu()
+        p, q = p / p.sum(), q / q.sum()  # exact sums in float64: every column on one law
         rows.append({"position": t, **position_row(p, q, n)})
     if not rows:
         raise ConfigError(f"'{pair.draft_name}' proposes nothing along this continuation")
