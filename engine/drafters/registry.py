@@ -15,6 +15,7 @@ from engine.drafters import (  # noqa: F401  (each module registers its kind)
     feature,
     hybrid,
     ngram,
+    suffix,
 )
 from engine.drafters.base import DRAFTERS, DraftArgs, DrafterKind
 
