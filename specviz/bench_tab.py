@@ -1,15 +1,15 @@
 """Bench tab: methods over a prompt set, the numbers papers report (engine.bench.set_runner).
 
 A run takes a shipped set (assets/sets/*.jsonl) or an uploaded JSONL, runs every chosen method
-and its plain decode on each prompt on the model thread, and streams each row as it lands;
-it lets other sessions' model work in after each round of its runs and between them
-(specviz.jobs), so their Runs go on; at the end it shows the per-position acceptance curves,
-tau by category and the speedup boxes (engine.bench.report's figures), the summary table,
-and offers the self-contained report.html and results.jsonl. One run at a time in a process
-(another session is told so in one line); Cancel stops this session's run, keeping its rows;
-HostConfig's caps bound the prompts and seconds of a run. Selecting a row puts its prompt and
-method in the Debugger. ``build`` lays the tab out (``BenchTab``, named components) and wires
-these handlers by name.
+and its plain decode on each prompt on the model thread, and streams each row as it lands; it
+lets other sessions' model work in between its timed segments (each run and its plain decode,
+each timed whole: specviz.jobs), so their Runs go on; at the end it shows the per-position
+acceptance curves, tau by category and the speedup boxes (engine.bench.report's figures), the
+summary table, and offers the self-contained report.html and results.jsonl. One run at a time
+in a process (another session is told so in one line); Cancel stops this session's run, keeping
+its rows; HostConfig's caps bound the prompts and seconds of a run. Selecting a row puts its
+prompt and method in the Debugger. ``build`` lays the tab out (``BenchTab``, named components)
+and wires these handlers by name.
 """
 
 from __future__ import annotations

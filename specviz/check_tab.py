@@ -1,6 +1,7 @@
 """Check tab: is a method exact on this prompt and pair? engine/check/run.py on the model thread,
 its progress streamed as status lines; after each round of its runs and between them other
-sessions' model work runs (specviz.jobs), and the time it took is its own. Refused on ZeroGPU
+sessions' model work runs (specviz.jobs: a check times no figure but its sizing run, on the
+pacing's own clock), and the time it reports is its own. Refused on ZeroGPU
 (a check is many runs). ``build`` lays the tab out (``CheckTab``, named components) and wires
 ``check`` to it by name."""
 

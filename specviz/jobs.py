@@ -2,15 +2,17 @@
 a check): ``Runner`` and ``Job``.
 
 A long job is one engine call (``run_set``, ``run_tune``, ``run_check``) run as one unit on the
-model thread (specviz.worker) inside ``engine.run.pacing.between_rounds``: after every round
-of its runs, and at each progress report between its runs, the model thread lets the other
-jobs in (``ModelWorker.pause_point``). So another session's Run waits about one round, or at
-most one whole call that is not a round: a reference ``generate()`` (the plain decode a Bench
-or tune run is timed against, or a Check at temperature 0 compares with) or a transformers
-mode's run, which run whole so that their timing holds no other work. The job's figures are
-its own: a run's time is its rounds' (``Run.wall_s``), a reference generate() one span with
-nothing inside, a tune's trial seconds and a check's sizing run on the pacing's own clock; the
-seconds spent letting others in are counted apart (``Job.yielded_s``).
+model thread (specviz.worker) inside ``engine.run.pacing.between_rounds``: at every pause
+point the engine offers, the model thread lets the other jobs in (``ModelWorker.pause_point``).
+A check offers one after every round of its runs and between its runs, so another session's
+Run waits about one round of it (or its reference generate() at temperature 0, one call). A
+Bench set and a tune offer one between their timed segments, each benchmark run and its
+reference generate() (engine.bench.interleaved.measure_run), and between their runs: their
+figures are times, and a timed segment run whole holds no other session's work, nor the CPU
+its handler spends rendering what it computed meanwhile; another session's Run waits at most
+one such segment (about a plain decode of the set's max_new_tokens). A transformers mode's run
+is always whole. The seconds spent letting others in are counted apart (``Job.yielded_s``); a
+tune's trial seconds and a check's sizing run are on the pacing's own clock.
 
 The handler's side: ``Runner.session`` gives the request its ``Job`` (refused in one line
 while another job of a one-at-a-time runner runs: a Bench set, a tune), ``Runner.start`` puts
@@ -136,7 +138,7 @@ class Runner:
 
     def start(self, job: Job, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Run ``fn(*args, progress=job.progress, **kwargs)`` on the model thread as one unit
-        that lets other jobs in after each round of its runs (module docstring)."""
+        that lets other jobs in at its pause points (module docstring)."""
         with self._lock:
             job.holders += 1
         job.future = WORKER.submit(self._paced, job, fn, args, kwargs)
@@ -151,8 +153,8 @@ class Runner:
         return True
 
     def _paced(self, job: Job, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """On the model thread: the engine call, a pause point after each round of its
-        runs; the runner let go before the caller sees the result."""
+        """On the model thread: the engine call, the model thread's pause point its pacing
+        hook; the runner let go before the caller sees the result."""
         job.began = time.monotonic()
         try:
             with between_rounds(lambda: WORKER.pause_point()) as block:

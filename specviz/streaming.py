@@ -71,11 +71,14 @@ def updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator[
     yield Update([], run.trace(with_rounds=False), final=True)
 
 
-def produce(run: engine.Run, out: queue.SimpleQueue, cancel: threading.Event
+def produce(start: Callable[[], engine.Run], out: queue.SimpleQueue, cancel: threading.Event
             ) -> Iterator[None]:
-    """The model thread's side, a step job of one round a step: hand every Update of the run
-    over to the handler."""
+    """The model thread's side, a step job of one round a unit: ``start()`` the run and step
+    its first round (the first unit), then the others, every Update handed over to the
+    handler. The start is in the job, so the first round needs no round trip through the
+    handler's thread: a model thread that lets the job in once (a pause point) serves it."""
     try:
+        run = start()
         for update in updates(run, cancel):
             out.put(update)
             if not update.final and not run.own_thread:
@@ -113,10 +116,10 @@ def decode_stream(target: str, draft: str, prompt: str, method: str,
     if HOST.gpu_stream is not None:
         yield from HOST.gpu_stream(target, draft, prompt, method, params)
         return
-    run = WORKER.call(start_run, target, draft, prompt, method, params)
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
-    WORKER.submit_steps(produce(run, out, cancel))
+    WORKER.submit_steps(produce(lambda: start_run(target, draft, prompt, method, params),
+                                out, cancel))
     try:
         while True:
             items = [out.get()]

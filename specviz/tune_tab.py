@@ -12,9 +12,9 @@ it made, so even the smallest budget ends with winners shown in the page (the cu
 settings when no rung finished). Hosted limits: the minutes are capped at
 ``HostConfig.bench_max_seconds`` (a cancel past it: the trials so far), the report at
 ``bench_max_prompts`` prompts, one tune at a time per process, and with custom models off
-only the host's pairs (specviz.pairs). After each round of its runs and between them the
-tune lets other sessions' model work in (specviz.jobs); its trial seconds, which spend the
-budget, leave that work out.
+only the host's pairs (specviz.pairs). Between its timed segments (each trial's run and its
+reference generate(), each timed whole) the tune lets other sessions' model work in
+(specviz.jobs); its trial seconds, which spend the budget, leave that work out.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ rule (engine/core/threads.py): torch keeps one OpenMP team, and no two jobs use 
 the same time. The thread serves its jobs in turn (round-robin), one unit of work each: a
 decode (a Run, each Compare method: specviz.streaming) is a step job of one round a step; a
 load or any other call is one unit; a Bench set, a tune or a Check is one unit that lets the
-others in after each round of its runs and between its runs (``pause_point``, called from the
-engine's pacing hook: specviz.jobs). So another session's Run starts after about one round
-of each job ahead of it (or one whole call that is not a round: a reference generate()),
-instead of after all of them (Gradio lets up to ``specviz.wiring.MODEL_SLOTS`` model events
+others in at the pause points the engine offers (``pause_point``, called from the engine's
+pacing hook: specviz.jobs): a check's after each round of its runs, a Bench set's and a
+tune's between their timed segments. So another session's Run starts after about one round
+of each job ahead of it (or one whole timed segment of a Bench set or a tune), instead of
+after all of them (Gradio lets up to ``specviz.wiring.MODEL_SLOTS`` model events
 run at once; this thread shares the model among them). A unit is whole engine calls, never
 part of one, so a run's tokens do not depend on what else runs.
 """
@@ -35,7 +36,7 @@ class ModelWorker:
     the tail unless it finished, so jobs take turns unit by unit (round-robin) and a new job
     starts after at most one unit of each job ahead of it. A long job that is one unit (a
     Bench set, a tune, a Check) lets others in at ``pause_point``, which it calls between
-    whole engine calls (after each round of its runs). Never inside one engine call: a unit is
+    whole engine calls (a round, a timed segment). Never inside one engine call: a unit is
     whole engine calls, so runs keep their tokens. Each unit runs in a context of its own
     (``contextvars``), so what one job sets there (its engine pacing hook) reaches no other.
     """

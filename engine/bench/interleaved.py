@@ -22,6 +22,7 @@ import torch
 from engine.core import static_kv
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
+from engine.run import pacing
 from engine.run.costs import run_width
 from engine.run.hf_run import generate_kwargs
 
@@ -106,14 +107,17 @@ def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str])
 def measure_run(pair, prompt: str, case: Case, *, raw: bool,
                 common: dict[str, str]) -> tuple[dict, Any]:
     """:func:`measure`'s row and the method's RunTrace (its rounds, for per-round
-    statistics)."""
+    statistics). The method's run and its reference are each timed whole: a caller's pacing
+    hook (engine.run.pacing) runs between the two, never inside either."""
     import engine
     from engine.run.api import run_params
 
     spec = engine.METHODS[case.method]
     given = {**common, **case.params}
     full, _ = run_params(pair, case.method, given)  # what the run uses: tuned where not given
-    trace = engine.generate(pair, prompt, case.method, raw=raw, **given)
+    with pacing.whole():  # a timed segment: no other work between its rounds
+        trace = engine.generate(pair, prompt, case.method, raw=raw, **given)
+    pacing.pause()  # a caller's other work between the two timed segments, never inside
     kind = reference_kind(spec, full)
     ids = list(trace.prompt_ids)
     ref_wall, ref_gen = run_reference(pair, ids, kind, full)

@@ -10,11 +10,15 @@ Only between whole engine calls, so a run's tokens do not depend on what ran in 
 round is one; a reference ``generate()`` call, and a transformers mode's run (its
 ``generate()`` goes on in a thread of its own, ``engine.run.hf_run``), each run whole.
 
-Timing stays the run's own: ``Run.wall_s`` sums the rounds alone, a reference ``generate()``
-is timed as one span with no hook inside, and ``own_clock()`` (``time.perf_counter()`` less
-the seconds spent in the block's hook) times a span of whole runs (a tune's trial seconds, a
-check's sizing run). ``pause()`` calls the hook between runs too (a caller's progress
-report), counted the same way.
+A timed run is one segment: inside ``with whole():`` no hook runs, so what it measures holds
+no other work (a benchmark's run and its reference ``generate()``,
+engine.bench.interleaved.measure_run, which lets others in between the two). Other work
+between two rounds would leave the hook's time out of ``Run.wall_s`` but not its traces: the
+CPU time other threads spend on it meanwhile (a UI rendering what it computed), colder caches
+for the next round. Timing stays the caller's own too: ``own_clock()``
+(``time.perf_counter()`` less the seconds spent in the block's hook) times a span of whole
+runs (a tune's trial seconds, a check's sizing run). ``pause()`` calls the hook between runs
+too (a caller's progress report), counted the same way.
 
 The block's hook is held in a context variable: it reaches the runs stepped inside the block
 on this thread and nothing else, not the runs the hook itself steps (the app also runs each
@@ -65,6 +69,16 @@ def pause() -> None:
         block.hook()
     finally:
         block.yielded_s += time.perf_counter() - t0
+        _BLOCK.reset(token)
+
+
+@contextmanager
+def whole() -> Iterator[None]:
+    """A segment run whole: no hook of the enclosing block runs inside (a timed run)."""
+    token = _BLOCK.set(None)
+    try:
+        yield
+    finally:
         _BLOCK.reset(token)
 
 

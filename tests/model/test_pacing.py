@@ -61,3 +61,25 @@ def test_pause_outside_a_block_does_nothing_and_the_clock_is_perf_counter():
     pacing.pause()
     before = time.perf_counter()
     assert before <= pacing.own_clock() <= time.perf_counter()
+
+
+def test_a_whole_segment_runs_no_hook_and_a_benchmark_pauses_only_between_its_segments():
+    """engine.bench.interleaved.measure_run: the method's run and its reference generate()
+    are timed whole; the hook runs once, between the two."""
+    from engine.bench import interleaved
+
+    pair = tiny_pair()
+    calls: list[str] = []
+    with pacing.between_rounds(lambda: calls.append("hook")):
+        with pacing.whole():
+            engine.generate(pair, PROMPT, "sd", max_new_tokens=16, gamma=2)
+            pacing.pause()
+        assert calls == []
+        real = interleaved.run_reference
+        try:
+            interleaved.run_reference = lambda *a: calls.append("reference") or real(*a)
+            interleaved.measure_run(pair, PROMPT, interleaved.Case("sd", "sd", {"gamma": "2"}),
+                                    raw=True, common={"max_new_tokens": "16"})
+        finally:
+            interleaved.run_reference = real
+    assert calls == ["hook", "reference"]

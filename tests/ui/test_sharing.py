@@ -1,9 +1,11 @@
 """Sessions share the model thread (specviz.worker.ModelWorker): while session A runs a Bench
-set, a tune, a check or a long decode, session B's Run gets its first round in the middle of
-A's run in progress (between two of its rounds, not after the run), finishes first, and
-streams the same tokens as alone. Every round of every engine run is logged on the model
+set, a tune, a check or a long decode, session B's Run gets its first round before A's run
+in progress has finished (a check's or a decode's: between two of its rounds; a Bench set's or
+a tune's: between the run and its reference generate(), each timed whole), finishes first,
+and streams the same tokens as alone. Every round of every engine run is logged on the model
 thread itself, so the tests assert orders, never durations; A is held inside one of its runs
-until B's jobs have reached the model thread, so B always arrives while that run is mid-way."""
+until B's decode has reached the model thread, so B always arrives while that run is
+mid-way."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import threading
 import pytest
 from gradio_client import Client
 
+from engine.bench import interleaved
 from engine.run.api import Run
 from specviz import streaming
 from specviz.render import OUTPUTS
@@ -21,7 +24,6 @@ from tests.ui.helpers import TINY
 pytestmark = [pytest.mark.ui, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:.*(downcasting|copy keyword).*")]
 WAIT_S = 60  # a hang guard only
-HOLD_S = 10  # a guard too: B's handler queues its decode within milliseconds of its start
 B = dict(prompt="session b: tell me about the number 7", method="sd", target=TINY, draft="",
          p_gamma=2, p_temperature=1.0, p_seed=7, p_max_new_tokens=12)
 A_TOKENS = 32  # A's runs held mid-way are those of this many new tokens (not warm-ups)
@@ -34,21 +36,20 @@ def _generated(out) -> list[str]:
 
 class Recorder:
     """What the model thread did, in order: ("round", run) per round of every engine run (B's
-    run is "b", another the id of its Run), ("end", "b") when B's run ends. A long job's first
-    run of A_TOKENS new tokens is held at its second round until B's first job (its start) is
-    queued and at its third until B's decode is, so B's first round can come in the pause
-    after that run's third round; a long decode is held at its third round until B's start
-    is queued."""
+    run is "b", another the id of its Run), ("end", "b") when B's run ends, ("reference",)
+    when a benchmark's reference generate() starts. A's first run of A_TOKENS new tokens (a
+    long decode: its third round) is held until B's decode (its start, then its rounds: one
+    job) is queued, so B arrives while that run is mid-way."""
 
     def __init__(self, monkeypatch, hold: str = "long job") -> None:
         self.log: list[tuple] = []
         self._hold = self._hold_long_job if hold == "long job" else self._hold_decode
         self.held = threading.Event()  # A is held mid-run: submit B now
-        self.arrived, self.decoding = threading.Event(), threading.Event()
+        self.arrived = threading.Event()  # B's decode is queued for the model thread
         self._held_run: int | None = None
         self._b_jobs: set[int] = set()
-        step = Run.__next__
-        submit, submit_steps, produce = WORKER.submit, WORKER.submit_steps, streaming.produce
+        step, reference = Run.__next__, interleaved.run_reference
+        submit_steps, produce = WORKER.submit_steps, streaming.produce
 
         def logged_next(run):
             mine = run.prompt == B["prompt"]
@@ -60,58 +61,65 @@ class Recorder:
                 self.log.append(("end", "b"))
             return r
 
-        def noting_submit(fn, *args, **kwargs):
-            job = submit(fn, *args, **kwargs)
-            if fn is streaming.start_run and args[2] == B["prompt"]:
-                self.arrived.set()
-            return job
+        def logged_reference(*args):
+            self.log.append(("reference",))
+            return reference(*args)
 
-        def noting_produce(run, out, cancel):
-            steps = produce(run, out, cancel)
-            if run.prompt == B["prompt"]:
-                self._b_jobs.add(id(steps))
+        def noting_produce(start, out, cancel):  # (B's is the only decode meanwhile)
+            steps = produce(start, out, cancel)
+            self._b_jobs.add(id(steps))
             return steps
 
         def noting_submit_steps(steps):
             job = submit_steps(steps)
             if id(steps) in self._b_jobs:
-                self.decoding.set()
+                self.arrived.set()
             return job
 
         monkeypatch.setattr(Run, "__next__", logged_next)
-        monkeypatch.setattr(WORKER, "submit", noting_submit)
+        monkeypatch.setattr(interleaved, "run_reference", logged_reference)
         monkeypatch.setattr(WORKER, "submit_steps", noting_submit_steps)
         monkeypatch.setattr(streaming, "produce", noting_produce)
 
     def _hold_long_job(self, run) -> None:
         """On the model thread, before one of A's rounds: hold A's first long run at its
-        second round until B's start is queued, at its third until B's decode is."""
+        second round until B's decode is queued."""
         if self._held_run is None and run.params.get("max_new_tokens") == A_TOKENS:
             self._held_run = id(run)
-        if id(run) != self._held_run:
-            return
-        if run.rounds == 1:
+        if id(run) == self._held_run and run.rounds == 1:
             self.held.set()
             assert self.arrived.wait(WAIT_S)
-        elif run.rounds == 2:  # (a model thread that lets no one in mid-run never gets
-            self.decoding.wait(HOLD_S)  # B's start done: then B comes after this run)
 
     def _hold_decode(self, run) -> None:
-        """A long decode steps one round a unit: hold its third round until B's start is
+        """A long decode steps one round a unit: hold its third round until B's decode is
         queued (the rest comes in turns)."""
         if run.rounds == 2 and not self.held.is_set():
             self.held.set()
             assert self.arrived.wait(WAIT_S)
 
-    def assert_b_came_mid_run(self) -> None:
-        """B's first round lies between two rounds of A's held run, B ended before A's last
-        round, and A's run kept its turns after B's first round."""
-        first_b = self.log.index(("round", "b"))
-        held = [i for i, e in enumerate(self.log) if e == ("round", self._held_run)]
-        assert held and held[0] < first_b < held[-1], self.log
+    def _b_ended_before_a(self) -> None:
         end_b = self.log.index(("end", "b"))
         last_a = max(i for i, e in enumerate(self.log) if e[0] == "round" and e[1] != "b")
         assert end_b < last_a, self.log
+
+    def assert_b_came_mid_run(self) -> None:
+        """B's first round lies between two rounds of A's held run, and B ended before A's
+        last round."""
+        first_b = self.log.index(("round", "b"))
+        held = [i for i, e in enumerate(self.log) if e == ("round", self._held_run)]
+        assert held and held[0] < first_b < held[-1], self.log
+        self._b_ended_before_a()
+
+    def assert_b_came_between_the_timed_segments(self) -> None:
+        """A benchmark's run and its reference are each timed whole: B's first round lies
+        after the held run's last round and before that run's reference generate() starts,
+        so before the benchmark's run in progress (the pair) has finished."""
+        first_b = self.log.index(("round", "b"))
+        held = [i for i, e in enumerate(self.log) if e == ("round", self._held_run)]
+        reference = next(i for i, e in enumerate(self.log) if e == ("reference",)
+                         and i > held[-1])
+        assert held[-1] < first_b < reference, self.log
+        self._b_ended_before_a()
 
 
 def _submit_b_when_a_is_held(client: Client, rec: Recorder):
@@ -129,9 +137,13 @@ CHECK = dict(prompt="session a: check me", method="sd", params_text="gamma=2",
 DONE = {"/bench": "done: 2 / 2 runs", "/tune": "done: ", "/check": "✅ **PASS**"}
 
 
-@pytest.mark.parametrize("job", [BENCH, TUNE, CHECK], ids=["bench", "tune", "check"])
-def test_a_run_made_during_a_long_job_gets_its_first_round_mid_run_with_its_tokens_as_alone(
-        app_url, monkeypatch, job):
+@pytest.mark.parametrize("job,where", [(BENCH, "between the timed segments"),
+                                       (TUNE, "between the timed segments"),
+                                       (CHECK, "mid-run")], ids=["bench", "tune", "check"])
+def test_a_run_made_during_a_long_job_gets_its_first_round_before_the_run_in_progress_ends(
+        app_url, monkeypatch, job, where):
+    """A check lets others in between its runs' rounds; a Bench set and a tune between their
+    timed segments (a run, its reference generate()), each timed whole."""
     a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
     alone = _generated(b.predict(**B, api_name="/run"))
     rec = Recorder(monkeypatch)
@@ -139,7 +151,10 @@ def test_a_run_made_during_a_long_job_gets_its_first_round_mid_run_with_its_toke
     run = _submit_b_when_a_is_held(b, rec)
     assert _generated(run.result(WAIT_S)) == alone
     assert long_job.result(WAIT_S)[0].startswith(DONE[job["api_name"]])
-    rec.assert_b_came_mid_run()
+    if where == "mid-run":
+        rec.assert_b_came_mid_run()
+    else:
+        rec.assert_b_came_between_the_timed_segments()
 
 
 def test_a_short_run_made_during_a_long_decode_finishes_first_with_its_tokens_as_alone(
@@ -160,4 +175,3 @@ def test_a_short_run_made_during_a_long_decode_finishes_first_with_its_tokens_as
     assert len(a_rounds) >= 40 and len(b_rounds) >= 3, rec.log
     assert a_rounds[0] < b_rounds[0] < end_b < a_rounds[-1]  # B came mid-way, ended first
     assert any(b_rounds[0] < i < end_b for i in a_rounds)  # and they took turns
-

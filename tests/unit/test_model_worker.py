@@ -188,7 +188,7 @@ def test_a_cancelled_decode_stops_after_its_current_round():
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel, go = threading.Event(), threading.Event()
     release = _hold(w)
-    job = w.submit_steps(streaming.produce(run, out, cancel))
+    job = w.submit_steps(streaming.produce(lambda: run, out, cancel))
     w.submit(go.wait, WAIT_S)  # the decode's second round waits for this turn
     release.set()
     first = out.get(timeout=WAIT_S)
