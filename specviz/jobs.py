@@ -7,12 +7,13 @@ point the engine offers, the model thread lets the other jobs in (``ModelWorker.
 A check offers one after every round of its runs and between its runs, so another session's
 Run waits about one round of it (or its reference generate() at temperature 0, one call). A
 Bench set and a tune offer one between their timed segments, each benchmark run and its
-reference generate() (engine.bench.interleaved.measure_run), and between their runs: their
-figures are times, and a timed segment run whole holds no other session's work, nor the CPU
-its handler spends rendering what it computed meanwhile; another session's Run waits at most
-one such segment (about a plain decode of the set's max_new_tokens). A transformers mode's run
-is always whole. The seconds spent letting others in are counted apart (``Job.yielded_s``); a
-tune's trial seconds and a check's sizing run are on the pacing's own clock.
+reference generate() (engine.bench.interleaved.measure_run), and between their runs: a speedup
+compares the two segments, and each, run whole, holds no other session's model work, so
+both meet the same conditions (another session's handler rendering on the same cores slows
+both alike); another session's Run waits at most one such segment (about a plain decode of
+the set's max_new_tokens). A transformers mode's run is always whole. The seconds spent
+letting others in are counted apart (``Job.yielded_s``); a tune's trial seconds and a check's
+sizing run are on the pacing's own clock.
 
 The handler's side: ``Runner.session`` gives the request its ``Job`` (refused in one line
 while another job of a one-at-a-time runner runs: a Bench set, a tune), ``Runner.start`` puts
