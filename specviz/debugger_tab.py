@@ -121,8 +121,13 @@ def build_controls(method0: str, target: str, draft: str, trace0: dict) -> Contr
 
     trace0: the opening trace; its prompt and parameters fill the fields, so Run repeats it.
     """
-    values = {**pairs.tuned_params(target, draft).get(method0, {}),
-              **(trace0.get("params", {}) if trace0.get("method") == method0 else {})}
+    if trace0.get("method") == method0:  # the trace's own run: a parameter it does not
+        # name ran at the method's default (a trace older than the parameter), not at
+        # today's tuned value, which may not combine with the others it names
+        values = {**{p.name: p.default for p in METHODS[method0].all_params},
+                  **trace0.get("params", {})}
+    else:
+        values = pairs.tuned_params(target, draft).get(method0, {})
     prompt = gr.Textbox(label=PROMPT_LABEL, lines=2, value=trace0.get("prompt") or examples()[0],
                         elem_id="sv-prompt")
     method = gr.Dropdown(list(METHODS), value=method0, label="Method", elem_id="sv-method")

@@ -132,3 +132,30 @@ def test_controls_show_everyday_parameters_and_run_outside_closed_accordions(met
         assert _accordions(pool.widgets[param_key(spec)]) == [
             ("Sampling, seed and budget", False)]
     assert c.advanced.visible is ParamPool.has_advanced(method)
+
+
+@pytest.mark.parametrize("target", ["embedded-q4:a8", "embedded", "embedded-q4"])
+def test_the_opening_pages_widgets_make_a_run_the_engine_takes_on_every_embedded_pair(target):
+    """The page opens on the demo trace's method and parameters; a parameter the trace does
+    not name (a trace older than it) shows the method's default, not today's tuned value:
+    the tuned cost switch beside the trace's confidence controller is a run the engine
+    refuses (seen: the opening page's Run failed once the presets took the switch)."""
+    import json
+
+    from engine.core.config import layered, validate_params
+    from engine.core.paths import ASSETS
+    from engine.run.tuned import tuned_settings
+    from specviz import pairs
+    from specviz.debugger_tab import build_controls
+
+    trace0 = json.loads((ASSETS / "demo_trace.json").read_text())
+    method = trace0["method"]
+    assert "switch" not in trace0["params"]  # the case: an older trace
+    with gr.Blocks():
+        c = build_controls(method, target, "ngram+feature", trace0)
+    specs = METHODS[method].all_params
+    shown = {p.name: c.pool.widgets[param_key(p)].value for p in specs}
+    assert shown["switch"] == "off" and shown["controller"] == "confidence"
+    given = pairs.untuned(target, "ngram+feature", method, shown)  # as the Run handler
+    kept, given = layered(specs, tuned_settings(target, "ngram+feature").get(method, {}), given)
+    METHODS[method].make(validate_params(specs, {**kept, **given}, method))  # no refusal
