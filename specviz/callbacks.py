@@ -322,14 +322,18 @@ def import_trace(file: Any, state: SessionState) -> tuple[Any, ...]:
 
 def _imported_params(state: SessionState | None, method: str) -> dict[str, Any]:
     """The parameters of an imported trace of this method (else nothing), in canonical
-    spelling (an old trace's controller=cost is switch=cost)."""
+    spelling (an old trace's controller=cost is switch=cost), every one it does not name at
+    the method's default (it ran so: a trace older than the parameter), not at a tuned value
+    that may not combine with the ones it names."""
     trace = state.trace if state is not None else None
     if trace is None or state.source != "import" or trace.method != method:
         return {}
+    specs = METHODS[method].all_params
+    defaults = {p.name: p.default for p in specs}
     try:
-        return normalised(METHODS[method].all_params, trace.params or {})
+        return {**defaults, **normalised(specs, trace.params or {})}
     except (ConfigError, KeyError):  # data, not a request: shown as recorded
-        return dict(trace.params or {})
+        return {**defaults, **dict(trace.params or {})}
 
 
 def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:

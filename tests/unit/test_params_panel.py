@@ -159,3 +159,16 @@ def test_the_opening_pages_widgets_make_a_run_the_engine_takes_on_every_embedded
     given = pairs.untuned(target, "ngram+feature", method, shown)  # as the Run handler
     kept, given = layered(specs, tuned_settings(target, "ngram+feature").get(method, {}), given)
     METHODS[method].make(validate_params(specs, {**kept, **given}, method))  # no refusal
+
+
+def test_an_imported_older_trace_fills_what_it_does_not_name_with_defaults_not_tuned_values():
+    from engine.core.paths import ASSETS
+    from specviz import callbacks, trace_file
+    from specviz.state import SessionState
+
+    trace = trace_file.load_trace_file(ASSETS / "demo_trace.json")
+    state = SessionState(trace=trace, source="import")
+    shown = callbacks._imported_params(state, trace.method)
+    assert "switch" not in trace.params and shown["switch"] == "off"  # its run's value
+    assert shown["controller"] == trace.params["controller"] == "confidence"
+    assert callbacks._imported_params(state, "sd") == {}  # another method: nothing
