@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 
 import engine
 from engine.core import static_kv, threads
@@ -22,15 +22,20 @@ from engine.core.cached_model import CachedModel, warm_shapes, warming
 log = logging.getLogger("specviz")
 
 
-@dataclass
 class Warmup:
-    """What the warm-up thread (warm_up) has done (module state: one per process, read by
-    the UI's status line)."""
+    """The process's warm-up (module state: one per process, its thread outlives the
+    request that loaded a pair; the UI's status line reads it): one thread compiling the
+    queued runners' step shapes in turn, so two pairs loaded close together never compile
+    at once; ``done`` / ``total`` count over everything queued since it last went idle."""
 
-    pair: str = ""  # the target it compiles for
-    done: int = 0  # step shapes made
-    total: int = 0
-    seconds: float = 0.0  # spent so far
+    def __init__(self) -> None:
+        self.pair = ""  # the target it compiles for now
+        self.done = 0  # step shapes made
+        self.total = 0
+        self.seconds = 0.0  # spent so far
+        self._queue: queue.Queue[tuple[str, list[CachedModel]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def note(self) -> str:
         """One line for the UI ('' once every shape is made, or when there is none)."""
@@ -40,8 +45,43 @@ class Warmup:
                 f"({self.seconds:.0f} s so far); until then steps run eagerly, with the "
                 "same bits")
 
+    def add(self, name: str, runners: list[CachedModel]) -> threading.Thread:
+        """Queue runners' shapes; the warm-up thread (started if idle) compiles them."""
+        with self._lock:
+            if self._thread is None:
+                self.done, self.total, self.seconds = 0, 0, 0.0
+                self._thread = threading.Thread(target=self._loop, name="specviz-warm-up",
+                                                daemon=True)
+                self._thread.start()
+            self.total += sum(warm_shapes(r) for r in runners)
+            self._queue.put((name, runners))
+            return self._thread
 
-WARMUP = Warmup()  # the process's: its warm-up thread outlives the request that loaded
+    def _loop(self) -> None:
+        threads.configure()
+        start = time.monotonic()
+        while True:
+            with self._lock:
+                if self._queue.empty():
+                    self._thread = None
+                    return
+                name, runners = self._queue.get()
+                self.pair = name
+            try:
+                for runner in runners:
+                    for _ in warming(runner):
+                        self.done += 1
+                        self.seconds = time.monotonic() - start
+                        log.info("warm-up: step shape %d / %d made (%.0f s)", self.done,
+                                 self.total, self.seconds)
+            except Exception:  # noqa: BLE001 - runs keep the eager path; the log says why
+                self.total -= sum(warm_shapes(r) for r in runners)
+                self.done = min(self.done, self.total)
+                log.warning("warm-up of %s stopped: its steps run eagerly", name,
+                            exc_info=True)
+
+
+WARMUP = Warmup()
 
 
 def serve_compiled() -> bool:
@@ -60,33 +100,14 @@ def serve_compiled() -> bool:
 
 def warm_up(pair: engine.ModelPair) -> threading.Thread | None:
     """Compile the pair's common step shapes (its target's and a token-input drafter's
-    runner) on a thread of their own, in their own KV buffers, while the model thread serves
+    runner) on the warm-up thread, in their own KV buffers, while the model thread serves
     runs eagerly (it never compiles: specviz.worker); the warm buffers go back to the pool at
-    the end and later runs take them. None where the pair runs eagerly."""
+    the end and later runs take them. The warm-up thread, or None where the pair runs
+    eagerly."""
     runners = [r for r in (CachedModel(pair.target), pair.drafter.runner())
                if isinstance(r, CachedModel) and warm_shapes(r)]
     if not runners:
         return None
-    WARMUP.pair, WARMUP.done, WARMUP.seconds = pair.target_name, 0, 0.0
-    WARMUP.total = sum(warm_shapes(r) for r in runners)
     log.info("compiling %d step shapes of %s in the background; steps run eagerly meanwhile",
-             WARMUP.total, pair.target_name)
-    thread = threading.Thread(target=_warming, args=(runners,), name="specviz-warm-up",
-                              daemon=True)
-    thread.start()
-    return thread
-
-
-def _warming(runners: list[CachedModel]) -> None:
-    threads.configure()
-    start = time.monotonic()
-    try:
-        for runner in runners:
-            for _ in warming(runner):
-                WARMUP.done += 1
-                WARMUP.seconds = time.monotonic() - start
-                log.info("warm-up: step shape %d / %d made (%.0f s)", WARMUP.done,
-                         WARMUP.total, WARMUP.seconds)
-    except Exception:  # noqa: BLE001 - runs keep the eager path; the log says why
-        WARMUP.total = WARMUP.done
-        log.warning("warm-up stopped: steps run eagerly", exc_info=True)
+             sum(warm_shapes(r) for r in runners), pair.target_name)
+    return WARMUP.add(pair.target_name, runners)

@@ -115,3 +115,35 @@ def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_o
     assert after.stats.step_paths["target:compiled"] == len(after.rounds)
     for run in (*during, after):
         assert run.token_ids == want.token_ids
+
+
+def test_pairs_loaded_close_together_compile_one_after_another_on_one_thread(monkeypatch):
+    """Two warm-ups queued at once share the one warm-up thread (never two compiles at the
+    same time) and the status line counts their shapes together."""
+    import time as clock
+
+    from specviz import warmup
+
+    busy, overlap, made = [], [], []
+
+    def fake_warming(runner):
+        for i in range(runner):
+            overlap.append(len(busy))
+            busy.append(runner)
+            clock.sleep(0.01)
+            busy.pop()
+            made.append((runner, i))
+            yield i + 1
+
+    monkeypatch.setattr(warmup, "warming", fake_warming)
+    monkeypatch.setattr(warmup, "warm_shapes", lambda runner: runner)
+    status = warmup.Warmup()
+    first = status.add("a", [3])
+    second = status.add("b", [2, 1])
+    assert first is second and status.total == 6
+    first.join(timeout=10)
+    assert not first.is_alive() and status.done == 6 and status.note() == ""
+    assert max(overlap) == 0 and [r for r, _ in made] == [3, 3, 3, 2, 2, 1]
+    again = status.add("c", [1])  # idle again: a new thread, counted afresh
+    again.join(timeout=10)
+    assert again is not first and (status.done, status.total) == (1, 1)
