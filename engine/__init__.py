@@ -8,9 +8,9 @@ replay (a temperature-0 run replayed in hindsight under other settings).
 from __future__ import annotations
 
 from engine.analysis.hindsight import ReplayReport, replay
+from engine.contract.trace import RoundTrace, RunTrace
 from engine.core.config import ParamSpec, RunConfig
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError, UnsupportedModelError
-from engine.core.trace import RoundTrace, RunTrace
 from engine.hf.recorder import record
 from engine.methods import METHODS, MethodSpec
 from engine.run.api import Run, encode_prompt, generate, iter_rounds, make_decoder, start

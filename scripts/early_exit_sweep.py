@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.core.cached_model import cache_kwarg  # noqa: E402
 from engine.core.eos import eos_ids  # noqa: E402
-from engine.core.layout import head_logits, layout_for, prepare  # noqa: E402
 from engine.core.weights import load_tensors  # noqa: E402
 from engine.drafters.early_exit import EarlyExitDrafter, load_trained, save_trained  # noqa: E402
+from engine.execution.cached_model import cache_kwarg  # noqa: E402
+from engine.kernels.layout import head_logits, layout_for, prepare  # noqa: E402
 from engine.run.models import load_model  # noqa: E402
 from engine.training.data import (  # noqa: E402
     Example,
@@ -50,7 +50,7 @@ REPS = 40
 
 def step_seconds(model: torch.nn.Module, new: int) -> float:
     """Median seconds of one cached forward of `new` tokens after a CONTEXT-token prefill,
-    through the engine's weight layout and head (engine.core.layout, as CachedModel runs it)."""
+    through the engine's weight layout and head (engine.kernels.layout, as CachedModel runs it)."""
     from transformers import DynamicCache
 
     prepare(model)

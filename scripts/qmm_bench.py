@@ -1,4 +1,4 @@
-"""The packed target's kernel (engine/core/qmm.py) against torch's CPU int4 kernel on the linear
+"""The packed target's kernel (engine/kernels/qmm.py) against torch's CPU int4 kernel on the linear
 layers of SmolLM2-135M: ms for one pass over all 210 of them, and over the head, per number
 of rows (docs/benchmarks.md, "The 4-bit x 8-bit kernel").
 
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.core import qmm  # noqa: E402
+from engine.kernels import qmm  # noqa: E402
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 LAYERS = 30

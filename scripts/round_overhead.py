@@ -16,7 +16,7 @@ fixed, mcsd 2x2 with the confidence controller, given explicitly), or with --pre
 target's own defaults (its preset row, as a plain run gets them). One warm-up run per method
 (--warm-all: on every prompt, so every compiled step shape is built before timing; with
 SPECVIZ_KV=compiled), then the runs interleaved per prompt and repeat. The forwards are timed
-by wrapping CachedModel._decode and the LM head (engine.core.cached_model.head_logits) of
+by wrapping CachedModel._decode and the LM head (engine.execution.cached_model.head_logits) of
 every runner: the target's inside the score phase, the drafter's (its runner is a
 CachedModel too) inside propose and commit.
 """
@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.core import cached_model  # noqa: E402
+from engine.execution import cached_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("propose", "score", "verify", "commit", "observe")

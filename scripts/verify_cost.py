@@ -1,5 +1,5 @@
 """What a forward of n tokens costs, in plain 1-token steps: stock weights against the
-oneDNN-packed copies of engine.core.layout ("Verify cost on the CPU" in docs/benchmarks.md).
+oneDNN-packed copies of engine.kernels.layout ("Verify cost on the CPU" in docs/benchmarks.md).
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/verify_cost.py [--context 200] [--reps 15]
 
@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.core import layout  # noqa: E402
-from engine.core.cached_model import cache_kwarg  # noqa: E402
+from engine.execution.cached_model import cache_kwarg  # noqa: E402
+from engine.kernels import layout  # noqa: E402
 from engine.run.models import load_model  # noqa: E402
 
 

@@ -278,7 +278,7 @@ def cli_run(case: Case) -> dict[str, Any]:
 def record_trace(path: Path, rounds: int) -> None:
     """A long mcsd trace for the navigation timings, recorded in this process."""
     import engine
-    from engine.core import threads
+    from engine.kernels import threads
 
     threads.configure()
     pair = engine.load_pair(device="cpu")

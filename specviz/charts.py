@@ -17,9 +17,9 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from engine.contract.records import ControllerState
+from engine.contract.trace import RoundTrace, RunTrace
 from engine.control.posterior import beta_pdf, gaussian_pdf
-from engine.core.records import ControllerState
-from engine.core.trace import RoundTrace, RunTrace
 from specviz.forest_view import empty_figure
 
 PROGRESS_HEIGHT = 430

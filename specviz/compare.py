@@ -31,9 +31,9 @@ from engine.cli.cost_text import (
     cost_sentence,
     round_time_sentence,
 )
+from engine.contract.trace import RunTrace
 from engine.core.config import COMMON_PARAMS, layered, validate_params
 from engine.core.errors import ConfigError
-from engine.core.trace import RunTrace
 from specviz import charts, pairs, streaming
 from specviz.callbacks import guarded
 from specviz.wiring import load_note, whole

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from engine.core.trace import ACCEPTED, BONUS, ORIGIN_ACCEPTED, RESAMPLED, TARGET, RoundTrace
+from engine.contract.trace import ACCEPTED, BONUS, ORIGIN_ACCEPTED, RESAMPLED, TARGET, RoundTrace
 
 NOT_DRAFTED = (RESAMPLED, BONUS, TARGET)  # nodes the target chose: drawn, not drafted
 

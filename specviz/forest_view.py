@@ -13,7 +13,7 @@ from __future__ import annotations
 import networkx as nx
 import plotly.graph_objects as go
 
-from engine.core.trace import (
+from engine.contract.trace import (
     ACCEPTED,
     AUTO_REJECTED,
     BONUS,
@@ -101,7 +101,7 @@ def forest_graph(r: RoundTrace) -> nx.DiGraph:
 
 def _add_committed_chain(g: nx.DiGraph, r: RoundTrace) -> None:
     """Rounds without a forest (baselines): the committed tokens as target-chosen nodes."""
-    from engine.core.trace import NodeTrace
+    from engine.contract.trace import NodeTrace
 
     prev = _root(0)
     for i, c in enumerate(r.committed):

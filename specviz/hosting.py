@@ -2,7 +2,7 @@
 
 ``HostConfig.from_env`` parses the environment, ``with_overrides`` applies app.py's flags,
 ``check`` validates what needs the engine (model specs, whether CUDA is there, the value of
-SPECVIZ_DEVICE_MAP, which engine.core.placement reads when a pair loads). app.py imports
+SPECVIZ_DEVICE_MAP, which engine.execution.placement reads when a pair loads). app.py imports
 ``spaces`` (when installed) before this module, since this module imports torch through the
 engine and ZeroGPU must patch torch first.
 
@@ -37,8 +37,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from engine.core.errors import ConfigError
-from engine.core.placement import requested_map
-from engine.core.static_kv import kv_mode
+from engine.execution.placement import requested_map
+from engine.execution.static_kv import kv_mode
 from engine.run.models import default_target, resolve_device
 from engine.run.specs import (
     DEFAULT_TARGET,

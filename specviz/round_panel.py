@@ -16,10 +16,10 @@ from typing import Any
 
 from engine import METHODS
 from engine.cli.cost_text import ACCEPTANCE, TAU, cost_sentence
+from engine.contract.records import CostRecord, GateRecord, SwitchPlan
+from engine.contract.trace import ORIGIN_ACCEPTED, RoundTrace, RunTrace
 from engine.control.config import CONTROL_PARAMS
 from engine.core.errors import SpecvizError
-from engine.core.records import CostRecord, GateRecord, SwitchPlan
-from engine.core.trace import ORIGIN_ACCEPTED, RoundTrace, RunTrace
 from specviz.figures import plural, round_counts
 from specviz.forest_view import token_label, vocab_of
 

@@ -18,8 +18,8 @@ import html
 import sys
 from pathlib import Path
 
+from engine.contract.trace import RunTrace
 from engine.core.errors import SpecvizError
-from engine.core.trace import RunTrace
 from specviz import charts, forest_view, round_panel, text_view
 
 MAX_ROUNDS = 300  # forests drawn into one page (each is a figure of its own)

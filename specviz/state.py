@@ -15,9 +15,9 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from engine.contract.trace import RunTrace
 from engine.core.errors import ConfigError
 from engine.core.paths import ASSETS
-from engine.core.trace import RunTrace
 
 DEMO_TRACE = ASSETS / "demo_trace.json"
 # A parsed trace holds about 6.5 kB of Python objects per round (its beams, committed tokens,

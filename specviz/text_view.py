@@ -6,7 +6,7 @@ Pure functions of a RunTrace: ``segments`` builds the (text, origin) list and
 
 from __future__ import annotations
 
-from engine.core.trace import (
+from engine.contract.trace import (
     ORIGIN_ACCEPTED,
     ORIGIN_BONUS,
     ORIGIN_PROMPT,

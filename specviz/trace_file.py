@@ -4,9 +4,9 @@ exports into the app's own temp folder.
 An upload is user input: it is read as UTF-8 JSON and nothing else (no pickle), refused
 beyond ``MAX_IMPORT_BYTES`` (Gradio refuses larger uploads first: ``max_file_size`` in
 specviz.ui.launch_options), and checked before any view sees it: finite numbers, nesting
-depth, string length, the RunTrace schema (engine.core.trace; fields added later have defaults, so
-older traces still import), the node count a run in the app may reach, and the size of the
-beam-match records. Every refusal is one line.
+depth, string length, the RunTrace schema (engine.contract.trace; fields added later have defaults,
+so older traces still import), the node count a run in the app may reach, and the size of
+the beam-match records. Every refusal is one line.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.contract.trace import RoundTrace, RunTrace
 from engine.core.errors import ConfigError, SpecvizError
-from engine.core.trace import RoundTrace, RunTrace
 from specviz import limits
 from specviz.state import HELD, weight
 

@@ -16,8 +16,9 @@ import threading
 import time
 
 import engine
-from engine.core import static_kv, threads
-from engine.core.cached_model import CachedModel, warm_shapes, warming
+from engine.execution import static_kv
+from engine.execution.cached_model import CachedModel, warm_shapes, warming
+from engine.kernels import threads
 
 log = logging.getLogger("specviz")
 
@@ -86,9 +87,9 @@ WARMUP = Warmup()
 
 def serve_compiled() -> bool:
     """app.py, at start: a packed target on this CPU runs compiled steps (made by warm_up on
-    a thread of their own, engine.core.static_kv.POLICY) where a C++ compiler exists for
+    a thread of their own, engine.execution.static_kv.POLICY) where a C++ compiler exists for
     inductor; else one log line and eager steps. Whether it does."""
-    from engine.core import qmm
+    from engine.kernels import qmm
 
     if not (shutil.which("c++") or shutil.which("g++") or os.environ.get("CXX")) or \
             qmm.library() is None:

@@ -2,7 +2,7 @@
 of the process, its jobs served in turn.
 
 Every load and every forward runs on ``WORKER``, one dedicated thread with the engine's thread
-rule (engine/core/threads.py): torch keeps one OpenMP team, and no two jobs use the weights at
+rule (engine/kernels/threads.py): torch keeps one OpenMP team, and no two jobs use the weights at
 the same time. The thread serves its jobs in turn (round-robin), one unit of work each: a
 decode (a Run, each Compare method: specviz.streaming) is a step job of one round a step; a
 load or any other call is one unit; a Bench set, a tune or a Check is one unit that lets the
@@ -24,7 +24,8 @@ from concurrent.futures import Future
 from contextvars import Context
 from typing import Any, Callable, Iterator
 
-from engine.core import static_kv, threads
+from engine.execution import static_kv
+from engine.kernels import threads
 
 
 class ModelWorker:

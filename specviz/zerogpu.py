@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 import engine
-from engine.core import threads
 from engine.core.errors import ConfigError, ModelLoadError
+from engine.kernels import threads
 from specviz import pairs
 from specviz.hosting import HOST
 from specviz.streaming import Update, merge, start_run, updates

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# one thread, and no thread measurement (engine.core.threads): tiny models gain nothing from
+# one thread, and no thread measurement (engine.kernels.threads): tiny models gain nothing from
 # OpenMP and lose a lot when the two pytest processes of make test share the cores
 os.environ.setdefault("SPECVIZ_THREADS", "1")
 # a tune stored on this machine never changes what the tests run (engine.run.tuned)

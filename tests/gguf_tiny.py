@@ -1,5 +1,5 @@
 """Tiny llamas written as GGUF files with gguf's own writer, for the packed-weight tests
-(engine.core.packed4): the decoder linears as Q4_1 (or another type per tensor), the LM head
+(engine.kernels.packed4): the decoder linears as Q4_1 (or another type per tensor), the LM head
 as a Q8_0 ``output.weight`` when asked, in llama.cpp's row order."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def write_gguf(path, model, qtypes=None, head: bool = False) -> dict[str, torch.
 def load_packed(model, path, expected: dict[str, torch.Tensor]) -> nn.Module:
     """`model` as the GGUF at `path` loads: every weight the file holds set to its
     dequantised value (as transformers' GGUF loader gives it), then packed in place."""
-    from engine.core.packed4 import pack_head, pack_linears
+    from engine.kernels.packed4 import pack_head, pack_linears
 
     with torch.no_grad():
         for name, w in expected.items():

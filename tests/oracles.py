@@ -7,7 +7,7 @@
   brute force over every draft tuple, for tiny vocabularies.
 - ``draft_prob_of_set``: Q(H) for one token set H, to check the alpha* prefix scan against the
   minimum over every subset.
-- ``qmm_error_bound``: how far a 4-bit packed linear's product (engine.core.qmm: 16-bit
+- ``qmm_error_bound``: how far a 4-bit packed linear's product (engine.kernels.qmm: 16-bit
   activations) may be from the dequantised fp32 product, per output.
 """
 
@@ -174,7 +174,7 @@ def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
 
 def qmm_error_bound(w_abs: torch.Tensor, x: torch.Tensor, group: int = 32,
                     levels: int = 32767) -> torch.Tensor:
-    """|error| allowed per output of engine.core.qmm's product against the fp32 product
+    """|error| allowed per output of engine.kernels.qmm's product against the fp32 product
     x W^T, given |W| (out, in) (for a Q8_0 weight run as two 4-bit halves, the sum of the
     halves' magnitudes) and x (R, in):
 

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace, RunTrace, TopK
+from engine.contract.trace import BONUS, RESAMPLED, TARGET, RoundTrace, RunTrace, TopK
 
 POSITION_BIN = 32  # tokens of generated text per position bin
 ENTROPY_EDGES = (0.0, 0.5, 1.0, 2.0, math.inf)  # nats

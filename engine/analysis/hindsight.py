@@ -28,10 +28,10 @@ from engine.analysis.replay import (
     standing,
 )
 from engine.analysis.source import pair_of
+from engine.contract.trace import RunTrace
 from engine.control.cost import CostProfile
 from engine.core.config import parse_k_config
 from engine.core.errors import ConfigError
-from engine.core.trace import RunTrace
 from engine.methods import METHODS
 from engine.run import profile as profiles
 from engine.run.api import cost_profile, plain_step_s, run_params

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.cached_model import CachedModel, Scored
 from engine.core.forest import ROOT
 from engine.drafters.ngram import support
+from engine.execution.cached_model import CachedModel, Scored
 from engine.methods.token import top_k
 
 

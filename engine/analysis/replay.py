@@ -31,8 +31,8 @@ from statistics import fmean
 from typing import Sequence
 
 from engine.analysis.proposals import Proposals
+from engine.contract.trace import BONUS, RESAMPLED, TARGET, RoundTrace
 from engine.control.cost import CostProfile, tree_shape
-from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
 
 NOT_DRAFTED = (RESAMPLED, BONUS, TARGET)
 

@@ -5,8 +5,8 @@ names are checked against the trace's."""
 
 from __future__ import annotations
 
+from engine.contract.trace import RunTrace
 from engine.core.errors import ConfigError
-from engine.core.trace import RunTrace
 from engine.drafters.registry import spec_of_name
 from engine.run.models import (
     EMBEDDED_NAME,

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.core.trace import BONUS, RESAMPLED, TARGET, RunTrace
+from engine.contract.trace import BONUS, RESAMPLED, TARGET, RunTrace
 
 PID, TID = 1, 1
 # (the engine's step, the name serving engines give it): SGLang's draft / verify / accept

@@ -3,7 +3,7 @@
 Pure functions over what a beam method's verification already computed: the target's joint
 scores score(parent) + log p(token | parent) over the step's parent beams (B, V), the target's
 top-K (parent row, token) pairs in rank order, and the drafted nodes of the step. The result
-is a ``BeamStep`` record (engine.core.trace) with K target beams and one match per drafted node:
+is a ``BeamStep`` record (engine.contract.trace) with K target beams and one match per drafted node:
 no extra forward, nothing of size V stored.
 
 AtSpeed strict (AtSpeed Alg. 1) accepts a step iff every target top-K beam was drafted, so
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.core.trace import BeamStep, DraftMatch, TargetBeam
+from engine.contract.trace import BeamStep, DraftMatch, TargetBeam
 
 Pos = tuple[int, int]  # (tree row, forest node; -1 = the row's root)
 Drafted = tuple[Pos, Pos, int]  # (node position, parent position, token)

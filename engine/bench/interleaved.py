@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import torch
 
-from engine.core import static_kv
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
+from engine.execution import static_kv
 from engine.run import pacing
 from engine.run.costs import run_width
 from engine.run.hf_run import generate_kwargs

@@ -214,7 +214,7 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
                "seed": int(common["seed"]), **measured,
                "projected_h100": projected,  # a projection (engine.run.costs)
                **round_record(trace.rounds, trace.stats.new_tokens),
-               # vLLM's per-request speculative stats (engine.core.trace.RunStats)
+               # vLLM's per-request speculative stats (engine.contract.trace.RunStats)
                "acceptance_histogram": list(trace.stats.acceptance_histogram),
                "per_step_accepted": list(trace.stats.per_step_accepted)}
         if s.replay:

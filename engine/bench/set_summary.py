@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from engine.core.trace import RoundTrace
+from engine.contract.trace import RoundTrace
 
 ALL = "all"
 

@@ -4,7 +4,7 @@ For random-initialised models of real sizes (built from configs on the device, n
 
 - the memory-bandwidth limit: weight bytes / the bandwidth of a measured device copy (read +
   write bytes over its time) = the time a step needs to stream its weights once;
-- one plain step of the engine's :class:`~engine.core.cached_model.CachedModel` (feed the
+- one plain step of the engine's :class:`~engine.execution.cached_model.CachedModel` (feed the
   newest token, LM head, commit) on each KV path (dynamic / static / captured), and of a whole
   engine greedy round (the loop's bookkeeping included);
 - transformers' generate(): per-token time eager, and with its static cache + torch.compile
@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 
 import engine
-from engine.core.cached_model import CachedModel
 from engine.core.forest import ROOT
+from engine.execution.cached_model import CachedModel
 from engine.run.models import resolve_device, resolve_dtype
 
 SIZES: dict[str, dict[str, Any]] = {  # the shapes of the GPU presets' models

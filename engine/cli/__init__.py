@@ -58,10 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse argv, apply the thread rule (engine/core/threads.py), run the subcommand."""
+    """Parse argv, apply the thread rule (engine/kernels/threads.py), run the subcommand."""
     args = build_parser().parse_args(argv)
     try:
-        from engine.core import threads
+        from engine.kernels import threads
 
         threads.configure()  # the same thread rule as the app
         resolve_target(args)  # no --target: the device's default

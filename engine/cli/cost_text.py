@@ -3,8 +3,8 @@ CLI's JSON show for a run's ``CostRecord`` (engine.run.costs computes the number
 
 from __future__ import annotations
 
-from engine.core.records import CostRecord
-from engine.core.trace import RunTrace
+from engine.contract.records import CostRecord
+from engine.contract.trace import RunTrace
 
 DRAFT, VERIFY = "propose", "score"  # RoundTrace.timings: the drafter, the target forward
 

@@ -35,7 +35,7 @@ def resolve_target(args: argparse.Namespace) -> None:
     (engine.run.models.default_target; a device map: the fp32 model, as load_pair)."""
     if getattr(args, "target", "") is not None:
         return
-    from engine.core.placement import requested_map
+    from engine.execution.placement import requested_map
     from engine.run.models import default_target
 
     placed = requested_map(getattr(args, "device_map", None)) is not None

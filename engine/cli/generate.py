@@ -19,8 +19,8 @@ from engine.cli.flags import (
     pair_from_flags,
     read_prompt,
 )
+from engine.contract.records import RunSummary
 from engine.core.errors import ConfigError
-from engine.core.records import RunSummary
 
 
 def stats_json(stats: RunSummary) -> dict[str, Any]:

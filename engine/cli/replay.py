@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_trace(path: str):
     """The trace file, refused in one line when it is missing or not a trace."""
-    from engine.core.trace import RunTrace
+    from engine.contract.trace import RunTrace
 
     file = Path(path)
     if not file.is_file():

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
+from engine.contract.records import DepthPosteriorState, SwitchOption, SwitchPlan
 from engine.control.posterior import sample_beta
-from engine.core.records import DepthPosteriorState, SwitchOption, SwitchPlan
 from engine.core.sampling import Chooser, as_chooser
 
 

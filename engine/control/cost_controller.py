@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
+from engine.contract.records import SwitchPlan
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.control.recorder import Features, RoundRecorder
-from engine.core.records import SwitchPlan
 from engine.core.sampling import Chooser
 
 

@@ -9,9 +9,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from engine.contract.records import ControllerState, SwitchPlan
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, Shape
-from engine.core.records import ControllerState, SwitchPlan
 from engine.core.sampling import Chooser
 
 Features = Any  # what a Cali-TS predictor reads (see module docstring); None: nothing

@@ -1,7 +1,7 @@
 """The drafter interface, the declaration of a drafter kind, and a separate draft model q.
 
 A drafter hands the round loop a fresh runner per run (a
-:class:`~engine.core.cached_model.CachedModel`, or an object with its start / feed / commit /
+:class:`~engine.execution.cached_model.CachedModel`, or an object with its start / feed / commit /
 close); the loop feeds it the tail and forest levels and commits it like the target. Every
 capability a caller may ask of a drafter is declared here with a default
 (:class:`DrafterBase`), so no caller probes for one: its context law, the model transformers'
@@ -21,8 +21,8 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
+from engine.execution.cached_model import CachedModel
 
 
 @dataclass(frozen=True)

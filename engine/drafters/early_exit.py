@@ -21,19 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
-from engine.core.layout import weight_product
-from engine.core.packed4 import (
-    ROW_MULTIPLE,
-    Packed4Linear,
-    Packed8Linear,
-    activation_bits,
-    is_packed,
-    quantize_linears,
-    quantize_q4_1,
-)
-from engine.core.placement import missing_tensors, unhooked_copy
 from engine.core.weights import (
     DRAFTER_DIR,
     PREDICTOR_FILE,
@@ -53,6 +41,18 @@ from engine.drafters.base import (
     TargetNeeds,
     positive_int,
     register,
+)
+from engine.execution.cached_model import CachedModel
+from engine.execution.placement import missing_tensors, unhooked_copy
+from engine.kernels.layout import weight_product
+from engine.kernels.packed4 import (
+    ROW_MULTIPLE,
+    Packed4Linear,
+    Packed8Linear,
+    activation_bits,
+    is_packed,
+    quantize_linears,
+    quantize_q4_1,
 )
 
 
@@ -82,7 +82,7 @@ def _stock_model(target: nn.Module, layers: list[nn.Module], kinds: list[int],
         model.model.rotary_emb = inner.rotary_emb
     model.lm_head = head
     model.generation_config = target.generation_config
-    left = missing_tensors(model)  # an offloaded weight (engine.core.placement) is not missing
+    left = missing_tensors(model)  # an offloaded weight (engine.execution.placement) is not missing
     if left:
         raise ConfigError(f"early-exit drafter could not share modules: {left[:3]}")
     return model.eval()
@@ -208,7 +208,7 @@ class ShortlistHead(nn.Module):
         out = h.new_full((*h.shape[:-1], self.vocab_size), torch.finfo(h.dtype).min)
         if self.q4 is not None and not torch.is_grad_enabled():  # (training: the dense rows)
             out.index_copy_(-1, self.ids, self.q4(h)[..., :len(self.ids)])  # (..., S) placed
-        else:  # (..., S): packed on CPU (engine.core.layout)
+        else:  # (..., S): packed on CPU (engine.kernels.layout)
             out[..., self.ids] = weight_product(self, h)
         return out
 

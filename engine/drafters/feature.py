@@ -14,8 +14,8 @@ shortlist (as in the early-exit drafter) makes a draft step S x d instead of V x
 Which f goes with which slot:
 
 - a committed slot j >= 1 takes the TARGET's true f_{j-1}, which the target's verify forward
-  already computed (:class:`~engine.core.cached_model.Scored`: ``tail_hidden`` for the tail it fed,
-  ``node_hidden`` at the accepted nodes); the round loop hands that Scored to
+  already computed (:class:`~engine.execution.cached_model.Scored`: ``tail_hidden`` for the tail
+  it fed, ``node_hidden`` at the accepted nodes); the round loop hands that Scored to
   :meth:`FeatureRunner.commit`;
 - slot 0 has no previous feature: f_{-1} = 0 (training does the same);
 - a drafted node takes its parent's PREDICTED f' (a child of the root: f' of the newest
@@ -43,15 +43,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.core.cached_model import CachedModel, Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
-from engine.core.packed4 import activation_bits, is_packed, quantize_linears
 from engine.core.paths import ASSETS
-from engine.core.placement import unhooked_copy
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
 from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds, register
 from engine.drafters.early_exit import ShortlistHead, _decoder, _stock_model, set_layer_index
+from engine.execution.cached_model import CachedModel, Scored
+from engine.execution.placement import unhooked_copy
+from engine.kernels.packed4 import activation_bits, is_packed, quantize_linears
 
 FEATURE_DIR = ASSETS / "feature_drafter"
 FEATURE_FILE = "feature.safetensors"  # fc.*, layer.*, shortlist

@@ -27,7 +27,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.core.cached_model import Scored
 from engine.core.forest import PAD
 from engine.drafters.base import (
     DraftArgs,
@@ -39,6 +38,7 @@ from engine.drafters.base import (
 )
 from engine.drafters.feature import FeatureDrafter, FeatureRunner, feature_drafter
 from engine.drafters.ngram import Laws, NGramDrafter, NGramRunner, ngram_drafter
+from engine.execution.cached_model import Scored
 
 HYBRID_SPECS = ("ngram+feature", "n-gram+feature", "ngram+eagle")
 

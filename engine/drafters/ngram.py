@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, positive_int, register
+from engine.execution.cached_model import Scored
 
 NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 MAX_N = 4  # longest suffix looked up

@@ -26,11 +26,11 @@ from torch import nn
 from transformers import DynamicCache
 
 from engine.core import forest
-from engine.core.cached_model import Scored, cache_kwarg
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
-from engine.core.layout import head_logits, layout_for
 from engine.drafters.base import DrafterBase, TargetNeeds
+from engine.execution.cached_model import Scored, cache_kwarg
+from engine.kernels.layout import head_logits, layout_for
 
 
 class SharedTrunk:
@@ -153,7 +153,8 @@ def _cut(layer, keep: int) -> None:
 
 class SharedSide:
     """One side (target or draft) of a :class:`SharedTrunk`, with the round interface of
-    :class:`~engine.core.cached_model.CachedModel` (start / feed / commit) for a width-1 chain."""
+    :class:`~engine.execution.cached_model.CachedModel` (start / feed / commit) for a width-1
+    chain."""
 
     width = 1
 

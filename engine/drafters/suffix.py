@@ -40,7 +40,6 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.drafters.base import (
@@ -51,6 +50,7 @@ from engine.drafters.base import (
     positive_int,
     register,
 )
+from engine.execution.cached_model import Scored
 
 SUFFIX_SPECS = ("suffix", "suffix-decoding", "suffix_decoding")
 MAX_PATTERN = 24  # longest pattern matched (vLLM's suffix_decoding_max_tree_depth)

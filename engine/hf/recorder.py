@@ -29,8 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from engine.core.errors import ConfigError
-from engine.core.trace import (
+from engine.contract.trace import (
     ACCEPTED,
     BONUS,
     NOT_REACHED,
@@ -48,6 +47,7 @@ from engine.core.trace import (
     TopK,
     summarize,
 )
+from engine.core.errors import ConfigError
 
 SEAM = "_get_candidate_generator"
 TOP_K = 10  # target top-k kept at each committed position

@@ -8,7 +8,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from engine.core.cached_model import CachedModel, Scored
+from engine.contract.records import ControllerState, RoundExtras, SwitchPlan
+from engine.contract.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
 from engine.core.config import (
     COMMON_PARAMS,
     ParamSpec,
@@ -18,10 +19,9 @@ from engine.core.config import (
 )
 from engine.core.errors import ConfigError
 from engine.core.forest import Forest
-from engine.core.records import ControllerState, RoundExtras, SwitchPlan
 from engine.core.sampling import Chooser, Warp
-from engine.core.trace import BeamStep, BeamTrace, NodeTrace, TestRecord
 from engine.drafters.base import Drafter
+from engine.execution.cached_model import CachedModel, Scored
 
 
 class PairView(Protocol):

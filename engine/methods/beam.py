@@ -24,9 +24,17 @@ import torch
 from engine.beams.match import match_step, strict_reason
 from engine.beams.sample import beam_sample_step
 from engine.beams.search import beam_step
+from engine.contract.records import RoundExtras
+from engine.contract.trace import (
+    ACCEPTED,
+    BONUS,
+    NOT_REACHED,
+    REJECTED,
+    TARGET,
+    BeamStep,
+    TestRecord,
+)
 from engine.core.forest import ROOT, Forest, empty_forest
-from engine.core.records import RoundExtras
-from engine.core.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, TARGET, BeamStep, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
     BEAMS,

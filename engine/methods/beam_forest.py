@@ -16,12 +16,12 @@ from typing import Callable
 import torch
 
 from engine.beams.search import NEG_SCORE, BeamConfig, finalize, init_beams
+from engine.contract.records import ControllerState, GateRecord, SwitchPlan
+from engine.contract.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT, Forest, path_to
-from engine.core.records import ControllerState, GateRecord, SwitchPlan
-from engine.core.trace import ACCEPTED, NOT_REACHED, BeamTrace, NodeTrace
 from engine.methods.base import RoundVerdict, RunState
 
 Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)

@@ -28,12 +28,12 @@ import torch
 from engine.beams.match import layer_reason, match_step
 from engine.beams.sample import beam_law
 from engine.beams.search import NEG_SCORE
+from engine.contract.records import RoundExtras, WidthDecision
+from engine.contract.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, empty_forest
-from engine.core.records import RoundExtras, WidthDecision
 from engine.core.sampling import EPS, draw_without_replacement
-from engine.core.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
     BEAMS,

@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.contract.records import ControllerState
 from engine.control.controllers import CONTROL_PARAMS, CaliTSController, ControlConfig
 from engine.control.predictor import CaliFeatures, draft_confidence
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
-from engine.core.records import ControllerState
 from engine.drafters.early_exit import EarlyExitDrafter, early_exit_drafter
 from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
 from engine.methods.base import MethodSpec, PairView, RoundVerdict, RunState, register

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.contract.records import ControllerState, RoundExtras, SwitchPlan
+from engine.contract.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.core.forest import Forest, empty_forest
-from engine.core.records import ControllerState, RoundExtras, SwitchPlan
 from engine.core.sampling import argmax, probs_from_logits
-from engine.core.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 
 if TYPE_CHECKING:

@@ -14,20 +14,8 @@ from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
 
-from engine.control.controllers import (
-    CONTROL_PARAMS,
-    ControlConfig,
-    Controller,
-    FixedController,
-    make_controller,
-)
-from engine.control.cost import chain_shape, tree_shape
-from engine.core.cached_model import Scored
-from engine.core.config import ParamSpec, parse_k_config
-from engine.core.forest import ROOT, Forest, depths, empty_forest
-from engine.core.records import ControllerState, OptimalRecord, RoundExtras, SwitchPlan
-from engine.core.sampling import argmax, probs_from_logits
-from engine.core.trace import (
+from engine.contract.records import ControllerState, OptimalRecord, RoundExtras, SwitchPlan
+from engine.contract.trace import (
     ACCEPTED,
     BONUS,
     NOT_REACHED,
@@ -40,7 +28,19 @@ from engine.core.trace import (
     NodeTrace,
     TestRecord,
 )
+from engine.control.controllers import (
+    CONTROL_PARAMS,
+    ControlConfig,
+    Controller,
+    FixedController,
+    make_controller,
+)
+from engine.control.cost import chain_shape, tree_shape
+from engine.core.config import ParamSpec, parse_k_config
+from engine.core.forest import ROOT, Forest, depths, empty_forest
+from engine.core.sampling import argmax, probs_from_logits
 from engine.drafters.ngram import support
+from engine.execution.cached_model import Scored
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.verify.optimality import position_record

@@ -17,11 +17,11 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from engine.core import layout, threads
+from engine.contract.records import CostRecord
+from engine.contract.trace import BeamTrace, RoundTrace, RunStats, RunTrace
 from engine.core.config import RunConfig
 from engine.core.errors import ConfigError
-from engine.core.records import CostRecord
-from engine.core.trace import BeamTrace, RoundTrace, RunStats, RunTrace
+from engine.kernels import layout, threads
 from engine.methods import METHODS
 from engine.run import costs, pacing, profile
 from engine.run.hf_run import HfRun
@@ -253,7 +253,7 @@ def calibrate(pair: ModelPair, width: int = 1) -> float:
 
 
 def tune_threads(pair: ModelPair) -> int:
-    """The thread rule (engine.core.threads) for this pair, on the calling thread:
+    """The thread rule (engine.kernels.threads) for this pair, on the calling thread:
     SPECVIZ_THREADS when set; a CUDA pair keeps torch's count; else the faster of one thread
     and every usable core for a plain step of this pair, measured once per pair (kept in
     ``pair.calibration.threads``), and then the layout rule and the cost model's plain step

@@ -42,8 +42,8 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from engine.core.records import CostRecord, ProjectionRecord
-from engine.core.trace import BONUS, RESAMPLED, TARGET, RoundTrace
+from engine.contract.records import CostRecord, ProjectionRecord
+from engine.contract.trace import BONUS, RESAMPLED, TARGET, RoundTrace
 
 if TYPE_CHECKING:
     from engine.control.cost import CostProfile

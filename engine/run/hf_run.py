@@ -30,9 +30,9 @@ from typing import Any, Callable
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from engine.contract.records import CostRecord
+from engine.contract.trace import BeamTrace, RoundTrace, RunTrace, summarize
 from engine.core.errors import ConfigError
-from engine.core.records import CostRecord
-from engine.core.trace import BeamTrace, RoundTrace, RunTrace, summarize
 from engine.hf.recorder import record
 from engine.methods import METHODS
 from engine.methods.eesd import drafter_for

@@ -11,12 +11,12 @@ from typing import Callable, Iterator
 
 import torch
 
-from engine.core.cached_model import CachedModel, Scored
+from engine.contract.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 from engine.core.config import RunConfig
 from engine.core.eos import eos_ids
 from engine.core.sampling import Chooser, TorchChooser, Warp, make_generator
-from engine.core.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 from engine.drafters.base import Drafter
+from engine.execution.cached_model import CachedModel, Scored
 from engine.methods.base import Method, RoundVerdict
 from engine.run.models import ModelPair
 

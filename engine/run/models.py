@@ -1,5 +1,5 @@
 """Model loading: the embedded SmolLM2 (GGUF -> cached safetensors; or with its 4-bit
-weights packed again, engine.core.packed4), hub ids, local directories and tiny random models
+weights packed again, engine.kernels.packed4), hub ids, local directories and tiny random models
 built from a config; the target/draft :class:`ModelPair` with the pair's tuned method settings
 (engine.run.tuned).
 """
@@ -18,12 +18,11 @@ from pathlib import Path
 import torch
 
 from engine.control.cost import CostProfile
-from engine.core.attention import use_engine_attention
-from engine.core.cached_model import CachedModel, check_supported, warm_steps
 from engine.core.errors import ConfigError, ModelLoadError
-from engine.core.layout import prepare
 from engine.core.paths import cache_root
-from engine.core.placement import (
+from engine.drafters.base import Drafter, LoadContext, ModelDrafter
+from engine.execution.cached_model import CachedModel, check_supported, warm_steps
+from engine.execution.placement import (
     DeviceMap,
     check_placed,
     input_device,
@@ -34,8 +33,9 @@ from engine.core.placement import (
     requested_map,
     resolve_map,
 )
-from engine.core.static_kv import kv_mode
-from engine.drafters.base import Drafter, LoadContext, ModelDrafter
+from engine.execution.static_kv import kv_mode
+from engine.kernels.attention import use_engine_attention
+from engine.kernels.layout import prepare
 from engine.run.specs import (
     DEFAULT_TARGET,
     EMBEDDED,
@@ -102,12 +102,12 @@ def default_target(device: str | torch.device = "auto") -> str:
     """The target a run gets when none is named: on a CPU the embedded GGUF as shipped
     (DEFAULT_TARGET, 4-bit packed weights at 8-bit activations: llama.cpp's numerics, exact
     against its own ``generate()``, the fastest exact path measured on every CPU host), where
-    its kernel builds (engine.core.qmm; without a C compiler it would run its slow torch
+    its kernel builds (engine.kernels.qmm; without a C compiler it would run its slow torch
     reference: one log line, the fp32 model instead); on CUDA (``auto`` with a GPU) the fp32
     model (the packed kernel is a CPU kernel)."""
     if resolve_device(device).type != "cpu":
         return EMBEDDED
-    from engine.core import qmm
+    from engine.kernels import qmm
 
     if qmm.library() is None:
         LOG.warning("the packed kernel does not build here: the default target is %r (fp32) "
@@ -193,7 +193,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 def _load_dir_or_hub(spec: str, dtype: torch.dtype, device_map: DeviceMap | None):
     """Model and tokenizer of a local folder or hub id: stock architectures only (never
     remote code) and safetensors weights only (never a pickled checkpoint); with a device
-    map, each weight loads straight onto its device (engine.core.placement)."""
+    map, each weight loads straight onto its device (engine.execution.placement)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(spec).expanduser()
@@ -276,7 +276,7 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
                device_map: DeviceMap | None = None):
     """(model, tokenizer, display name) for a spec (a string or ModelSpec of a target, see
     parse_model_spec), a transformers config, or an already built model; on `device`, or
-    placed over devices by a requested device map (engine.core.placement)."""
+    placed over devices by a requested device map (engine.execution.placement)."""
     if isinstance(spec, torch.nn.Module):
         model = spec.eval() if device_map is None else _put(spec.eval(), device, device_map)
         return model, None, type(spec).__name__
@@ -306,10 +306,10 @@ def load_model(spec, device: torch.device, dtype: torch.dtype,
 def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
                       device_map: DeviceMap | None, bits: int = 16):
     """The embedded model with its Q4_1 linear layers packed in 4 bits as the GGUF ships
-    them (engine.core.packed4): the dequantised model, its linears then swapped, their
+    them (engine.kernels.packed4): the dequantised model, its linears then swapped, their
     activations quantised to `bits` (16, or 8 for 'embedded-q4:a8'); CPU only
-    (engine.core.qmm, the kernel used here, is a CPU kernel)."""
-    from engine.core.packed4 import pack_head, pack_linears, set_activation_bits
+    (engine.kernels.qmm, the kernel used here, is a CPU kernel)."""
+    from engine.kernels.packed4 import pack_head, pack_linears, set_activation_bits
 
     if device.type != "cpu" or device_map is not None:
         raise ConfigError("'embedded-q4' runs on the CPU only: use --device cpu and no "
@@ -404,14 +404,14 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
         dtype: 'auto' (bf16 on CUDA, fp32 on CPU) or a dtype name.
         device_map: a target bigger than one GPU: 'auto', 'balanced', 'balanced_low_0',
             'sequential', or {module name: device} (a dict or a JSON object string; devices
-            'cpu', 'disk', 'cuda:N' or N), placed with accelerate (engine.core.placement);
+            'cpu', 'disk', 'cuda:N' or N), placed with accelerate (engine.execution.placement);
             None: $SPECVIZ_DEVICE_MAP, else none. The drafter shares the placed target's
             modules; a separate draft model goes on the device of the target's input
             embeddings (``ModelPair.device``).
         early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
             N of 'early-exit:N' when the draft spec gives it (both: equal, else ConfigError).
         warm: on the captured path (CUDA), capture the one-row step shapes of the target and
-            a token-input drafter now (engine.core.cached_model.warm_steps); False leaves
+            a token-input drafter now (engine.execution.cached_model.warm_steps); False leaves
             them to the first run (ZeroGPU loads in a process that never runs a step).
     """
     if target is None:
@@ -436,9 +436,9 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
     drafter, dtok = _drafter(LoadContext(tmodel, tok, dev, dt, early_exit_layers), draft)
     for model in (tmodel, drafter.model):
         if model is not None and dev.type == "cpu":
-            prepare(model)  # engine.core.layout: packed weights for few-token forwards
+            prepare(model)  # engine.kernels.layout: packed weights for few-token forwards
             use_engine_attention(model)  # before any forward, generate()'s included: a
-            # packed target's attention is row-invariant (engine.core.attention)
+            # packed target's attention is row-invariant (engine.kernels.attention)
     if warm and kv_mode(dev, tmodel) == "captured":  # the common step shapes captured now
         for runner in (CachedModel(tmodel), drafter.runner()):
             if isinstance(runner, CachedModel):

@@ -32,10 +32,10 @@ from typing import Any, Callable
 import torch
 
 from engine.control.cost import CostProfile
-from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.paths import ASSETS
+from engine.execution.cached_model import CachedModel
 from engine.run.costs import NOT_DRAFTED
 
 VERIFY_NODES = (0, 1, 2, 3, 4, 6, 8, 12, 16)

@@ -14,11 +14,11 @@ from engine.core.errors import ConfigError
 EMBEDDED = "embedded"  # the fp32 model: dequantised weights (CUDA, training, or by choice)
 EMBEDDED_ALIASES = ("embedded", "smollm2-135m-instruct", "embedded:smollm2-135m")
 # The embedded model run as shipped: its Q4_1 linear weights kept packed in 4 bits
-# (engine.core.packed4), on the CPU; a separate target (its logits are not the fp32 model's).
+# (engine.kernels.packed4), on the CPU; a separate target (its logits are not the fp32 model's).
 EMBEDDED_Q4 = "embedded-q4"
 EMBEDDED_Q4_ALIASES = ("embedded-q4",)
 # 'embedded-q4:a8': the same packed weights against activations quantised to 8 bits (llama.cpp's
-# own numerics for this file, engine.core.qmm) instead of 16: another target again.
+# own numerics for this file, engine.kernels.qmm) instead of 16: another target again.
 ACTIVATIONS_8 = "a8"
 # The target a run on a CPU gets when none is named (engine.run.models.default_target): the
 # GGUF as shipped, llama.cpp's numerics, the fastest exact path measured on every CPU host

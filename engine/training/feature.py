@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.cached_model import check_supported
 from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
 from engine.core.weights import RECIPE_FILE, file_digest
@@ -41,6 +40,7 @@ from engine.drafters.feature import (
     read_feature,
     save_feature,
 )
+from engine.execution.cached_model import check_supported
 from engine.run.models import _quiet_transformers, cache_root, load_model, resolve_device
 from engine.training.batches import in_batches
 from engine.training.config import FeatureTrainConfig

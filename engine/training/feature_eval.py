@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from engine.core.cached_model import cache_kwarg
+from engine.execution.cached_model import cache_kwarg
 from engine.training.batches import in_batches
 from engine.training.drafter import replay_chain
 from engine.training.feature_data import Sequence

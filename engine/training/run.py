@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from engine.core.cached_model import check_supported
 from engine.core.eos import eos_ids
 from engine.core.weights import RECIPE_FILE
+from engine.execution.cached_model import check_supported
 from engine.run.models import (
     ModelPair,
     _quiet_transformers,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core import trace
+from engine.contract import trace
 from engine.core.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
 
 Pair = tuple[int, int]  # (parent row, token id)
@@ -53,7 +53,7 @@ class BeamTest:
 
     @property
     def status(self) -> str:
-        """Forest-node status (engine.core.trace constant) for this decision."""
+        """Forest-node status (engine.contract.trace constant) for this decision."""
         return _STATUS[self.decision]
 
     def record(self, node: int, tree: int, depth: int) -> trace.TestRecord:

@@ -32,7 +32,7 @@ CLOSED_FORMS = {
 
 def position_record(rule: str, p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int],
                     depth: int, node: int) -> dict[str, Any]:
-    """JSON-able record for the trace (its fields: engine.core.records.OptimalRecord, one of
+    """JSON-able record for the trace (its fields: engine.contract.records.OptimalRecord, one of
     RoundTrace.extras.optimal).
 
     Args:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.contract.trace import TestRecord
 from engine.core.sampling import EPS, Chooser, as_chooser, draw_without_replacement, residual
-from engine.core.trace import TestRecord
 
 ACCEPT = "accept"
 REJECT = "reject"

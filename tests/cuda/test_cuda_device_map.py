@@ -1,4 +1,4 @@
-"""A target placed with accelerate's device map on a CUDA device (engine.core.placement): four
+"""A target placed with accelerate's device map on a CUDA device (engine.execution.placement): four
 of eight layers offloaded to the CPU (their weights stay in CPU memory and accelerate's hooks
 copy them to the GPU for every forward, where they run) against the same model placed plainly
 on the GPU. float32, tiny-width random models built from a config (no download): greedy, a

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import engine
-from engine.core.cached_model import CachedModel
 from engine.core.forest import PAD, ROOT
+from engine.execution.cached_model import CachedModel
 from engine.run.models import load_pair, model_from_config, tiny_config
 from tests.forests import path_tokens
 

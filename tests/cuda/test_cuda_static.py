@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import engine
-from engine.core import static_kv
-from engine.core.cached_model import CachedModel
 from engine.core.forest import PAD
+from engine.execution import static_kv
+from engine.execution.cached_model import CachedModel
 from engine.run.models import load_pair
 from tests.cuda.test_cuda_exactness import (
     DTYPES,
@@ -97,7 +97,7 @@ def test_beam_methods_equal_generate_num_beams_on_every_path(kv, dtype):
 def test_every_captured_shape_is_a_cuda_graph_and_a_long_run_grows_its_buffer(monkeypatch):
     monkeypatch.setenv("SPECVIZ_KV", "captured")
     monkeypatch.setattr(static_kv, "MIN_SLOTS", 64)
-    monkeypatch.setattr("engine.core.cached_model.RESERVE", 0)
+    monkeypatch.setattr("engine.execution.cached_model.RESERVE", 0)
     target = cuda_model("llama", torch.float32)
     pair = load_pair(target=target, draft="early-exit:2", device="cuda")
     prompt = [3, 4, 5, 6]

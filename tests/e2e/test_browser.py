@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.trace import RunTrace
+from engine.contract.trace import RunTrace
 from tests.ui.helpers import launch_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning"),

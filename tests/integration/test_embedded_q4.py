@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import engine
-from engine.core import layout
-from engine.core.packed4 import GROUP, Packed4Linear, Packed8Linear
+from engine.kernels import layout
+from engine.kernels.packed4 import GROUP, Packed4Linear, Packed8Linear
 from tests.oracles import qmm_error_bound
 
 pytestmark = pytest.mark.embedded
@@ -26,7 +26,7 @@ N = 40
 # each block of 32)
 MAX_REL_ERROR = 1e-4
 # The packed model's logits do not move with the shape of a forward: each packed product
-# depends on its own row alone (qmm) and so does its attention (engine/core/rowattn.py), so
+# depends on its own row alone (qmm) and so does its attention (engine/kernels/rowattn.py), so
 # generate()'s one-token steps, one forward over the whole sequence and the engine's verify
 # forwards give a token the same bits. (With torch's attention they differ by up to 0.0055:
 # the rounding of every packed layer's input to 16 bits turns a float-order difference of the

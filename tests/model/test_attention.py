@@ -1,4 +1,4 @@
-"""engine.core.attention: the grouped-query attention of compiled steps equals transformers'
+"""engine.kernels.attention: the grouped-query attention of compiled steps equals transformers'
 sdpa attention (which repeats every key/value head), eager forwards keep sdpa's bits (several
 rows on a CPU without repeating a head), and only a model on sdpa is switched to it."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engine.core import attention
+from engine.kernels import attention
 from tests.conftest import tiny_pair
 
 
@@ -108,7 +108,7 @@ def _stock() -> torch.nn.Module:
 
 
 def test_every_model_the_engine_runs_on_a_cpu_gets_it_with_the_same_logits():
-    from engine.core.cached_model import CachedModel
+    from engine.execution.cached_model import CachedModel
 
     stock, ours = _stock(), _stock()
     CachedModel(ours)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from engine.beams.search import BeamConfig
+from engine.contract.trace import STATUSES, RunTrace
 from engine.core.sampling import Warp, make_generator
-from engine.core.trace import STATUSES, RunTrace
 from engine.run.api import generate, make_decoder
 from engine.run.models import load_pair, model_from_config, tiny_config
 from engine.verify.enumerate import enumerate_outcomes

@@ -26,8 +26,8 @@ from engine.beams.search import (
     finalize,
     init_beams,
 )
-from engine.core.cached_model import cache_kwarg
 from engine.core.sampling import Warp, make_generator
+from engine.execution.cached_model import cache_kwarg
 from tests.oracles import naive_beam_search, run_beam_sampling
 
 VOCAB = 48

@@ -10,8 +10,8 @@ import pytest
 
 import engine.bench.set_runner as runner
 from engine.bench.set_runner import SetSettings, plan_set, run_set
+from engine.contract.trace import ACCEPTED
 from engine.core.errors import ConfigError
-from engine.core.trace import ACCEPTED
 from tests.conftest import tiny_pair
 
 PROMPTS = [{"id": "c1", "category": "chat", "prompt": "hello hello hello"},

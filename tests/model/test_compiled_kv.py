@@ -1,4 +1,4 @@
-"""The compiled path (``SPECVIZ_KV=compiled``, engine.core.static_kv): on a CPU the captured
+"""The compiled path (``SPECVIZ_KV=compiled``, engine.execution.static_kv): on a CPU the captured
 path's fixed-shape steps compiled by inductor. Its runs equal generate() at temperature 0 and
 draw the dynamic path's tokens under the same seed on a tiny model; forwards of more tokens
 than a compiled step takes, and a drafter fed embeddings, run on the static path; a step
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import engine
-from engine.core import static_kv
-from engine.core.cached_model import RESERVE, CachedModel
 from engine.core.forest import ROOT
+from engine.execution import static_kv
+from engine.execution.cached_model import RESERVE, CachedModel
 from tests.conftest import tiny_pair
 
 pytestmark = pytest.mark.slow  # each step shape compiles (seconds on a tiny model)
@@ -61,8 +61,8 @@ def test_a_compiled_model_leases_the_static_paths_buffers(compiled):
 
 
 def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled, monkeypatch):
-    from engine.core import qmm
-    from engine.core.packed4 import quantize_linears
+    from engine.kernels import qmm
+    from engine.kernels.packed4 import quantize_linears
 
     plain = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # two layers: quick to compile
     prompt = [3, 4, 5, 6, 3, 4, 5]
@@ -94,7 +94,7 @@ def test_a_packed_targets_compiled_step_gives_a_token_the_same_bits_alone_or_in_
     token's final hidden states are the same bits whether a compiled step feeds it alone or
     in a chain of five, with one beam row or two (with grouped attention traced instead, some
     differ in the last bit)."""
-    from engine.core.packed4 import quantize_linears
+    from engine.kernels.packed4 import quantize_linears
 
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
     quantize_linears(pair.target.model, bits)
@@ -149,12 +149,12 @@ def _eager_and_compiled_hidden(pair, monkeypatch, rows: int) -> tuple[list, list
 @pytest.mark.parametrize("bits,rows", [(16, 1), (8, 2)])
 def test_a_packed_targets_compiled_step_gives_every_token_the_eager_steps_bits(
         monkeypatch, bits, rows):
-    """RMSNorm and the rotary cos / sin traced as ops (engine.core.eager_bits) with the
+    """RMSNorm and the rotary cos / sin traced as ops (engine.kernels.eager_bits) with the
     stock modules' ATen operations: what inductor still fuses rounds as eager does, so a
     compiled step's hidden states are the eager step's, bit for bit. Negative control:
     with the norms and the rotary traced by inductor, some differ."""
-    from engine.core import cached_model
-    from engine.core.packed4 import quantize_linears
+    from engine.execution import cached_model
+    from engine.kernels.packed4 import quantize_linears
 
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3, hidden_size=128,
                      intermediate_size=256)
@@ -172,9 +172,9 @@ def test_a_packed_targets_compiled_step_gives_every_token_the_eager_steps_bits(
 
 def test_a_target_at_8_bit_activations_runs_its_compiled_steps_and_keeps_its_greedys_tokens(
         compiled):
-    """A compiled step has the eager step's bits (engine.core.eager_bits), so a compiled run
+    """A compiled step has the eager step's bits (engine.kernels.eager_bits), so a compiled run
     equals generate()'s tokens, and a compiled speculative run its greedy's."""
-    from engine.core.packed4 import quantize_linears
+    from engine.kernels.packed4 import quantize_linears
 
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
     assert quantize_linears(pair.target.model, 8) == 2 * 7
@@ -194,8 +194,8 @@ def test_without_rowattns_kernel_a_target_at_8_bit_activations_runs_static(compi
                                                                            monkeypatch):
     """Its compiled step would not be row-invariant (attention traced by inductor), and
     8-bit roundings turn that into token changes: the static path's eager steps instead."""
-    from engine.core import rowattn
-    from engine.core.packed4 import quantize_linears, set_activation_bits
+    from engine.kernels import rowattn
+    from engine.kernels.packed4 import quantize_linears, set_activation_bits
 
     monkeypatch.setattr(rowattn, "library", lambda: None)
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
@@ -252,7 +252,7 @@ def test_a_view_holds_the_rows_real_slots_in_a_power_of_two():
 
 
 def _packed_pair(bits: int = 8):
-    from engine.core.packed4 import quantize_linears
+    from engine.kernels.packed4 import quantize_linears
 
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
     quantize_linears(pair.target.model, bits)
@@ -275,7 +275,7 @@ def test_a_deferring_thread_runs_a_shape_not_made_yet_static_until_a_warm_up_mak
     """The app's model thread never compiles (static_kv.POLICY.deferred): a step whose
     shape is not made runs static, with the same bits; warming (another thread in the app)
     makes the common shapes in its own buffers, which later runs then take."""
-    from engine.core.cached_model import warm_shapes, warming
+    from engine.execution.cached_model import warm_shapes, warming
 
     monkeypatch.delenv("SPECVIZ_KV", raising=False)
     monkeypatch.setattr(static_kv.POLICY, "packed", True)  # as the app sets it

@@ -1,4 +1,4 @@
-"""A target placed over devices with accelerate's device map (engine.core.placement), on the
+"""A target placed over devices with accelerate's device map (engine.execution.placement), on the
 CPU with tiny models built from a config: a JSON map that keeps layers 0 and 3 in memory and
 offloads layers 1 and 2 to the disk (accelerate's offload hooks load their weights for every
 forward); greedy, token and beam methods through the engine give the tokens (and beam scores)
@@ -17,8 +17,8 @@ from accelerate import dispatch_model
 from accelerate.utils import has_offloaded_params
 
 import engine
-from engine.core import placement
 from engine.core.errors import ConfigError
+from engine.execution import placement
 from engine.run.models import load_pair, model_from_config, tiny_config
 
 VOCAB, LAYERS = 64, 4

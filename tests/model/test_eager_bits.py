@@ -1,4 +1,4 @@
-"""engine.core.eager_bits: the ops a compiled step traces in place of RMSNorm and the rotary
+"""engine.kernels.eager_bits: the ops a compiled step traces in place of RMSNorm and the rotary
 embedding compute the stock modules' bits (Python and C++ kernels alike), for every supported
 family; swapped modules run their stock forward eagerly."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core import eager_bits, qmm
+from engine.kernels import eager_bits, qmm
 from engine.run.models import model_from_config, tiny_config
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")

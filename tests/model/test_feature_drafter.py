@@ -11,7 +11,6 @@ import torch
 
 import engine
 from engine.cli import main
-from engine.core.cached_model import Scored
 from engine.core.errors import ConfigError
 from engine.drafters.feature import (
     FeatureDrafter,
@@ -21,6 +20,7 @@ from engine.drafters.feature import (
     load_feature,
     save_feature,
 )
+from engine.execution.cached_model import Scored
 from engine.run.specs import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.cached_model import CachedModel, _select, check_supported
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import PAD, ROOT
+from engine.execution.cached_model import CachedModel, _select, check_supported
 from engine.run.models import model_from_config, tiny_config
 from tests.forests import PROMPTS, TREES, path_tokens
 

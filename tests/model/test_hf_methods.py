@@ -14,8 +14,8 @@ import torch
 import engine
 from engine.bench.interleaved import Case, measure_run
 from engine.check.run import run_check
+from engine.contract.trace import ACCEPTED, BONUS, RESAMPLED
 from engine.core.errors import ConfigError
-from engine.core.trace import ACCEPTED, BONUS, RESAMPLED
 from engine.run.api import make_decoder
 from engine.run.hf_run import HfRun, assistant_of
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import engine
+from engine.contract.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, RESAMPLED
 from engine.core.errors import ConfigError
-from engine.core.trace import ACCEPTED, BONUS, NOT_REACHED, REJECTED, RESAMPLED
 from engine.run.models import model_from_config, tiny_config
 
 PROMPT = [5, 9, 14, 5, 9, 14, 5, 9, 22, 31]  # repeats, so prompt lookup finds matches

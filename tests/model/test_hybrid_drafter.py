@@ -11,10 +11,10 @@ import torch
 import engine
 import engine.drafters.feature
 import engine.drafters.hybrid
-from engine.core.cached_model import CachedModel
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.drafters.ngram import ngram_law, support
+from engine.execution.cached_model import CachedModel
 from engine.run.specs import parse_model_spec
 from tests.conftest import tiny_pair
 from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
@@ -251,8 +251,8 @@ def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(monkeypatch
     model this small is packed only with the size floor lowered)."""
     from torch import nn
 
-    import engine.core.layout as layout
-    from engine.core.layout import SMALL_ROWS, _can_pack, layout_for, packed_active
+    import engine.kernels.layout as layout
+    from engine.kernels.layout import SMALL_ROWS, _can_pack, layout_for, packed_active
 
     if not _can_pack():
         pytest.skip("this torch has no oneDNN")

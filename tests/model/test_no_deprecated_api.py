@@ -37,7 +37,7 @@ def test_every_drafter_runs_without_a_deprecation_warning(draft):
 
 
 def test_the_strict_runner_fails_on_the_deprecated_cache_keyword(monkeypatch):
-    from engine.core import cached_model
+    from engine.execution import cached_model
 
     monkeypatch.setattr(cached_model, "cache_kwarg",
                         lambda module, cache: {"past_key_values": cache})

@@ -1,4 +1,4 @@
-"""4-bit packed linears (engine.core.packed4) on a tiny llama written as a GGUF (Q4_1 linears,
+"""4-bit packed linears (engine.kernels.packed4) on a tiny llama written as a GGUF (Q4_1 linears,
 a Q8_0 head): lossless packing, the 16-bit activations' bound, row independence, the engine's greedy
 on the packed model, refusals."""
 
@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 import engine
-from engine.core import layout
 from engine.core.errors import ConfigError
-from engine.core.packed4 import (
+from engine.execution.placement import unhooked_copy
+from engine.kernels import layout
+from engine.kernels.packed4 import (
     GROUP,
     Packed4Linear,
     Packed8Linear,
@@ -20,7 +21,6 @@ from engine.core.packed4 import (
     quantize_q4_1,
     unpack_linears,
 )
-from engine.core.placement import unhooked_copy
 from engine.run.models import load_model, model_from_config, tiny_config
 from engine.run.specs import default_draft, parse_model_spec
 from tests.gguf_tiny import load_packed, write_gguf
@@ -196,13 +196,13 @@ def test_embedded_q4_a8_is_another_target_with_8_bit_activations_and_its_own_pre
 
 
 def test_a_drafters_own_packed_layers_take_the_targets_activation_width(packed_head):
-    from engine.core.packed4 import (
+    from engine.drafters.early_exit import ShortlistHead
+    from engine.kernels.packed4 import (
         Packed8Linear,
         activation_bits,
         quantize_linears,
         set_activation_bits,
     )
-    from engine.drafters.early_exit import ShortlistHead
 
     model, _ = packed_head
     head = model.get_output_embeddings()
@@ -298,7 +298,7 @@ def test_a_shortlisted_head_over_a_packed_head_runs_its_rows_in_4_bits(packed_he
 
 
 def test_a_q8_0_head_whose_scales_overflow_fp16_times_128_is_refused_in_one_line():
-    from engine.core.packed4 import Q8Blocks
+    from engine.kernels.packed4 import Q8Blocks
 
     q = torch.ones(16, GROUP, dtype=torch.int8)  # (out, in)
     d = torch.full((16, 1), 1000.0).half()  # -128 d = -128000: beyond fp16
@@ -307,7 +307,7 @@ def test_a_q8_0_head_whose_scales_overflow_fp16_times_128_is_refused_in_one_line
 
 
 def test_quantize_linears_swaps_the_linears_inside_a_module_not_the_module_itself():
-    from engine.core.packed4 import quantize_linears
+    from engine.kernels.packed4 import quantize_linears
 
     block = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16))  # 16 inputs: kept
     assert quantize_linears(block) == 1

@@ -1,5 +1,5 @@
 """End to end on a packed target: sampling methods reproduce the law of 3-token continuations
-of a vocab-8 llama whose linears are Q4_1 blocks run by the 4-bit kernel (engine.core.qmm).
+of a vocab-8 llama whose linears are Q4_1 blocks run by the 4-bit kernel (engine.kernels.qmm).
 
 The packed model is its own target: its law p is enumerated through its own forward
 (tests/laws.py), and the chi-square test and its size N (a power calculation, tests/stats.py)
@@ -16,7 +16,7 @@ import pytest
 import engine
 import engine.methods.token as token_method
 import engine.verify.token as token_rules
-from engine.core.packed4 import Packed4Linear
+from engine.kernels.packed4 import Packed4Linear
 from engine.run.models import model_from_config, tiny_config
 from tests.gguf_tiny import load_packed, write_gguf
 from tests.laws import V, exact_law, sample_counts, tiny_model

@@ -1,4 +1,4 @@
-"""The exactness checks on oneDNN-packed weights (engine.core.layout).
+"""The exactness checks on oneDNN-packed weights (engine.kernels.layout).
 
 A toy model (under PACK_MIN_BYTES of linear weight) runs stock, so the other model tests take
 the stock path. Here the floor is lowered: the tiny models get packed copies, forwards of
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-import engine.core.layout as layout
-from engine.core.layout import LayoutRule, _can_pack, _packed_weight
+import engine.kernels.layout as layout
+from engine.kernels.layout import LayoutRule, _can_pack, _packed_weight
 from engine.run.api import generate
 from engine.run.models import load_pair, model_from_config, tiny_config
 from tests.model.test_beam_methods import assert_same_beams, hf_beams, prompt, set_generation

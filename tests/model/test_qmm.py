@@ -1,4 +1,4 @@
-"""engine.core.qmm, the 4-bit x 16-bit kernel of the packed target: its layout round-trips,
+"""engine.kernels.qmm, the 4-bit x 16-bit kernel of the packed target: its layout round-trips,
 the C build equals the torch reference, every code path of qmm.c gives the same bits, a row's
 output depends on its row alone, and the op is fit for torch.compile."""
 
@@ -9,7 +9,7 @@ import platform
 import pytest
 import torch
 
-from engine.core import qmm
+from engine.kernels import qmm
 
 
 def _weight(n: int, k: int, seed: int):
@@ -165,7 +165,7 @@ def test_the_custom_op_passes_torchs_op_check(packed):
 
 
 def test_a_packed_layer_compiled_by_inductor_gives_the_eager_bits():
-    from engine.core.packed4 import Packed4Linear, quantize_q4_1
+    from engine.kernels.packed4 import Packed4Linear, quantize_q4_1
 
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))  # (out, in)
     layer = Packed4Linear(quantize_q4_1(w), bias=torch.zeros(32))

@@ -1,4 +1,4 @@
-"""engine.core.rowattn, the attention of a packed target: it equals a float64 attention, every
+"""engine.kernels.rowattn, the attention of a packed target: it equals a float64 attention, every
 code path of rowattn.c gives the same bits, a row's output depends on its own query and the
 slots it may see alone, and with it a packed model's logits are the same bits however its
 tokens are fed (alone, in one forward, in a draft tree)."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import engine
-from engine.core import attention, rowattn
+from engine.kernels import attention, rowattn
 from engine.run.models import model_from_config, tiny_config
 from tests.gguf_tiny import load_packed, write_gguf
 
@@ -174,12 +174,12 @@ def test_the_op_a_compiled_step_calls_gives_the_kernels_bits_and_declares_its_sh
 
 
 def test_the_ops_cpp_kernel_gives_the_python_kernels_bits_for_every_input_form(lib):
-    """The op's C++ kernel (engine/core/ops.cpp, loaded by qmm.native_op) against attend,
+    """The op's C++ kernel (engine/kernels/ops.cpp, loaded by qmm.native_op) against attend,
     the Python kernel: strided query, key and value views, a mask cut to the slots, one that
     broadcasts over rows and queries, a double mask made fp32, a non-contiguous one;
     and one clear error for a misfit. A wrong stride or a mask read past its slots would
     differ."""
-    from engine.core import qmm
+    from engine.kernels import qmm
 
     assert qmm.native_op() is not None
     assert torch._C._dispatch_has_kernel_for_dispatch_key("specviz::rowattn", "CPU")  # C++
@@ -361,8 +361,8 @@ def test_masks_of_other_shapes_broadcast_or_go_to_torchs_attention(lib, monkeypa
 def test_a_draft_trees_nodes_get_the_bits_of_the_chains_they_stand_for(tmp_path):
     """Through the engine's runner and its masks: siblings and a grandchild fed as one forest
     equal the same tokens fed as chains."""
-    from engine.core.cached_model import CachedModel
     from engine.core.forest import ROOT
+    from engine.execution.cached_model import CachedModel
 
     model = _packed_tiny(tmp_path)
     engine.load_pair(target=model, draft="", device="cpu")

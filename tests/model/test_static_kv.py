@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import engine
-from engine.core import static_kv
-from engine.core.cached_model import CachedModel
+from engine.contract.trace import RunTrace
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT
-from engine.core.trace import RunTrace
+from engine.execution import static_kv
+from engine.execution.cached_model import CachedModel
 from engine.run.api import make_decoder
 from engine.run.models import model_from_config, tiny_config
 from tests.conftest import tiny_pair
@@ -182,7 +182,7 @@ def test_a_shape_that_fails_to_capture_runs_eager_and_says_why(monkeypatch, capl
 def test_a_run_longer_than_its_buffer_moves_to_a_larger_one(kv, monkeypatch):
     monkeypatch.setattr(static_kv, "MIN_SLOTS", 16)
     monkeypatch.setattr(static_kv, "SPARE_SLOTS", 4)
-    monkeypatch.setattr("engine.core.cached_model.RESERVE", 0)
+    monkeypatch.setattr("engine.execution.cached_model.RESERVE", 0)
     pair = tiny_pair(draft="early-exit")
     prompt = [3, 4, 5, 6]
     trace = engine.generate(pair, prompt, "sd", gamma=3, max_new_tokens=40)

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 import engine
-from engine.core.trace import ACCEPTED, ORIGIN_ACCEPTED
+from engine.contract.trace import ACCEPTED, ORIGIN_ACCEPTED
 from specviz import forest_view, round_panel, text_view
 from specviz.figures import round_counts
 from tests.conftest import tiny_pair
@@ -35,7 +35,7 @@ def traces():
 
 def _drawn(fig) -> Counter:
     """Nodes the figure draws per status (its status traces' markers)."""
-    names = set(engine.core.trace.STATUSES)
+    names = set(engine.contract.trace.STATUSES)
     return Counter({t.name: sum(x is not None for x in t.x) for t in fig.data
                     if t.name in names and any(x is not None for x in t.x)})
 

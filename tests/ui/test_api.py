@@ -15,7 +15,7 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
 from engine import METHODS
-from engine.core.trace import RunTrace
+from engine.contract.trace import RunTrace
 from specviz.render import OUTPUTS
 from tests.ui.helpers import TINY
 

@@ -10,7 +10,7 @@ import torch
 from gradio_client.exceptions import AppError
 from transformers import GenerationMixin
 
-from engine.core import threads
+from engine.kernels import threads
 from specviz import pairs, streaming, warmup
 from specviz.render import OUTPUTS
 from specviz.worker import WORKER
@@ -91,8 +91,8 @@ def test_a_packed_pair_compiles_its_steps_on_a_thread_of_its_own_while_runs_go_o
     thread, the model thread serves runs meanwhile (static steps, the same tokens), and the
     status line counts the shapes until the last, then says nothing."""
     import engine
-    from engine.core import static_kv
-    from engine.core.packed4 import quantize_linears
+    from engine.execution import static_kv
+    from engine.kernels.packed4 import quantize_linears
     from specviz import ui
     from tests.conftest import tiny_pair
 

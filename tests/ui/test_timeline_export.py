@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.core.trace import RunTrace
+from engine.contract.trace import RunTrace
 from tests.ui.helpers import TINY
 from tests.unit.test_timeline import check_trace_event_format
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.beams.match import layer_reason, match_step, strict_reason
-from engine.core.trace import BeamStep, DraftMatch, TargetBeam
+from engine.contract.trace import BeamStep, DraftMatch, TargetBeam
 
 ROOTS = [(0, -1), (1, -1)]  # two rows, step 1: the parents are the rows' roots
 JOINT = torch.tensor([[-1.0, -2.0, -0.5, -3.0],

@@ -20,8 +20,8 @@ from engine.bench.set_summary import (
     undrafted_rounds,
 )
 from engine.bench.sets import SetPrompt, parse_set, read_set, select_prompts
+from engine.contract.trace import CommittedToken, RoundTrace
 from engine.core.errors import ConfigError
-from engine.core.trace import CommittedToken, RoundTrace
 
 
 def _round(i: int, drafted: int, accepted: int, committed: int) -> RoundTrace:

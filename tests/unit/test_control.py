@@ -10,6 +10,8 @@ from dataclasses import asdict, fields, replace
 import pytest
 import torch
 
+from engine.contract.records import ControllerState
+from engine.contract.trace import _build
 from engine.control.controllers import (
     CONTROL_PARAMS,
     BetaTSController,
@@ -35,9 +37,7 @@ from engine.control.posterior import (
 )
 from engine.core.config import layered, validate_params
 from engine.core.errors import ConfigError
-from engine.core.records import ControllerState
 from engine.core.sampling import TorchChooser, make_generator
-from engine.core.trace import _build
 from engine.methods import METHODS
 from tests.choosers import ScriptedChooser
 

@@ -234,7 +234,7 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
     round of the calibration decode: 2 draft calls, 2 drafted nodes, 0.03 s propose, 0.125 s
     score, 0.02 s verify + commit. Then 2 c_draft + c_verify(2) = the round's 0.175 s over P,
     whatever part of it the forward curve explains."""
-    from engine.core.trace import NodeTrace, RoundTrace
+    from engine.contract.trace import NodeTrace, RoundTrace
     from engine.run.profile import round_costs
 
     nodes = (NodeTrace(0, -1, 0, 1, 5, "a", 0.5, 0.5, "accepted"),

@@ -6,8 +6,7 @@ import pytest
 
 import engine
 from engine.cli.cost_text import cost_sentence
-from engine.control.cost import CostProfile
-from engine.core.trace import (
+from engine.contract.trace import (
     ACCEPTED,
     BONUS,
     REJECTED,
@@ -17,6 +16,7 @@ from engine.core.trace import (
     NodeTrace,
     RoundTrace,
 )
+from engine.control.cost import CostProfile
 from engine.run import costs
 from engine.run.api import plain_step_s
 from tests.conftest import tiny_pair

@@ -8,9 +8,8 @@ import math
 import pytest
 
 from engine.analysis.diagnosis import Bin, Diagnosis, diagnose, entropy
-from engine.core.paths import ASSETS
-from engine.core.records import ControllerState
-from engine.core.trace import (
+from engine.contract.records import ControllerState
+from engine.contract.trace import (
     ACCEPTED,
     BONUS,
     REJECTED,
@@ -23,6 +22,7 @@ from engine.core.trace import (
     TestRecord,
     TopK,
 )
+from engine.core.paths import ASSETS
 from specviz import diagnosis_view as dv
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.cached_model import Scored
 from engine.drafters.feature import committed_features, previous_features
+from engine.execution.cached_model import Scored
 
 
 def _feats(*values: float) -> torch.Tensor:

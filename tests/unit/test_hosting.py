@@ -44,7 +44,7 @@ def test_the_default_target_is_the_gguf_as_shipped_on_a_cpu_and_fp32_on_cuda():
 
 
 def test_a_cpu_whose_packed_kernel_does_not_build_defaults_to_the_fp32_model(monkeypatch):
-    from engine.core import qmm
+    from engine.kernels import qmm
     from engine.run.models import default_target
 
     assert default_target("cpu") == "embedded-q4:a8"

@@ -1,4 +1,4 @@
-"""engine.core.layout: a CPU model's linear modules run through their oneDNN-packed copies only
+"""engine.kernels.layout: a CPU model's linear modules run through their oneDNN-packed copies only
 inside forwards whose row count the machine's rule sends that way, give the stock logits (rows
 padded to SMALL_ROWS and the padding dropped), and the stock forward is back afterwards; the
 rule is the cheapest measured path per row count."""
@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-import engine.core.layout as layout
-from engine.core.layout import (
+import engine.kernels.layout as layout
+from engine.drafters.early_exit import ShortlistHead
+from engine.kernels.layout import (
     SMALL_ROWS,
     LayoutRule,
     _can_pack,
@@ -20,7 +21,6 @@ from engine.core.layout import (
     packed_active,
     prepare,
 )
-from engine.drafters.early_exit import ShortlistHead
 from engine.run.models import model_from_config, tiny_config
 
 pytestmark = pytest.mark.skipif(not _can_pack(), reason="this torch has no oneDNN")
@@ -110,7 +110,7 @@ def test_few_row_forwards_are_padded_and_give_the_stock_logits(tokens):
 
 
 def test_a_padded_product_keeps_each_row_and_drops_the_padding():
-    from engine.core import layout
+    from engine.kernels import layout
 
     w, b = torch.randn(7, 5), torch.randn(7)
     packed = torch.ops.mkldnn._reorder_linear_weight(w, layout.PACK_HINT)
@@ -124,7 +124,7 @@ def test_a_padded_product_keeps_each_row_and_drops_the_padding():
 
 def test_a_packed_forward_with_a_wrong_copy_would_differ():
     """Negative control: the comparison above sees the packed path (a corrupted copy shows)."""
-    from engine.core import layout
+    from engine.kernels import layout
 
     model = _tiny()
     for lin in _linears(model):  # every decoder linear's packed copy scaled by 2

@@ -18,8 +18,8 @@ from engine.analysis.replay import (
     simulate,
     standing,
 )
+from engine.contract.trace import ACCEPTED, REJECTED, NodeTrace, RoundTrace, TestRecord
 from engine.control.cost import CostProfile
-from engine.core.trace import ACCEPTED, REJECTED, NodeTrace, RoundTrace, TestRecord
 
 UNIT = CostProfile("unit", 0.25, ((0, 1.0), (8, 2.0)), c_round=0.1)
 

@@ -6,8 +6,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from engine.core.records import RunSummary
-from engine.core.trace import RoundTrace, summarize
+from engine.contract.records import RunSummary
+from engine.contract.trace import RoundTrace, summarize
 
 CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from engine.core.trace import RunTrace
+from engine.contract.trace import RunTrace
 from specviz import share_page
 from specviz.state import DEMO_TRACE
 

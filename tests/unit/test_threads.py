@@ -1,4 +1,4 @@
-"""The thread rule shared by the CLI and the app (engine.core.threads): SPECVIZ_THREADS wins;
+"""The thread rule shared by the CLI and the app (engine.kernels.threads): SPECVIZ_THREADS wins;
 else the faster of one thread and every usable core, measured."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core import threads
 from engine.core.errors import ConfigError
+from engine.kernels import threads
 
 
 def test_the_environment_variable_wins_and_is_checked(monkeypatch):

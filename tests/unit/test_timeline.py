@@ -8,8 +8,8 @@ from numbers import Real
 import pytest
 
 from engine.analysis.timeline import STEPS, step_name, timeline
+from engine.contract.trace import RunTrace
 from engine.core.paths import ASSETS
-from engine.core.trace import RunTrace
 
 DEMO = ASSETS / "demo_trace.json"
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli.cost_text import cost_sentence
-from engine.core.errors import TraceError
-from engine.core.records import (
+from engine.contract.records import (
     ControllerState,
     CostRecord,
     DepthPosteriorState,
@@ -21,7 +20,7 @@ from engine.core.records import (
     SwitchPlan,
     WidthDecision,
 )
-from engine.core.trace import (
+from engine.contract.trace import (
     ACCEPTED,
     BONUS,
     BeamStep,
@@ -36,6 +35,7 @@ from engine.core.trace import (
     TopK,
     summarize,
 )
+from engine.core.errors import TraceError
 
 COST = CostRecord(kind="chain", width=1, t_step_s=0.1, rounds_used=3, measured_speedup=1.2,
                   predicted_speedup=1.5, efficiency=0.8, c_draft=0.2, c_verify=1.1,

@@ -223,7 +223,7 @@ def _held_bytes(text: str):
     """(trace, bytes of Python objects the parsed trace holds)."""
     import tracemalloc
 
-    from engine.core.trace import RunTrace
+    from engine.contract.trace import RunTrace
 
     gc.collect()
     tracing = tracemalloc.is_tracing()

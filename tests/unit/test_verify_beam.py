@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from engine.contract.trace import ACCEPTED, BONUS, RESAMPLED, TARGET
 from engine.core.sampling import make_generator
-from engine.core.trace import ACCEPTED, BONUS, RESAMPLED, TARGET
 from engine.verify.beam import (
     acceptance_alphas,
     bonus_layer,

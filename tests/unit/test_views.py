@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine.core.errors import ConfigError
-from engine.core.records import (
+from engine.contract.records import (
     ControllerState,
     CostRecord,
     DepthPosteriorState,
@@ -21,7 +20,7 @@ from engine.core.records import (
     SwitchPlan,
     WidthDecision,
 )
-from engine.core.trace import (
+from engine.contract.trace import (
     STATUSES,
     BeamStep,
     BeamTrace,
@@ -33,6 +32,7 @@ from engine.core.trace import (
     TargetBeam,
     TestRecord,
 )
+from engine.core.errors import ConfigError
 from specviz import charts, forest_view, round_panel, text_view
 from specviz.render import OUTPUTS, render
 from specviz.state import DEMO_TRACE, SessionState, demo_state

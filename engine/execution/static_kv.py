@@ -1,4 +1,5 @@
-"""Static-shape KV storage and captured steps for :class:`~engine.core.cached_model.CachedModel`.
+"""Static-shape KV storage and captured steps for
+:class:`~engine.execution.cached_model.CachedModel`.
 
 Three execution paths serve a forward (``SPECVIZ_KV`` picks one; :func:`kv_mode` holds the
 measured rule):
@@ -25,7 +26,7 @@ measured rule):
   step multiplies through qmm's op and attends through rowattn's, both opaque to inductor, and
   what inductor fuses around them stays within one token's row, so a token's bits do not depend
   on the step's shape; its RMSNorms and rotary cos / sin are traced as ops too
-  (:mod:`engine.core.eager_bits`), so what inductor still fuses rounds as eager does and a
+  (:mod:`engine.kernels.eager_bits`), so what inductor still fuses rounds as eager does and a
   compiled step gives every token the eager step's bits (tests/model/test_compiled_kv.py);
   a packed model at 8-bit activations
   whose attention is not rowattn's (the kernel does not build, or the model is not on sdpa)
@@ -66,10 +67,10 @@ from weakref import WeakKeyDictionary
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from engine.core import qmm
 from engine.core.errors import ConfigError
-from engine.core.packed4 import is_packed
-from engine.core.placement import is_placed
+from engine.execution.placement import is_placed
+from engine.kernels import qmm
+from engine.kernels.packed4 import is_packed
 
 LOG = logging.getLogger(__name__)
 Forward = Callable[[dict], torch.Tensor]  # inputs -> (W, q, d) last hidden states
@@ -97,7 +98,7 @@ class CompilePolicy:
     compiled step whose shape is not compiled yet runs on the static path instead of
     compiling on the spot (the app's model thread, so no Run waits for a compile: its
     warm-up compiles under :func:`compiling`); the bits are the same either way for a packed
-    model (engine.core.eager_bits)."""
+    model (engine.kernels.eager_bits)."""
 
     def __init__(self) -> None:
         self.packed = False

@@ -14,7 +14,7 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
 - :meth:`commit` keeps, per new row, the prefix of a parent row plus the fed slots of the
   kept path (one index_select over row, head and slot), and reorders or duplicates rows.
 
-The KV storage is one of four paths (:mod:`engine.core.static_kv`): transformers'
+The KV storage is one of four paths (:mod:`engine.execution.static_kv`): transformers'
 ``DynamicCache`` (``dynamic``), preallocated buffers written in place (``static``), those
 buffers with every step replayed from a captured CUDA graph (``captured``), or, on a CPU, with
 every step compiled by inductor (``compiled``). The slot layout,
@@ -35,13 +35,14 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from engine.core import attention, eager_bits, static_kv
 from engine.core.errors import UnsupportedModelError
 from engine.core.forest import ROOT
 from engine.core.forest import SHARED as SHARED_BUFFERS
-from engine.core.layout import head_logits, layout_for
-from engine.core.packed4 import activation_bits, is_packed
-from engine.core.placement import input_device
+from engine.execution import static_kv
+from engine.execution.placement import input_device
+from engine.kernels import attention, eager_bits
+from engine.kernels.layout import head_logits, layout_for
+from engine.kernels.packed4 import activation_bits, is_packed
 
 RESERVE = 512  # slots leased beyond the prompt (a longer run moves to a larger buffer)
 # Families whose forest forward is verified against sequential decoding in tests.
@@ -130,7 +131,7 @@ class CachedModel:
             self.mode = "static"  # embeddings fed (a feature drafter): not compiled
         if self.device.type == "cpu":
             attention.use_engine_attention(model)  # no K/V copy per query head; a packed
-            # target: row-invariant attention (engine.core.attention)
+            # target: row-invariant attention (engine.kernels.attention)
         if (self.mode == "compiled" and activation_bits(model) == 8
                 and model.config._attn_implementation != attention.ROWS_NAME):
             self.mode = "static"  # without rowattn's op a compiled step is not row-invariant,

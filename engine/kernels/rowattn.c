@@ -1,7 +1,7 @@
 /* Attention whose every output row depends on that row's query and the slots its mask lets it
  * see, and on nothing else: not on the other query rows of the forward, nor on hidden slots.
- * engine/core/rowattn.py builds this file (engine/core/qmm.py's builder) and calls it for the
- * eager forwards of a packed CPU target (engine/core/attention.py).
+ * engine/kernels/rowattn.py builds this file (engine/kernels/qmm.py's builder) and calls it for the
+ * eager forwards of a packed CPU target (engine/kernels/attention.py).
  *
  * For query row i of head h (key/value head g = h / (H / KV)), over the slots j whose mask
  * value is not hidden (-inf or the lowest finite float, as the engine's masks write it):

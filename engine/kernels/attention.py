@@ -28,10 +28,10 @@ paths:
 
 So an eager forward's bits, ``generate()``'s included, are those of transformers' ``sdpa``.
 
-A packed target (engine.core.packed4: every linear product through ``qmm``, whose rows never
+A packed target (engine.kernels.packed4: every linear product through ``qmm``, whose rows never
 depend on each other) takes :data:`ROWS_NAME` instead (:func:`use_engine_attention`): its eager
 forwards in fp32 without gradients, one query row or many, with a mask or none, go to
-engine/core/rowattn.py's kernel, whose every output row depends on its own query and the slots
+engine/kernels/rowattn.py's kernel, whose every output row depends on its own query and the slots
 it may see and on nothing else; its forwards traced by torch.compile (a float 4D mask) call the
 same kernel through the op ``specviz::rowattn``, opaque to inductor; the rest as above. Then
 every part of such a forward is row-invariant, and a token's logits are the same bits whether it
@@ -50,8 +50,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from engine.core import rowattn
-from engine.core.packed4 import is_packed
+from engine.kernels import rowattn
+from engine.kernels.packed4 import is_packed
 
 NAME = "specviz_grouped"
 ROWS_NAME = "specviz_rows"

@@ -1,10 +1,10 @@
 """4-bit packed linear layers: a GGUF's Q4_1 weights kept packed in memory and multiplied by
-engine.core.qmm's 4-bit weight x 16-bit activation kernel.
+engine.kernels.qmm's 4-bit weight x 16-bit activation kernel.
 
 Q4_1 (ggml) stores each weight row in blocks of 32 input columns, 20 bytes a block: d and m
 (fp16), then 16 bytes of 4-bit q (byte j holds q_j in its low nibble and q_{j+16} in its
 high one), and w = d * q + m. :class:`Packed4Linear` keeps q, d and m exactly, rearranged into
-qmm's tiled layout (:func:`engine.core.qmm.pack`), so :meth:`Packed4Linear.dequantize` gives
+qmm's tiled layout (:func:`engine.kernels.qmm.pack`), so :meth:`Packed4Linear.dequantize` gives
 back the GGUF's dequantised weight bit for bit.
 
 The kernel quantises each row of activations per block of 32 to 16 bits (dx = max|x| / 32767)
@@ -48,8 +48,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.core import qmm
 from engine.core.errors import ConfigError
+from engine.kernels import qmm
 
 GROUP = qmm.GROUP  # Q4_1's and Q8_0's block: input columns sharing one (d, m) / one d
 BLOCK_BYTES = 20  # Q4_1: d (fp16), m (fp16), 16 bytes of packed q
@@ -135,7 +135,7 @@ def _packable_shape(name: str, q: torch.Tensor) -> tuple[int, int]:
 
 
 class Packed4Linear(nn.Module):
-    """y = x W^T (+ b) with W kept as its Q4_1 blocks in the layout of engine.core.qmm, run
+    """y = x W^T (+ b) with W kept as its Q4_1 blocks in the layout of engine.kernels.qmm, run
     by qmm's 4-bit x 16-bit kernel (module docstring)."""
 
     def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None = None):

@@ -10,13 +10,13 @@ the 18 held-out prompts (docs/benchmarks.md, "Compiled steps with the eager bits
 :func:`keep_eager_bits` gives a model's RMSNorm modules and its rotary embedding a forward
 that, only while torch.compile traces it, calls the op ``specviz::rmsnorm`` /
 ``specviz::rotary``: opaque to inductor, each computes the stock module's formula with the
-same ATen operations in the same order (their C++ kernels in engine/core/ops.cpp, loaded with
+same ATen operations in the same order (their C++ kernels in engine/kernels/ops.cpp, loaded with
 qmm.native_op; their Python kernels below are the same formula). Eagerly the modules run their
 stock forward unchanged. With qmm's products and rowattn's attention (opaque already), a
 compiled step of a packed target then gives every token the eager step's bits, so a compiled
 run's tokens equal ``generate()``'s (tests/model/test_compiled_kv.py).
 
-Applied by :class:`~engine.core.cached_model.CachedModel` to a packed model on the compiled
+Applied by :class:`~engine.execution.cached_model.CachedModel` to a packed model on the compiled
 path; the classes are swapped in place (a subclass of each stock class, made once per class),
 as packed4 swaps the linear layers.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core import qmm
+from engine.kernels import qmm
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -63,7 +63,7 @@ def _rotary_python(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: 
 
 
 # The ops torch.compile sees (opaque to inductor, as qmm's and rowattn's). Python kernels for
-# every backend; the C++ ones (engine/core/ops.cpp), once loaded, for CPU, taken first.
+# every backend; the C++ ones (engine/kernels/ops.cpp), once loaded, for CPU, taken first.
 _LIB = torch.library.Library("specviz", "FRAGMENT")
 _LIB.define("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor")
 _LIB.define("rotary(Tensor position_ids, Tensor inv_freq, float scaling, Tensor like) "

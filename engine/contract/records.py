@@ -1,7 +1,7 @@
 """Typed records a trace holds: the run's statistics and cost model, the cost switch's plan,
 a length controller's round state and a round's method-specific extras.
 
-Frozen and JSON-serialisable like the rest of the trace (engine.core.trace reads them back
+Frozen and JSON-serialisable like the rest of the trace (engine.contract.trace reads them back
 with its type-checking reader). Every field has a default: each method family fills what it
 has, and a trace written before a field existed still imports (unknown keys, such as the old
 cost ``summary`` sentence, are ignored). Numbers only: the sentences a view or the CLI shows
@@ -53,7 +53,7 @@ class CostRecord:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """Run-level statistics (engine.core.trace.RunStats.result), the wall time and, once the
+    """Run-level statistics (engine.contract.trace.RunStats.result), the wall time and, once the
     run has finished, its cost model."""
 
     rounds: int = 0

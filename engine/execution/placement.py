@@ -321,7 +321,7 @@ def unhooked_copy(module: nn.Module) -> nn.Module:
     stock layer)."""
     from accelerate.hooks import remove_hook_from_module
 
-    from engine.core.packed4 import unpack_linears
+    from engine.kernels.packed4 import unpack_linears
 
     out = copy.deepcopy(module)
     if is_placed(out):

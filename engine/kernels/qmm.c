@@ -1,6 +1,6 @@
 /* 4-bit weight, 16-bit (or 8-bit) activation matrix products for the packed CPU target.
- * engine/core/qmm.py builds this file with the machine's C compiler and loads it with ctypes;
- * engine/core/qmm.py's `reference` is the same computation in torch (the tests' oracle).
+ * engine/kernels/qmm.py builds this file with the machine's C compiler and loads it with ctypes;
+ * engine/kernels/qmm.py's `reference` is the same computation in torch (the tests' oracle).
  *
  * y[r, n] = sum_b ( dot_b(r, n) * (dw[n, b] * dx[r, b]) + mw[n, b] * sx[r, b] )
  *
@@ -16,7 +16,7 @@
  * same order, so all give the same bits; and a row's output never depends on the other rows
  * (R rows give the bits of R one-row products).
  *
- * Weight layout (engine/core/qmm.py `pack`): columns in tiles of 16; for tile t and block b,
+ * Weight layout (engine/kernels/qmm.py `pack`): columns in tiles of 16; for tile t and block b,
  * 256 bytes: four 64-byte vectors P_j (j = 0..3), P_j's byte 4 c + e holding, for column
  * 16 t + c, q[32 b + 4 j + e] in its low nibble and q[32 b + 16 + 4 j + e] in its high one.
  * So P_j's low nibbles are input group j (4 inputs) and its high nibbles group j + 4. Widened to

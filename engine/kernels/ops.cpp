@@ -1,7 +1,7 @@
-// The CPU kernels in C++ of the ops a compiled step calls (engine/core/qmm.py `native_op`):
+// The CPU kernels in C++ of the ops a compiled step calls (engine/kernels/qmm.py `native_op`):
 // specviz::qmm (qmm.c's product) and specviz::rowattn (rowattn.c's attention), both linked
 // into this library and built with their libraries' own flags (the same bits), and
-// specviz::rmsnorm / specviz::rotary (engine/core/eager_bits.py: the stock modules' ATen
+// specviz::rmsnorm / specviz::rotary (engine/kernels/eager_bits.py: the stock modules' ATen
 // operations, so a compiled step rounds as an eager one). Torch's
 // dispatcher reaches them without Python, where the ops' Python kernels pass a Python
 // function, its checks and a ctypes call: for qmm about 12 % of a compiled one-row step on an

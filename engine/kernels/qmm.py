@@ -17,7 +17,7 @@ file with; ``qmm_q4_a8``, 8-bit integer products: AVX512-VNNI's ``vpdpbusd``, AV
 ``maddubs_epi16``, about half the cost of a row past the first). Every SIMD path asks the
 weight stream into the cache some blocks ahead of the one it computes (``prefetch_block``).
 Either width gives a row the same bits whatever else the product holds, and with
-engine/core/rowattn.py's attention a packed target's forwards do too, so a speculative run
+engine/kernels/rowattn.py's attention a packed target's forwards do too, so a speculative run
 keeps its own greedy's tokens at both (with torch's attention, whose sums depend on the
 forward's shape, 8-bit rounding turns those float-order differences into token changes at near
 ties).
@@ -64,7 +64,7 @@ LEVELS8 = 127  # the same with 8-bit activations (llama.cpp's Q8_1)
 BITS = (16, 8)  # the activation widths the kernel takes (16: the packed target's)
 SOURCE = Path(__file__).with_name("qmm.c")
 OP_SOURCE = Path(__file__).with_name("ops.cpp")  # the ops' CPU kernels in C++ (native_op)
-ROWATTN_SOURCE = Path(__file__).with_name("rowattn.c")  # linked into them (engine/core/rowattn.py)
+ROWATTN_SOURCE = Path(__file__).with_name("rowattn.c")  # linked into them (rowattn.py)
 FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")  # and -march
 OPENMP = "-fopenmp"
 PATHS = {512: "avx512-vnni", 256: "avx2", 0: "c"}
@@ -157,7 +157,7 @@ def compile_native(source: Path, out: Path, march: str = "native",
                    defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The C file `source` built into the shared library `out` for `march` (with -D
     `defines`) and loaded; None (and a log line) where it does not build. Atomic: several
-    processes may build at once. (qmm.c's builder, also engine/core/rowattn.py's.)"""
+    processes may build at once. (qmm.c's builder, also engine/kernels/rowattn.py's.)"""
     cc = _cc()
     if cc is None:
         log.warning("no C compiler: %s is not built (qmm runs its torch reference, slow; the "

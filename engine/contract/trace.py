@@ -6,7 +6,7 @@ per verified step, the target's top-K beams and which drafted beams matched them
 statistics and cost model (``RunTrace.stats``), a length controller's round
 (``RoundTrace.controller``), the cost switch's plan (``RoundTrace.switch``) and the round's
 method-specific numbers (``RoundTrace.extras``, a ``RoundExtras``: DSBD width decisions, the
-confidence gate, optimal acceptance, ...) are typed records of engine.core.records; only the
+confidence gate, optimal acceptance, ...) are typed records of engine.contract.records; only the
 payloads that are free-form per method (a beam method's steps, DSBD's layers, EESD's cache
 lengths, a controller's parameters) stay JSON values. An extras dict of an older trace reads
 into a ``RoundExtras`` like any record (unknown keys ignored).
@@ -22,8 +22,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.contract.records import ControllerState, RoundExtras, RunSummary, SwitchPlan
 from engine.core.errors import TraceError
-from engine.core.records import ControllerState, RoundExtras, RunSummary, SwitchPlan
 
 # Node statuses, as drawn by the forest view.
 ACCEPTED = "accepted"
@@ -163,7 +163,7 @@ class RoundTrace:
     extras: RoundExtras = field(default_factory=RoundExtras)  # the method family's numbers
     p_top: tuple[TopK, ...] = ()  # target top-k at each committed position (beam 0)
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
-    # the KV path that served each forward of the round (engine.core.static_kv): "target:"
+    # the KV path that served each forward of the round (engine.execution.static_kv): "target:"
     # or "draft:" + dynamic / static / captured / padded; the target's forwards first, then
     # the drafter's, each in call order
     step_paths: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """Row-invariant attention on the CPU: each output row is a function of its own query and of
 the slots its mask lets it see, computed in a fixed order (rowattn.c's header has it in full).
 
-Why: with `qmm` (engine/core/qmm.py) a packed target's linear products already give a row the
+Why: with `qmm` (engine/kernels/qmm.py) a packed target's linear products already give a row the
 same bits whatever else the forward holds; torch's attention kernels do not (a verify forward
 of several rows and a one-row step block their sums differently), and those float-order
 differences are what makes a packed target's logits differ between forward shapes (by up to
@@ -10,15 +10,15 @@ same logits whether it is fed alone, in a chain or in a draft tree (tests/model/
 so an eager speculative run's tokens equal its own greedy's and generate()'s by construction.
 A compiled step (SPECVIZ_KV=compiled) calls the kernel through the op ``specviz::rowattn``,
 opaque to inductor as qmm's products are (its first call loads the ops' C++ kernels,
-engine/core/ops.cpp, with qmm.native_op: later calls skip Python), so the compiled path of a
+engine/kernels/ops.cpp, with qmm.native_op: later calls skip Python), so the compiled path of a
 packed target is row-invariant as well (tests/model/test_compiled_kv.py), and with its norms
-and rotary traced as ops (engine/core/eager_bits.py) it gives every token the eager path's
+and rotary traced as ops (engine/kernels/eager_bits.py) it gives every token the eager path's
 bits.
 
 rowattn.c is built like qmm.c (qmm.compile_native: the machine's C compiler, -march=native,
 cached per source, flags and CPU) and called through ctypes; :func:`reference` is the same
 sums in float64 (the tests' oracle). Where no compiler builds it, :func:`library` is None
-and engine/core/attention.py keeps torch's attention.
+and engine/kernels/attention.py keeps torch's attention.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from engine.core import qmm
+from engine.kernels import qmm
 
 SOURCE = qmm.ROWATTN_SOURCE  # rowattn.c (named in qmm, which links it into the ops' C++ kernels)
 
@@ -124,7 +124,7 @@ def _op_python(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask
 
 # The op torch.compile sees (opaque to inductor, as qmm's): a compiled step of a packed target
 # attends through the kernel too, so its rows keep the eager path's row invariance. Its
-# Python kernel is registered for every backend; the C++ one (engine/core/ops.cpp), once
+# Python kernel is registered for every backend; the C++ one (engine/kernels/ops.cpp), once
 # loaded, for CPU, which the dispatcher takes first.
 _LIB = torch.library.Library("specviz", "FRAGMENT")
 _LIB.define("rowattn(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) "
