@@ -1,5 +1,5 @@
-"""The floor over core/: what runs a method on a pair. Loading pairs and their drafters
-(models, specs, tuned), what a run starts from (inputs: the prompt, the parameters), the
-round loop (loop), the public API (api; hf_run: a run of transformers' own modes), the
-pacing hook between a run's rounds (pacing) and the cost model with its profiles (costs,
-profile). core/ below imports none of this or of any other package."""
+"""What runs a method on a pair, over execution/, kernels/, contract/ and core/. Loading
+pairs and their drafters (models, specs, tuned), what a run starts from (inputs: the prompt,
+the parameters), the round loop (loop), the public API (api; hf_run: a run of transformers'
+own modes), the pacing hook between a run's rounds (pacing) and the cost model with its
+profiles (costs, profile). The floors below import none of this."""
