@@ -36,6 +36,10 @@ TARGET = "target"  # token chosen by the target with no draft (baselines)
 NOT_REACHED = "not_reached"  # below a rejected node, never examined
 STATUSES = (ACCEPTED, REJECTED, AUTO_REJECTED, SKIPPED, RESAMPLED, BONUS, TARGET, NOT_REACHED)
 
+# Sources of a drafted node's law (NodeTrace.source), for the hybrid drafter.
+SOURCE_LOOKUP = "lookup"  # the n-gram lookup's law (its context's suffix recurs)
+SOURCE_FEATURE = "feature"  # the feature head's law (no recurring suffix)
+
 # Origins of committed tokens, as coloured by the text view.
 ORIGIN_PROMPT = "prompt"
 ORIGIN_ACCEPTED = "accepted"
@@ -65,6 +69,9 @@ class NodeTrace:
     q: float | None  # draft probability of this token at its parent
     p: float | None  # target probability of this token at its parent
     status: str = NOT_REACHED
+    # where the law at its parent came from, for a drafter that mixes sources (the hybrid
+    # ngram+feature: SOURCE_LOOKUP or SOURCE_FEATURE); None: one source (or an older trace)
+    source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,13 @@ class HybridRunner:
     def width(self) -> int:
         return self.feature.width
 
+    @property
+    def lookup_laws(self) -> Laws:
+        """Which nodes of the last feed (and, on a round's first call, which roots) took the
+        lookup's law; the others took the feature drafter's (a method records it per drafted
+        node: NodeTrace.source)."""
+        return self.ngram.laws
+
     def take_served(self) -> list[str]:
         """The feature runner's KV paths since the last call (the lookup runs none)."""
         return self.feature.take_served()

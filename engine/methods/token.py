@@ -25,6 +25,8 @@ from engine.contract.trace import (
     REJECTED,
     RESAMPLED,
     SKIPPED,
+    SOURCE_FEATURE,
+    SOURCE_LOOKUP,
     NodeTrace,
     TestRecord,
 )
@@ -138,6 +140,7 @@ class TreeSpeculation(SingleStart):
             if self.controller.plan(shape, ctx.side) == 0:
                 return empty_forest(1)  # a plain target step
         root = ctx.draft_feed()
+        lookup = _lookup_at(ctx, [ROOT], root=True)  # None: a drafter of one source
         q_at: dict[int, torch.Tensor] = {}
         tokens: list[int] = []
         parents: list[int] = []
@@ -170,12 +173,18 @@ class TreeSpeculation(SingleStart):
                 break
             fed = ctx.draft_feed(torch.tensor([[tokens[i] for i in new]]),
                                  torch.tensor([[parents[i] for i in new]]))
+            if lookup is not None:
+                lookup.update(_lookup_at(ctx, new))
             frontier = [(n, fed.node_logits[0, j], fed.node_hidden[0, j])  # (V,), (d,)
                         for j, n in enumerate(new)]
         if not tokens:  # the root proposed nothing: a plain target step
             return empty_forest(1)
+        extras = {"q_at": q_at, "depth": depth}
+        if lookup is not None:  # each node's source: the law at its parent
+            extras["source"] = [SOURCE_LOOKUP if lookup[p] else SOURCE_FEATURE
+                                for p in parents]
         return Forest(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
-                      q_tok=torch.tensor([q_tok]), extras={"q_at": q_at, "depth": depth})
+                      q_tok=torch.tensor([q_tok]), extras=extras)
 
     def _branching(self, depth: int, levels: list[int] | None) -> int:
         return 1 if levels is None else levels[depth]
@@ -268,8 +277,10 @@ class TreeSpeculation(SingleStart):
                 final_status) -> RoundVerdict:
         q_tok = forest.q_tok[0].tolist()
         depth = depths(forest.parents)[0].tolist()
+        source = forest.extras.get("source") or [None] * len(tokens)
         nodes = [NodeTrace(i, parents[i], 0, depth[i], tokens[i], ctx.decode(tokens[i]),
-                           q_tok[i], p_tok[i], status[i]) for i in range(len(tokens))]
+                           q_tok[i], p_tok[i], status[i], source[i])
+                 for i in range(len(tokens))]
         last = path[-1] if path else ROOT
         nodes.append(_pseudo(len(tokens), last, len(path) + 1, final, ctx, final_status, None))
         origin = ORIGIN_BONUS if final_status == BONUS else ORIGIN_RESAMPLED
@@ -301,6 +312,18 @@ class TreeSpeculation(SingleStart):
         return self.controller.state()
 
 
+def _lookup_at(ctx: RunState, nodes: list[int], root: bool = False) -> dict[int, bool] | None:
+    """Whether the law at each of `nodes` (the last feed's new nodes, in order, or the round's
+    root) is the lookup's, for a drafter that mixes a lookup with a model (the hybrid's
+    runner reports it: ``lookup_laws``); None for a drafter of one source."""
+    laws = getattr(ctx.draft_if_started, "lookup_laws", None)
+    if laws is None:
+        return None
+    if root:
+        return {ROOT: bool(laws.root[0])} if laws.root is not None else None
+    return dict(zip(nodes, laws.nodes[0].tolist()))
+
+
 def _remap(t: TestRecord, group: list[int], depth: int) -> TestRecord:
     return replace(t, node=group[t.node], depth=depth)
 
@@ -317,10 +340,8 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: st
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")
 
-TREE_CONTROL_PARAMS = tuple(  # the k-config's depth is the cap of a tree's controller
-    replace(p, help="tree depth controller: fixed = every level of the k-config")
-    if p.name == "controller" else p for p in CONTROL_PARAMS)
-
+K_CONFIG = ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2 "
+                     "(its depth is the cap of a tree's controller)")
 OPTIMAL_PARAM = ParamSpec(
     "optimal", bool, False,
     "record Hu et al.'s optimal acceptance alpha* and the verifier's exact acceptance at "
@@ -397,15 +418,22 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=(
-        ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2"),
+        K_CONFIG,
         ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
         OPTIMAL_PARAM,
-    ) + TREE_CONTROL_PARAMS,
+    ) + CONTROL_PARAMS,
     config=MCSDConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule=c.verifier, optimal=c.optimal,
                                control=c),
     reference="greedy",
+    tune_space=(
+        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2", "4x2x2")),
+        *({"k_config": k, "controller": "confidence", "confidence": c}
+          for k in ("2x2", "2x2x2") for c in (0.3, 0.5)),
+        *({"k_config": k, "switch": "cost"} for k in ("2x2", "2x2x2")),
+    ),
+    tune_by_default=True,
 ))
 
 register(MethodSpec(
@@ -414,10 +442,13 @@ register(MethodSpec(
             "every tree node, verified by the rule that attains its optimal acceptance.",
     family="token",
     exactness=EXACT,
-    params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),
-            OPTIMAL_PARAM) + TREE_CONTROL_PARAMS,
+    params=(K_CONFIG.with_default("3x2x2"), OPTIMAL_PARAM) + CONTROL_PARAMS,
     config=GreedyDraftsConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule="greedy_drafts", optimal=c.optimal,
                                control=c),
     reference="greedy",
+    tune_space=(
+        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2")),
+        {"k_config": "2x2x2", "switch": "cost"},
+    ),
 ))

@@ -201,6 +201,37 @@ def test_a_round_the_lookup_covers_runs_no_feature_forward():
     assert runner.deferred == [] and runner.feature.tail.shape == (1, 8)  # unfed tail kept
 
 
+@pytest.mark.parametrize("method,params", [("sd", {"gamma": 4}),
+                                           ("mcsd", {"k_config": "3x2x2"})])
+def test_each_drafted_node_records_whether_its_law_was_the_lookups(method, params):
+    """NodeTrace.source: "lookup" where the context up to the node's parent (the committed
+    text and its drafted ancestors) ends in a recurring suffix, else "feature"; one-source
+    drafters record none."""
+    pair = tiny_pair(draft="ngram+feature")
+    seen = set()
+    for prompt in REPEATING:
+        trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
+        done = list(trace.prompt_ids)
+        for r in trace.rounds:
+            by_id = {n.id: n for n in r.nodes}
+            for n in r.nodes:
+                if n.status in ("bonus", "resampled"):
+                    assert n.source is None
+                    continue
+                path, at = [], n.parent
+                while at != ROOT:
+                    path.append(by_id[at].token_id)
+                    at = by_id[at].parent
+                toks, _ = ngram_law(np.array(done + path[::-1]))
+                assert n.source == ("lookup" if toks.size else "feature"), (prompt, r.index)
+                seen.add(n.source)
+            done += [c.token_id for c in r.committed]
+    assert seen == {"lookup", "feature"}
+    plain = engine.generate(tiny_pair(draft="ngram"), REPEATING[0], method, max_new_tokens=12,
+                            **params)
+    assert all(n.source is None for r in plain.rounds for n in r.nodes)
+
+
 # ------------------------------------------------------- temperature 1: chi-square, end to end
 
 PROMPT = [3, 4, 5, 1, 3, 4, 6, 2, 3, 4]  # as test_ngram_sampling_exactness: "3 4" -> 5 or 6
