@@ -340,8 +340,10 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: st
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")
 
-K_CONFIG = ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2 "
-                     "(its depth is the cap of a tree's controller)")
+TREE_CONTROL_PARAMS = tuple(  # the k-config's depth is the cap of a tree's controller
+    replace(p, help="tree depth controller: fixed = every level of the k-config")
+    if p.name == "controller" else p for p in CONTROL_PARAMS)
+
 OPTIMAL_PARAM = ParamSpec(
     "optimal", bool, False,
     "record Hu et al.'s optimal acceptance alpha* and the verifier's exact acceptance at "
@@ -418,22 +420,15 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=(
-        K_CONFIG,
+        ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2"),
         ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
         OPTIMAL_PARAM,
-    ) + CONTROL_PARAMS,
+    ) + TREE_CONTROL_PARAMS,
     config=MCSDConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule=c.verifier, optimal=c.optimal,
                                control=c),
     reference="greedy",
-    tune_space=(
-        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2", "4x2x2")),
-        *({"k_config": k, "controller": "confidence", "confidence": c}
-          for k in ("2x2", "2x2x2") for c in (0.3, 0.5)),
-        *({"k_config": k, "switch": "cost"} for k in ("2x2", "2x2x2")),
-    ),
-    tune_by_default=True,
 ))
 
 register(MethodSpec(
@@ -442,13 +437,10 @@ register(MethodSpec(
             "every tree node, verified by the rule that attains its optimal acceptance.",
     family="token",
     exactness=EXACT,
-    params=(K_CONFIG.with_default("3x2x2"), OPTIMAL_PARAM) + CONTROL_PARAMS,
+    params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),
+            OPTIMAL_PARAM) + TREE_CONTROL_PARAMS,
     config=GreedyDraftsConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule="greedy_drafts", optimal=c.optimal,
                                control=c),
     reference="greedy",
-    tune_space=(
-        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2")),
-        {"k_config": "2x2x2", "switch": "cost"},
-    ),
 ))
