@@ -21,11 +21,13 @@ from engine.analysis.replay import (
     ExpectedLength,
     Outcome,
     Setting,
+    Unproposable,
     clairvoyant,
     expected_by_length,
     own_outcome,
     simulate,
     standing,
+    unproposable,
 )
 from engine.analysis.source import pair_of
 from engine.contract.trace import RunTrace
@@ -62,6 +64,8 @@ class ReplayReport:
     standing: float | None = None  # 0 = the best fixed length, 1 = the bound
     expected: tuple[ExpectedLength, ...] = ()  # above temperature 0
     seconds: float = 0.0  # the replay's own time (the drafter pass, the grid)
+    # temperature 0: the target tokens the drafter's first draft could not have proposed
+    unproposable: Unproposable | None = None
 
 
 def grid(depth: int = DEPTH, heuristic_start: int = 4) -> tuple[Setting, ...]:
@@ -176,4 +180,5 @@ def replay(trace: RunTrace, pair: ModelPair | None = None, *, costs: str = "meas
     return ReplayReport(exact=not props.target_disagreements,
                         disagreements=len(props.target_disagreements), grid=outcomes,
                         best_fixed=best, bound=bound, standing=standing(own, best, bound),
+                        unproposable=unproposable(props),
                         seconds=time.perf_counter() - t0, **base)

@@ -223,6 +223,49 @@ def standing(own: Outcome, best_fixed: Outcome, bound: Outcome) -> float | None:
 
 
 @dataclass(frozen=True)
+class Unproposable:
+    """Target tokens the drafter could not have proposed: at temperature 0 the committed
+    token at each position is the target's, and a round from that prefix accepts it at
+    depth 1 only if the drafter proposes it there: as its greedy first draft (any chain), or
+    among its top `top` (a tree's widest first level)."""
+
+    positions: int  # committed positions probed
+    not_first: int  # the token is not the drafter's greedy first draft (or it had no law)
+    not_top: int  # not among its top `top` first drafts
+    no_law: int  # positions where the drafter proposed nothing (an n-gram without a match)
+    top: int
+
+    @property
+    def share_first(self) -> float:
+        return self.not_first / self.positions if self.positions else 0.0
+
+    @property
+    def share_top(self) -> float:
+        return self.not_top / self.positions if self.positions else 0.0
+
+    def note(self) -> str:
+        """The shares in one line, with what they mean."""
+        top = f", {self.share_top:.0%} not in its top {self.top}" if self.top > 1 else ""
+        return (f"{self.share_first:.0%} of the target's {self.positions} tokens were not "
+                f"the drafter's first draft from their prefix{top} (no proposal at all at "
+                f"{self.no_law}): no draft length or controller gets those accepted at depth "
+                "1; only a better drafter (or a wider first level) does.")
+
+
+def unproposable(props: Proposals) -> Unproposable:
+    """Count, over every committed prefix, the committed next token the drafter's first
+    draft from that prefix missed (its greedy token; its top-k where the pass probed one)."""
+    first = top = none = 0
+    for tok, pos in zip(props.committed, props.positions):
+        cands = pos.path_top[0] if pos.path_top else pos.chain[:1]
+        none += not pos.chain
+        first += not pos.chain or pos.chain[0] != tok
+        top += tok not in cands
+    k = props.top if props.tree_depth >= 1 else 1
+    return Unproposable(len(props.positions), first, top, none, k)
+
+
+@dataclass(frozen=True)
 class ExpectedLength:
     """An expectation above temperature 0: tokens a round of a chain of `length` drafts."""
 

@@ -89,9 +89,12 @@ def report_lines(r) -> list[str]:
         lines.append(f"best fixed length: {r.best_fixed.label} ({r.best_fixed.speedup:.2f}x); "
                      f"clairvoyant lengths: {r.bound.speedup:.2f}x; this run: "
                      f"{r.own.speedup:.2f}x" + _standing(r))
+    if r.unproposable is not None:
+        lines.append("not proposable: " + r.unproposable.note())
     for e in r.expected:
         lines.append(f"expected with {e.length} drafts a round: {e.tokens_per_round:.2f} "
                      f"tokens a round, {e.speedup:.2f}x (an expectation from the trace's "
                      "p and q)")
     lines.append("cost: plain target rounds; speedup: committed tokens / cost")
     return lines
+

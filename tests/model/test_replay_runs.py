@@ -115,3 +115,34 @@ def test_replay_of_a_feature_drafters_chains_gives_real_rounds(draft):
         sim = simulate(props, setting, N, UNIT)
         assert [(r.committed, r.accepted, r.drafted, r.draft_calls) for r in sim.rounds] == \
             _shape(real.rounds), setting.label
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_real_round_rejects_its_first_draft_exactly_where_replay_counts_it_unproposable(
+        replayed, k):
+    """A real run's round from position L rejects its depth-1 draft(s) exactly where the
+    replay's pass says the committed token at L is not the drafter's first draft (k = 1: sd
+    gamma=1) or not in its top k (an mcsd tree of one level of k)."""
+    from engine.analysis.replay import unproposable
+
+    pair, trace, props = replayed
+    method, kw = ("sd", {"gamma": 1}) if k == 1 else ("mcsd", {"k_config": str(k)})
+    real = engine.generate(pair, PROMPT, method, raw=True, max_new_tokens=N, temperature=0.0,
+                           controller="fixed", **kw)
+    at, missed = 0, set()
+    for r in real.rounds:
+        if r.drafted == 0 or r.accepted == 0:  # nothing drafted, or the first draft rejected
+            missed.add(at)
+        at += len(r.committed)
+    starts = {sum(len(p.committed) for p in real.rounds[:i]) for i in range(len(real.rounds))}
+    missed.discard(N - 1)  # the last token: no room left to draft
+    starts.discard(N - 1)
+    lost = set()
+    for L in starts:
+        pos = props.positions[L]
+        cands = pos.path_top[0][:k] if k > 1 else pos.chain[:1]
+        if props.committed[L] not in cands:
+            lost.add(L)
+    assert missed == lost and missed  # some misses, each one counted
+    u = unproposable(props)
+    assert u.positions == N and u.not_top <= u.not_first and u.top == 3

@@ -17,6 +17,7 @@ from engine.analysis.replay import (
     round_cost,
     simulate,
     standing,
+    unproposable,
 )
 from engine.contract.trace import ACCEPTED, REJECTED, NodeTrace, RoundTrace, TestRecord
 from engine.control.cost import CostProfile
@@ -163,3 +164,19 @@ def test_a_noisy_verify_curve_is_made_non_decreasing():
 
     noisy = CostProfile("m", 0.1, ((0, 1.0), (2, 1.4), (3, 1.2), (4, 1.5)))
     assert monotone(noisy).verify == ((0, 1.0), (2, 1.4), (3, 1.4), (4, 1.5))
+
+
+def _first_drafts(committed, firsts, tops=None) -> Proposals:
+    pos = tuple(PositionProposals((f,) if f is not None else (), (0.5,) if f is not None
+                                  else (), (tops[i],) if tops else ())
+                for i, f in enumerate(firsts))
+    return Proposals(tuple(committed), pos, 4, 2 if tops else 0, 3 if tops else 1)
+
+
+def test_a_target_token_is_unproposable_where_the_first_draft_misses_it():
+    u = unproposable(_first_drafts([1, 2, 3, 4], [1, 9, None, 4]))
+    assert (u.positions, u.not_first, u.not_top, u.no_law, u.top) == (4, 2, 2, 1, 1)
+    assert u.share_first == 0.5 and u.note().startswith("50% of the target's 4 tokens")
+    t = unproposable(_first_drafts([1, 2, 3, 4], [1, 9, None, 4], [(1,), (9, 2, 7), (), (4,)]))
+    assert (t.not_first, t.not_top, t.top) == (2, 1, 3)  # 2 is in the top 3 there
+    assert "25% not in its top 3" in t.note()
