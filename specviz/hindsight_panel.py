@@ -31,6 +31,7 @@ class HindsightPanel:
     position: gr.Plot
     entropy: gr.Plot
     calibration: gr.Plot
+    source: gr.Plot  # lookup vs feature head (the hybrid drafter)
     rejected: gr.Dataframe
     replay_md: gr.Markdown
     replay_table: gr.Dataframe
@@ -49,7 +50,7 @@ def diagnose_run(state: Any) -> tuple[Any, ...]:
     """The diagnosis views of the run in view."""
     d = diagnose(_finished(state))
     return (dv.diagnosis_markdown(d), dv.position_figure(d), dv.entropy_figure(d),
-            dv.calibration_figure(d), dv.rejected_rows(d))
+            dv.calibration_figure(d), dv.source_figure(d), dv.rejected_rows(d))
 
 
 @guarded
@@ -80,15 +81,16 @@ def build(state: gr.State) -> HindsightPanel:
             position = gr.Plot(label="By position", elem_id="sv-diag-position")
             entropy = gr.Plot(label="By target entropy", elem_id="sv-diag-entropy")
             calibration = gr.Plot(label="Calibration", elem_id="sv-diag-calibration")
+            source = gr.Plot(label="By source", elem_id="sv-diag-source")
         rejected = gr.Dataframe(headers=dv.REJECTED_HEADERS, label="Most rejected tokens",
                                 interactive=False, elem_id="sv-diag-rejected")
         replay_md = gr.Markdown("", elem_id="sv-replay-md")
         table = gr.Dataframe(headers=dv.REPLAY_HEADERS, label="Hindsight replay",
                              interactive=False, elem_id="sv-replay-table")
-    panel = HindsightPanel(diag, rep, notes, position, entropy, calibration, rejected,
-                           replay_md, table)
+    panel = HindsightPanel(diag, rep, notes, position, entropy, calibration, source,
+                           rejected, replay_md, table)
     diag.click(diagnose_run, inputs_kwargs={"state": state},
-               outputs=[notes, position, entropy, calibration, rejected],
+               outputs=[notes, position, entropy, calibration, source, rejected],
                api_name="diagnose", **QUICK)
     rep.click(replay_run, inputs_kwargs={"state": state},
               outputs=[replay_md, table], api_name="replay", show_progress="minimal",

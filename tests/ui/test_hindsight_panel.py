@@ -22,9 +22,10 @@ def _run(client):
 
 def test_a_run_is_diagnosed_with_one_suggestion_a_view(client):
     _run(client)
-    notes, position, entropy, calibration, rejected = client.predict(api_name="/diagnose")
-    assert notes.startswith("**Diagnosis** of ") and notes.count("\n- ") == 4
-    for plot in (position, entropy, calibration):
+    notes, position, entropy, calibration, source, rejected = client.predict(
+        api_name="/diagnose")
+    assert notes.startswith("**Diagnosis** of ") and notes.count("\n- ") == 4  # one source
+    for plot in (position, entropy, calibration, source):
         assert plot["plot"]
 
 
