@@ -5,7 +5,10 @@ and its plain decode on each prompt on the model thread, and streams each row as
 lets other sessions' model work in between its timed segments (each run and its plain decode,
 each timed whole: specviz.jobs), so their Runs go on; at the end it shows the per-position
 acceptance curves, tau by category and the speedup boxes (engine.bench.report's figures), the
-summary table, and offers the self-contained report.html and results.jsonl. One run at a time
+summary table, the diagnosis over the set (each method's runs pooled: acceptance by position,
+target entropy, calibration and source, the most rejected tokens, one suggestion a view), with
+**Replay** ticked the hindsight replay's medians per method (bench-set --replay), and offers
+the self-contained report.html and results.jsonl. One run at a time
 in a process (another session is told so in one line); Cancel stops this session's run, keeping
 its rows; HostConfig's caps bound the prompts and seconds of a run. Selecting a row puts its
 prompt and method in the Debugger. ``build`` lays the tab out (``BenchTab``, named components)
@@ -23,9 +26,15 @@ import gradio as gr
 import pandas as pd
 
 from engine import METHODS
+from engine.analysis import diagnosis_views as dv
+from engine.analysis.diagnosis import Diagnosis
 from engine.bench.report import (
+    NO_DIAGNOSIS,
     PROJECTION_NOTE,
     acceptance_figure,
+    diagnosis_figures,
+    replay_section,
+    set_diagnoses,
     speedup_figure,
     summary_table,
     tau_figure,
@@ -64,13 +73,14 @@ BENCH = Runner("a benchmark", one_at_a_time=True,  # it runs for minutes
 
 
 def settings_of(path: str, methods: list[str], categories: str, limit: float | None,
-                max_new_tokens: float) -> SetSettings:
+                max_new_tokens: float, replay: bool = False) -> SetSettings:
     if not methods:
         raise ConfigError("pick at least one method to benchmark")
     cats = tuple(c.strip() for c in (categories or "").split(",") if c.strip())
     return SetSettings(set_path=path, methods=",".join(methods), categories=cats,
                        limit=whole("prompts at most", limit) if limit else None,
-                       max_new_tokens=whole("max_new_tokens", max_new_tokens, 0))
+                       max_new_tokens=whole("max_new_tokens", max_new_tokens, 0),
+                       replay=bool(replay))
 
 
 def row_cells(row: dict) -> list[str]:
@@ -85,6 +95,24 @@ def _table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([row_cells(r) for r in rows], columns=HEADERS)
 
 
+REJECTED_HEADERS = ["method", *dv.REJECTED_HEADERS]
+NOT_REPLAYED = ("No run was replayed: replay takes the temperature-0 runs of one-sequence "
+                "methods.")
+
+
+def diagnosis_markdown(diagnoses: dict[str, Diagnosis]) -> str:
+    """Each method's one-line suggestions over its runs, or why there are none."""
+    if not diagnoses:
+        return NO_DIAGNOSIS
+    return "\n\n".join(dv.diagnosis_markdown(d, label) for label, d in diagnoses.items())
+
+
+def rejected_table(diagnoses: dict[str, Diagnosis]) -> pd.DataFrame:
+    """Each method's most rejected tokens over its runs."""
+    return pd.DataFrame([[label, *row] for label, d in diagnoses.items()
+                         for row in dv.rejected_rows(d)], columns=REJECTED_HEADERS)
+
+
 class BenchView(NamedTuple):
     """What the Bench tab shows while a set runs (BenchTab's fields of these names); prompts:
     prompt id -> text, for a selected row."""
@@ -97,19 +125,26 @@ class BenchView(NamedTuple):
     summary: str
     files: list[str] | None
     prompts: dict[str, str]
+    replay_table: str = ""  # the hindsight replay's medians (HTML), when asked for
+    diagnosis: str = ""  # the diagnosis over the set: each method's suggestions
+    diag_position: Any = None
+    diag_entropy: Any = None
+    diag_calibration: Any = None
+    diag_source: Any = None
+    diag_rejected: Any = None
 
 
 @guarded
 def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
           methods: list[str], categories: str, limit: float | None, max_new_tokens: float,
-          target: str, draft: str) -> Iterator[BenchView]:
+          target: str, draft: str, replay: bool = False) -> Iterator[BenchView]:
     """Stream the status, the rows, and at the end the figures, summary and files while a
     set runs on the model thread."""
     cfg = HOST.config
     if cfg.zero_gpu:
         raise ConfigError("the Bench tab is off on ZeroGPU (a run holds the GPU for minutes)")
     settings = settings_of(set_path(set_name, upload), methods, categories, limit,
-                           max_new_tokens)
+                           max_new_tokens, replay)
     plan = plan_set(settings, max_prompts=cfg.bench_max_prompts)  # bad input: one line, now
     prompts = {p.id: p.prompt for p in plan.prompts}
     with BENCH.session(request, max_seconds=cfg.bench_max_seconds) as job:
@@ -136,12 +171,19 @@ def bench(request: gr.Request = None, *, set_name: str, upload: str | None,
         status = (f"{why}: {len(outcome.rows)} / {outcome.total} runs on {len(plan.prompts)} "
                   f"prompts ({summary['meta'].get('device')}); select a row to open its "
                   "prompt in the Debugger")
+        diagnoses = set_diagnoses(methods_summary)
+        position, entropy, calibration, source = diagnosis_figures(diagnoses)
         yield BenchView(status=status, rows=_table(list(outcome.rows)),
                         acceptance=acceptance_figure(methods_summary),
                         tau=tau_figure(methods_summary),
                         speedup=speedup_figure(methods_summary, all_rows),
                         summary=summary_table(methods_summary) + f"<p>{PROJECTION_NOTE}</p>",
-                        files=[str(report), str(out_dir / RESULTS)], prompts=prompts)
+                        files=[str(report), str(out_dir / RESULTS)], prompts=prompts,
+                        replay_table=(replay_section(methods_summary) or
+                                      f"<p>{NOT_REPLAYED}</p>") if settings.replay else "",
+                        diagnosis=diagnosis_markdown(diagnoses), diag_position=position,
+                        diag_entropy=entropy, diag_calibration=calibration,
+                        diag_source=source, diag_rejected=rejected_table(diagnoses))
 
 
 def cancel(request: gr.Request = None) -> str:
@@ -192,9 +234,17 @@ class BenchTab:
     summary: gr.HTML
     files: gr.File
     prompts: gr.State
+    replay: gr.Checkbox
+    replay_table: gr.HTML
+    diagnosis: gr.Markdown
+    diag_position: gr.Plot
+    diag_entropy: gr.Plot
+    diag_calibration: gr.Plot
+    diag_source: gr.Plot
+    diag_rejected: gr.Dataframe
 
 
-INPUTS = ("set_name", "upload", "methods", "categories", "limit", "max_new_tokens")
+INPUTS = ("set_name", "upload", "methods", "categories", "limit", "max_new_tokens", "replay")
 METHODS0 = ("sd", "mcsd")  # checked at start, where registered
 
 
@@ -226,6 +276,10 @@ def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
                                   elem_id="sv-bench-limit")
                 max_new_tokens = gr.Number(24, minimum=1, label="max_new_tokens",
                                            elem_id="sv-bench-max-new")
+            replay = gr.Checkbox(False, label="Replay each temperature-0 run in hindsight "
+                                 "(best fixed length, clairvoyant bound, tokens the drafter "
+                                 "could not propose; a pass of the pair over each run)",
+                                 elem_id="sv-bench-replay")
     with gr.Row():
         go = gr.Button("Run set", variant="primary", elem_id="sv-bench")
         cancel_button = gr.Button("Cancel", elem_id="sv-bench-cancel")
@@ -238,6 +292,20 @@ def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
         tau = gr.Plot(label="tau by category", elem_id="sv-bench-tau")
         speedup = gr.Plot(label="Speedup", elem_id="sv-bench-speedup")
     summary = gr.HTML()
+    replay_table = gr.HTML(elem_id="sv-bench-replay-table")
+    with gr.Accordion("Why is acceptance low? Diagnosis over the set", open=False,
+                      elem_id="sv-bench-diagnosis"):
+        diagnosis = gr.Markdown("", elem_id="sv-bench-diagnosis-md")
+        with gr.Row():
+            diag_position = gr.Plot(label="By position", elem_id="sv-bench-diag-position")
+            diag_entropy = gr.Plot(label="By target entropy", elem_id="sv-bench-diag-entropy")
+        with gr.Row():
+            diag_calibration = gr.Plot(label="Calibration",
+                                       elem_id="sv-bench-diag-calibration")
+            diag_source = gr.Plot(label="By source", elem_id="sv-bench-diag-source")
+        diag_rejected = gr.Dataframe(pd.DataFrame(columns=REJECTED_HEADERS),
+                                     label="Most rejected tokens", interactive=False,
+                                     elem_id="sv-bench-diag-rejected")
     files = gr.File(label="report.html and results.jsonl", file_count="multiple",
                     elem_id="sv-bench-files")
     with gr.Accordion("Tune the pair", open=False, elem_id="sv-tune-box"):
@@ -245,7 +313,10 @@ def build(shared: Shared, tabs: gr.Tabs) -> BenchTab:
     tab = BenchTab(set_name=set_name, upload=upload, methods=methods, categories=categories,
                    limit=limit, max_new_tokens=max_new_tokens, go=go, cancel=cancel_button,
                    status=status, rows=rows, acceptance=acceptance, tau=tau, speedup=speedup,
-                   summary=summary, files=files, prompts=gr.State({}))
+                   summary=summary, files=files, prompts=gr.State({}), replay=replay,
+                   replay_table=replay_table, diagnosis=diagnosis, diag_position=diag_position,
+                   diag_entropy=diag_entropy, diag_calibration=diag_calibration,
+                   diag_source=diag_source, diag_rejected=diag_rejected)
     wire(tab, shared, tabs)
     return tab
 

@@ -2,9 +2,12 @@
 opens without the app; DIR/results.jsonl beside it holds every row.
 
 Figures: acceptance per draft position per method, tau by category (grouped bars), speedup
-over the plain decode per method (box plots), accepted length per round; tables: the summary
-per method and category (with the median H100 projection, labelled as one), the settings,
-device and dates.
+over the plain decode per method (box plots), accepted length per round; the diagnosis over
+the set (engine.analysis.diagnosis, each method's runs pooled): acceptance by position in the
+text, by the target's entropy, the drafter's calibration and by source (hybrid drafter), each
+method's one-line suggestions and most rejected tokens; tables: the summary per method and
+category (with the median H100 projection, labelled as one), the hindsight replay's medians
+(bench-set --replay), the settings, device and dates.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.analysis import diagnosis_views as dv
+from engine.analysis.diagnosis import Diagnosis, from_record
 from engine.bench.set_runner import load_run, write_summary
 from engine.bench.set_summary import (
     ALL,
@@ -124,6 +129,48 @@ def replay_section(summary: Sequence[dict]) -> str:
             + f"<p>{html.escape(REPLAY_NOTE)}</p>")
 
 
+def set_diagnoses(summary: Sequence[dict], category: str = ALL) -> dict[str, Diagnosis]:
+    """Each method's pooled diagnosis in a category (methods whose rows carry none left
+    out)."""
+    out = {}
+    for m in summary:
+        record = (m["categories"].get(category) or {}).get("diagnosis")
+        if record:
+            out[m["method"]] = from_record(record)
+    return out
+
+
+NO_DIAGNOSIS = ("No row of this set carries a diagnosis (rows written before bench-set "
+                "kept one): run the set again into a new folder to see these views.")
+
+
+def diagnosis_figures(diagnoses: dict[str, Diagnosis]) -> list:
+    """The four views over the methods: by position, by target entropy, calibration, by
+    source (one series a method)."""
+    return [dv.position_figure(diagnoses), dv.entropy_figure(diagnoses),
+            dv.calibration_figure(diagnoses), dv.source_figure(diagnoses)]
+
+
+def diagnosis_html(summary: Sequence[dict]) -> str:
+    """Each method's one-line suggestions and most rejected tokens (all categories), or why
+    there are none."""
+    diagnoses = set_diagnoses(summary)
+    if not diagnoses:
+        return f"<p>{html.escape(NO_DIAGNOSIS)}</p>"
+    runs = {m["method"]: (m["categories"].get(ALL) or {}).get("runs", 0) for m in summary}
+    esc = html.escape
+    parts = []
+    for label, d in diagnoses.items():
+        parts.append(f"<p><b>Diagnosis</b> {esc(dv.diagnosis_head(d, label))}"
+                     + (f" (of {runs[label]} runs; the others' rows carry none)"
+                        if d.runs < runs[label] else "") + "</p><ul>"
+                     + "".join(f"<li><i>{esc(view)}</i>: {esc(note)}</li>"
+                               for view, note in dv.diagnosis_notes(d)) + "</ul>")
+        if d.rejected:
+            parts.append(_table(dv.REJECTED_HEADERS, dv.rejected_rows(d)))
+    return "".join(parts)
+
+
 def report_html(summary: dict[str, Any], rows: Sequence[dict]) -> str:
     """The whole page: settings, the summary table and the four figures."""
     import plotly.io as pio
@@ -131,6 +178,8 @@ def report_html(summary: dict[str, Any], rows: Sequence[dict]) -> str:
     methods = summary["methods"]
     figs = [acceptance_figure(methods), tau_figure(methods), speedup_figure(methods, rows),
             histogram_figure(methods)]
+    diagnoses = set_diagnoses(methods)
+    figs += diagnosis_figures(diagnoses) if diagnoses else []
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False)
             for i, f in enumerate(figs)]
     meta = summary["meta"]
@@ -143,8 +192,9 @@ def report_html(summary: dict[str, Any], rows: Sequence[dict]) -> str:
             + _table(["setting", "value"], list(meta.items()))
             + "<h2>Summary</h2>" + summary_table(methods) + f"<p>{PROJECTION_NOTE}</p>"
             + replay_section(methods)
-            + "<h2>Figures</h2>"
-            + "".join(divs) + "</body></html>")
+            + "<h2>Figures</h2>" + "".join(divs[:4])
+            + "<h2>Why is acceptance low? Diagnosis over the set</h2>"
+            + diagnosis_html(methods) + "".join(divs[4:]) + "</body></html>")
 
 
 def write_report(out_dir: str | Path) -> Path:

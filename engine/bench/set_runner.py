@@ -216,7 +216,10 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
                **round_record(trace.rounds, trace.stats.new_tokens),
                # vLLM's per-request speculative stats (engine.contract.trace.RunStats)
                "acceptance_histogram": list(trace.stats.acceptance_histogram),
-               "per_step_accepted": list(trace.stats.per_step_accepted)}
+               "per_step_accepted": list(trace.stats.per_step_accepted),
+               # its tested drafts by position, entropy, q, token and source, pooled over the
+               # set by write_summary (engine.analysis.diagnosis; a small record, no trace)
+               "diagnosis": diagnosis_record(trace)}
         if s.replay:
             row["replay"] = replay_record(pair, trace)
         with (out / RESULTS).open("a", encoding="utf-8") as f:
@@ -225,6 +228,14 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
         if progress:
             progress(len(rows), plan.total, row)
     return SetOutcome(out, tuple(rows), plan.total, True)
+
+
+def diagnosis_record(trace) -> dict:
+    """A row's diagnosis (engine.analysis.diagnosis) as JSON, its most rejected tokens kept
+    for pooling."""
+    from engine.analysis.diagnosis import RECORD_REJECTED, diagnose, to_record
+
+    return to_record(diagnose(trace, rejected_top=RECORD_REJECTED))
 
 
 def replay_record(pair, trace) -> dict | None:
@@ -238,9 +249,13 @@ def replay_record(pair, trace) -> dict | None:
     if float(trace.params.get("temperature", 0.0)) > 0 or spec.reference != "greedy":
         return None
     r = replay(trace, pair)
+    u = r.unproposable
     return {"best_fixed": r.best_fixed.label, "best_fixed_speedup": r.best_fixed.speedup,
             "bound_speedup": r.bound.speedup, "own_speedup": r.own.speedup,
-            "standing": r.standing, "exact": r.exact}
+            "standing": r.standing, "exact": r.exact,
+            # the target tokens the drafter's first draft missed (engine.analysis.replay)
+            "positions": u.positions, "not_first": u.not_first, "not_top": u.not_top,
+            "no_law": u.no_law, "top": u.top}
 
 
 def load_run(out_dir: str | Path) -> tuple[dict[str, Any], list[dict]]:

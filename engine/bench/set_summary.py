@@ -17,7 +17,12 @@ for a tree the deepest accepted depth, for beams the accepted verified steps).
   (measured / predicted speedup) median;
 - the median of each row's ``projected_h100``: the speedup the stored H100 costs would give
   at the run's own tokens per round (engine.run.costs, projection): a projection, not a
-  measurement (None where no row has one).
+  measurement (None where no row has one);
+- the diagnosis (engine.analysis.diagnosis) of the rows that carry one, pooled: acceptance
+  by position, target entropy, q (calibration), source, and the most rejected tokens (None
+  where no row carries one: rows written before rows kept it);
+- with bench-set --replay, the replayed rows' medians and the pooled share of target tokens
+  the drafter's first draft could not have proposed.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from engine.analysis.diagnosis import from_record, pool, to_record
 from engine.contract.trace import RoundTrace
 
 ALL = "all"
@@ -111,7 +117,15 @@ def group_summary(rows: Sequence[dict]) -> dict[str, Any]:
         "efficiency_median": eff["median"] if eff else None,
         "projected_h100_median": projected["median"] if projected else None,
         "replay": replay_summary(rows),
+        "diagnosis": pooled_diagnosis(rows),
     }
+
+
+def pooled_diagnosis(rows: Sequence[dict]) -> dict[str, Any] | None:
+    """The rows' diagnoses pooled (engine.analysis.diagnosis.pool), as JSON; None when no
+    row carries one."""
+    done = [from_record(r["diagnosis"]) for r in rows if r.get("diagnosis")]
+    return to_record(pool(done)) if done else None
 
 
 def replay_summary(rows: Sequence[dict]) -> dict[str, Any] | None:
@@ -122,13 +136,22 @@ def replay_summary(rows: Sequence[dict]) -> dict[str, Any] | None:
     if not done:
         return None
     labels = [d["best_fixed"] for d in done]
+    probed = [d for d in done if "positions" in d]  # rows replayed before it was counted
+    positions = sum(d["positions"] for d in probed)
     return {"runs": len(done), "best_fixed": max(dict.fromkeys(labels), key=labels.count),
             **{f"{k}_median": statistics.median(d[k] for d in done)
-               for k in ("best_fixed_speedup", "bound_speedup", "own_speedup")}}
+               for k in ("best_fixed_speedup", "bound_speedup", "own_speedup")},
+            # pooled over the positions of the rows that counted them (None: none did)
+            "not_first_share": sum(d["not_first"] for d in probed) / positions
+            if positions else None,
+            "not_top_share": sum(d["not_top"] for d in probed) / positions
+            if positions else None,
+            "top": max((d["top"] for d in probed), default=None)}
 
 
 REPLAY_HEAD = ("method", "category", "replayed runs", "own (predicted) ×",
-               "best fixed length (most often)", "best fixed ×", "clairvoyant bound ×")
+               "best fixed length (most often)", "best fixed ×", "clairvoyant bound ×",
+               "not proposable: first draft / top-k")
 
 
 def replay_cells(summary: Sequence[dict]) -> list[list[str]]:
@@ -140,8 +163,15 @@ def replay_cells(summary: Sequence[dict]) -> list[list[str]]:
             if r:
                 out.append([m["method"], cat, str(r["runs"]), _num(r["own_speedup_median"]),
                             r["best_fixed"], _num(r["best_fixed_speedup_median"]),
-                            _num(r["bound_speedup_median"])])
+                            _num(r["bound_speedup_median"]), _unproposable(r)])
     return out
+
+
+def _unproposable(r: dict) -> str:
+    if r.get("not_first_share") is None:
+        return "n/a"
+    top = f" / {r['not_top_share']:.0%} (top {r['top']})" if (r.get("top") or 1) > 1 else ""
+    return f"{r['not_first_share']:.0%}{top}"
 
 
 def summarize_rows(rows: Sequence[dict], labels: Sequence[str]) -> list[dict[str, Any]]:
@@ -202,4 +232,7 @@ def summary_markdown(summary: Sequence[dict], meta: dict[str, Any]) -> str:
 REPLAY_NOTE = ("Hindsight replay (medians over the temperature-0 runs, engine replay): the "
                "speedup the pair's measured costs predict for each run's own rounds, for the "
                "best fixed draft length and for a clairvoyant length controller on the same "
-               "committed text.")
+               "committed text. Not proposable: the share of the target's tokens (pooled over "
+               "the runs' positions) that were not the drafter's first draft from their "
+               "prefix, or not in its top k: no draft length or controller gets those "
+               "accepted at depth 1, only a better drafter does.")

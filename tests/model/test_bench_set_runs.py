@@ -165,13 +165,15 @@ def test_cli_writes_results_summary_and_a_self_contained_report(tmp_path, capsys
     assert summary["meta"]["rows"] == "6/6" and summary["meta"]["max_new_tokens"] == 6
     assert summary["methods"][0]["categories"]["code"]["projected_h100_median"] > 0
     html = (out / "report.html").read_text()
-    assert html.count('class="plotly-graph-div"') == 4
+    assert html.count('class="plotly-graph-div"') == 8  # four, then the diagnosis' four
     assert html.count("plotly.js v") == 1  # the library inlined once, no CDN
     assert "<script src=" not in html
     for text in ("Acceptance per draft position", "tau by category",
                  "Speedup over the plain decode", "Accepted length per round",
                  "max_new_tokens", "set.jsonl", "Device: cpu", "results.jsonl",
-                 "H100 (projected) ×, median", "A projection, not a measurement."):
+                 "H100 (projected) ×, median", "A projection, not a measurement.",
+                 "Diagnosis over the set", "Diagnosis</b> of sd:gamma=2: ",
+                 "Acceptance by position", "Calibration", "One source of drafts"):
         assert text in html, text
     assert "| sd:gamma=2 | all |" in (out / "summary.md").read_text()
     assert main(args) == 0  # a restart with everything done runs nothing
@@ -194,9 +196,11 @@ def test_replay_puts_the_best_fixed_length_and_the_bound_beside_each_run(tmp_pat
         assert r["exact"] and r["best_fixed"].startswith("sd gamma=")
         assert r["bound_speedup"] >= r["best_fixed_speedup"] - 1e-9
         assert r["bound_speedup"] >= r["own_speedup"] - 1e-9
+        assert r["positions"] == 12 and 0 <= r["not_top"] <= r["not_first"] <= 12
     summary = runner.write_summary(tmp_path / "out")
     replayed = summary["methods"][0]["categories"]["all"]["replay"]
     assert replayed["runs"] == len(outcome.rows) == 2
+    assert 0 <= replayed["not_first_share"] <= 1 and replayed["top"] == 4
     text = (tmp_path / "out" / "summary.md").read_text()
     assert "Hindsight replay (medians" in text and "clairvoyant bound" in text
     from engine.bench.report import write_report
@@ -210,3 +214,30 @@ def test_a_run_without_replay_keeps_its_arguments_and_tables(tmp_path, pair):
     assert "replay" not in args["arguments"]  # a folder written before the flag resumes
     runner.write_summary(tmp_path / "out")
     assert "Hindsight replay" not in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_folder_whose_older_rows_carry_no_diagnosis_resumes_and_says_so(tmp_path, pair):
+    """Rows written before rows kept a diagnosis: the folder resumes, the new rows are
+    pooled, and a folder of old rows alone says it has no data for the views."""
+    from engine.bench.report import NO_DIAGNOSIS, write_report
+
+    path = _set(tmp_path)
+    out = tmp_path / "out"
+    run_set(pair, plan_set(_settings(path, limit=1)), out)
+    old = [json.loads(line) for line in _lines(out)]
+    for row in old:
+        row.pop("diagnosis")
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert NO_DIAGNOSIS in write_report(out).read_text()
+    other = tmp_path / "out2"
+    other.mkdir()
+    (other / "results.jsonl").write_text((out / "results.jsonl").read_text())
+    plan = plan_set(_settings(path))  # two prompts: the first row is there, without one
+    (other / "run.json").write_text(json.dumps({
+        **json.loads((out / "run.json").read_text()),
+        "arguments": runner.run_arguments(pair, plan)}))
+    outcome = run_set(pair, plan, other)
+    assert len(outcome.rows) == 2 and "diagnosis" in outcome.rows[1]
+    d = runner.write_summary(other)["methods"][0]["categories"]["all"]["diagnosis"]
+    assert d["runs"] == 1
+    assert "over 1 runs" in write_report(other).read_text()

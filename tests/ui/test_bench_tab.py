@@ -30,10 +30,11 @@ def prompt_set(tmp_path) -> Path:
     return path
 
 
-def _tab_run(path: Path, methods=("sd", "mcsd"), categories="", limit=None) -> list[tuple]:
+def _tab_run(path: Path, methods=("sd", "mcsd"), categories="", limit=None,
+             **kw) -> list[tuple]:
     return list(bench_tab.bench(set_name="", upload=str(path), methods=list(methods),
                                 categories=categories, limit=limit, max_new_tokens=6,
-                                target="tiny", draft="ngram"))
+                                target="tiny", draft=kw.pop("draft", "ngram"), **kw))
 
 
 def _numbers(summary: dict) -> dict:
@@ -57,6 +58,19 @@ def test_the_tab_and_the_cli_give_the_same_numbers_for_the_same_set_and_seed(pro
     assert {"sd", "mcsd"} == set(_numbers(tab)) and _numbers(tab)["sd"]["all"]["runs"] == 3
     assert Path(files[0]).name == "report.html" and Path(files[1]).name == "results.jsonl"
     assert all(fig is not None for fig in last[2:5])  # acceptance, tau, speedup figures
+
+
+def test_the_set_is_diagnosed_per_method_and_replayed_when_asked(prompt_set):
+    last = _tab_run(prompt_set, replay=True, limit=2)[-1]
+    assert last.diagnosis.startswith("**Diagnosis** of sd: ")
+    assert "\n\n**Diagnosis** of mcsd: " in last.diagnosis and "*Position*" in last.diagnosis
+    for fig in (last.diag_position, last.diag_entropy, last.diag_calibration,
+                last.diag_source):
+        assert fig is not None
+    assert list(last.diag_rejected.columns) == bench_tab.REJECTED_HEADERS
+    assert "<h2>Hindsight replay</h2>" in last.replay_table
+    assert "not proposable" in last.replay_table and "%" in last.replay_table
+    assert _tab_run(prompt_set, methods=("sd",), limit=1)[-1].replay_table == ""  # not asked
 
 
 def test_rows_stream_in_as_runs_finish(prompt_set):
