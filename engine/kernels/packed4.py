@@ -18,7 +18,9 @@ of a row past the first (AVX2).
 :func:`pack_linears` swaps the linear layers of a stock transformers model loaded from the
 same GGUF (dequantised) for Packed4Linear, naming them with transformers' own GGUF name map
 and tensor processor (which also undoes llama.cpp's row permutation of the q and k
-projections). A linear tensor of another type is refused.
+projections). A linear tensor of another type is refused. Reading the GGUF and packing take
+10-30 s, so :func:`save_packed` keeps the packed layers' buffers in one safetensors file (the
+loader's cache) and :func:`load_packed` swaps them into a fresh dequantised model.
 
 The LM head of the embedded model is tied to its Q8_0 input embedding (w = d * q per block of
 32, q in -128..127, d fp16). :func:`pack_head` runs it through the same kernel as one 4-bit
@@ -41,6 +43,8 @@ largest input).
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -378,6 +382,68 @@ def pack_head(model: nn.Module, path: str | Path) -> bool:
         return False
     model.set_submodule(_head_name(model, head), Packed8Linear(blocks, head.weight))
     return True
+
+
+PACKED_CLASSES = {"Packed4Linear": Packed4Linear, "Packed8Linear": Packed8Linear}
+BUFFERS = ("qw", "dw", "mw")  # a packed layer's kernel-layout buffers
+
+
+def save_packed(model: nn.Module, path: str | Path) -> int:
+    """Write every packed layer of `model` (its kernel-layout buffers, a Packed4Linear's bias,
+    its class and shape) to one safetensors file at `path`, atomically; return how many."""
+    from safetensors.torch import save_file
+
+    tensors, layers = {}, {}
+    for name, m in model.named_modules():
+        if isinstance(m, (Packed4Linear, Packed8Linear)):
+            layers[name] = [type(m).__name__, m.in_features, m.out_features]
+            tensors.update({f"{name}.{b}": getattr(m, b).contiguous() for b in BUFFERS})
+            if getattr(m, "bias", None) is not None:
+                tensors[f"{name}.bias"] = m.bias.detach().contiguous()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"layers": json.dumps(layers)})
+    os.replace(tmp, path)  # a half-written file is never read
+    return len(layers)
+
+
+def load_packed(model: nn.Module, path: str | Path) -> int:
+    """Swap the stock nn.Linear layers of `model` named in a :func:`save_packed` file for the
+    packed layers it holds (buffers as saved; a Packed8Linear tied to the fp32 weight it
+    replaces, as :func:`pack_head` ties it); return how many. ConfigError, before anything is
+    swapped, where the file does not fit the model (a layer missing, not a stock nn.Linear,
+    or of another shape)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        layers = json.loads(f.metadata()["layers"])
+        for name, (kind, k, n) in layers.items():
+            try:
+                old = model.get_submodule(name)
+            except AttributeError as e:
+                raise ConfigError(f"packed file {path} names a layer '{name}' the model "
+                                  "lacks") from e
+            if (type(old) is not nn.Linear or kind not in PACKED_CLASSES
+                    or (old.in_features, old.out_features) != (k, n)):
+                raise ConfigError(f"packed file {path} does not fit layer '{name}'")
+        swaps = []
+        for name, (kind, k, n) in layers.items():
+            old = model.get_submodule(name)
+            new = PACKED_CLASSES[kind].__new__(PACKED_CLASSES[kind])
+            nn.Module.__init__(new)
+            new.in_features, new.out_features, new.bits = k, n, 16
+            for b in BUFFERS:
+                new.register_buffer(b, f.get_tensor(f"{name}.{b}"))
+            if kind == "Packed8Linear":
+                new.weight = old.weight  # tied, not copied (pack_head)
+            else:
+                bias = (f.get_tensor(f"{name}.bias") if f"{name}.bias" in f.keys()
+                        else None)
+                new.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+            swaps.append((name, new))
+    for name, new in swaps:
+        model.set_submodule(name, new)
+    return len(swaps)
 
 
 def _head_name(model: nn.Module, head: nn.Module) -> str:

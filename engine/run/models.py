@@ -309,16 +309,54 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     them (engine.kernels.packed4): the dequantised model, its linears then swapped, their
     activations quantised to `bits` (16, or 8 for 'embedded-q4:a8'); CPU only
     (engine.kernels.qmm, the kernel used here, is a CPU kernel)."""
-    from engine.kernels.packed4 import pack_head, pack_linears, set_activation_bits
+    from engine.kernels.packed4 import set_activation_bits
 
     if device.type != "cpu" or device_map is not None:
         raise ConfigError("'embedded-q4' runs on the CPU only: use --device cpu and no "
                           "device map, or the target 'embedded'")
-    model, tok = _load_dir_or_hub(str(embedded_model_dir()), dtype, None)
-    pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
-    pack_head(model, embedded_gguf_dir() / EMBEDDED_GGUF)
+    folder = embedded_model_dir()
+    model, tok = _load_dir_or_hub(str(folder), dtype, None)
+    _pack_embedded(model, folder)
     set_activation_bits(model, bits)
     return model, tok, EMBEDDED_Q4_NAME if bits == 16 else EMBEDDED_Q4_A8_NAME
+
+
+def packed_cache_file(folder: Path) -> Path:
+    """The packed layers' cache of the embedded model in its converted `folder`: named by a
+    hash of the GGUF file (size, mtime) and of the packing code (packed4.py, qmm.py), so a new
+    GGUF or a changed layout packs afresh."""
+    import hashlib
+
+    from engine.kernels import packed4, qmm
+
+    gguf = (embedded_gguf_dir() / EMBEDDED_GGUF).stat()
+    h = hashlib.sha256(f"{gguf.st_size}:{gguf.st_mtime_ns}".encode())
+    for module in (packed4, qmm):
+        h.update(Path(module.__file__).read_bytes())
+    return folder / f"packed-{h.hexdigest()[:16]}.safetensors"
+
+
+def _pack_embedded(model: torch.nn.Module, folder: Path) -> None:
+    """Pack the dequantised embedded `model`'s linears and head from its cache file, else
+    from the GGUF (then write the cache, dropping stale ones)."""
+    from engine.kernels.packed4 import load_packed, pack_head, pack_linears, save_packed
+
+    cached = packed_cache_file(folder)
+    if cached.exists():
+        try:
+            load_packed(model, cached)
+            return
+        except (ConfigError, OSError, ValueError, KeyError) as e:  # repacked below
+            LOG.warning("packed cache %s unusable (%s): packing from the GGUF", cached, e)
+    pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
+    pack_head(model, embedded_gguf_dir() / EMBEDDED_GGUF)
+    try:
+        for stale in folder.glob("packed-*.safetensors"):
+            if stale.name != cached.name:
+                stale.unlink(missing_ok=True)
+        save_packed(model, cached)
+    except OSError as e:  # a read-only cache packs each load
+        LOG.warning("cannot write the packed cache %s: %s", cached, e)
 
 
 VerifyPoints = tuple[float, tuple[tuple[int, float], ...]]  # (plain forward s, (n, c_verify))

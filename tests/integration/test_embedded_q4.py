@@ -179,3 +179,24 @@ def test_a8_methods_at_temperature_zero_equal_its_own_generate_bit_for_bit(a8_pa
     for method, params in (("greedy", {}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "4x2x2"})):
         trace = engine.generate(a8_pair, prompt, method, max_new_tokens=N, **params)
         assert_greedy_exact(a8_pair, prompt, list(trace.token_ids), ref)
+
+
+def test_a_second_load_takes_the_packed_layers_from_the_cache_not_the_gguf(q4_pair,
+                                                                          monkeypatch):
+    from engine.kernels import packed4
+    from engine.run.models import embedded_model_dir, packed_cache_file
+
+    assert packed_cache_file(embedded_model_dir()).exists()  # written by the fixture's load
+
+    def no_gguf(*_):
+        raise AssertionError("read the GGUF again")
+
+    monkeypatch.setattr(packed4, "pack_linears", no_gguf)
+    monkeypatch.setattr(packed4, "pack_head", no_gguf)
+    again = engine.load_pair("embedded-q4", draft="ngram")
+    ours = _packed(q4_pair)
+    theirs = _packed(again)
+    assert theirs.keys() == ours.keys()
+    for name, m in theirs.items():
+        for b in packed4.BUFFERS:
+            assert torch.equal(getattr(m, b), getattr(ours[name], b)), (name, b)

@@ -11,7 +11,7 @@ from torch import nn
 import engine
 from engine.core.errors import ConfigError
 from engine.execution.placement import unhooked_copy
-from engine.kernels import layout
+from engine.kernels import layout, packed4
 from engine.kernels.packed4 import (
     GROUP,
     Packed4Linear,
@@ -328,3 +328,42 @@ def test_a_shortlisted_head_under_autograd_uses_its_dense_rows(packed_head):
     torch.testing.assert_close(out, h @ head.weight.T)
     out.sum().backward()
     assert h.grad is not None and h.grad.abs().sum() > 0
+
+
+def _dequantised(expected):
+    """A fresh tiny llama holding the GGUF's dequantised weights, nothing packed."""
+    model = _tiny()
+    with torch.no_grad():
+        for name, w in expected.items():
+            model.get_submodule(name).weight.copy_(w)
+    return model
+
+
+def test_saved_packed_layers_load_into_a_fresh_model_bit_for_bit(packed_head, tmp_path):
+    model, expected = packed_head
+    assert packed4.save_packed(model, tmp_path / "packed.safetensors") == 7 * LAYERS + 1
+    fresh = _dequantised(expected)
+    dense_head = fresh.lm_head.weight
+    assert packed4.load_packed(fresh, tmp_path / "packed.safetensors") == 7 * LAYERS + 1
+    ours = dict(model.named_modules())
+    for name, m in fresh.named_modules():
+        if isinstance(m, (Packed4Linear, Packed8Linear)):
+            assert type(m) is type(ours[name]), name
+            for b in packed4.BUFFERS:
+                assert torch.equal(getattr(m, b), getattr(ours[name], b)), (name, b)
+    assert fresh.lm_head.weight is dense_head  # tied to the weight it replaced, not copied
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        assert torch.equal(fresh(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_a_packed_file_that_does_not_fit_the_model_is_refused_and_swaps_nothing(
+        packed_head, tmp_path):
+    model, expected = packed_head
+    packed4.save_packed(model, tmp_path / "packed.safetensors")
+    other = model_from_config(tiny_config("llama", vocab_size=64, layers=LAYERS, hidden_size=64,
+                                          intermediate_size=64, num_attention_heads=HEADS,
+                                          num_key_value_heads=KV_HEADS), seed=0)
+    with pytest.raises(ConfigError, match="does not fit layer"):
+        packed4.load_packed(other, tmp_path / "packed.safetensors")
+    assert not packed4.is_packed(other)
