@@ -7,9 +7,16 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# a stamp of what was installed: unchanged requirements skip pip (10-20 s) on later runs
+STAMP=.venv/specviz-setup.sha256
+WANT=$(cat requirements.txt requirements-dev.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  exit 0  # the GGUF's conversion, if its cache was emptied since, happens at first load
+fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and alone, so nothing else can pull a CUDA build
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r requirements-dev.txt
 # convert the GGUF once into the safetensors cache (about 20 s the first time)
 .venv/bin/python -c "from engine.run.models import embedded_model_dir; print('embedded model:', embedded_model_dir())"
+echo "$WANT" > "$STAMP"
