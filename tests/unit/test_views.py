@@ -299,7 +299,11 @@ def test_every_view_renders_every_round_of_the_demo_trace():
         out = render(state.at(i))
         assert len(out) == len(OUTPUTS)
     data = json.loads(DEMO_TRACE.read_text())
-    assert json.loads(RunTrace.from_dict(data).to_json()) == data
+    again = json.loads(RunTrace.from_dict(data).to_json())
+    for r in again["rounds"]:  # recorded before nodes named their source: null, as read
+        for n in r["nodes"]:
+            assert n.pop("source") is None
+    assert again == data
 
 
 def test_the_demo_trace_shows_the_default_drafter_accepted_and_rejected_in_a_forest():
