@@ -147,3 +147,27 @@ def test_pairs_loaded_close_together_compile_one_after_another_on_one_thread(mon
     again = status.add("c", [1])  # idle again: a new thread, counted afresh
     again.join(timeout=10)
     assert again is not first and (status.done, status.total) == (1, 1)
+
+
+def test_while_it_compiles_the_warm_up_shortens_the_gil_switch_interval_then_restores_it(
+        monkeypatch):
+    """Runs beside a compile take the GIL back within SWITCH_S, not Python's 5 ms (the
+    convoy effect, specviz/warmup.py's docstring); idle, the process's interval is back."""
+    import sys
+
+    from specviz import warmup
+
+    seen = []
+
+    def fake_warming(runner):
+        seen.append(sys.getswitchinterval())
+        yield 1
+
+    monkeypatch.setattr(warmup, "warming", fake_warming)
+    monkeypatch.setattr(warmup, "warm_shapes", lambda runner: 1)
+    before = sys.getswitchinterval()
+    assert before > warmup.SWITCH_S
+    status = warmup.Warmup()
+    status.add("a", [1]).join(timeout=10)
+    assert seen == [pytest.approx(warmup.SWITCH_S)]
+    assert sys.getswitchinterval() == before
