@@ -86,7 +86,7 @@ def entropy_figure(d: Views):
 def source_figure(d: Views):
     s = {k: v for k, v in _series(d).items() if v.by_source}
     if not s:
-        return empty_figure("One source of drafts (not the hybrid ngram+feature)")
+        return empty_figure("One source of drafts")
     return _bars({k: [(x.source, x.tested, x.accepted) for x in v.by_source]
                   for k, v in s.items()}, "By source (hybrid drafter)",
                  "where the draft's law came from")

@@ -197,9 +197,10 @@ def test_the_opening_page_steps_through_the_demo_forest(browser, app_url):
 
 
 def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browser, app_url):
-    """Bench: two shipped prompts with sd, rows and then the three plots; a selected row opens
-    its prompt in the Debugger; the exported report.html opens in Chromium without the app
-    and draws its four figures."""
+    """Bench: two shipped prompts with sd, replay ticked, rows and then the three plots, the
+    replay table and the diagnosis over the set (its lines and four views); a selected row
+    opens its prompt in the Debugger; the exported report.html opens in Chromium without the
+    app and draws its eight figures (four, then the diagnosis' four)."""
     from playwright.sync_api import expect
 
     from specviz import bench_tab
@@ -214,11 +215,17 @@ def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browse
         box = page.locator(f"#{elem} input")
         box.fill(value)
         box.press("Tab")
+    page.locator("#sv-bench-replay").get_by_role("checkbox").check()
     page.locator("#sv-bench").click()
     expect(page.locator("#sv-bench-status")).to_contain_text("done: 2 / 2 runs",
                                                              timeout=RUN_TIMEOUT_MS)
     for elem in ("sv-bench-acc", "sv-bench-tau", "sv-bench-speedup"):
         expect(page.locator(f"#{elem} .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#sv-bench-replay-table")).to_contain_text("clairvoyant bound")
+    page.locator("#sv-bench-diagnosis").get_by_text("Diagnosis over the set").click()
+    expect(page.locator("#sv-bench-diagnosis-md")).to_contain_text("Diagnosis of sd: ")
+    for elem in ("position", "entropy", "calibration", "source"):
+        expect(page.locator(f"#sv-bench-diag-{elem} .js-plotly-plot")).to_be_visible()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "e2e-bench-tab.png"), full_page=True)
 
@@ -228,7 +235,7 @@ def test_the_bench_tab_runs_a_set_to_its_plots_and_its_report_opens_alone(browse
     report = max(bench_tab.BENCH.runs_dir.glob("run-*/report.html"),
                  key=lambda p: p.stat().st_mtime)
     page.goto(report.as_uri())
-    expect(page.locator(".js-plotly-plot")).to_have_count(4)
+    expect(page.locator(".js-plotly-plot")).to_have_count(8)
     page.screenshot(path=str(ARTIFACTS / "e2e-bench-report.png"), full_page=True)
     ctx.close()
 
