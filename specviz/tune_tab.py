@@ -197,9 +197,9 @@ class TuneTab:
 def build(shared: Shared, set_name: gr.Dropdown, upload: gr.File) -> TuneTab:
     """Lay the tuner out (inside the Bench tab, under its set picker) and wire it."""
     from engine import METHODS
-    from engine.tune.space import SPACES
+    from engine.tune.space import tunable as tunable_methods
 
-    tunable = sorted(m for m in SPACES if m in METHODS and METHODS[m].exact)
+    tunable = sorted(m for m in tunable_methods() if METHODS[m].exact)
     cap = minutes_cap()
     gr.Markdown(f"**Tune the pair** over the chosen set: each method's exact settings race by "
                 "successive halving against generate() on part of the set (half the "

@@ -1,9 +1,9 @@
 """Interleaved benchmarks of engine methods against transformers' generate().
 
 Each repeat runs, for every prompt, every listed method and its matching reference
-generate() call (greedy; beam search of the same width for beam methods; sampling at the
-same temperature otherwise) one after the other in this process, after a warm-up of each
-(:func:`warm_up`).
+generate() call (the method's ``MethodSpec.reference_call``: greedy; beam search of the same
+width for beam methods; sampling at the same temperature otherwise) one after the other in
+this process, after a warm-up of each (:func:`warm_up`).
 Reported: tokens/s, tau, acceptance and the speedup over the matching generate() call as
 min / median / max over prompts x repeats, and whether outputs were identical where the
 method claims it. ``python -m engine bench`` (engine/cli/bench.py) writes the markdown table
@@ -23,7 +23,6 @@ from engine.core.eos import eos_ids
 from engine.core.errors import ConfigError
 from engine.execution import static_kv
 from engine.run import pacing
-from engine.run.costs import run_width
 from engine.run.hf_run import generate_kwargs
 
 
@@ -56,14 +55,6 @@ def parse_methods(text: str) -> list[Case]:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def reference_kind(spec, params: dict[str, Any]) -> tuple[str, int]:
-    """('greedy' | 'sample' | 'beam' | 'beam_sample', width) of the matching generate()."""
-    width = run_width(params)
-    if spec.reference.startswith("beam"):
-        return ("beam" if params["temperature"] == 0 else "beam_sample"), width
-    return ("greedy" if params["temperature"] == 0 else "sample"), 1
 
 
 def run_reference(pair, ids: list[int], kind: tuple[str, int], params: dict[str, Any]):
@@ -104,21 +95,24 @@ def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str])
     return measure_run(pair, prompt, case, raw=raw, common=common)[0]
 
 
-def measure_run(pair, prompt: str, case: Case, *, raw: bool,
-                common: dict[str, str]) -> tuple[dict, Any]:
+def measure_run(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str],
+                over_tuned: bool = True) -> tuple[dict, Any]:
     """:func:`measure`'s row and the method's RunTrace (its rounds, for per-round
-    statistics). The method's run and its reference are each timed whole: a caller's pacing
-    hook (engine.run.pacing) runs between the two, never inside either."""
+    statistics). The case's parameters are settled once (``engine.run.inputs.settle``) over
+    the pair's tuned settings, or over the method's defaults alone when not ``over_tuned``
+    (a tune's candidate is a whole setting). The method's run and its reference are each
+    timed whole: a caller's pacing hook (engine.run.pacing) runs between the two, never
+    inside either."""
     import engine
-    from engine.run.api import run_params
+    from engine.run.inputs import settle
 
-    spec = engine.METHODS[case.method]
-    given = {**common, **case.params}
-    full, _ = run_params(pair, case.method, given)  # what the run uses: tuned where not given
+    settings = settle(case.method, {**common, **case.params},
+                      pair.tuned if over_tuned else None)
+    full = settings.params
     with pacing.whole():  # a timed segment: no other work between its rounds
-        trace = engine.generate(pair, prompt, case.method, raw=raw, **given)
+        trace = engine.generate(pair, prompt, settings, raw=raw)
     pacing.pause()  # a caller's other work between the two timed segments, never inside
-    kind = reference_kind(spec, full)
+    kind = settings.spec.reference_call(full)
     ids = list(trace.prompt_ids)
     ref_wall, ref_gen = run_reference(pair, ids, kind, full)
     eos = set(eos_ids(pair.target))

@@ -2,7 +2,7 @@
 
 Temperature 0, or a method that ignores temperature (``MethodSpec.samples`` False: greedy, beam,
 atspeed_strict): the method's output against its reference generate() call
-(``engine.bench.interleaved.reference_kind``: greedy, or beam search of the same width),
+(``MethodSpec.reference_call``: greedy, or beam search of the same width),
 token by token, beams with their scores; the first divergence comes with the target's top-2
 margin there.
 
@@ -23,27 +23,29 @@ Approximate methods (``MethodSpec.exact`` False) get the observed TV distance, n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.check.result import CheckConfig, CheckResult
 from engine.check.stats import Progress
 from engine.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from engine.run.inputs import Settings
 
-def run_check(pair, prompt, method: str, *, raw: bool = False,
+
+def run_check(pair, prompt, method: str | Settings, *, raw: bool = False,
               config: CheckConfig = CheckConfig(), progress: Progress | None = None,
               **params: Any) -> CheckResult:
     """Check one method on one prompt and pair (see the module docstring).
 
-    params: the method's parameters as for engine.generate (validated here; the pair's
-        tuned settings fill the ones not given, as in a run).
+    method, params: as for engine.generate: a name and its parameters (settled here; the
+        pair's tuned settings fill the ones not given, as in a run), or settled Settings.
     """
     from engine.check.runs import check_identical, check_law
-    from engine.methods import METHODS
-    from engine.run.api import encode_prompt, run_params
+    from engine.run.api import encode_prompt, settings_of
 
-    full, _ = run_params(pair, method, params)
-    spec = METHODS[method]
+    settings = settings_of(pair, method, params)
+    full, spec = settings.params, settings.spec
     spec.make(full)  # cross-parameter checks (e.g. beam sampling needs temperature > 0)
     ids = encode_prompt(pair, prompt, raw)
     report = progress or (lambda done, total, message: None)

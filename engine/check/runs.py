@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from scipy.stats import chi2
 
-from engine.bench.interleaved import reference_kind, reference_output, strip_pad
+from engine.bench.interleaved import reference_output, strip_pad
 from engine.check.laws import exact_laws
 from engine.check.result import CheckConfig, CheckResult, timed
 from engine.check.stats import (
@@ -28,7 +28,6 @@ from engine.check.stats import (
 from engine.core.eos import eos_ids
 from engine.core.sampling import Warp
 from engine.run.api import generate, tokenizer_of
-from engine.run.costs import run_width
 
 # ------------------------------------------------------------------ temperature 0
 
@@ -60,7 +59,7 @@ def check_identical(pair, ids: list[int], spec, full: dict, report: Progress) ->
     report(0, 2, f"running {spec.name}")
     trace = generate(pair, ids, spec.name, **full)
     ref_params = {**full, "temperature": 0.0}
-    kind = reference_kind(spec, ref_params)
+    kind = spec.reference_call(ref_params)
     report(1, 2, f"running generate({kind[0]}, width={kind[1]})")
     _, out = reference_output(pair, ids, kind, ref_params)
     report(2, 2, "comparing")
@@ -159,7 +158,7 @@ def check_law(pair, ids: list[int], spec, full: dict, cfg: CheckConfig,
     law, q_law, depth = exact_laws(pair, ids, warp, 1 if beams else 2, eos)
     if spec.runner != "loop":  # transformers drafts with its own candidate generator
         q_law = None
-    per_run = run_width(full) if beams else 1
+    per_run = spec.width(full)
     n_runs, wrongs = _size(law, q_law, cfg, per_run)
     params = {**full, "max_new_tokens": depth}
     first = generate(pair, ids, spec.name, **{**params, "seed": 0})  # also a warm-up

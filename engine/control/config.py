@@ -44,12 +44,19 @@ def normalise_switch(given: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ configs
 
+# the cost switch's rows, which the beam methods take too (engine.methods.beam_forest)
+SWITCH = ParamSpec(
+    "switch", str, "off", "cost-aware switch: 'cost' plans each round's draft depth (0: a plain "
+    "target step) from the acceptance so far and the cost profile, in place of a length "
+    "controller (controller=cost: deprecated spelling)", choices=SWITCH_KINDS,
+    normalise=normalise_switch)
+COSTS = ParamSpec("costs", str, "measured", "the cost profile the cost switch plans with: "
+                  "'measured' on this machine or a stored one (e.g. h100)", advanced=True)
+
 CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kinds; advanced: cap, priors, rules
-    ParamSpec("controller", str, "fixed", "draft-length controller", choices=CONTROLLER_KINDS),
-    ParamSpec("switch", str, "off", "cost-aware switch: 'cost' plans each round's draft depth "
-              "(0: a plain target step) from the acceptance so far and the cost profile, in "
-              "place of a length controller (controller=cost: deprecated spelling)",
-              choices=SWITCH_KINDS, normalise=normalise_switch),
+    ParamSpec("controller", str, "fixed", "draft-length controller (a tree's depth controller: "
+              "fixed = every level of the k-config)", choices=CONTROLLER_KINDS),
+    SWITCH,
     ParamSpec("cap", int, 16, "hard cap K_max on the draft length (adaptive controllers)",
               min=1, max=64, advanced=True),
     ParamSpec("alpha0", float, 1.0, "Beta-TS prior alpha_0 (EESD Eq. 2)", min=0.0,
@@ -72,8 +79,7 @@ CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kinds; advanced: cap,
     ParamSpec("confidence", float, 0.4, "confidence controller: draft on while the drafter "
               "gave its newest token at least this probability (temperature 1)", min=0.0,
               max=1.0, advanced=True),
-    ParamSpec("costs", str, "measured", "cost controller: the cost profile it plans with, "
-              "'measured' on this machine or a stored one (e.g. h100)", advanced=True),
+    COSTS,
     ParamSpec("discount", float, 0.9, "cost controller: how much of the acceptance "
               "posterior each drafted round keeps (1: never forget)", min=0.0, max=1.0,
               advanced=True),

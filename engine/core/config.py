@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar, get_type_hints
 
 from engine.core.errors import ConfigError
@@ -40,6 +40,12 @@ class ParamSpec:
     advanced: bool = False
     normalise: Callable[[dict[str, Any]], dict[str, Any]] | None = field(
         default=None, compare=False, repr=False)
+
+    def with_default(self, default: Any) -> ParamSpec:
+        """This row with another default (checked against the row): a method that needs its
+        own default of a shared row derives it here, so the name's meaning, type, range and
+        help stay declared once."""
+        return replace(self, default=self.parse(default))
 
     @property
     def flag(self) -> str:
@@ -128,12 +134,15 @@ def parse_k_config(text: str | tuple[int, ...]) -> tuple[int, ...]:
 def normalised(specs: tuple[ParamSpec, ...], given: Mapping[str, Any]) -> dict[str, Any]:
     """The given values with every row's ``normalise`` applied (a deprecated spelling in the
     canonical one; ConfigError on a conflicting combination); unchanged when no row has one.
-    Apply it to one layer of values (the caller's, a pair's tuned settings) before merging
-    layers, so a value given in one layer sets aside the other layer's values it implies."""
+    A value a row implies for a name the rows lack is left out (the cost switch implies
+    ``controller=fixed``, which a beam method has no row for). Apply it to one layer of
+    values (the caller's, a pair's tuned settings) before merging layers, so a value given
+    in one layer sets aside the other layer's values it implies."""
     out = dict(given)
+    names = {s.name for s in specs}
     for s in specs:
         if s.normalise is not None:
-            out = s.normalise(out)
+            out = {k: v for k, v in s.normalise(out).items() if k in names or k in given}
     return out
 
 

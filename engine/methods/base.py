@@ -135,6 +135,14 @@ class Method(Protocol):
     def use_costs(self, profile) -> None: ...
 
 
+# The draft depth every drafting family takes, declared once (a method needing another
+# default derives it: ``GAMMA.with_default(3)``).
+GAMMA = ParamSpec("gamma", int, 4, "draft depth per round: tokens a chain drafts (an adaptive "
+                  "controller's first length), beam steps a beam method drafts", min=1, max=64)
+
+ForestBound = Callable[[Mapping[str, Any]], "tuple[int, str]"]
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its parameters (beyond COMMON_PARAMS), its typed config and how
@@ -162,9 +170,56 @@ class MethodSpec:
     # the keywords of transformers' own generate(), run under the recorder
     # (engine.methods.hf, engine.run.hf_run)
     runner: str = "loop"
+    # the settings the tuner tries (engine.tune.space), each over the method's defaults; ()
+    # = not tunable; tune_by_default: tuned when a tune names no methods
+    tune_space: tuple[Mapping[str, Any], ...] = ()
+    tune_by_default: bool = False
+    # the parameter that is the run's width W (its output beams); None: one row
+    width_param: str | None = None
+    # a bool parameter under which the target's cache keeps one row whatever the width
+    # (DSBD's one-cache mode); None: as many rows as the width
+    one_row_param: str | None = None
+    # the most nodes a round's forest can hold at these (validated) parameters, and what
+    # that product is, e.g. (64, "draft_beams x gamma"); None: bounded by the rows alone
+    forest_bound: ForestBound | None = None
 
     def __post_init__(self) -> None:
         check_config_fields(self.config, self.params)
+
+    def width(self, params: Mapping[str, Any]) -> int:
+        """W, the run's output width at these parameters: its beams, 1 for a token method
+        (the width of its plain decode and of the cost model's plain step)."""
+        if self.width_param is None:
+            return 1
+        return int(params.get(self.width_param, self._default(self.width_param)))
+
+    def cache_rows(self, params: Mapping[str, Any]) -> int:
+        """Rows of the run's target cache: its width, or 1 in a one-row mode."""
+        if self.one_row_param is not None and params.get(self.one_row_param,
+                                                         self._default(self.one_row_param)):
+            return 1
+        return self.width(params)
+
+    def plain_decode(self, temperature: float) -> str:
+        """The target-only decode the method is timed and checked against at a temperature:
+        greedy or sample for a one-row method, beam or beam_sample for a beam method (the
+        name of transformers' generate() mode and of the registered plain method)."""
+        beams = self.reference.startswith("beam")
+        if temperature > 0:
+            return "beam_sample" if beams else "sample"
+        return "beam" if beams else "greedy"
+
+    def reference_call(self, params: Mapping[str, Any]) -> tuple[str, int]:
+        """(generate() mode, width) of the plain decode matching a run at these parameters."""
+        return self.plain_decode(params["temperature"]), self.width(params)
+
+    def forest_nodes(self, params: Mapping[str, Any]) -> tuple[int, str] | None:
+        """The most nodes a round's forest holds at these parameters and what that product
+        is; None when the method declares no bound."""
+        return None if self.forest_bound is None else self.forest_bound(params)
+
+    def _default(self, name: str) -> Any:
+        return next(p.default for p in self.all_params if p.name == name)
 
     def configure(self, params: Mapping[str, Any]) -> Any:
         """The typed config from parameter values (see ``config_from_params``)."""
@@ -178,11 +233,8 @@ class MethodSpec:
 
     @property
     def all_params(self) -> tuple[ParamSpec, ...]:
-        common = tuple(
-            ParamSpec(p.name, p.type, self.defaults.get(p.name, p.default), p.help, p.choices,
-                      p.min, p.max, p.min_exclusive)
-            for p in COMMON_PARAMS
-        )
+        common = tuple(p.with_default(self.defaults[p.name]) if p.name in self.defaults else p
+                       for p in COMMON_PARAMS)
         return common + self.params
 
     def describe(self) -> dict[str, Any]:
@@ -194,6 +246,7 @@ class MethodSpec:
             "exact": self.exact,
             "reference": self.reference,
             "runner": self.runner,
+            "tunable": bool(self.tune_space),
             "params": [
                 {"name": p.name, "type": p.type.__name__, "default": p.default, "help": p.help,
                  "choices": list(p.choices), "min": p.min, "max": p.max}

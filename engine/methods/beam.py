@@ -34,17 +34,16 @@ from engine.contract.trace import (
     BeamStep,
     TestRecord,
 )
+from engine.control.config import COSTS, SWITCH
 from engine.core.forest import ROOT, Forest, empty_forest
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
+    BEAM_GAMMA,
     BEAMS,
-    COSTS,
     DEAD,
     DRAFT_BEAMS,
     DRAFT_CONFIDENCE,
     FILL,
-    GAMMA,
-    SWITCH,
     BeamStart,
     BeamWidthConfig,
     NewBeam,
@@ -53,6 +52,7 @@ from engine.methods.beam_forest import (
     beam_verdict,
     children_of,
     draft_forest,
+    draft_forest_bound,
     forest_depth,
     level_nodes,
     node_target_probs,
@@ -279,6 +279,7 @@ register(MethodSpec(
     reference="beam",
     uses_draft=False,
     samples=False,
+    width_param="beams",
 ))
 
 register(MethodSpec(
@@ -294,6 +295,7 @@ register(MethodSpec(
     uses_draft=False,
     sampling_only=True,
     defaults={"temperature": 1.0},
+    width_param="beams",
 ))
 
 register(MethodSpec(
@@ -303,11 +305,17 @@ register(MethodSpec(
     family="beam",
     exactness="identical to beam search / generate(num_beams=K, do_sample=False), EOS and "
               "finished hypotheses included (the target's beam search is replayed exactly)",
-    params=(BEAMS, DRAFT_BEAMS, GAMMA, FILL, DRAFT_CONFIDENCE, SWITCH, COSTS),
+    params=(BEAMS, DRAFT_BEAMS, BEAM_GAMMA, FILL, DRAFT_CONFIDENCE, SWITCH, COSTS),
     config=StrictConfig,
     build=lambda cfg: BeamSearch(beams=cfg.beams, draft_beams=cfg.draft_beams, gamma=cfg.gamma,
                                  fill=cfg.fill, draft_confidence=cfg.draft_confidence,
                                  switch=cfg.switch, costs=cfg.costs),
     reference="beam",
     samples=False,
+    tune_space=tuple(
+        {"draft_beams": n, "gamma": g, "draft_confidence": c, "switch": s}
+        for n in (4, 8) for g in (1, 2) for c in (0.0, 0.3) for s in ("off", "cost")),
+    tune_by_default=True,
+    width_param="beams",
+    forest_bound=draft_forest_bound,
 ))

@@ -22,7 +22,7 @@ from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT, Forest, path_to
-from engine.methods.base import RoundVerdict, RunState
+from engine.methods.base import GAMMA, RoundVerdict, RunState
 
 Pos = tuple[int, int]  # (tree row, forest node id; ROOT = the row's newest committed token)
 DEAD = NEG_SCORE / 2  # running scores below this mark placeholder or finished rows
@@ -353,9 +353,10 @@ class BeamStart:
 # ------------------------------------------------------------------ parameters
 
 BEAMS = ParamSpec("beams", int, 4, "target beams K", min=1, max=64)
-DRAFT_BEAMS = ParamSpec("draft_beams", int, 8, "draft beams N per depth (N >= K)", min=1,
+DRAFT_BEAMS = ParamSpec("draft_beams", int, 8, "draft beams per draft step (AtSpeed: N >= K "
+                        "per depth; DSBD: W_S per layer, also the output width)", min=1,
                         max=256)
-GAMMA = ParamSpec("gamma", int, 3, "draft depth (beam steps drafted per round)", min=1, max=16)
+BEAM_GAMMA = GAMMA.with_default(3)  # the beam methods' draft depth
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,11 +369,6 @@ class BeamWidthConfig:
 DRAFT_CONFIDENCE = ParamSpec(  # atspeed_strict and dsbd
     "draft_confidence", float, 0.0, "draft a round only when every live beam's likeliest draft "
     "token has q >= this (else a plain beam step; 0: every round)", min=0.0, max=1.0)
-SWITCH = ParamSpec(  # atspeed_strict and dsbd
-    "switch", str, "off", "cost-aware switch: 'cost' plans each round's draft depth (0: a "
-    "plain beam step) from the acceptance so far and the cost profile", choices=("off", "cost"))
-COSTS = ParamSpec("costs", str, "measured", "the cost profile the switch plans with: "
-                  "'measured' on this machine or a stored one (e.g. h100)", advanced=True)
 FILL = ParamSpec("fill", bool, False, "draft each row's next-best continuations into the "
                  "slots the widest row pads (same forward shape, more drafted beams)",
                  advanced=True)
@@ -402,3 +398,12 @@ class StrictConfig(AtSpeedConfig):
     draft_confidence: float = 0.0
     switch: str = "off"
     costs: str = "measured"
+
+
+def draft_forest_bound(params) -> tuple[int, str]:
+    """A beam method's forest bound: draft_beams nodes per depth, gamma depths (atspeed_strict's
+    fill: every row's tree as wide as the widest, beams x draft_beams x gamma)."""
+    size = int(params["draft_beams"]) * int(params["gamma"])
+    if params.get("fill"):
+        return size * int(params["beams"]), "beams x draft_beams x gamma (fill)"
+    return size, "draft_beams x gamma"

@@ -30,19 +30,18 @@ from engine.beams.sample import beam_law
 from engine.beams.search import NEG_SCORE
 from engine.contract.records import RoundExtras, WidthDecision
 from engine.contract.trace import ACCEPTED, SKIPPED, BeamStep, BeamTrace, TestRecord
+from engine.control.config import COSTS, SWITCH
 from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, empty_forest
 from engine.core.sampling import EPS, draw_without_replacement
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 from engine.methods.beam_forest import (
+    BEAM_GAMMA,
     BEAMS,
-    COSTS,
     DEAD,
     DRAFT_BEAMS,
     DRAFT_CONFIDENCE,
-    GAMMA,
-    SWITCH,
     AtSpeedConfig,
     BeamStart,
     Level,
@@ -50,6 +49,7 @@ from engine.methods.beam_forest import (
     Pos,
     beam_verdict,
     draft_forest,
+    draft_forest_bound,
     forest_depth,
     level_nodes,
     node_target_probs,
@@ -386,9 +386,8 @@ register(MethodSpec(
               "sampling step of width W_S (with a dynamic width, part of the random width "
               "schedule; one-cache: one beam)",
     params=(
-        ParamSpec("draft_beams", int, 4, "draft beams W_S per layer (also the output width)",
-                  min=1, max=64),
-        ParamSpec("gamma", int, 3, "draft layers per round", min=1, max=16),
+        DRAFT_BEAMS.with_default(4),
+        BEAM_GAMMA,
         ParamSpec("threshold", float, 0.7, "width threshold t: largest width accepted with "
                   "probability >= t (Eq. 7)", min=0.0, max=1.0, advanced=True),
         ParamSpec("min_width", int, 1, "minimum layer width W_min (Eq. 6)", min=1, max=64,
@@ -404,6 +403,13 @@ register(MethodSpec(
     reference="beam_sample",
     sampling_only=True,
     defaults={"temperature": 1.0},
+    tune_space=tuple(
+        {"gamma": g, "min_width": w, "draft_confidence": c, "switch": s}
+        for g in (1, 2) for w in (1, 4) for c in (0.0, 0.5) for s in ("off", "cost")),
+    tune_by_default=True,
+    width_param="draft_beams",
+    one_row_param="one_cache",
+    forest_bound=draft_forest_bound,
 ))
 
 register(MethodSpec(
@@ -414,11 +420,16 @@ register(MethodSpec(
     family="beam",
     exactness="approximate: not lossless (output law only close to beam sampling; the TV "
               "distance is measured in tests/model/test_beam_methods.py)",
-    params=(BEAMS, DRAFT_BEAMS, GAMMA, SWITCH, COSTS),
+    params=(BEAMS, DRAFT_BEAMS, BEAM_GAMMA, SWITCH, COSTS),
     config=RelaxedConfig,
     build=build_relaxed,
     reference="beam_sample",
     sampling_only=True,
     defaults={"temperature": 1.0},
     exact=False,
+    tune_space=tuple(
+        {"draft_beams": n, "gamma": g, "switch": s}
+        for n in (4, 8) for g in (1, 2) for s in ("off", "cost")),
+    width_param="beams",
+    forest_bound=draft_forest_bound,
 ))

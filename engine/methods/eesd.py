@@ -31,7 +31,7 @@ from engine.core.config import ParamSpec
 from engine.core.errors import ConfigError
 from engine.drafters.early_exit import EarlyExitDrafter, early_exit_drafter
 from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
-from engine.methods.base import MethodSpec, PairView, RoundVerdict, RunState, register
+from engine.methods.base import GAMMA, MethodSpec, PairView, RoundVerdict, RunState, register
 from engine.methods.token import EXACT, TreeSpeculation, build_chain
 
 EXIT_CHOICES = ("auto", "trained", "untrained")
@@ -137,9 +137,8 @@ class EESD(TreeSpeculation):
 
 
 PARAMS = (
-    ParamSpec("gamma", int, 4, "draft tokens per round with the fixed controller (heuristic: "
-              "the start length)", min=1, max=64),
-    *(replace(p, default="beta_ts") if p.name == "controller" else p for p in CONTROL_PARAMS),
+    GAMMA,
+    *(p.with_default("beta_ts") if p.name == "controller" else p for p in CONTROL_PARAMS),
     ParamSpec("exit_drafter", str, "auto", "early exit: auto (the pair's; the shipped trained "
               "one by default), trained, untrained", choices=EXIT_CHOICES),
     ParamSpec("predictor", str, "auto", "Cali-TS theta_M: auto (the drafter's trained "
@@ -161,4 +160,11 @@ register(MethodSpec(
     config=EESDConfig,
     build=EESD,
     reference="greedy",
+    tune_space=(
+        {"switch": "cost"},
+        *({"controller": "fixed", "gamma": g} for g in (1, 2, 3)),
+        {"controller": "beta_ts"},
+        {"controller": "cali_ts"},
+    ),
+    tune_by_default=True,
 ))

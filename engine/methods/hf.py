@@ -106,6 +106,8 @@ register(MethodSpec(
     reference="greedy",
     uses_draft=False,
     runner=RUNNER,
+    tune_space=tuple({"prompt_lookup_num_tokens": n, "max_matching_ngram_size": m}
+                     for n in (2, 4, 10) for m in (2, 3)),
 ))
 
 register(MethodSpec(
@@ -120,6 +122,8 @@ register(MethodSpec(
     build=lambda cfg: _mode("hf_assisted", cfg, assistant=True),
     reference="greedy",
     runner=RUNNER,
+    tune_space=tuple({"num_assistant_tokens": n, "assistant_confidence_threshold": t}
+                     for n in (3, 8, 20) for t in (0.0, 0.4)),
 ))
 
 register(MethodSpec(
@@ -138,4 +142,6 @@ register(MethodSpec(
     reference="greedy",
     uses_draft=False,
     runner=RUNNER,
+    tune_space=tuple({"num_assistant_tokens": n, "assistant_confidence_threshold": t}
+                     for n in (3, 8) for t in (0.0, 0.4)),
 ))

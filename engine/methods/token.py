@@ -43,7 +43,7 @@ from engine.core.forest import ROOT, Forest, depths, empty_forest
 from engine.core.sampling import argmax, probs_from_logits
 from engine.drafters.ngram import support
 from engine.execution.cached_model import Scored
-from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
+from engine.methods.base import GAMMA, MethodSpec, RoundVerdict, RunState, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.verify.optimality import position_record
 from engine.verify.token import RULES, SCHEME, draw_candidates, on_support
@@ -340,10 +340,8 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: st
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")
 
-TREE_CONTROL_PARAMS = tuple(  # the k-config's depth is the cap of a tree's controller
-    replace(p, help="tree depth controller: fixed = every level of the k-config")
-    if p.name == "controller" else p for p in CONTROL_PARAMS)
-
+K_CONFIG = ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2 "
+                     "(its depth is the cap of a tree's controller)")
 OPTIMAL_PARAM = ParamSpec(
     "optimal", bool, False,
     "record Hu et al.'s optimal acceptance alpha* and the verifier's exact acceptance at "
@@ -405,11 +403,19 @@ register(MethodSpec(
             "or a controller (heuristic, Beta-TS, Cali-TS).",
     family="token",
     exactness=EXACT,
-    params=(ParamSpec("gamma", int, 4, "draft tokens per round", min=1, max=64),)
-    + CONTROL_PARAMS + (OPTIMAL_PARAM,),
+    params=(GAMMA, *CONTROL_PARAMS, OPTIMAL_PARAM),
     config=SdConfig,
     build=lambda c: build_chain(c, gamma=c.gamma, optimal=c.optimal),
     reference="greedy",
+    tune_space=(
+        {"switch": "cost"},
+        *({"controller": "fixed", "gamma": g} for g in (1, 2, 3, 4, 6)),
+        {"controller": "heuristic"},
+        *({"controller": "confidence", "confidence": c, "cap": 8} for c in (0.3, 0.5, 0.7)),
+        {"controller": "beta_ts"},
+        {"controller": "cali_ts"},
+    ),
+    tune_by_default=True,
 ))
 
 register(MethodSpec(
@@ -420,15 +426,22 @@ register(MethodSpec(
     family="token",
     exactness=EXACT,
     params=(
-        ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2"),
+        K_CONFIG,
         ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
         OPTIMAL_PARAM,
-    ) + TREE_CONTROL_PARAMS,
+    ) + CONTROL_PARAMS,
     config=MCSDConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule=c.verifier, optimal=c.optimal,
                                control=c),
     reference="greedy",
+    tune_space=(
+        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2", "4x2x2")),
+        *({"k_config": k, "controller": "confidence", "confidence": c}
+          for k in ("2x2", "2x2x2") for c in (0.3, 0.5)),
+        *({"k_config": k, "switch": "cost"} for k in ("2x2", "2x2x2")),
+    ),
+    tune_by_default=True,
 ))
 
 register(MethodSpec(
@@ -437,10 +450,13 @@ register(MethodSpec(
             "every tree node, verified by the rule that attains its optimal acceptance.",
     family="token",
     exactness=EXACT,
-    params=(ParamSpec("k_config", str, "3x2x2", "children per node at each depth, e.g. 3x2x2"),
-            OPTIMAL_PARAM) + TREE_CONTROL_PARAMS,
+    params=(K_CONFIG.with_default("3x2x2"), OPTIMAL_PARAM) + CONTROL_PARAMS,
     config=GreedyDraftsConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule="greedy_drafts", optimal=c.optimal,
                                control=c),
     reference="greedy",
+    tune_space=(
+        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2")),
+        {"k_config": "2x2x2", "switch": "cost"},
+    ),
 ))

@@ -27,22 +27,25 @@ from engine.run import costs, pacing, profile
 from engine.run.hf_run import HfRun
 from engine.run.inputs import (  # noqa: F401  (re-exported: the API's names)
     IdTokenizer,
+    Settings,
     check_length,
     encode_prompt,
     run_params,
+    settings_of,
+    settle,
     tokenizer_of,
 )
 from engine.run.loop import Decoder
 from engine.run.models import ModelPair
 
 
-def make_decoder(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
-                 **params: Any) -> tuple[Decoder, dict[str, Any], list[int]]:
-    """Validate everything up front (parameters as ``run_params`` fills them), then build
-    the round loop."""
-    full, _ = run_params(pair, method, params)
-    decoder, ids = _decoder(pair, prompt, method, raw, full)
-    return decoder, full, ids
+def make_decoder(pair: ModelPair, prompt, method: str | Settings = "greedy",
+                 raw: bool = False, **params: Any) -> tuple[Decoder, dict[str, Any], list[int]]:
+    """Validate everything up front (parameters as ``settle`` layers them), then build the
+    round loop."""
+    settings = settings_of(pair, method, params)
+    decoder, ids = _decoder(pair, prompt, settings.method, raw, settings.params)
+    return decoder, settings.params, ids
 
 
 def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
@@ -85,7 +88,7 @@ def projected_profile(method: str, width: int):
 def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: str):
     """The cost profile a run's switch plans with: measured on this machine (once per
     process and setting, engine.run.profile) or a stored one."""
-    width = costs.cache_rows(full)
+    width = METHODS[method].cache_rows(full)
     if name != profile.MEASURED:
         return profile.stored(name, method, width)
     ids = [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]
@@ -107,11 +110,10 @@ class Run:
     # other model work between rounds (engine.run.hf_run.HfRun: True, its generate() goes on)
     own_thread = False
 
-    def __init__(self, pair: ModelPair, prompt, method: str, raw: bool = False,
-                 **params: Any) -> None:
-        self.pair, self.method, self.prompt = pair, method, prompt
-        self.params, self.tuned_names = run_params(pair, method, params)
-        self._decoder, ids = _decoder(pair, prompt, method, raw, self.params)
+    def __init__(self, pair: ModelPair, prompt, settings: Settings, raw: bool = False) -> None:
+        self.pair, self.method, self.prompt = pair, settings.method, prompt
+        self.params, self.tuned_names = settings.params, settings.tuned_names
+        self._decoder, ids = _decoder(pair, prompt, self.method, raw, self.params)
         self.prompt_ids: tuple[int, ...] = tuple(ids)
         self._steps = self._decoder.rounds()
         self._rounds: list[RoundTrace] = []
@@ -163,10 +165,11 @@ class Run:
 
     def _finish(self) -> None:
         self.done = True
-        plain = not METHODS[self.method].uses_draft
-        cost = costs.cost_model(self.method, self._rounds, self.params, plain,
-                                lambda width: plain_step_s(self.pair, width),
-                                projected_profile(self.method, costs.run_width(self.params)))
+        spec = METHODS[self.method]
+        plain, width = not spec.uses_draft, spec.width(self.params)
+        cost = costs.cost_model(self._rounds, width, plain,
+                                lambda w: plain_step_s(self.pair, w),
+                                projected_profile(self.method, width))
         if plain and cost:  # a plain run measured the pair's plain step of its width
             self.pair.calibration.step_s[cost.width] = cost.t_step_s
         self._cost = cost
@@ -202,28 +205,29 @@ class Run:
         )
 
 
-def start(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+def start(pair: ModelPair, prompt, method: str | Settings = "greedy", raw: bool = False,
           **params: Any) -> Run | HfRun:
     """A streaming run: iterate it for RoundTrace records; ``trace()`` at any point.
 
-    Parameters start from the method's defaults, then the pair's tuned settings
-    (``pair.tuned``); the ones given here win (see ``run_params``). transformers' own modes
-    (``MethodSpec.runner`` "transformers", engine.methods.hf) give an ``HfRun``: the same
-    interface over a recorded generate() call (engine.run.hf_run)."""
-    spec = METHODS.get(method)
-    if spec is not None and spec.runner == "transformers":
-        return HfRun(pair, prompt, method, raw, lambda width: plain_step_s(pair, width),
-                     **params)
-    return Run(pair, prompt, method, raw, **params)
+    method: a method name, its parameters the keyword ``params``, layered once by ``settle``
+    (the method's defaults, the pair's tuned settings ``pair.tuned``, the ones given here);
+    or ``Settings`` settled already (the app's, a bench's), run as they are, with no
+    keywords. transformers' own modes (``MethodSpec.runner`` "transformers",
+    engine.methods.hf) give an ``HfRun``: the same interface over a recorded generate()
+    call (engine.run.hf_run)."""
+    settings = settings_of(pair, method, params)
+    if settings.spec.runner == "transformers":
+        return HfRun(pair, prompt, settings, raw, lambda width: plain_step_s(pair, width))
+    return Run(pair, prompt, settings, raw)
 
 
-def iter_rounds(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+def iter_rounds(pair: ModelPair, prompt, method: str | Settings = "greedy", raw: bool = False,
                 **params: Any) -> Iterator[RoundTrace]:
     """Step through a run one round at a time (``start`` without the trace)."""
     yield from start(pair, prompt, method, raw, **params)
 
 
-def generate(pair: ModelPair, prompt, method: str = "greedy", raw: bool = False,
+def generate(pair: ModelPair, prompt, method: str | Settings = "greedy", raw: bool = False,
              **params: Any) -> RunTrace:
     """Run a method to the end and return its full trace."""
     return start(pair, prompt, method, raw, **params).to_end()

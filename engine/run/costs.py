@@ -40,7 +40,7 @@ long prompts it is an approximation.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 from engine.contract.records import CostRecord, ProjectionRecord
 from engine.contract.trace import BONUS, RESAMPLED, TARGET, RoundTrace
@@ -94,18 +94,6 @@ def _is_chain(rounds: list[RoundTrace]) -> bool:
     return True
 
 
-def run_width(params: Mapping[str, Any]) -> int:
-    """The run's output width W: its beams (``beams``, else ``draft_beams``), 1 for a token
-    method; the width of its matching generate() call and plain decode."""
-    return int(params.get("beams") or params.get("draft_beams") or 1)
-
-
-def cache_rows(params: Mapping[str, Any]) -> int:
-    """Rows of the run's target cache: its width, but 1 for DSBD's one-cache mode (every
-    beam in one row)."""
-    return 1 if params.get("one_cache") and not params.get("beams") else run_width(params)
-
-
 def drafted_nodes_per_row(rounds: list[RoundTrace]) -> float:
     """Nodes the drafter proposed per row per round (over each round's width), averaged."""
     if not rounds:
@@ -129,16 +117,16 @@ def projection(profile: CostProfile, rounds: list[RoundTrace], plain: bool) -> P
                             c_draft=profile.c_draft, c_verify=c_verify, nodes_per_row=nodes)
 
 
-def cost_model(method: str, rounds: list[RoundTrace],
-               params: dict[str, Any], plain: bool, step_s: Callable[[int], float],
+def cost_model(rounds: list[RoundTrace], width: int, plain: bool,
+               step_s: Callable[[int], float],
                projected: CostProfile | None = None) -> CostRecord | None:
     """The run's cost model (see module docstring): numbers only (the sentence a view shows
     is engine.cli.cost_text.cost_sentence's); a pure function of its arguments, None for a
-    run without rounds. ``plain``: the method drafts nothing (its own rounds are the plain
-    step, given back as ``t_step_s``); ``step_s(W)``: seconds of a plain step of width W
-    (engine.run.api.plain_step_s: the pair's calibration); ``projected``: a stored profile to
-    project the run onto (None: no projection)."""
-    width = run_width(params)
+    run without rounds. ``width``: the run's width W (``MethodSpec.width``); ``plain``: the
+    method drafts nothing (its own rounds are the plain step, given back as ``t_step_s``);
+    ``step_s(W)``: seconds of a plain step of width W (engine.run.api.plain_step_s: the
+    pair's calibration); ``projected``: a stored profile to project the run onto (None: no
+    projection)."""
     later = rounds[1:] or rounds
     if not later:
         return None

@@ -38,7 +38,7 @@ from engine.methods import METHODS
 from engine.methods.eesd import drafter_for
 from engine.methods.hf import HfMode
 from engine.run import costs
-from engine.run.inputs import check_length, encode_prompt, run_params, tokenizer_of
+from engine.run.inputs import Settings, check_length, encode_prompt, tokenizer_of
 
 STOP_REASONS = {"length": "max_new_tokens", "eos": "eos"}  # the recorder's -> the engine's
 CANCELLED = "cancelled"
@@ -101,14 +101,15 @@ class HfRun:
     # no other model work until the run is done (or cancelled)
     own_thread = True
 
-    def __init__(self, pair, prompt, method: str, raw: bool = False,
-                 step_s: Callable[[int], float] | None = None, **params: Any) -> None:
-        """step_s(W): seconds of a plain target step of width W, the cost model's unit
+    def __init__(self, pair, prompt, settings: Settings, raw: bool = False,
+                 step_s: Callable[[int], float] | None = None) -> None:
+        """settings: the run's settled parameters (``engine.run.inputs.settle``); step_s(W):
+        seconds of a plain target step of width W, the cost model's unit
         (engine.run.api.plain_step_s; None: no cost model)."""
-        self.pair, self.method, self.prompt = pair, method, prompt
-        self.params, self.tuned_names = run_params(pair, method, params)
-        mode = METHODS[method].make(self.params)
-        assert isinstance(mode, HfMode), method
+        self.pair, self.method, self.prompt = pair, settings.method, prompt
+        self.params, self.tuned_names = settings.params, settings.tuned_names
+        mode = METHODS[self.method].make(self.params)
+        assert isinstance(mode, HfMode), self.method
         ids = encode_prompt(pair, prompt, raw)
         check_length(pair, len(ids), self.params["max_new_tokens"])
         self.prompt_ids: tuple[int, ...] = tuple(ids)
@@ -196,8 +197,9 @@ class HfRun:
         if item.error is not None:
             raise item.error
         if self._step_s is not None and self._rounds:
-            self._cost = costs.cost_model(self.method, list(self._rounds), self.params,
-                                          False, self._step_s)
+            self._cost = costs.cost_model(list(self._rounds),
+                                          METHODS[self.method].width(self.params), False,
+                                          self._step_s)
 
     @property
     def rounds(self) -> int:

@@ -1,15 +1,18 @@
 """What a run starts from: the prompt's token ids (chat template, tokenizer fallback), its
-length against the context window, and the validated parameters (defaults, the pair's tuned
-settings, the caller's)."""
+length against the context window, and its parameters, layered once (:func:`settle`: the
+method's defaults, the pair's tuned settings, the caller's) into ``Settings``, which the CLI,
+the app and every job pass on as they are."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from engine.core.config import layered, validate_params
+from engine.core.config import ParamSpec, layered, validate_params
 from engine.core.errors import ConfigError
 from engine.methods import METHODS
 from engine.run.models import ModelPair
+from engine.run.tuned import Tuned
 
 
 class IdTokenizer:
@@ -59,14 +62,74 @@ def check_length(pair: ModelPair, n_prompt: int, max_new: int) -> None:
         )
 
 
-def run_params(pair: ModelPair, method: str, params: Mapping[str, Any]
-               ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The validated parameters a run of ``method`` on ``pair`` starts from: the method's
-    defaults, over them the pair's tuned settings of the method (``pair.tuned``), over those
-    the explicit ``params`` (None = not given); and the names whose value is the tuned one."""
+@dataclass(frozen=True)
+class Settings:
+    """A run's parameters, layered once (:func:`settle`): every row of the method's with its
+    value, validated, and where each value came from. ``engine.start`` takes it in place of
+    a method name and runs it as it is (no layer added, no check repeated)."""
+
+    method: str
+    params: dict[str, Any]  # every parameter of the method (COMMON_PARAMS included)
+    tuned_names: tuple[str, ...] = ()  # names whose value is the pair's tuned one
+    given_names: tuple[str, ...] = ()  # names whose value is the caller's
+
+    @property
+    def spec(self):
+        return METHODS[self.method]
+
+
+def settle(method: str, given: Mapping[str, Any] | None = None,
+           tuned: Tuned | None = None, *, form: bool = False) -> Settings:
+    """The one layering of a run's parameters, lowest first: the method's defaults, the
+    pair's preset params (``assets/presets.json``), its stored tune results (the tuner's
+    file: a method there replaces the preset's settings of that method whole, both read by
+    ``engine.run.tuned.tuned_settings``, which ``tuned`` is: method -> values; a loaded
+    pair's ``ModelPair.tuned``), then the explicit ``given`` values (None: not given).
+    Each layer is normalised on its own and a tuned value yields to a given one it
+    conflicts with (``engine.core.config.layered``); the result is validated once.
+
+    form: the given values are a form's whose fields opened on the tuned settings (the
+    app's widgets): a value still equal to its tuned one counts as tuned (the trace names
+    it so, and it yields to a changed value it conflicts with); every other field's value
+    is given. ConfigError: an unknown method or parameter, a bad value or combination."""
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
     specs = METHODS[method].all_params
-    tuned, given = layered(specs, pair.tuned.get(method, {}), params)
-    full = validate_params(specs, {**tuned, **given}, method)
-    return full, tuple(tuned)
+    mine = dict((tuned or {}).get(method, {}))
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    if form:
+        rows = {p.name: p for p in specs}
+        given = {k: v for k, v in given.items()
+                 if not (k in mine and k in rows and _same(rows[k], v, mine[k]))}
+    kept, given = layered(specs, mine, given)
+    full = validate_params(specs, {**kept, **given}, method)
+    return Settings(method, full, tuple(kept), tuple(given))
+
+
+def settings_of(pair: ModelPair, method: str | Settings, params: Mapping[str, Any]
+                ) -> Settings:
+    """What a run on ``pair`` starts from: ``method`` as it is when it is settled
+    ``Settings`` (then no ``params``), else :func:`settle` of the keyword ``params`` over the
+    pair's tuned settings (``pair.tuned``)."""
+    if isinstance(method, Settings):
+        if params:
+            raise ConfigError(f"settled settings of {method.method} take no further "
+                              f"parameters (got {', '.join(sorted(params))})")
+        return method
+    return settle(method, params, pair.tuned)
+
+
+def run_params(pair: ModelPair, method: str, params: Mapping[str, Any]
+               ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """:func:`settle` over the pair's tuned settings, as (validated parameters, the names
+    whose value is the tuned one)."""
+    s = settle(method, params, pair.tuned)
+    return s.params, s.tuned_names
+
+
+def _same(row: ParamSpec, a: Any, b: Any) -> bool:
+    """Whether two values of a parameter parse to the same value (a bad one: not the same)."""
+    try:
+        return row.parse(a) == row.parse(b)
+    except ConfigError:
+        return False

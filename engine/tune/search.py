@@ -50,7 +50,7 @@ from engine.bench.set_runner import open_run_dir
 from engine.bench.sets import SetPrompt, check_prompt_tokens, read_set, set_digest
 from engine.core.errors import ConfigError
 from engine.run.pacing import own_clock
-from engine.tune.space import CURRENT, DEFAULT_METHODS, Candidate, candidates
+from engine.tune.space import CURRENT, Candidate, candidates, default_methods
 
 TRIALS, REPORT, RUN_FILE, RESULT = "trials.jsonl", "report.jsonl", "run.json", "result.json"
 MAX_MINUTES = 24 * 60
@@ -61,7 +61,7 @@ class TuneSettings:
     """What a tune is asked (the CLI's flags, the app's widgets)."""
 
     set_path: str
-    methods: tuple[str, ...] = ()  # () = engine.tune.space.DEFAULT_METHODS
+    methods: tuple[str, ...] = ()  # () = engine.tune.space.default_methods()
     minutes: float = 30.0  # the search's budget, all methods together (the report is extra)
     seed: int = 0  # the split's hash and every run's seed
     max_new_tokens: int = 48
@@ -145,7 +145,7 @@ def plan_tune(settings: TuneSettings, current: dict[str, dict[str, Any]]) -> Tun
         raise ConfigError(f"first_prompts must be >= 1, got {s.first_prompts}")
     if s.report_limit is not None and s.report_limit < 1:
         raise ConfigError(f"report limit must be >= 1, got {s.report_limit}")
-    methods = s.methods or DEFAULT_METHODS
+    methods = s.methods or default_methods()
     if len(set(methods)) != len(methods):
         raise ConfigError("a method is listed twice")
     spaces = {m: tuple(candidates(m, current.get(m, {}), common(s, m),
@@ -182,7 +182,8 @@ def measure_trial(pair, prompt: SetPrompt, cand: Candidate, shared: dict[str, An
     t0 = own_clock()
     row, trace = measure_run(pair, prompt.prompt, Case(cand.label, cand.method,
                                                        {k: str(v) for k, v in cand.params}),
-                             raw=raw, common={k: str(v) for k, v in shared.items()})
+                             raw=raw, common={k: str(v) for k, v in shared.items()},
+                             over_tuned=False)  # a candidate is a whole setting
     cost = trace.stats.cost
     return {"speedup": row["speedup"], "identical": row["identical"], "tau": row["tau"],
             "predicted": None if cost is None else cost.predicted_speedup,

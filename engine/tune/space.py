@@ -1,7 +1,8 @@
 """What the tuner tries per method: a list of exact settings (``Candidate``), the pair's
 current defaults among them.
 
-Each method's space is a short list of settings that differ in what matters for speed: the
+Each method's space is its spec's ``tune_space`` (declared with the method in
+engine.methods), a short list of settings that differ in what matters for speed: the
 controller and its thresholds, the fixed draft length, the MCSD k-config, confidence gates,
 the beam draft width and depth, and the cost switch. Exactness is never a knob: every
 candidate is one of the method's exact settings (verifier rules, ``optimal`` recording and
@@ -22,53 +23,21 @@ from engine.core.errors import ConfigError
 
 CURRENT = "current"  # the label of the pair's current settings (tuned, else defaults)
 
-# method -> settings to try (over the method's defaults; the pair's current ones are added)
-SPACES: dict[str, tuple[dict[str, Any], ...]] = {
-    "sd": (
-        {"switch": "cost"},
-        *({"controller": "fixed", "gamma": g} for g in (1, 2, 3, 4, 6)),
-        {"controller": "heuristic"},
-        *({"controller": "confidence", "confidence": c, "cap": 8} for c in (0.3, 0.5, 0.7)),
-        {"controller": "beta_ts"},
-        {"controller": "cali_ts"},
-    ),
-    "mcsd": (
-        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2", "4x2x2")),
-        *({"k_config": k, "controller": "confidence", "confidence": c}
-          for k in ("2x2", "2x2x2") for c in (0.3, 0.5)),
-        *({"k_config": k, "switch": "cost"} for k in ("2x2", "2x2x2")),
-    ),
-    "greedy_drafts": (
-        *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2")),
-        {"k_config": "2x2x2", "switch": "cost"},
-    ),
-    "eesd": (
-        {"switch": "cost"},
-        *({"controller": "fixed", "gamma": g} for g in (1, 2, 3)),
-        {"controller": "beta_ts"},
-        {"controller": "cali_ts"},
-    ),
-    "atspeed_strict": tuple(
-        {"draft_beams": n, "gamma": g, "draft_confidence": c, "switch": s}
-        for n in (4, 8) for g in (1, 2) for c in (0.0, 0.3) for s in ("off", "cost")),
-    "dsbd": tuple(
-        {"gamma": g, "min_width": w, "draft_confidence": c, "switch": s}
-        for g in (1, 2) for w in (1, 4) for c in (0.0, 0.5) for s in ("off", "cost")),
-    "atspeed_relaxed": tuple(
-        {"draft_beams": n, "gamma": g, "switch": s}
-        for n in (4, 8) for g in (1, 2) for s in ("off", "cost")),
-    "hf_prompt_lookup": tuple(
-        {"prompt_lookup_num_tokens": n, "max_matching_ngram_size": m}
-        for n in (2, 4, 10) for m in (2, 3)),
-    "hf_assisted": tuple(
-        {"num_assistant_tokens": n, "assistant_confidence_threshold": t}
-        for n in (3, 8, 20) for t in (0.0, 0.4)),
-    "hf_early_exit": tuple(
-        {"num_assistant_tokens": n, "assistant_confidence_threshold": t}
-        for n in (3, 8) for t in (0.0, 0.4)),
-}
-# tuned when the caller lists no methods: the speculative methods with a space, exact ones
-DEFAULT_METHODS = ("sd", "mcsd", "eesd", "atspeed_strict", "dsbd")
+
+def tunable() -> tuple[str, ...]:
+    """The methods with settings to try (each method's ``MethodSpec.tune_space``)."""
+    from engine.methods import METHODS
+
+    return tuple(name for name, spec in METHODS.items() if spec.tune_space)
+
+
+def default_methods() -> tuple[str, ...]:
+    """What a tune that names no methods tunes: the methods whose spec says so
+    (``tune_by_default``), the token methods first."""
+    from engine.methods import METHODS
+
+    chosen = [s for s in METHODS.values() if s.tune_space and s.tune_by_default]
+    return tuple(s.name for s in sorted(chosen, key=lambda s: s.family != "token"))
 
 
 @dataclass(frozen=True)
@@ -98,16 +67,16 @@ def candidates(method: str, current: Mapping[str, Any], common: Mapping[str, Any
 
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
-    if method not in SPACES:
-        raise ConfigError(f"{method} has no settings to tune (tunable: "
-                          f"{', '.join(sorted(SPACES))})")
     spec = METHODS[method]
+    if not spec.tune_space:
+        raise ConfigError(f"{method} has no settings to tune (tunable: "
+                          f"{', '.join(sorted(tunable()))})")
     if not spec.exact and not approximate:
         raise ConfigError(f"{method} is approximate by design: name it with "
                           "--approximate to tune it anyway")
     out: list[Candidate] = []
     seen: set[str] = set()
-    for i, values in enumerate([dict(current), *SPACES[method]]):
+    for i, values in enumerate([dict(current), *spec.tune_space]):
         full = validate_params(spec.all_params, {**common, **values}, method)
         spec.make(full)  # a bad combination fails the plan
         key = json.dumps({k: full[k] for k in sorted(full) if k not in common}, default=str)

@@ -306,10 +306,11 @@ def test_the_cost_controller_names_its_profile_and_plans():
 
 
 def test_a_run_has_one_output_width_and_its_cache_rows():
-    from engine.run.costs import cache_rows, run_width
+    from engine.methods import METHODS
 
-    assert run_width({}) == cache_rows({}) == 1
-    assert run_width({"beams": 4, "draft_beams": 8}) == cache_rows({"beams": 4}) == 4
-    assert run_width({"draft_beams": 3, "one_cache": True}) == 3
-    assert cache_rows({"draft_beams": 3, "one_cache": True}) == 1
-    assert cache_rows({"draft_beams": 3, "one_cache": False}) == 3
+    sd, strict, dsbd = METHODS["sd"], METHODS["atspeed_strict"], METHODS["dsbd"]
+    assert sd.width({}) == sd.cache_rows({}) == 1
+    assert strict.width({"beams": 4, "draft_beams": 8}) == strict.cache_rows({"beams": 4}) == 4
+    assert dsbd.width({"draft_beams": 3, "one_cache": True}) == 3
+    assert dsbd.cache_rows({"draft_beams": 3, "one_cache": True}) == 1
+    assert dsbd.cache_rows({"draft_beams": 3, "one_cache": False}) == 3

@@ -51,7 +51,7 @@ def test_chain_cost_model_from_measured_phases():
     t = {"propose": 0.04, "score": 0.12, "verify": 0.01, "commit": 0.01, "observe": 0.0}
     rounds = [_chain_round(0, 0, {"propose": 9.0}), _chain_round(1, 1, t),
               _chain_round(2, 1, t)]  # round 0 (prefill) is left out
-    out = costs.cost_model("sd", rounds, {}, False, lambda w: 0.1)
+    out = costs.cost_model(rounds, 1, False, lambda w: 0.1)
     assert out.kind == "chain"
     assert out.c_draft == pytest.approx(0.2) and out.c_verify == pytest.approx(1.2)
     # each round tested 2 drafts (accepted the 1st, rejected the 2nd): alpha = 2 / 4
@@ -73,7 +73,7 @@ def test_a_chain_of_varying_length_is_predicted_round_by_round():
                       timings=t)  # the lookup found nothing: a plain step
     half = _chain_round(3, 1, t)  # 2 drafted, 1 accepted
     rounds = [_chain_round(0, 0, {"propose": 9.0}), long, none, half]
-    out = costs.cost_model("sd", rounds, {}, False, lambda w: 0.1)
+    out = costs.cost_model(rounds, 1, False, lambda w: 0.1)
     alpha = 5 / 6  # tested: 4 accepted, then 1 accepted + 1 rejected
     assert out.kind == "chain" and out.acceptance == pytest.approx(alpha)
     want = (costs.expected_tokens(alpha, 4) + 1 + costs.expected_tokens(alpha, 2)) / 3
@@ -94,7 +94,7 @@ def test_chain_acceptance_counts_only_tested_drafts():
 def test_a_plain_run_s_cost_model_is_its_median_round():
     rounds = [RoundTrace(i, committed=(CommittedToken(1, "a", "target"),), target_calls=1,
                          timings={"score": 0.05 + 0.01 * i}) for i in range(4)]
-    out = costs.cost_model("greedy", rounds, {}, True, lambda w: 1 / 0)
+    out = costs.cost_model(rounds, 1, True, lambda w: 1 / 0)
     assert out.kind == "plain" and out.t_step_s == pytest.approx(0.07)
 
 
@@ -132,7 +132,7 @@ def _tree_round(index):
 def test_a_speculative_run_is_projected_at_the_stored_costs_and_its_tokens_per_round():
     t = {"propose": 0.04, "score": 0.12}
     rounds = [_tree_round(0), _chain_round(1, 1, t), _tree_round(2)]  # round 0 left out
-    out = costs.cost_model("mcsd", rounds, {}, False, lambda w: 0.1, projected=GPU)
+    out = costs.cost_model(rounds, 1, False, lambda w: 0.1, projected=GPU)
     # drafted nodes a row: round 1 two (the resampled one is the target's), round 2 6 / 2;
     # draft calls (2 + 3) / 2, tokens (2 + 4) / 2
     proj = out.projected
@@ -147,7 +147,7 @@ def test_a_speculative_run_is_projected_at_the_stored_costs_and_its_tokens_per_r
 def test_a_chain_is_projected_at_its_measured_tokens_per_round_not_its_expected_ones():
     t = {"propose": 0.04, "score": 0.12}
     rounds = [_chain_round(0, 0, t), _chain_round(1, 1, t), _chain_round(2, 0, t)]
-    out = costs.cost_model("sd", rounds, {}, False, lambda w: 0.1, projected=GPU)
+    out = costs.cost_model(rounds, 1, False, lambda w: 0.1, projected=GPU)
     assert out.kind == "chain"
     assert out.projected.speedup == pytest.approx(1.5 / (2 * 0.1 + 1.1))
 
@@ -155,12 +155,12 @@ def test_a_chain_is_projected_at_its_measured_tokens_per_round_not_its_expected_
 def test_a_plain_run_is_projected_at_one_and_no_profile_means_no_projection():
     rounds = [RoundTrace(i, committed=(CommittedToken(1, "a", "target"),), target_calls=1,
                          timings={"score": 0.05}) for i in range(3)]
-    plain = costs.cost_model("greedy", rounds, {}, True, lambda w: 1 / 0,
+    plain = costs.cost_model(rounds, 1, True, lambda w: 1 / 0,
                              projected=GPU)
     assert plain.projected.speedup == 1.0 and plain.projected.profile == "h100"
     t = {"propose": 0.04, "score": 0.12}
     chain = [_chain_round(0, 0, t), _chain_round(1, 1, t)]
-    out = costs.cost_model("sd", chain, {}, False, lambda w: 0.1)
+    out = costs.cost_model(chain, 1, False, lambda w: 0.1)
     assert out.projected is None and "H100" not in cost_sentence(out)
 
 

@@ -23,7 +23,7 @@ from engine.tune.search import (
     score,
     split,
 )
-from engine.tune.space import CURRENT, SPACES, candidates
+from engine.tune.space import CURRENT, candidates, tunable
 
 
 def _set(tmp_path: Path, per_category: int = 6) -> str:
@@ -80,7 +80,7 @@ def test_the_split_holds_out_part_of_every_category_and_never_mixes_them(tmp_pat
 
 
 def test_every_candidate_of_every_space_is_a_valid_exact_setting():
-    for method in SPACES:
+    for method in tunable():
         temperature = {"temperature": 1.0} if method in ("dsbd", "atspeed_relaxed") else {}
         found = candidates(method, {}, {"max_new_tokens": 8, **temperature},
                            approximate=True)
