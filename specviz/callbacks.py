@@ -24,10 +24,11 @@ from engine import METHODS
 from engine.analysis.timeline import timeline
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
+from engine.run.inputs import settle
 from engine.run.specs import pair_key
 from specviz import pairs, share_page, streaming, text_view, trace_file
 from specviz.hosting import HOST
-from specviz.limits import check_run_limits
+from specviz.limits import check_limits
 from specviz.params import ParamPool
 from specviz.render import OUTPUTS, render, render_live
 from specviz.state import HELD, SessionState, coerce
@@ -160,10 +161,10 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         if method not in METHODS:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         values = pool.values(method, widgets)
-        check_run_limits(prompt, values)
-        # a value equal to the pair's tuned one is left to the engine, whose trace then
-        # names it as tuned (same run)
-        params = pairs.untuned(target, draft, method, values)
+        # the widgets opened on the pair's tuned settings: a value still equal to its tuned
+        # one is the tuned one (the trace names it so)
+        settings = settle(method, values, pairs.tuned_params(target, draft), form=True)
+        check_limits(prompt, settings)
         HELD.admit()  # no run while the sessions' traces fill the server's budget
         if load := load_note(target, draft):  # a load says so, not the last run's header
             yield status_only(f"**{method}**: {load} …")
@@ -171,7 +172,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         state = SessionState(source="run", live=True)
         pace = LivePace()
         try:
-            for update in streaming.decode_stream(target, draft, prompt, method, params):
+            for update in streaming.decode_stream(target, draft, prompt, settings):
                 rounds += update.rounds
                 if update.head is None:
                     continue

@@ -16,11 +16,12 @@ from engine import METHODS
 from engine.check.result import CheckConfig, CheckResult
 from engine.check.run import run_check
 from engine.core.errors import ConfigError
+from engine.run.inputs import settle
 from specviz import charts, pairs
 from specviz.callbacks import guarded
 from specviz.hosting import HOST
 from specviz.jobs import Runner
-from specviz.limits import check_forest_budget, check_run_limits
+from specviz.limits import check_limits
 from specviz.wiring import (
     MODEL,
     PROMPT_LABEL,
@@ -86,16 +87,15 @@ def check(*, prompt: str, method: str, params_text: str, temperature: float, top
                               "temperature": float(temperature or 0),
                               "top_k": whole("top_k", top_k, 0), "top_p": float(top_p or 1.0),
                               "max_new_tokens": whole("max_new_tokens", max_new_tokens, 24)}
-    full = pairs.with_tuned(target, draft, method, params)
-    check_run_limits(prompt, full)
-    check_forest_budget(method, full)
+    settings = settle(method, params, pairs.tuned_params(target, draft))
+    check_limits(prompt, settings)
     empty = charts.check_figure(())
     with CHECKS.session() as job:
         if load := load_note(target, draft):
             yield CheckView(f"{load} …", empty)
         pair = pairs.get_pair(target, draft)
-        CHECKS.start(job, run_check, pair, prompt, method,
-                     config=CheckConfig(max_seconds=float(budget)), **params)
+        CHECKS.start(job, run_check, pair, prompt, settings,
+                     config=CheckConfig(max_seconds=float(budget)))
         yield CheckView("checking …", empty)
         for events in job.follow(POLL_S):
             if events:

@@ -32,10 +32,12 @@ from engine.cli.cost_text import (
     round_time_sentence,
 )
 from engine.contract.trace import RunTrace
-from engine.core.config import COMMON_PARAMS, layered, validate_params
+from engine.core.config import COMMON_PARAMS
 from engine.core.errors import ConfigError
+from engine.run.inputs import Settings, settle
 from specviz import charts, pairs, streaming
 from specviz.callbacks import guarded
+from specviz.limits import check_limits
 from specviz.wiring import load_note, whole
 
 # the figures' names are engine.cli.cost_text's, the ones the Debugger's summary uses
@@ -48,16 +50,11 @@ MAX_COMPARE_TOKENS = 128
 COMMON = {p.name for p in COMMON_PARAMS}
 
 
-PLAIN = {0: {"greedy": "greedy", "sample": "greedy", "beam": "beam", "beam_sample": "beam"},
-         1: {"greedy": "sample", "sample": "sample", "beam": "beam_sample",
-             "beam_sample": "beam_sample"}}
-
-
 def plain_of(method: str, temperature: float) -> str | None:
-    """The target-only decode a method is measured and checked against (None: the method
-    is one, or that decode is not registered)."""
-    spec = METHODS[method]
-    ref = PLAIN[int(temperature > 0)].get(spec.reference)
+    """The target-only decode a method is measured and checked against (its spec's
+    ``plain_decode``; the method itself for a plain decode; None: that decode is not
+    registered)."""
+    ref = METHODS[method].plain_decode(temperature)
     return ref if ref in METHODS else None
 
 
@@ -75,19 +72,36 @@ def baseline_of() -> str:
 def _is_beam(method: str) -> bool:
     """A beam method (its plain decode is beam search or beam sampling): only then does
     Compare add plain beam search as the time line's baseline."""
-    return METHODS[method].reference in ("beam", "beam_sample")
+    return METHODS[method].plain_decode(0.0) == "beam"
 
 
 @dataclass(frozen=True)
 class Job:
-    """One decode: a method with its full (validated, defaults filled) parameters, and why
-    it runs: "chosen", "reference" and/or "baseline"."""
+    """One decode: its settled settings (``engine.settle``: every parameter, validated, and
+    which came from the pair's tuned settings or the entry), and why it runs: "chosen",
+    "reference" and/or "baseline"."""
 
-    method: str
-    params: tuple[tuple[str, Any], ...]
+    settings: Settings
     roles: frozenset[str]
     title: str = ""  # the entry as the user wrote it (e.g. "eesd:controller=cali_ts")
-    sources: tuple[tuple[str, str], ...] = ()  # parameter -> "tuned" | "typed" (else default)
+
+    @property
+    def method(self) -> str:
+        return self.settings.method
+
+    @property
+    def params(self) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted(self.settings.params.items()))
+
+    @property
+    def sources(self) -> tuple[tuple[str, str], ...]:
+        """A chosen row's parameter -> "tuned" | "typed" (else the method's default; a plain
+        decode's or the baseline's values are the row's they serve)."""
+        s = self.settings
+        if not self.chosen:
+            return ()
+        typed = {k: "typed" for k in s.given_names if k not in COMMON}
+        return tuple(sorted({**{k: "tuned" for k in s.tuned_names}, **typed}.items()))
 
     @property
     def key(self) -> tuple:
@@ -122,10 +136,9 @@ class Job:
         return ", ".join(out) or "—"
 
 
-def _key(method: str, params: dict[str, Any]) -> tuple:
+def _key(settings: Settings) -> tuple:
     """(method, full parameters): two requests for the same decode share one key."""
-    spec = METHODS[method]
-    return method, tuple(sorted(validate_params(spec.all_params, params, method).items()))
+    return settings.method, tuple(sorted(settings.params.items()))
 
 
 def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
@@ -147,32 +160,34 @@ def plan(entries: list[str], common: dict[str, Any],
 
     tuned: method -> the pair's measured best parameters (its preset's params), used where
     an entry does not set a parameter itself (then the method's defaults)."""
-    tuned = tuned or {}
     roles: dict[tuple, set[str]] = {}
     titles: dict[tuple, str] = {}
-    sources: dict[tuple, tuple] = {}
-    parsed = {}
+    settled: dict[tuple, Settings] = {}
+
+    def add(settings: Settings, role: str, title: str = "") -> tuple:
+        key = _key(settings)
+        settled.setdefault(key, settings)
+        roles.setdefault(key, set()).add(role)
+        if title:
+            titles.setdefault(key, title)
+        return key
+
+    chosen = {}
     for e in entries:
         m, typed = parse_entry(e)
-        kept, typed = layered(METHODS[m].all_params, tuned.get(m, {}), typed)
-        parsed[e] = m, {**kept, **typed}
-        key = _key(m, {**common, **parsed[e][1]})
-        roles.setdefault(key, set()).add("chosen")
-        titles.setdefault(key, e)
-        sources.setdefault(key, tuple(sorted(
-            {**{k: "tuned" for k in kept}, **{k: "typed" for k in typed}}.items())))
+        chosen[e] = settle(m, {**common, **typed}, tuned)
+        add(chosen[e], "chosen", e)
     refs: dict[str, tuple] = {}
-    for e, (m, params) in parsed.items():
-        ref = plain_of(m, common["temperature"])
+    for e, s in chosen.items():
+        ref = plain_of(s.method, common["temperature"])
         if ref:
-            shared = {k: v for k, v in params.items() if k in {p.name for p in
-                                                                METHODS[ref].params}}
-            refs[e] = _key(ref, {**common, **shared_params(m, ref), **shared})
-            roles.setdefault(refs[e], set()).add("reference")
-    if any(_is_beam(m) for m, _ in parsed.values()):  # the time line's beam yardstick
-        roles.setdefault(_key(baseline_of(), common), set()).add("baseline")
-    return [Job(k[0], k[1], frozenset(r), titles.get(k, ""), sources.get(k, ()))
-            for k, r in roles.items()], refs
+            names = {p.name for p in METHODS[ref].params}
+            shared = {k: v for k, v in s.params.items() if k in names}
+            refs[e] = add(settle(ref, {**common, **shared_params(s.method, ref), **shared}),
+                          "reference")
+    if any(_is_beam(s.method) for s in chosen.values()):  # the time line's beam yardstick
+        add(settle(baseline_of(), common), "baseline")
+    return [Job(settled[k], frozenset(r), titles.get(k, "")) for k, r in roles.items()], refs
 
 
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
@@ -213,9 +228,11 @@ def _validate(prompt: str, methods: list[str], max_new: float) -> None:
         raise ConfigError("prompt is empty: type a prompt to compare on")
 
 
-def _check_jobs(jobs: list[Job]) -> None:
-    """Every job built by the engine (cross-parameter checks) before any model work."""
+def _check_jobs(jobs: list[Job], prompt: str) -> None:
+    """Every job within the app's caps and built by the engine (cross-parameter checks),
+    before any model work."""
     for job in jobs:
+        check_limits(prompt, job.settings)
         METHODS[job.method].make(dict(job.params))
 
 
@@ -260,7 +277,7 @@ def compare(*, prompt: str, methods: list[str], max_new_tokens: float, temperatu
     draft = (compare_draft or "").strip() or draft
     target, draft = pairs.check_pair_spec(target, draft)
     jobs, refs = plan(methods, common, pairs.tuned_params(target, draft))
-    _check_jobs(jobs)
+    _check_jobs(jobs, prompt)
     traces: dict[tuple, RunTrace] = {}
     pair = f"target `{target}`, draft `{draft or 'the target’s default'}`"
 
@@ -272,7 +289,7 @@ def compare(*, prompt: str, methods: list[str], max_new_tokens: float, temperatu
         load = load_note(target, draft)
         yield view(f"running {k + 1}/{len(jobs)}: {job.label} ({job.role})"
                    + (f"; {load}" if load else "") + " …")
-        traces[job.key] = streaming.run_trace(target, draft, prompt, job.method, dict(job.params))
+        traces[job.key] = streaming.run_trace(target, draft, prompt, job.settings)
     yield view(f"On {pair}. " + _note(jobs, traces, refs, common))
 
 

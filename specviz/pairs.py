@@ -15,7 +15,6 @@ from collections import OrderedDict
 from typing import Any
 
 import engine
-from engine.core.config import layered
 from engine.core.errors import ConfigError, ModelLoadError, SpecvizError
 from engine.run.api import plain_step_s, tune_threads
 from engine.run.models import resolve_device
@@ -47,39 +46,11 @@ def cuda_available() -> bool:
 
 def tuned_params(target: str, draft: str) -> dict[str, dict[str, Any]]:
     """method -> the parameters measured best on this pair, as the engine reads them
-    (engine.run.tuned, the same settings the loaded pair's runs start from); {} for a pair
-    with none or a spec that does not parse (the handlers that load the pair say why)."""
+    (engine.run.tuned, the same settings the loaded pair's runs start from): the widgets
+    and Compare open on them, and ``engine.settle`` layers a run's values over them; {} for
+    a pair with none or a spec that does not parse (the handlers that load the pair say
+    why)."""
     return tuned_settings(target, draft)
-
-
-def untuned(target: str, draft: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """params without the values equal to the pair's tuned ones: the engine fills those in
-    itself, and its trace then names them as the pair's tuned settings."""
-    spec = engine.METHODS.get(method)
-    tuned = tuned_params(target, draft).get(method, {})
-    rows = {p.name: p for p in spec.all_params} if spec is not None else {}
-    return {k: v for k, v in params.items()
-            if not (k in tuned and k in rows and _same(rows[k], v, tuned[k]))}
-
-
-def with_tuned(target: str, draft: str, method: str, params: dict[str, Any]
-               ) -> dict[str, Any]:
-    """params over the pair's tuned settings of the method: what the engine will run with,
-    short of the method's defaults (for the UI's limits, checked before any model work)."""
-    spec = engine.METHODS.get(method)
-    tuned = tuned_params(target, draft).get(method, {})
-    if spec is None:
-        return {**tuned, **{k: v for k, v in params.items() if v is not None}}
-    kept, given = layered(spec.all_params, tuned, params)  # as engine.run.api.run_params
-    return {**kept, **given}
-
-
-def _same(row: engine.ParamSpec, a: Any, b: Any) -> bool:
-    """Whether two values of a parameter parse to the same value (a bad one: not the same)."""
-    try:
-        return row.parse(a) == row.parse(b)
-    except ConfigError:
-        return False
 
 
 def check_pair_spec(target: str, draft: str) -> tuple[str, str]:

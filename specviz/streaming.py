@@ -5,8 +5,8 @@ one ``spaces.GPU`` call on ZeroGPU (specviz.zerogpu).
 A decode runs on the model thread while the event handler renders what has arrived, so the
 UI's rendering overlaps the engine instead of adding to it; a handler that goes away (a client
 that disconnects) cancels its decode after the current round. The app's caps
-(specviz.limits) are checked before any model work, and a round or a run past them stops the
-decode with one line.
+(specviz.limits) are checked by the handlers on the settled settings before any model work,
+and a round or a run past them stops the decode with one line.
 """
 
 from __future__ import annotations
@@ -15,19 +15,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import engine
 from engine.core.errors import ConfigError
+from engine.run.inputs import Settings
 from specviz import pairs
 from specviz.hosting import HOST
-from specviz.limits import (
-    MAX_FOREST_NODES,
-    MAX_PROMPT_TOKENS,
-    MAX_TRACE_NODES,
-    check_forest_budget,
-    check_run_limits,
-)
+from specviz.limits import MAX_FOREST_NODES, MAX_PROMPT_TOKENS, MAX_TRACE_NODES
 from specviz.worker import WORKER
 
 HEAD_EVERY_S = 0.35  # streaming: a run head (text, stats) at most this often
@@ -90,35 +85,33 @@ def produce(start: Callable[[], engine.Run], out: queue.SimpleQueue, cancel: thr
         out.put(DONE)
 
 
-def start_run(target: str, draft: str, prompt: str, method: str, params: dict[str, Any],
+def start_run(target: str, draft: str, prompt: str, settings: Settings,
               pair_of: Callable[[str, str], engine.ModelPair] | None = None) -> engine.Run:
-    """A run of the pair (from the checked specs by ``pair_of``, else the pair cache's
-    ``load``), its prompt within the UI's token cap."""
+    """A run of the settled ``settings`` on the pair (from the checked specs by ``pair_of``,
+    else the pair cache's ``load``), its prompt within the UI's token cap."""
     pair = (pair_of or pairs.load)(*pairs.check_pair_spec(target, draft))
-    run = engine.start(pair, prompt, method, **params)
+    run = engine.start(pair, prompt, settings)
     if len(run.prompt_ids) > MAX_PROMPT_TOKENS:
         raise ConfigError(f"prompt has {len(run.prompt_ids)} tokens; the UI limit is "
                           f"{MAX_PROMPT_TOKENS}")
     return run
 
 
-def decode_stream(target: str, draft: str, prompt: str, method: str,
-                  params: dict[str, Any]) -> Iterator[Update]:
-    """Run one method on the model thread; yield an Update whenever rounds have arrived.
+def decode_stream(target: str, draft: str, prompt: str,
+                  settings: Settings) -> Iterator[Update]:
+    """Run settled settings (their caps checked by the caller: ``limits.check_limits``) on
+    the model thread; yield an Update whenever rounds have arrived.
 
     Several rounds that arrive while the caller is busy come as one Update. The last one
     has ``final`` set and the head of the finished run. Closing the generator early cancels
     the decode after its current round. On ZeroGPU the run is one GPU call instead.
     """
-    full = pairs.with_tuned(target, draft, method, params)
-    check_run_limits(prompt, full)
-    check_forest_budget(method, full)
     if HOST.gpu_stream is not None:
-        yield from HOST.gpu_stream(target, draft, prompt, method, params)
+        yield from HOST.gpu_stream(target, draft, prompt, settings)
         return
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel = threading.Event()
-    WORKER.submit_steps(produce(lambda: start_run(target, draft, prompt, method, params),
+    WORKER.submit_steps(produce(lambda: start_run(target, draft, prompt, settings),
                                 out, cancel))
     try:
         while True:
@@ -148,22 +141,19 @@ def merge(batch: Update, item: Update) -> None:
         batch.head, batch.final, batch.note = item.head, item.final, item.note
 
 
-def run_trace(target: str, draft: str, prompt: str, method: str,
-              params: dict[str, Any]) -> engine.RunTrace:
-    """A whole run's RunTrace (used by the Compare tab), computed on the model thread (on
-    ZeroGPU: in one GPU call)."""
-    full = pairs.with_tuned(target, draft, method, params)
-    check_run_limits(prompt, full)
-    check_forest_budget(method, full)
+def run_trace(target: str, draft: str, prompt: str,
+              settings: Settings) -> engine.RunTrace:
+    """A whole run's RunTrace of settled settings (used by the Compare tab, which checked
+    their caps), computed on the model thread (on ZeroGPU: in one GPU call)."""
     if HOST.gpu_trace is not None:
-        return HOST.gpu_trace(target, draft, prompt, method, params)
-    return WORKER.call_steps(_whole_run(target, draft, prompt, method, params))
+        return HOST.gpu_trace(target, draft, prompt, settings)
+    return WORKER.call_steps(_whole_run(target, draft, prompt, settings))
 
 
-def _whole_run(target: str, draft: str, prompt: str, method: str, params: dict[str, Any]
+def _whole_run(target: str, draft: str, prompt: str, settings: Settings
                ) -> Iterator[None]:
     """A step job: start the run, then one round a step; returns the whole RunTrace."""
-    run = start_run(target, draft, prompt, method, params)
+    run = start_run(target, draft, prompt, settings)
     while not run.done:
         yield
         next(run, None)

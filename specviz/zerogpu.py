@@ -12,11 +12,12 @@ thread is used. ``install`` wraps them and hands them to the host settings
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Iterator
 
 import engine
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.kernels import threads
+from engine.run.inputs import Settings
 from specviz import pairs
 from specviz.hosting import HOST
 from specviz.streaming import Update, merge, start_run, updates
@@ -53,12 +54,12 @@ def _preloaded_pair(target: str, draft: str) -> engine.ModelPair:
     return replace(pair, device=next(pair.target.parameters()).device)
 
 
-def _zero_stream(target: str, draft: str, prompt: str, method: str,
-                 params: dict[str, Any]) -> Iterator[Update]:
+def _zero_stream(target: str, draft: str, prompt: str,
+                 settings: Settings) -> Iterator[Update]:
     """One run in a ZeroGPU call: rounds batched up to each run head (each yield is pickled
     across the process boundary, so fewer and larger is cheaper)."""
     threads.configure()
-    run = start_run(target, draft, prompt, method, params, pair_of=_preloaded_pair)
+    run = start_run(target, draft, prompt, settings, pair_of=_preloaded_pair)
     batch = Update([])
     for update in updates(run):
         merge(batch, update)
@@ -67,9 +68,8 @@ def _zero_stream(target: str, draft: str, prompt: str, method: str,
             batch = Update([])
 
 
-def _zero_trace(target: str, draft: str, prompt: str, method: str,
-                params: dict[str, Any]) -> engine.RunTrace:
+def _zero_trace(target: str, draft: str, prompt: str,
+                settings: Settings) -> engine.RunTrace:
     """A whole run's RunTrace in a ZeroGPU call (Compare)."""
     threads.configure()
-    return start_run(target, draft, prompt, method, params,
-                     pair_of=_preloaded_pair).to_end()
+    return start_run(target, draft, prompt, settings, pair_of=_preloaded_pair).to_end()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import app
+from engine import settle
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.run.models import resolve_dtype
 from engine.run.tuned import tuned_settings
@@ -153,21 +154,22 @@ def test_dtype_auto_is_bf16_only_on_a_gpu_that_runs_it(monkeypatch):
     assert resolve_dtype("float16", torch.device("cuda")) == torch.float16
 
 
-def test_the_run_handler_leaves_values_equal_to_the_tuned_ones_to_the_engine():
+def test_the_run_handler_counts_widget_values_equal_to_the_tuned_ones_as_tuned():
+    tuned = tuned_settings("embedded", "ngram+feature")
     widgets = {"gamma": 4.0, "controller": "fixed", "switch": "cost",  # sd tuned: the switch
                "temperature": 0.0}
-    assert pairs.untuned("embedded", "ngram+feature", "sd", widgets) == {
-        "gamma": 4.0, "temperature": 0.0}
-    assert pairs.untuned("embedded", "ngram+feature", "sd", {"switch": "off"}) == {
-        "switch": "off"}
-    assert pairs.untuned("embedded", "early-exit", "sd", {"switch": "cost"}) == {
-        "switch": "cost"}
-    widgets = {"switch": "cost", "controller": "fixed"}  # eesd tuned: the cost switch
-    assert pairs.untuned("embedded", "ngram+feature", "eesd", widgets) == {}
-    # the UI's limits see what the engine will run with
-    tuned = tuned_settings("embedded", "ngram+feature")["atspeed_strict"]
-    assert pairs.with_tuned("embedded", "ngram+feature", "atspeed_strict", {"beams": 2}) == {
-        **tuned, "beams": 2}
+    s = settle("sd", widgets, tuned, form=True)
+    assert set(s.tuned_names) == {"controller", "switch"}
+    assert set(s.given_names) == {"gamma", "temperature"}
+    s = settle("sd", {"switch": "off"}, tuned, form=True)
+    assert s.params["switch"] == "off" and s.tuned_names == ()
+    assert settle("sd", {"switch": "cost"}, tuned_settings("embedded", "early-exit"),
+                  form=True).given_names == ("switch", "controller")
+    s = settle("eesd", {"switch": "cost", "controller": "fixed"}, tuned, form=True)
+    assert s.given_names == () and set(s.tuned_names) == {"switch", "controller"}
+    # the UI's limits see what the engine will run with: the settled values
+    s = settle("atspeed_strict", {"beams": 2}, tuned)
+    assert s.params == {**s.params, **tuned["atspeed_strict"], "beams": 2}
 
 
 def test_custom_models_off_accepts_the_host_pairs_only(host):

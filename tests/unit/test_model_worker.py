@@ -12,6 +12,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
+from engine import settle
 from specviz import streaming
 from specviz.worker import ModelWorker
 from tests.ui.helpers import TINY
@@ -184,7 +185,8 @@ def test_a_call_from_the_model_thread_runs_at_once():
 def test_a_cancelled_decode_stops_after_its_current_round():
     """streaming.produce as a step job on a tiny model: cancel seen in the job's next turn."""
     w = ModelWorker()
-    run = w.call(streaming.start_run, TINY, "", "hello world", "greedy", {"max_new_tokens": 40})
+    run = w.call(streaming.start_run, TINY, "", "hello world",
+                 settle("greedy", {"max_new_tokens": 40}))
     out: queue.SimpleQueue = queue.SimpleQueue()
     cancel, go = threading.Event(), threading.Event()
     release = _hold(w)

@@ -142,10 +142,9 @@ def test_the_opening_pages_widgets_make_a_run_the_engine_takes_on_every_embedded
     refuses (seen: the opening page's Run failed once the presets took the switch)."""
     import json
 
-    from engine.core.config import layered, validate_params
+    from engine import settle
     from engine.core.paths import ASSETS
     from engine.run.tuned import tuned_settings
-    from specviz import pairs
     from specviz.debugger_tab import build_controls
 
     trace0 = json.loads((ASSETS / "demo_trace.json").read_text())
@@ -156,9 +155,8 @@ def test_the_opening_pages_widgets_make_a_run_the_engine_takes_on_every_embedded
     specs = METHODS[method].all_params
     shown = {p.name: c.pool.widgets[param_key(p)].value for p in specs}
     assert shown["switch"] == "off" and shown["controller"] == "confidence"
-    given = pairs.untuned(target, "ngram+feature", method, shown)  # as the Run handler
-    kept, given = layered(specs, tuned_settings(target, "ngram+feature").get(method, {}), given)
-    METHODS[method].make(validate_params(specs, {**kept, **given}, method))  # no refusal
+    settled = settle(method, shown, tuned_settings(target, "ngram+feature"), form=True)  # as
+    METHODS[method].make(settled.params)  # the Run handler: no refusal
 
 
 def test_an_imported_older_trace_fills_what_it_does_not_name_with_defaults_not_tuned_values():

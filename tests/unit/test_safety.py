@@ -10,6 +10,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
+from engine import settle
 from engine.run import models
 from specviz import check_tab, compare, hosting, limits, pairs, streaming, trace_file
 from specviz.hosting import HostConfig
@@ -119,12 +120,13 @@ def test_every_model_handler_refuses_a_typed_model_when_custom_models_are_off(pr
     with pytest.raises(gr.Error, match=re.escape(refused)):
         list(check_tab.check(**_check("tiny", "gpt2")))
     with pytest.raises(models.ConfigError, match=re.escape(refused)):
-        list(streaming.decode_stream('tiny:{"layers": 9}', "", "hi", "greedy", {}))
+        list(streaming.decode_stream('tiny:{"layers": 9}', "", "hi", settle("greedy")))
 
 
 def test_the_forest_budget_counts_every_tree_when_strict_fills_its_pad_slots():
     params = {"beams": 8, "draft_beams": 16, "gamma": 4}  # 64 nodes; 512 with fill
-    limits.check_forest_budget("atspeed_strict", params)
-    limits.check_forest_budget("atspeed_strict", {**params, "fill": True, "gamma": 8})  # 1024
+    limits.check_forest_budget(settle("atspeed_strict", params))
+    limits.check_forest_budget(settle("atspeed_strict", {**params, "fill": True, "gamma": 8}))
     with pytest.raises(models.ConfigError, match=r"beams x draft_beams x gamma \(fill\) = 2048"):
-        limits.check_forest_budget("atspeed_strict", {**params, "fill": "true", "gamma": 16})
+        limits.check_forest_budget(settle("atspeed_strict",
+                                          {**params, "fill": "true", "gamma": 16}))
