@@ -11,7 +11,8 @@ switch interval (5 ms) each op of a run beside a compile waits up to 5 ms (the c
 a first Run in the app took 78 s during a compile). While it compiles the warm-up sets the
 interval to ``SWITCH_S`` and restores it when it goes idle (2-core AMD EPYC, under load,
 greedy through the engine beside a busy Python thread: 37.3 s at 5 ms, 10.9 s at 0.1 ms,
-15.8 s alone).
+15.8 s alone). Inductor's compile workers take every core but one (``serve_compiled``): on a
+2-core machine two workers and a run would share two cores.
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def serve_compiled() -> bool:
         log.warning("no C++ compiler for inductor here: packed targets run eager steps")
         return False
     static_kv.POLICY.packed = True
+    import torch._inductor.config as inductor
+
+    # inductor's compile workers leave one core to the runs served meanwhile
+    inductor.compile_threads = max(1, threads.usable_cores() - 1)
     return True
 
 

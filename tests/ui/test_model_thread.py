@@ -171,3 +171,21 @@ def test_while_it_compiles_the_warm_up_shortens_the_gil_switch_interval_then_res
     status.add("a", [1]).join(timeout=10)
     assert seen == [pytest.approx(warmup.SWITCH_S)]
     assert sys.getswitchinterval() == before
+
+
+def test_serving_compiled_steps_leaves_one_core_to_runs(monkeypatch):
+    """app.py's serve_compiled: packed targets go compiled, and inductor's compile workers
+    take every usable core but one (runs are served beside the warm-up)."""
+    import torch._inductor.config as inductor
+
+    from engine.execution import static_kv
+    from engine.kernels import qmm, threads
+    from specviz import warmup
+
+    monkeypatch.setattr(static_kv.POLICY, "packed", False)
+    monkeypatch.setattr(inductor, "compile_threads", 8)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(qmm, "library", lambda: object())
+    monkeypatch.setenv("CXX", "c++")
+    assert warmup.serve_compiled()
+    assert static_kv.POLICY.packed and inductor.compile_threads == 1
