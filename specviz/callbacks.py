@@ -349,12 +349,21 @@ def make_method_change(pool: ParamPool) -> Callable[..., list[Any]]:
             raise gr.Error(f"unknown method '{method}'", print_exception=False)
         about = (f"**{spec.name}** ({spec.family}) — {spec.summary}\n\n"
                  f"<small>exactness: {spec.exactness}</small>")
-        values = {**pairs.tuned_params(target, draft).get(method, {}),
-                  **session_params(session, target, draft, method),
-                  **_imported_params(state, method)}
+        values = opening_values(pairs.tuned_params(target, draft).get(method, {}),
+                                session_params(session, target, draft, method),
+                                _imported_params(state, method))
         return [about, *pool.updates(method, values)]
 
     return method_change
+
+
+def opening_values(pair_tuned: dict[str, Any], session_winner: dict[str, Any],
+                   imported: dict[str, Any]) -> dict[str, Any]:
+    """The values a method's widgets open on: an imported trace's over this session's tuned
+    winner, which replaces the pair's tuned settings whole (a winner was measured over the
+    method's defaults, engine.tune, not over the preset: layered over it, it would run a
+    setting never measured)."""
+    return {**(session_winner or pair_tuned), **imported}
 
 
 def session_params(session: dict | None, target: str, draft: str, method: str

@@ -183,8 +183,10 @@ def plan(entries: list[str], common: dict[str, Any],
         if ref:
             names = {p.name for p in METHODS[ref].params}
             shared = {k: v for k, v in s.params.items() if k in names}
-            refs[e] = add(settle(ref, {**common, **shared_params(s.method, ref), **shared}),
-                          "reference")
+            wp = METHODS[ref].width_param  # the run's width, whatever the method calls it
+            width = {wp: s.spec.width(s.params)} if wp else {}
+            refs[e] = add(settle(ref, {**common, **shared_params(s.method, ref), **shared,
+                                       **width}), "reference")
     if any(_is_beam(s.method) for s in chosen.values()):  # the time line's beam yardstick
         add(settle(baseline_of(), common), "baseline")
     return [Job(settled[k], frozenset(r), titles.get(k, "")) for k, r in roles.items()], refs

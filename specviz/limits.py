@@ -1,5 +1,5 @@
 """The app's caps on a run, below the engine's own: prompt length, new tokens, forest nodes per
-round and per run. Each is refused in one line (a ConfigError) before any model work where it
+round and per run, beams. Each is refused in one line (a ConfigError) before any model work where it
 can be (``check_limits`` on a run's settled parameters: ``check_run_limits``,
 ``check_forest_budget``), else as soon as the run shows it (specviz.streaming: the prompt's
 tokens, a round's nodes)."""
@@ -15,6 +15,7 @@ MAX_PROMPT_CHARS = 2000
 MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 256
 MAX_FOREST_NODES = 1024  # per round; the forest view collapses far earlier
+MAX_WIDTH = 64  # beams a run keeps (a beam method's target cache rows)
 MAX_TRACE_NODES = 40_000  # per run: bounds the session's memory and each re-render
 
 
@@ -34,6 +35,10 @@ def check_forest_budget(settings: Settings) -> None:
     """Refuse, before any model work, a draft forest past the per-round UI limit: the bound
     the method declares on its spec (``MethodSpec.forest_bound``: a beam method's
     draft_beams x gamma, times beams with atspeed_strict's fill) at the settled values."""
+    width = settings.spec.width(settings.params)
+    if width > MAX_WIDTH:
+        raise ConfigError(f"{settings.spec.width_param} = {width} beams; the UI limit is "
+                          f"{MAX_WIDTH}")
     bound = settings.spec.forest_nodes(settings.params)
     if bound is not None and bound[0] > MAX_FOREST_NODES:
         size, what = bound

@@ -48,6 +48,7 @@ class Warmup:
         self._queue: queue.Queue[tuple[str, list[CachedModel]]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._switch = sys.getswitchinterval()  # the process's, restored when idle
 
     def note(self) -> str:
         """One line for the UI ('' once every shape is made, or when there is none)."""
@@ -72,13 +73,17 @@ class Warmup:
     def _loop(self) -> None:
         threads.configure()
         start = time.monotonic()
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, SWITCH_S))  # runs beside a compile (docstring)
+        sys.setswitchinterval(min(self._switch, SWITCH_S))  # runs beside a compile
+        try:
+            self._compile_queued(start)
+        finally:
+            sys.setswitchinterval(self._switch)
+
+    def _compile_queued(self, start: float) -> None:
         while True:
             with self._lock:
                 if self._queue.empty():
                     self._thread = None
-                    sys.setswitchinterval(switch)
                     return
                 name, runners = self._queue.get()
                 self.pair = name

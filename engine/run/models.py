@@ -346,8 +346,9 @@ def _pack_embedded(model: torch.nn.Module, folder: Path) -> None:
         try:
             load_packed(model, cached)
             return
-        except (ConfigError, OSError, ValueError, KeyError) as e:  # repacked below
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file: repacked below
             LOG.warning("packed cache %s unusable (%s): packing from the GGUF", cached, e)
+            cached.unlink(missing_ok=True)
     pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
     pack_head(model, embedded_gguf_dir() / EMBEDDED_GGUF)
     try:

@@ -367,3 +367,20 @@ def test_a_packed_file_that_does_not_fit_the_model_is_refused_and_swaps_nothing(
     with pytest.raises(ConfigError, match="does not fit layer"):
         packed4.load_packed(other, tmp_path / "packed.safetensors")
     assert not packed4.is_packed(other)
+
+
+def test_a_truncated_packed_cache_is_dropped_and_the_model_packed_from_the_gguf(
+        tmp_path, monkeypatch):
+    """The loader's cache (engine.run.models._pack_embedded): a file that cannot be read
+    (a crash mid-write) is deleted and the layers packed from the GGUF, then cached again."""
+    from engine.run import models
+
+    cached = tmp_path / "packed-0.safetensors"
+    cached.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{")  # a header cut short
+    packed_from_gguf = []
+    monkeypatch.setattr(models, "packed_cache_file", lambda folder: cached)
+    monkeypatch.setattr(packed4, "pack_linears", lambda m, p: packed_from_gguf.append(p))
+    monkeypatch.setattr(packed4, "pack_head", lambda m, p: True)
+    monkeypatch.setattr(packed4, "save_packed", lambda m, p: p.write_bytes(b"new"))
+    models._pack_embedded(_tiny(), tmp_path)
+    assert len(packed_from_gguf) == 1 and cached.read_bytes() == b"new"

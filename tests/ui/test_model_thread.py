@@ -189,3 +189,28 @@ def test_serving_compiled_steps_leaves_one_core_to_runs(monkeypatch):
     monkeypatch.setenv("CXX", "c++")
     assert warmup.serve_compiled()
     assert static_kv.POLICY.packed and inductor.compile_threads == 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_warm_up_thread_that_dies_still_restores_the_switch_interval(monkeypatch):
+    import sys
+
+    from specviz import warmup
+
+    def broken(runner):
+        raise RuntimeError("compile failed")
+        yield
+
+    calls = []
+
+    def shapes(runner):
+        calls.append(runner)
+        if len(calls) > 1:  # the count taken back in the except branch fails too
+            raise RuntimeError("count failed")
+        return 1
+
+    monkeypatch.setattr(warmup, "warming", broken)
+    monkeypatch.setattr(warmup, "warm_shapes", shapes)
+    before = sys.getswitchinterval()
+    warmup.Warmup().add("a", [1]).join(timeout=10)
+    assert sys.getswitchinterval() == before

@@ -213,3 +213,23 @@ def test_an_old_trace_with_gamma_5_and_every_preset_still_validate():
             METHODS[method].make(s.params)
     assert len({p.name for p in COMMON_PARAMS + CONTROL_PARAMS}) == len(
         COMMON_PARAMS + CONTROL_PARAMS)
+
+
+def test_a_compared_runs_reference_decodes_at_the_runs_own_width():
+    """dsbd's width is its draft_beams: its beam_sample reference runs that many beams."""
+    from specviz import compare
+
+    jobs, refs = compare.plan(["dsbd:draft_beams=8"], {"temperature": 1.0, "seed": 0,
+                                                       "max_new_tokens": 8}, {})
+    ref = next(j for j in jobs if "reference" in j.roles)
+    assert ref.settings.method == "beam_sample" and ref.settings.params["beams"] == 8
+
+
+def test_the_ui_refuses_more_beams_than_its_limit_before_any_model_work():
+    from specviz import limits
+
+    limits.check_forest_budget(settle("dsbd", {"draft_beams": limits.MAX_WIDTH,
+                                               "temperature": 1.0, "gamma": 1}))
+    with pytest.raises(ConfigError, match=r"draft_beams = 65 beams; the UI limit is 64"):
+        limits.check_forest_budget(settle("dsbd", {"draft_beams": 65, "temperature": 1.0,
+                                                   "gamma": 1}))

@@ -170,3 +170,15 @@ def test_an_imported_older_trace_fills_what_it_does_not_name_with_defaults_not_t
     assert "switch" not in trace.params and shown["switch"] == "off"  # its run's value
     assert shown["controller"] == trace.params["controller"] == "confidence"
     assert callbacks._imported_params(state, "sd") == {}  # another method: nothing
+
+
+def test_a_sessions_tuned_winner_replaces_the_pairs_tuned_settings_whole():
+    """Use as defaults: the winner was measured over the method's defaults, so the preset's
+    switch=cost must not stay under a winner that ran without it; an import wins over both."""
+    from specviz.callbacks import opening_values
+
+    preset = {"controller": "fixed", "switch": "cost"}
+    assert opening_values(preset, {}, {}) == preset
+    assert opening_values(preset, {"controller": "fixed", "gamma": 2}, {}) == \
+        {"controller": "fixed", "gamma": 2}
+    assert opening_values(preset, {"gamma": 2}, {"gamma": 5}) == {"gamma": 5}
