@@ -407,7 +407,8 @@ class ModelPair:
         """The device that runs the pair, and the devices of a placed target's map."""
         if self.device.type == "cuda":
             return torch.cuda.get_device_name(self.device) + map_note(self.target)
-        return f"cpu ({torch.get_num_threads()} threads){map_note(self.target)}"
+        n = torch.get_num_threads()
+        return f"cpu ({n} thread{'' if n == 1 else 's'}){map_note(self.target)}"
 
     @property
     def vocab_size(self) -> int:

@@ -25,7 +25,7 @@ def _speedup(median: float) -> dict:
 
 
 def _folder(path: Path, target: str, tps: dict[str, list[float]],
-            device: str = "cpu (1 threads)") -> Path:
+            device: str = "cpu (1 thread)") -> Path:
     """A bench-set folder: greedy and sd over two prompts x one repeat; tps[case] = the
     tokens/s of each prompt."""
     path.mkdir()
