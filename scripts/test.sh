@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite: lint, then two pytest processes side by side (one per core) of about equal
-# time: the chi-square laws of the one-layer pair, of eesd, of the n-gram drafter and of a
-# packed target, and the compiled path's tests, in one; everything else (unit, the other model
+# time: the chi-square laws of the one-layer pair, of eesd, of the n-gram, feature and suffix
+# drafters and of a packed target, and the compiled path's tests, in one; everything else (unit, the other model
 # tests and laws, the embedded model, the UI, the browser, the simulated Space) in the
 # other. Arguments go to both (e.g. -x). Exit code is non-zero if either fails.
 set -uo pipefail
@@ -11,7 +11,8 @@ mkdir -p artifacts
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=10)
 FIRST=(tests/model/test_sampling_exactness.py tests/model/test_eesd_sampling_exactness.py
        tests/model/test_packed4_sampling_exactness.py tests/model/test_compiled_kv.py
-       tests/model/test_ngram_sampling_exactness.py)
+       tests/model/test_ngram_sampling_exactness.py tests/model/test_feature_sampling_exactness.py
+       tests/model/test_suffix_sampling_exactness.py)
 "${PYTEST[@]}" "${FIRST[@]}" "$@" > artifacts/first.log 2>&1 &
 first=$!
 "${PYTEST[@]}" tests "${FIRST[@]/#/--ignore=}" "$@"
