@@ -52,10 +52,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-try:  # the kernels' package (engine.kernels; earlier engine.core)
-    from engine.kernels import qmm  # noqa: E402
-except ImportError:  # pragma: no cover
-    from engine.core import qmm  # type: ignore  # noqa: E402
+from engine.kernels import qmm  # noqa: E402
 
 GROUP = 32
 SHAPES = {  # name -> (out, in)
