@@ -17,10 +17,10 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from engine.analysis.diagnosis_views import empty_figure
 from engine.contract.records import ControllerState
 from engine.contract.trace import RoundTrace, RunTrace
 from engine.control.posterior import beta_pdf, gaussian_pdf
-from specviz.forest_view import empty_figure
 
 PROGRESS_HEIGHT = 430
 POSTERIOR_HEIGHT = 430

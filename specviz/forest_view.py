@@ -13,6 +13,7 @@ from __future__ import annotations
 import networkx as nx
 import plotly.graph_objects as go
 
+from engine.analysis.diagnosis_views import empty_figure
 from engine.contract.trace import (
     ACCEPTED,
     AUTO_REJECTED,
@@ -254,19 +255,10 @@ def vocab_of(trace: RunTrace) -> dict[int, str]:
     return vocab
 
 
-def empty_figure(message: str, height: int = HEIGHT) -> go.Figure:
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, font=dict(size=15, color="#5f6b78"),
-                       x=0.5, y=0.5, xref="paper", yref="paper")
-    fig.update_layout(height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                      margin=dict(l=10, r=10, t=30, b=10), plot_bgcolor="white")
-    return fig
-
-
 def forest_figure(trace: RunTrace | None, index: int) -> go.Figure:
     """Plotly figure of round ``index`` of the trace (fixed height)."""
     if trace is None or not trace.rounds:
-        return empty_figure("Run a method or import a trace to see its draft forest")
+        return empty_figure("Run a method or import a trace to see its draft forest", HEIGHT)
     index = min(max(index, 0), len(trace.rounds) - 1)
     r = trace.rounds[index]
     g, notes = _collapse(forest_graph(r))

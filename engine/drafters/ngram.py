@@ -135,6 +135,8 @@ class NGramRunner:
     fed node), commit. Rows are beams; node ids are the round's forest ids, as in
     CachedModel."""
 
+    lookup_laws = None  # one source (its own record is ``laws``: the hybrid reports it)
+
     def __init__(self, vocab_size: int, max_n: int, min_n: int,
                  device: torch.device | str = "cpu"):
         self.vocab_size, self.max_n, self.min_n = vocab_size, max_n, min_n

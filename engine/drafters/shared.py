@@ -157,6 +157,7 @@ class SharedSide:
     chain."""
 
     width = 1
+    lookup_laws = None  # one source (CachedModel.lookup_laws)
 
     def __init__(self, trunk: SharedTrunk, side: str) -> None:
         self.trunk, self.side = trunk, side

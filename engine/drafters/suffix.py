@@ -252,6 +252,8 @@ class SuffixRunner:
     fed node), commit (the first row's output held by the drafter's store). Rows are beams;
     node ids are the round's forest ids."""
 
+    lookup_laws = None  # one source (CachedModel.lookup_laws)
+
     def __init__(self, drafter: SuffixDrafter):
         self.drafter, self.store = drafter, drafter.store
         self.device, self.dtype = drafter.device, torch.float32

@@ -120,6 +120,8 @@ class Scored:
 class CachedModel:
     """One model + its KV cache over W beam rows (see module docstring)."""
 
+    lookup_laws = None  # a runner of one source (engine.drafters.hybrid.HybridRunner: a mix)
+
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.device = input_device(model)  # a placed model's offloaded weights sit on meta

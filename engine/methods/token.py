@@ -316,7 +316,8 @@ def _lookup_at(ctx: RunState, nodes: list[int], root: bool = False) -> dict[int,
     """Whether the law at each of `nodes` (the last feed's new nodes, in order, or the round's
     root) is the lookup's, for a drafter that mixes a lookup with a model (the hybrid's
     runner reports it: ``lookup_laws``); None for a drafter of one source."""
-    laws = getattr(ctx.draft_if_started, "lookup_laws", None)
+    runner = ctx.draft_if_started
+    laws = None if runner is None else runner.lookup_laws
     if laws is None:
         return None
     if root:

@@ -125,3 +125,17 @@ def test_ngram_context_law_is_the_lookup_after_every_prefix():
         if tokens.size:
             torch.testing.assert_close(out[0, t, torch.from_numpy(tokens)].exp().double(),
                                        torch.from_numpy(probs))
+
+
+def test_every_draft_runner_declares_whether_its_laws_mix_a_lookup_with_a_model():
+    """The token methods read a runner's ``lookup_laws`` (each drafted node's source) without
+    probing: every runner class declares it, None unless it mixes sources."""
+    from engine.drafters.hybrid import HybridRunner
+    from engine.drafters.ngram import NGramRunner
+    from engine.drafters.shared import SharedSide
+    from engine.drafters.suffix import SuffixRunner
+    from engine.execution.cached_model import CachedModel
+
+    for cls in (CachedModel, NGramRunner, SuffixRunner, SharedSide):
+        assert cls.lookup_laws is None, cls
+    assert isinstance(HybridRunner.lookup_laws, property)
