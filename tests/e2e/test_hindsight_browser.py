@@ -73,5 +73,7 @@ def test_the_demo_and_a_new_run_are_diagnosed_and_replayed(page):
     page.locator("#sv-run").click()
     run_md = page.locator("#sv-run-md")
     expect(run_md).not_to_contain_text("recorded demo trace", timeout=TIMEOUT_MS)
+    # a run's own header (a model load shows a status line first: not a run yet)
+    expect(run_md).to_contain_text("tokens in", timeout=TIMEOUT_MS)
     expect(run_md).not_to_contain_text("running", timeout=TIMEOUT_MS)
     _diagnose_and_replay(page, "new-run", before=demo)
