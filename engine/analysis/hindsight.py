@@ -14,7 +14,7 @@ short calibration decode when it drafted nothing) or a stored profile (``costs="
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from engine.analysis.proposals import propose_from_prefixes
 from engine.analysis.replay import (
@@ -118,16 +118,6 @@ def check_replayable(trace: RunTrace) -> None:
         raise ConfigError("the trace has no rounds to replay")
 
 
-def monotone(profile: CostProfile) -> CostProfile:
-    """The profile with c_verify(n) made non-decreasing in n (a running maximum): a forward
-    over more nodes never costs less, whatever a noisy timing of a busy machine said."""
-    points, top = [], 0.0
-    for n, c in profile.verify:
-        top = max(top, c)
-        points.append((n, top))
-    return replace(profile, verify=tuple(points))
-
-
 def measured_costs(pair: ModelPair, trace: RunTrace, name: str) -> tuple[CostProfile,
                                                                           float | None]:
     """The cost profile and the seconds of a plain round (None for a stored profile)."""
@@ -137,11 +127,11 @@ def measured_costs(pair: ModelPair, trace: RunTrace, name: str) -> tuple[CostPro
     drafting = [r for r in trace.rounds[1:] if r.draft_calls]
     if drafting and METHODS[trace.method].uses_draft:
         base, ratios = profiles.verify_points(pair, 1)
-        return monotone(profiles.round_costs(
+        return profiles.monotone(profiles.round_costs(
             base, ratios, plain_s, drafting,
             "this machine; c_draft from the trace's rounds")), plain_s
     full, _ = run_params(pair, "sd", {})
-    return monotone(cost_profile(pair, "sd", full, profiles.MEASURED)), plain_s
+    return profiles.monotone(cost_profile(pair, "sd", full, profiles.MEASURED)), plain_s
 
 
 def replay(trace: RunTrace, pair: ModelPair | None = None, *, costs: str = "measured",

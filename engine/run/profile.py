@@ -7,11 +7,14 @@ would).
 one plain round P of the engine at that width (its forward, verify and commit):
 
 - the target's forward over a row's position plus n drafted nodes per row (a chain under tree
-  attention) after a 32-token prompt, median of 3, n in VERIFY_NODES; c_verify(n) = a plain
-  round plus the forward's extra time over n = 0;
+  attention) after a 32-token prompt, n in VERIFY_NODES, timed interleaved (every repeat runs
+  each n once, in a rotated order, so a burst of load on the machine spreads over every n
+  instead of landing on one), median of REPEATS; c_verify(n) = a plain round plus the
+  forward's extra time over n = 0, made non-decreasing in n (:func:`monotone`);
 - c_draft: a short decode of the method with its switch off (``decode``, supplied by the
   caller: the engine's own run): the time its rounds spend outside the target forward, less a
-  plain round's share of it, per draft call (:func:`round_costs`).
+  plain round's share of it, per draft call; c_round: the median round's rest
+  (:func:`round_costs`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run on the same pair and a trace says which costs its decisions used.
@@ -27,6 +30,7 @@ import functools
 import json
 import statistics
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -40,7 +44,7 @@ from engine.run.costs import NOT_DRAFTED
 
 VERIFY_NODES = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 PROMPT = 32  # tokens before the measured forwards
-REPEATS = 3
+REPEATS = 7  # timed forwards per node count (3 swung c_verify(4) from 1.26 to 1.55)
 PROFILES_FILE = ASSETS / "cost_profiles.json"
 MEASURED = "measured"
 
@@ -83,21 +87,45 @@ def stored(name: str, method: str, width: int) -> CostProfile:
 
 def verify_points(pair, width: int) -> tuple[float, tuple[tuple[int, float], ...]]:
     """(seconds of a plain forward, (n, c_verify(n)) points) on this machine for the pair's
-    target at width W (measured once per pair: ``pair.calibration.verify``)."""
+    target at width W (measured once per pair: ``pair.calibration.verify``); the ratios are
+    non-decreasing in n and at least 1."""
     memo = pair.calibration.verify
     if width not in memo:
-        seconds = {n: _forward_s(pair.target, pair.vocab_size, width, n) for n in VERIFY_NODES}
+        seconds = _forward_s(pair.target, pair.vocab_size, width, VERIFY_NODES)
         base = seconds[0]
-        memo[width] = (base, tuple((n, round(seconds[n] / base, 4)) for n in VERIFY_NODES))
+        ratios = tuple((n, round(seconds[n] / base, 4)) for n in VERIFY_NODES)
+        memo[width] = (base, _non_decreasing(ratios))
     return memo[width]
 
 
+def _non_decreasing(points: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+    """The least-squares non-decreasing fit of the points' costs (pool adjacent violators),
+    none below the first: a forward over more nodes never costs less, whatever a noisy
+    timing of a busy machine said."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled neighbours
+    for _, c in points:
+        blocks.append([c, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, k = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += k
+    fitted = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    floor = points[0][1]
+    return tuple((n, round(max(c, floor), 4)) for (n, _), c in zip(points, fitted))
+
+
+def monotone(profile: CostProfile) -> CostProfile:
+    """The profile with its c_verify(n) points non-decreasing in n (:func:`_non_decreasing`)."""
+    return replace(profile, verify=_non_decreasing(profile.verify))
+
+
 @torch.no_grad()
-def _forward_s(target: torch.nn.Module, vocab: int, width: int, nodes: int) -> float:
-    """Median seconds of one target forward over W rows of (1 + nodes) positions. Under
-    no_grad, as every run, not inference_mode: the static paths' buffers and captured steps
-    it leases from the model's pool are written in place by the runs after it, which an
-    inference tensor refuses."""
+def _forward_s(target: torch.nn.Module, vocab: int, width: int,
+               counts: tuple[int, ...]) -> dict[int, float]:
+    """n -> median seconds of one target forward over W rows of (1 + n) positions, for each n
+    in `counts`, timed interleaved (module docstring). Under no_grad, as every run, not
+    inference_mode: the static paths' buffers and captured steps it leases from the model's
+    pool are written in place by the runs after it, which an inference tensor refuses."""
     model = CachedModel(target)
     ids = torch.tensor([[1 + (i * 7 + r) % max(vocab - 1, 1) for i in range(PROMPT)]
                         for r in range(width)])  # (W, PROMPT)
@@ -106,17 +134,19 @@ def _forward_s(target: torch.nn.Module, vocab: int, width: int, nodes: int) -> f
     keep = torch.arange(width)
     nothing = torch.zeros((width, 0), dtype=torch.long)
     model.commit(keep, nothing, nothing, torch.ones((width, 1), dtype=torch.long))
-    tokens = torch.full((width, nodes), 2, dtype=torch.long)  # (W, n) a chain per row
-    parents = torch.tensor([[ROOT] + list(range(nodes - 1))] * width)[:, :nodes]  # (W, n)
-    times = []
-    for _ in range(REPEATS + 1):  # the first forward warms up
-        t0 = time.perf_counter()
-        model.feed(tokens, parents)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)
-        times.append(time.perf_counter() - t0)
-        model.commit(keep, nothing, nothing, torch.ones((width, 1), dtype=torch.long))
-    return statistics.median(times[1:])
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for rep in range(REPEATS + 1):  # the first repeat warms up
+        for i in range(len(counts)):
+            n = counts[(i + rep) % len(counts)]
+            tokens = torch.full((width, n), 2, dtype=torch.long)  # (W, n) a chain per row
+            parents = torch.tensor([[ROOT] + list(range(n - 1))] * width)[:, :n]  # (W, n)
+            t0 = time.perf_counter()
+            model.feed(tokens, parents)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            times[n].append(time.perf_counter() - t0)
+            model.commit(keep, nothing, nothing, torch.ones((width, 1), dtype=torch.long))
+    return {n: statistics.median(ts[1:]) for n, ts in times.items()}
 
 
 def measured(pair, method: str, params: dict[str, Any], width: int,
@@ -143,19 +173,21 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
     - c_verify(n) = (P + f(n) - f(0)) / P, f(n) the timed forward with n drafted nodes per
       row: a plain round plus the extra forward;
     - c_draft = the calibration rounds' propose seconds per draft call, over P;
-    - c_round = the rest of what those rounds cost over a plain round and its extra forward
-      (the verify rule, the commit, a method's own caches), per round, over P.
+    - c_round = the rest of what the median round costs over a plain round, its extra
+      forward and its draft calls (the verify rule, the commit, a method's own caches), over
+      P (a median: one round slowed by the machine does not set every plan's price).
     """
     plain = max(plain_s, base)
     points = tuple((n, round((r * base - base + plain) / plain, 4)) for n, r in ratios)
     curve = CostProfile(MEASURED, 0.0, points)
     calls = sum(r.draft_calls for r in rounds)
     propose = sum(r.timings.get("propose", 0.0) for r in rounds)
-    extra = 0.0
+    rest = []  # per round: its time less the forward curve's and its draft calls' share
     for r in rounds:
         width = max(len(r.beams_before), 1)
         nodes = sum(1 for n in r.nodes if n.status not in NOT_DRAFTED) / width
-        extra += sum(r.timings.values()) - curve.c_verify(nodes) * plain
+        rest.append(sum(r.timings.values()) - curve.c_verify(nodes) * plain
+                    - r.timings.get("propose", 0.0))
     c_draft = propose / calls / plain if calls else 0.0
-    c_round = max(extra - propose, 0.0) / len(rounds) / plain if rounds else 0.0
+    c_round = max(statistics.median(rest), 0.0) / plain if rest else 0.0
     return CostProfile(MEASURED, round(c_draft, 4), points, source, round(c_round, 4))

@@ -261,14 +261,14 @@ def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(
     from tests.conftest import tiny_pair
 
     forwards, decodes = [], []
-    monkeypatch.setattr(profile, "_forward_s",
-                        lambda target, vocab, width, n: forwards.append((width, n)) or 0.1 + n)
+    monkeypatch.setattr(profile, "_forward_s", lambda target, vocab, width, counts: forwards.append(
+        (width, counts)) or {n: 0.1 + n for n in counts})
     pair = tiny_pair(seed=3)
     assert pair.calibration.verify == {} and pair.calibration.profiles == {}
     points = profile.verify_points(pair, 2)
     assert points == (0.1, tuple((n, round((0.1 + n) / 0.1, 4)) for n in profile.VERIFY_NODES))
-    assert pair.calibration.verify == {2: points} and len(forwards) == len(profile.VERIFY_NODES)
-    assert profile.verify_points(pair, 2) is points and len(forwards) == len(profile.VERIFY_NODES)
+    assert pair.calibration.verify == {2: points} and forwards == [(2, profile.VERIFY_NODES)]
+    assert profile.verify_points(pair, 2) is points and len(forwards) == 1
 
     def decode():
         decodes.append(1)
@@ -284,6 +284,32 @@ def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(
     fresh = tiny_pair(seed=3)
     profile.measured(fresh, "sd", {"gamma": 2}, 1, decode, 0.2)
     assert decodes == [1, 1, 1] and list(fresh.calibration.profiles) == [key]
+
+
+def test_verify_forwards_are_timed_interleaved_so_a_burst_of_load_spreads_over_every_count(
+        monkeypatch):
+    """_forward_s times every node count once per repeat (warm-up first), in a rotated order,
+    and keeps each count's median."""
+    from engine.execution.cached_model import CachedModel
+    from engine.run import profile
+    from tests.conftest import tiny_pair
+
+    fed, feed = [], CachedModel.feed
+
+    def counting(self, tokens=None, parents=None):
+        fed.append(0 if tokens is None else tokens.shape[1])
+        return feed(self, tokens, parents)
+
+    monkeypatch.setattr(CachedModel, "feed", counting)
+    pair = tiny_pair(seed=3)
+    counts = (0, 1, 3)
+    seconds = profile._forward_s(pair.target, pair.vocab_size, 1, counts)
+    timed = fed[1:]  # the prompt's prefill first
+    assert len(timed) == (profile.REPEATS + 1) * len(counts)
+    blocks = [timed[i:i + len(counts)] for i in range(0, len(timed), len(counts))]
+    assert all(sorted(b) == list(counts) for b in blocks)  # every count in every repeat
+    assert len({b[0] for b in blocks}) == len(counts)  # the order rotates
+    assert set(seconds) == set(counts) and all(s > 0 for s in seconds.values())
 
 
 @pytest.mark.parametrize("kind", ["fixed", "heuristic", "beta_ts", "confidence"])

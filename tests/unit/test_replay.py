@@ -159,11 +159,13 @@ def test_a_traces_pair_names_read_back_as_specs():
     assert draft_spec("") is None
 
 
-def test_a_noisy_verify_curve_is_made_non_decreasing():
-    from engine.analysis.hindsight import monotone
+def test_a_noisy_verify_curve_is_made_non_decreasing_by_pooling_its_violators():
+    from engine.run.profile import monotone
 
     noisy = CostProfile("m", 0.1, ((0, 1.0), (2, 1.4), (3, 1.2), (4, 1.5)))
-    assert monotone(noisy).verify == ((0, 1.0), (2, 1.4), (3, 1.4), (4, 1.5))
+    assert monotone(noisy).verify == ((0, 1.0), (2, 1.3), (3, 1.3), (4, 1.5))
+    below = CostProfile("m", 0.1, ((0, 1.0), (1, 0.8), (2, 1.1)))  # a forward under a plain one
+    assert monotone(below).verify == ((0, 1.0), (1, 1.0), (2, 1.1))
 
 
 def _first_drafts(committed, firsts, tops=None) -> Proposals:
