@@ -48,9 +48,10 @@ def make_decoder(pair: ModelPair, prompt, method: str | Settings = "greedy",
     return decoder, settings.params, ids
 
 
-def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
-             full: dict[str, Any]) -> tuple[Decoder, list[int]]:
-    """The round loop of validated parameters, and the prompt's ids."""
+def _decoder(pair: ModelPair, prompt, method: str, raw: bool, full: dict[str, Any],
+             priced: bool = True) -> tuple[Decoder, list[int]]:
+    """The round loop of validated parameters, and the prompt's ids; ``priced=False``: no
+    cost profile attached (the profile's own calibration decode)."""
     if METHODS[method].runner != "loop":
         raise ConfigError(f"{method} runs in transformers' own generate(), not on the round "
                           "loop: use engine.start or engine.generate")
@@ -59,7 +60,7 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool,
     tok = tokenizer_of(pair)
     built = METHODS[method].make(full)
     wanted = built.costs_wanted()
-    if wanted is not None:
+    if wanted is not None and priced:
         built.use_costs(cost_profile(pair, method, full, wanted))
     decoder = Decoder(pair, ids, built, RunConfig.from_params(full),
                       decode=functools.lru_cache(maxsize=4096)(lambda i: tok.decode([i])))
@@ -93,9 +94,9 @@ def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: st
         return profile.stored(name, method, width)
     ids = [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]
     off = _switch_off(full)
-    return profile.measured(pair, method, off, width, lambda: list(
-        start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS + 1, **off)),
-        plain_step_s(pair, width))
+    return profile.measured(pair, method, off, width, lambda: list(Run(
+        pair, ids, settings_of(pair, method, {**off, "max_new_tokens": CALIBRATION_STEPS + 1}),
+        priced=False)), lambda: calibrate(pair, width))
 
 
 class Run:
@@ -110,10 +111,11 @@ class Run:
     # other model work between rounds (engine.run.hf_run.HfRun: True, its generate() goes on)
     own_thread = False
 
-    def __init__(self, pair: ModelPair, prompt, settings: Settings, raw: bool = False) -> None:
+    def __init__(self, pair: ModelPair, prompt, settings: Settings, raw: bool = False,
+                 priced: bool = True) -> None:
         self.pair, self.method, self.prompt = pair, settings.method, prompt
         self.params, self.tuned_names = settings.params, settings.tuned_names
-        self._decoder, ids = _decoder(pair, prompt, self.method, raw, self.params)
+        self._decoder, ids = _decoder(pair, prompt, self.method, raw, self.params, priced)
         self.prompt_ids: tuple[int, ...] = tuple(ids)
         self._steps = self._decoder.rounds()
         self._rounds: list[RoundTrace] = []

@@ -150,17 +150,20 @@ def _forward_s(target: torch.nn.Module, vocab: int, width: int,
 
 
 def measured(pair, method: str, params: dict[str, Any], width: int,
-             decode: Callable[[], list], plain_s: float) -> CostProfile:
+             decode: Callable[[], list], plain_s: Callable[[], float]) -> CostProfile:
     """This machine's profile for `method` (see module docstring); ``decode()`` runs the
-    method with its switch off and returns its rounds (RoundTrace); ``plain_s``: seconds of
-    one plain round of the engine (forward, verify and commit) at this width. Measured once
-    per pair and key: ``pair.calibration.profiles``."""
+    method with its switch off and returns its rounds (RoundTrace); ``plain_s()`` measures
+    one plain round of the engine (forward, verify and commit) at this width, in seconds,
+    just before the decode (not the pair's latest plain run: a process's first run is
+    cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms). Measured once per
+    pair and key: ``pair.calibration.profiles``."""
     key = (method, width, tuple(sorted((k, repr(v)) for k, v in params.items())))
     memo = pair.calibration.profiles
     if key not in memo:
         base, ratios = verify_points(pair, width)
+        plain = plain_s()
         rounds = decode()[1:]
-        memo[key] = round_costs(base, ratios, plain_s, rounds,
+        memo[key] = round_costs(base, ratios, plain, rounds,
                                 f"{pair.device.type}, {torch.get_num_threads()} thread(s)")
     return memo[key]
 

@@ -274,15 +274,15 @@ def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(
         decodes.append(1)
         return []
 
-    prof = profile.measured(pair, "sd", {"gamma": 2}, 1, decode, 0.2)
+    prof = profile.measured(pair, "sd", {"gamma": 2}, 1, decode, lambda: 0.2)
     key = ("sd", 1, (("gamma", "2"),))
     assert pair.calibration.profiles == {key: prof} and set(pair.calibration.verify) == {1, 2}
-    assert profile.measured(pair, "sd", {"gamma": 2}, 1, decode, 0.2) is prof
+    assert profile.measured(pair, "sd", {"gamma": 2}, 1, decode, lambda: 0.2) is prof
     assert decodes == [1]  # read back, not measured again
-    profile.measured(pair, "sd", {"gamma": 3}, 1, decode, 0.2)  # another setting: measured
+    profile.measured(pair, "sd", {"gamma": 3}, 1, decode, lambda: 0.2)  # another setting
     assert decodes == [1, 1] and len(pair.calibration.profiles) == 2
     fresh = tiny_pair(seed=3)
-    profile.measured(fresh, "sd", {"gamma": 2}, 1, decode, 0.2)
+    profile.measured(fresh, "sd", {"gamma": 2}, 1, decode, lambda: 0.2)
     assert decodes == [1, 1, 1] and list(fresh.calibration.profiles) == [key]
 
 
