@@ -15,3 +15,8 @@ profile.register(MIXED)
 EDGE = CostProfile("test-edge", 0.1, ((0, 1.0), (2, 1.2), (4, 1.3), (8, 1.6), (16, 2.2)),
                    "tests: drafting pays only while the acceptance looks good")
 profile.register(EDGE)
+
+# drafting and verifying cost nothing: a dynamic tree keeps every node up to its cap
+FREE = CostProfile("test-free", 0.0, ((0, 1.0), (64, 1.0)),
+                   "tests: every drafted node pays")
+profile.register(FREE)

@@ -176,8 +176,9 @@ class RoundExtras:
     """A round's method-specific numbers (``RoundTrace.extras``): one field per key a method
     family fills, None / empty where it has none.
 
-    Token methods: k_config, rule, tree_nodes, optimal. Beam search / AtSpeed strict: steps,
-    first_failing_step, draft_beams, fill, gate, beams, depth; beam sampling: draws, beams.
+    Token methods: k_config, rule, tree_nodes, drafted_nodes, optimal. Beam search / AtSpeed
+    strict: steps, first_failing_step, draft_beams, fill, gate, beams, depth; beam sampling:
+    draws, beams.
     DSBD and relaxed: mode, draft_beams, threshold, min_width, beams, layers, last_layer,
     depth, gate, width. EESD: kv_cache, drafter, predictor. The ``dict`` payloads are
     free-form per method (their keys are the method's own and change with it).
@@ -187,6 +188,8 @@ class RoundExtras:
     k_config: tuple[int, ...] = ()  # children per node at each depth
     rule: str | None = None
     tree_nodes: int | None = None
+    drafted_nodes: int | None = None  # a dynamic tree: nodes drafted, of which the rerank
+    # kept tree_nodes (None: every drafted node was verified)
     optimal: tuple[OptimalRecord, ...] = ()  # when the method records it (optimal=True)
     # beam methods
     steps: tuple[dict[str, Any], ...] = ()  # free-form: the replayed search's steps

@@ -182,6 +182,9 @@ class MethodSpec:
     # the most nodes a round's forest can hold at these (validated) parameters, and what
     # that product is, e.g. (64, "draft_beams x gamma"); None: bounded by the rows alone
     forest_bound: ForestBound | None = None
+    # a combination of (validated) parameter values the method cannot run: why, in one
+    # line (None: it can)
+    refuse: Callable[[Mapping[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         check_config_fields(self.config, self.params)
@@ -229,6 +232,9 @@ class MethodSpec:
         """The method for the values of ``all_params``, as validate_params returns them."""
         if self.sampling_only and params["temperature"] <= 0:
             raise ConfigError(f"{self.name}: beam sampling needs temperature > 0")
+        why = None if self.refuse is None else self.refuse(params)
+        if why:
+            raise ConfigError(f"{self.name}: {why}")
         return self.build(self.configure(params))
 
     @property

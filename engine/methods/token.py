@@ -39,10 +39,12 @@ from engine.control.controllers import (
 )
 from engine.control.cost import chain_shape, tree_shape
 from engine.core.config import ParamSpec, parse_k_config
+from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, depths, empty_forest
 from engine.core.sampling import argmax, probs_from_logits
 from engine.drafters.ngram import support
 from engine.execution.cached_model import Scored
+from engine.methods import dynamic_tree
 from engine.methods.base import GAMMA, MethodSpec, RoundVerdict, RunState, register
 from engine.methods.single import SingleStart, finish_single, target_token
 from engine.verify.optimality import position_record
@@ -59,6 +61,8 @@ class TreeConfig:
     chain_control: bool = False  # a controller decides the chain length token by token
     depth_control: bool = False  # a controller may stop a tree before its last level
     record_optimal: bool = False  # Hu et al. alpha* and exact acceptance per position
+    dynamic: bool = False  # EAGLE-2's dynamic tree over the k-config (engine.methods.dynamic_tree)
+    tree_nodes: int = 0  # a dynamic tree: the most nodes its rerank keeps
 
     @property
     def scheme(self) -> str:
@@ -123,9 +127,12 @@ def draft_dist(logits: torch.Tensor, k: int, scheme: str,
 class TreeSpeculation(SingleStart):
     """Draft a tree (or controlled chain) with the drafter, verify it with one rule."""
 
-    def __init__(self, cfg: TreeConfig, *, controller: Controller | None = None):
+    def __init__(self, cfg: TreeConfig, *, controller: Controller | None = None,
+                 costs: str | None = None):
         self.cfg = cfg
         self.controller = controller or FixedController(gamma=len(cfg.k_config))
+        self.costs = costs  # the cost profile a dynamic tree sizes its rerank with
+        self.profile = None  # that profile, once the run attached it
 
     # ------------------------------------------------------------- propose
     def propose(self, ctx: RunState) -> Forest:
@@ -136,9 +143,15 @@ class TreeSpeculation(SingleStart):
             return empty_forest(1)
         if self.controller.plans:  # the cost switch
             shape = (chain_shape(min(budget, self.controller.config.cap)) if levels is None
+                     else chain_shape(len(levels)) if self.cfg.dynamic  # its best path
                      else tree_shape(tuple(levels)))
-            if self.controller.plan(shape, ctx.side) == 0:
+            planned = self.controller.plan(shape, ctx.side)
+            if planned == 0:
                 return empty_forest(1)  # a plain target step
+            if self.cfg.dynamic:
+                levels = levels[:planned]
+        if self.cfg.dynamic:
+            return self._propose_dynamic(ctx, levels)
         root = ctx.draft_feed()
         lookup = _lookup_at(ctx, [ROOT], root=True)  # None: a drafter of one source
         q_at: dict[int, torch.Tensor] = {}
@@ -185,6 +198,67 @@ class TreeSpeculation(SingleStart):
                                 for p in parents]
         return Forest(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
                       q_tok=torch.tensor([q_tok]), extras=extras)
+
+    def _propose_dynamic(self, ctx: RunState, levels: list[int]) -> Forest:
+        """EAGLE-2's dynamic tree over `levels` (engine.methods.dynamic_tree): expand each
+        level's best nodes, then keep the best nodes the measured costs pay for."""
+        if not ctx.warp.greedy:  # refused up front (MethodSpec.refuse); a guard
+            raise ConfigError("a dynamic tree runs at temperature 0 only")
+        calls0 = ctx.draft_calls
+        root = ctx.draft_feed()
+        lookup = _lookup_at(ctx, [ROOT], root=True)
+        q_at: dict[int, torch.Tensor] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        q_tok: list[float] = []
+        value: list[float] = []  # log of the draft's confidence in each node's path
+        depth: list[int] = []
+        slot = {ROOT: ROOT}  # node id -> its index among the nodes fed to the drafter
+        frontier = [(ROOT, root.root_logits[0], 0.0)]  # (node, (V,) draft logits, log-value)
+        for d, k in enumerate(levels, start=1):
+            new = []
+            for node, logits, log_v in frontier:
+                n_kids, top = children_at(logits, k, ctx)
+                if n_kids == 0:
+                    continue
+                q, cands = draft_dist(logits, n_kids, self.cfg.scheme, ctx, top)
+                q_at[node] = q
+                lse = float(torch.logsumexp(logits.float(), dim=-1))  # temperature 1
+                picked = logits[cands].float().tolist()  # (k,) their logits
+                for c, logit in zip(cands, picked):
+                    tokens.append(c)
+                    parents.append(node)
+                    q_tok.append(float(q[c]))
+                    value.append(log_v + logit - lse)
+                    depth.append(d)
+                    new.append(len(tokens) - 1)
+            if not new or d == len(levels):
+                break
+            grow = dynamic_tree.expand_order(value, new, levels[d])
+            if not dynamic_tree.deeper_pays(value, depth, grow, self.profile,
+                                            ctx.draft_calls - calls0, self.cfg.tree_nodes):
+                break
+            fed = ctx.draft_feed(torch.tensor([[tokens[i] for i in grow]]),
+                                 torch.tensor([[slot[parents[i]] for i in grow]]))
+            slot.update({i: len(slot) - 1 + j for j, i in enumerate(grow)})
+            if lookup is not None:
+                lookup.update(_lookup_at(ctx, grow))
+            frontier = [(i, fed.node_logits[0, j], value[i]) for j, i in enumerate(grow)]
+        order = dynamic_tree.rank(value, depth)
+        n = dynamic_tree.sized(value, order, self.profile, ctx.draft_calls - calls0,
+                               self.cfg.tree_nodes)
+        if n == 0:  # not worth a verified node: a plain target step
+            return empty_forest(1)
+        kept = sorted(order[:n])  # parents before children (ids grow with depth)
+        new_id = {ROOT: ROOT, **{old: j for j, old in enumerate(kept)}}
+        extras = {"q_at": {new_id[v]: q for v, q in q_at.items() if v in new_id},
+                  "depth": max(depth[i] for i in kept), "drafted_nodes": len(tokens)}
+        if lookup is not None:
+            extras["source"] = [SOURCE_LOOKUP if lookup[parents[i]] else SOURCE_FEATURE
+                                for i in kept]
+        return Forest(tokens=torch.tensor([[tokens[i] for i in kept]]),
+                      parents=torch.tensor([[new_id[parents[i]] for i in kept]]),
+                      q_tok=torch.tensor([[q_tok[i] for i in kept]]), extras=extras)
 
     def _branching(self, depth: int, levels: list[int] | None) -> int:
         return 1 if levels is None else levels[depth]
@@ -291,16 +365,20 @@ class TreeSpeculation(SingleStart):
             drafted=drafted, accepted=len(path),
             extras=RoundExtras(k_config=tuple(self.cfg.k_config), rule=self.cfg.rule,
                                tree_nodes=len(tokens),
+                               drafted_nodes=forest.extras.get("drafted_nodes"),
                                optimal=tuple(OptimalRecord(**rec) for rec in self._optimal)
                                if self.cfg.record_optimal else ()),
         )
 
     def costs_wanted(self) -> str | None:
-        """The cost profile name the controller plans with (None: it plans without one)."""
-        return self.controller.costs_wanted()
+        """The cost profile name the controller plans with, or a dynamic tree sizes its
+        rerank with (None: neither needs one)."""
+        return self.controller.costs_wanted() or self.costs
 
     def use_costs(self, profile) -> None:
-        self.controller.attach(profile)
+        if self.controller.costs_wanted() is not None:
+            self.controller.attach(profile)
+        self.profile = profile
 
     def switch_plan(self) -> SwitchPlan | None:
         return self.controller.plan_record()
@@ -341,6 +419,7 @@ def _pseudo(i: int, parent: int, depth: int, tok: int, ctx: RunState, status: st
 EXACT = ("output law = the warped target's (exact enumeration per rule + chi-square end to "
          "end); token-identical to greedy generate() at temperature 0")
 
+TREE_KINDS = ("static", "dynamic")
 K_CONFIG = ParamSpec("k_config", str, "4x2x2", "children per node at each depth, e.g. 4x2x2 "
                      "(its depth is the cap of a tree's controller)")
 OPTIMAL_PARAM = ParamSpec(
@@ -364,6 +443,8 @@ class MCSDConfig(ControlConfig):
     k_config: str
     verifier: str
     optimal: bool
+    tree: str  # one of TREE_KINDS
+    tree_nodes: int  # tree=dynamic: the most nodes its rerank keeps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,17 +466,29 @@ def build_chain(control: ControlConfig, *, gamma: int, optimal: bool = False,
 
 
 def build_tree(*, k_config: str, rule: str, optimal: bool,
-               control: ControlConfig | None = None) -> TreeSpeculation:
+               control: ControlConfig | None = None, tree: str = "static",
+               tree_nodes: int = 0) -> TreeSpeculation:
     """A k-config tree; a controller other than 'fixed' may stop it before its last level
     (its cap clipped to the tree's depth; drafted = the tree's depth, accepted = the accepted
-    path's length)."""
+    path's length). ``tree="dynamic"``: EAGLE-2's tree over the k-config, its rerank sized by
+    the cost profile ``control.costs`` and kept to at most ``tree_nodes`` nodes; it takes the
+    cost switch or no controller."""
     ks = parse_k_config(k_config)
     adaptive = control is not None and control.kind != "fixed"
-    cfg = TreeConfig(ks, rule, depth_control=adaptive, record_optimal=optimal)
+    dynamic = tree == "dynamic"
+    if dynamic and adaptive and control.kind != "cost":
+        raise ConfigError(f"tree=dynamic sizes itself: it takes switch=cost or "
+                          f"controller=fixed, not controller={control.kind}")
+    if dynamic and optimal:
+        raise ConfigError("tree=dynamic does not record optimal acceptance (optimal=true)")
+    cfg = TreeConfig(ks, rule, depth_control=adaptive, record_optimal=optimal,
+                     dynamic=dynamic, tree_nodes=tree_nodes)
+    costs = control.costs if dynamic and control is not None else None
     if not adaptive:
-        return TreeSpeculation(cfg)
+        return TreeSpeculation(cfg, costs=costs)
     capped = replace(control, cap=min(control.cap, len(ks)))
-    return TreeSpeculation(cfg, controller=make_controller(capped, gamma=len(ks)))
+    return TreeSpeculation(cfg, controller=make_controller(capped, gamma=len(ks)),
+                           costs=costs)
 
 
 register(MethodSpec(
@@ -431,16 +524,26 @@ register(MethodSpec(
         ParamSpec("verifier", str, "rrs_wor", "multi-candidate verification rule",
                   choices=("rrs_wor", "rrs_wr", "naive", "kseq")),
         OPTIMAL_PARAM,
+        ParamSpec("tree", str, "static", "static: every node of the k-config; dynamic: "
+                  "EAGLE-2's tree (level d expands its k_d most confident nodes, then the "
+                  "nodes the measured costs pay for are kept; temperature 0)",
+                  choices=TREE_KINDS),
+        ParamSpec("tree_nodes", int, 12, "tree=dynamic: the most nodes the target verifies",
+                  min=1, max=64),
     ) + CONTROL_PARAMS,
     config=MCSDConfig,
     build=lambda c: build_tree(k_config=c.k_config, rule=c.verifier, optimal=c.optimal,
-                               control=c),
+                               control=c, tree=c.tree, tree_nodes=c.tree_nodes),
+    refuse=lambda p: ("tree=dynamic runs at temperature 0 only (its rerank drops draws out "
+                      "of their order)" if p.get("tree") == "dynamic"
+                      and p["temperature"] > 0 else None),
     reference="greedy",
     tune_space=(
         *({"k_config": k, "controller": "fixed"} for k in ("2x2", "3x2", "2x2x2", "4x2x2")),
         *({"k_config": k, "controller": "confidence", "confidence": c}
           for k in ("2x2", "2x2x2") for c in (0.3, 0.5)),
         *({"k_config": k, "switch": "cost"} for k in ("2x2", "2x2x2")),
+        *({"k_config": k, "tree": "dynamic", "switch": "cost"} for k in ("3x3x3", "4x4x4x4")),
     ),
     tune_by_default=True,
 ))

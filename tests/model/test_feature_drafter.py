@@ -24,6 +24,7 @@ from engine.execution.cached_model import Scored
 from engine.run.specs import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
+from tests.profiles import FREE
 
 PROMPTS = ([3, 4, 5, 6], [11, 12])
 
@@ -135,6 +136,26 @@ def test_the_cli_refuses_a_missing_feature_weight_file_with_one_error_line(capsy
                  "--raw", "--prompt", "1 2 3", "--method", "sd"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: feature drafter")
+
+
+def test_a_dynamic_tree_feeds_each_expanded_node_on_its_own_path():
+    """tree=dynamic feeds the drafter only each level's best nodes: every fed node must be
+    drafted after its own parent (the drafter's index, not the tree's id), so a drafter that
+    copies the target has nearly every level of the 4x2x2x2 tree accepted (its levels keep 2
+    of 4 nodes, so drafter indices and tree ids differ from level 2 on; a wrong index feeds
+    a node before its parent). Not every one: a level may leave the target's path unexpanded
+    when a sibling's path looks likelier to the draft."""
+    pair = tiny_pair(layers=1, draft="ngram")
+    drafter = FeatureDrafter(pair.target, near_perfect_feature_parts(pair.target, 0.0))
+    pair.drafter, pair.draft_name = drafter, drafter.name
+    rounds = []
+    for prompt in PROMPTS:
+        trace = engine.generate(pair, prompt, "mcsd", k_config="4x2x2x2", tree="dynamic",
+                                tree_nodes=16, costs=FREE.name, max_new_tokens=30)
+        assert list(trace.token_ids) == _ref(pair, prompt, 30)
+        rounds += [(r.drafted, r.accepted) for r in trace.rounds[1:] if r.drafted]
+    assert rounds and max(d for d, _ in rounds) == 4
+    assert sum(a for _, a in rounds) >= 0.9 * sum(d for d, _ in rounds), rounds
 
 
 @pytest.mark.parametrize("method,params", [("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x2"}),

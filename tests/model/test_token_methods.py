@@ -9,7 +9,7 @@ import torch
 
 import engine
 from tests.conftest import tiny_pair
-from tests.profiles import MIXED
+from tests.profiles import FREE, MIXED
 
 METHODS = [
     ("sd", {"gamma": 3}),
@@ -28,6 +28,8 @@ METHODS = [
     ("sd", {"switch": "cost", "costs": MIXED.name, "confidence": 0.0, "cap": 6}),
     ("mcsd", {"k_config": "2x2x2", "switch": "cost", "costs": MIXED.name}),
     ("greedy_drafts", {"k_config": "3x2x2", "switch": "cost", "costs": MIXED.name}),
+    ("mcsd", {"k_config": "3x3x3", "tree": "dynamic", "tree_nodes": 10, "costs": FREE.name}),
+    ("mcsd", {"k_config": "4x4x4", "tree": "dynamic", "switch": "cost", "costs": FREE.name}),
 ]
 
 
