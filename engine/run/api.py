@@ -236,7 +236,7 @@ def generate(pair: ModelPair, prompt, method: str | Settings = "greedy", raw: bo
 
 
 CALIBRATION_PROMPT = 16  # tokens
-CALIBRATION_STEPS = 12  # rounds enough that a median is steady (4 swung c_round 0-0.21)
+CALIBRATION_STEPS = 24  # tokens: rounds enough that a median is steady (4 swung c_round 0-0.21)
 
 
 def plain_step_s(pair: ModelPair, width: int) -> float:
