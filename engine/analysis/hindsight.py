@@ -81,9 +81,10 @@ def run_label(trace: RunTrace) -> str:
     """The run's method and the settings that shape its rounds."""
     p = trace.params
     confident = p.get("controller") == "confidence"
-    kept = [(k, p.get(k)) for k in ("gamma", "k_config", "controller", "confidence", "switch")]
+    kept = [(k, p.get(k)) for k in ("gamma", "k_config", "tree", "controller", "confidence",
+                                     "switch")]
     return " ".join([trace.method] + [
-        f"{k}={v}" for k, v in kept if v is not None and v != "off"
+        f"{k}={v}" for k, v in kept if v is not None and v not in ("off", "static")
         and not (k == "gamma" and confident) and not (k == "confidence" and not confident)])
 
 
@@ -100,7 +101,8 @@ def own_setting(trace: RunTrace) -> Setting | None:
         return Setting("confidence", threshold=float(p["confidence"]), cap=int(p["cap"]))
     if trace.method == "sd" and kind == "heuristic":
         return Setting("heuristic", gamma=int(p["gamma"]), cap=int(p["cap"]))
-    if trace.method == "mcsd" and kind == "fixed" and p.get("verifier") == "rrs_wor":
+    if (trace.method == "mcsd" and kind == "fixed" and p.get("verifier") == "rrs_wor"
+            and p.get("tree", "static") == "static"):
         return Setting("tree", k_config=parse_k_config(str(p["k_config"])))
     return None
 

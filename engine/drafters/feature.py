@@ -268,9 +268,11 @@ class FeatureRunner(CachedModel):
         return {"inputs_embeds": x}
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
-               new_tokens: torch.Tensor, target: Scored | None = None) -> None:
+               new_tokens: torch.Tensor, target: Scored | None = None,
+               draft_path: torch.Tensor | None = None) -> None:
         """Record the true features of the newly committed positions (from the target's
-        Scored), crop every drafted node and make the committed path the next tail."""
+        Scored, indexed by the forest's ids: ``draft_path`` is not needed, every drafted node
+        is cropped) and make the committed path the next tail."""
         if target is None:
             raise ValueError("a feature drafter commits with the target's Scored")
         rows = rows.to(self.device)

@@ -195,7 +195,8 @@ class HybridRunner:
                       else None, None)
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
-               new_tokens: torch.Tensor, target: Scored | None = None) -> None:
+               new_tokens: torch.Tensor, target: Scored | None = None,
+               draft_path: torch.Tensor | None = None) -> None:
         """Both runners commit; the feature runner reads the target's Scored (deferred feeds
         are dropped: its commit crops every drafted node and keeps an unfed tail)."""
         self.deferred = []

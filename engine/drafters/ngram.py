@@ -216,7 +216,7 @@ class NGramRunner:
         return Scored(node_logits.to(dev), hidden, root.to(dev), torch.zeros((W, 0), device=dev))
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
-               new_tokens: torch.Tensor, target=None) -> None:
+               new_tokens: torch.Tensor, target=None, draft_path=None) -> None:
         """Row i of the next round = old row rows[i] + path_tokens[i] + new_tokens[i]."""
         appended = torch.cat([path_tokens.cpu(), new_tokens.cpu()], dim=1).tolist()
         self.rows = [self.rows[r] + a for r, a in zip(rows.tolist(), appended)]

@@ -207,7 +207,9 @@ class SharedSide:
         return Scored(logits[:, n - m:], hidden[:, n - m:], *root)  # nodes: (1, m, V), (1, m, d)
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
-               new_tokens: torch.Tensor, target=None) -> None:
+               new_tokens: torch.Tensor, target=None, draft_path=None) -> None:
+        if draft_path is not None:
+            raise ConfigError("KV sharing keeps a chain fed whole")
         kept = path_nodes[0].tolist() if path_nodes.numel() else []
         if rows.tolist() != [0] or kept != list(range(len(kept))):
             raise ConfigError("KV sharing keeps a prefix of one chain")

@@ -329,6 +329,7 @@ class CachedModel:
         path_tokens: torch.Tensor,
         new_tokens: torch.Tensor,
         target: Scored | None = None,
+        draft_path: torch.Tensor | None = None,
     ) -> None:
         """Keep the chosen paths and start the next round.
 
@@ -339,9 +340,12 @@ class CachedModel:
             new_tokens: (W', a) tokens committed after the path (correction / bonus / target).
             target: the target's Scored of this round (a drafter's runner may read the
                 target's states there; a model's cache does not need them).
+            draft_path: (W', k) the same path as this cache's own fed-node indices where they
+                differ from the forest's ids (a dynamic tree feeds a drafter some nodes only;
+                an index >= the nodes fed: never fed); None: path_nodes.
         """
         rows = rows.to(self.device)
-        path_nodes = path_nodes.to(self.device)
+        path_nodes = (path_nodes if draft_path is None else draft_path).to(self.device)
         t_all = self.tail.shape[1]
         unfed_tail = self.tail[rows, self.tail_fed :]  # (W', t_all - tail_fed)
         fed = (path_nodes < self.forest_fed).long()  # nodes whose KV is in the cache

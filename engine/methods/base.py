@@ -106,6 +106,9 @@ class RoundVerdict:
     stop_reason: str = ""
     extras: RoundExtras = field(default_factory=RoundExtras)  # becomes RoundTrace.extras
     final_beams: tuple[BeamTrace, ...] = ()  # set by beam methods when done
+    # (W', k) the kept path in the drafter's own feed order where it differs from
+    # path_nodes (a dynamic tree feeds the drafter only some nodes); None: the same
+    draft_path: torch.Tensor | None = None
     beam_steps: tuple[BeamStep, ...] = ()  # beam methods: target top-K vs drafts per step
 
 

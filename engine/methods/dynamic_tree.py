@@ -36,6 +36,13 @@ from typing import Sequence
 from engine.control.cost import CostProfile
 
 
+def child_value(parent: float, logit: float, lse: float) -> float:
+    """A child's log-value: its parent's plus its draft log-probability ``logit - lse``
+    (temperature 1), never above the parent's (a sure draft's difference may round above 0,
+    which would rank the child over its parent and cut the parent from a kept tree)."""
+    return parent + min(logit - lse, 0.0)
+
+
 def expand_order(values: Sequence[float], nodes: Sequence[int], k: int) -> list[int]:
     """The k of `nodes` (ids into `values`, log-values) to expand, highest value first (ties
     to the older node), returned in id order."""
@@ -81,8 +88,13 @@ def deeper_pays(values: Sequence[float], depth: Sequence[int], grow: Sequence[in
     """Whether feeding `grow` (the next level's expanded nodes) to the drafter can pay: the
     children of a node share at most its value, so the level adds at most the nodes' summed
     value to E for at least one more draft call; it pays only if that ratio beats the tree's
-    best E_N / C_N so far. Without a profile: always (EAGLE-2 drafts every level; on a GPU
-    a draft call is nearly free, on a CPU it costs a fifth of a target step)."""
+    best E_N / C_N so far (without a profile: always, as EAGLE-2 drafts every level; on a GPU
+    a draft call is nearly free, on a CPU it costs a fifth of a target step); and in any case
+    only while the tree holds fewer than ``cap`` nodes at least as likely as the best of
+    them (else no child can enter the kept top ``cap``)."""
+    best = max(values[i] for i in grow)  # no child can beat it
+    if sum(1 for v in values if v >= best) >= cap:  # nor enter the top cap: all ranked above
+        return False
     if profile is None:
         return True
     _, gain = _best(values, rank(values, depth), profile, calls, cap)

@@ -229,7 +229,7 @@ class TreeSpeculation(SingleStart):
                     tokens.append(c)
                     parents.append(node)
                     q_tok.append(float(q[c]))
-                    value.append(log_v + logit - lse)
+                    value.append(dynamic_tree.child_value(log_v, logit, lse))
                     depth.append(d)
                     new.append(len(tokens) - 1)
             if not new or d == len(levels):
@@ -251,8 +251,10 @@ class TreeSpeculation(SingleStart):
             return empty_forest(1)
         kept = sorted(order[:n])  # parents before children (ids grow with depth)
         new_id = {ROOT: ROOT, **{old: j for j, old in enumerate(kept)}}
+        fed = len(slot) - 1  # a kept leaf the drafter never saw: an index past its nodes
         extras = {"q_at": {new_id[v]: q for v, q in q_at.items() if v in new_id},
-                  "depth": max(depth[i] for i in kept), "drafted_nodes": len(tokens)}
+                  "depth": max(depth[i] for i in kept), "drafted_nodes": len(tokens),
+                  "draft_slots": [slot.get(i, fed + j) for j, i in enumerate(kept)]}
         if lookup is not None:
             extras["source"] = [SOURCE_LOOKUP if lookup[parents[i]] else SOURCE_FEATURE
                                 for i in kept]
@@ -359,7 +361,7 @@ class TreeSpeculation(SingleStart):
         nodes.append(_pseudo(len(tokens), last, len(path) + 1, final, ctx, final_status, None))
         origin = ORIGIN_BONUS if final_status == BONUS else ORIGIN_RESAMPLED
         drafted = max(depth) if depth else 0
-        return finish_single(
+        verdict = finish_single(
             ctx, path, [tokens[i] for i in path], final,
             [ORIGIN_ACCEPTED] * len(path) + [origin], nodes=tuple(nodes), tests=tuple(tests),
             drafted=drafted, accepted=len(path),
@@ -369,6 +371,10 @@ class TreeSpeculation(SingleStart):
                                optimal=tuple(OptimalRecord(**rec) for rec in self._optimal)
                                if self.cfg.record_optimal else ()),
         )
+        slots = forest.extras.get("draft_slots")
+        if slots is not None:  # the drafter was fed some nodes only (a dynamic tree)
+            verdict.draft_path = torch.tensor([[slots[i] for i in path]], dtype=torch.long)
+        return verdict
 
     def costs_wanted(self) -> str | None:
         """The cost profile name the controller plans with, or a dynamic tree sizes its
@@ -481,6 +487,9 @@ def build_tree(*, k_config: str, rule: str, optimal: bool,
                           f"controller=fixed, not controller={control.kind}")
     if dynamic and optimal:
         raise ConfigError("tree=dynamic does not record optimal acceptance (optimal=true)")
+    if dynamic and rule != "rrs_wor":
+        raise ConfigError(f"tree=dynamic takes verifier=rrs_wor (distinct children; {rule} "
+                          "drafts copies of one token at temperature 0)")
     cfg = TreeConfig(ks, rule, depth_control=adaptive, record_optimal=optimal,
                      dynamic=dynamic, tree_nodes=tree_nodes)
     costs = control.costs if dynamic and control is not None else None

@@ -91,7 +91,8 @@ def settle(method: str, given: Mapping[str, Any] | None = None,
     form: the given values are a form's whose fields opened on the tuned settings (the
     app's widgets): a value still equal to its tuned one counts as tuned (the trace names
     it so, and it yields to a changed value it conflicts with); every other field's value
-    is given. ConfigError: an unknown method or parameter, a bad value or combination."""
+    is given. Tuned values the method refuses beside the given ones (``MethodSpec.refuse``)
+    yield whole. ConfigError: an unknown method or parameter, a bad value or combination."""
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}' (known: {', '.join(sorted(METHODS))})")
     specs = METHODS[method].all_params
@@ -103,6 +104,10 @@ def settle(method: str, given: Mapping[str, Any] | None = None,
                  if not (k in mine and k in rows and _same(rows[k], v, mine[k]))}
     kept, given = layered(specs, mine, given)
     full = validate_params(specs, {**kept, **given}, method)
+    refuse = METHODS[method].refuse
+    if kept and refuse is not None and refuse(full):  # a tuned setting that cannot run with
+        kept = {}  # the given values (tree=dynamic at temperature > 0) yields to them whole
+        full = validate_params(specs, given, method)
     return Settings(method, full, tuple(kept), tuple(given))
 
 

@@ -166,7 +166,8 @@ class Decoder:
         ctx = self.ctx
         ctx.target.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens)
         if (draft := ctx.draft_if_started) is not None:
-            draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens, target=scored)
+            draft.commit(v.rows, v.path_nodes, v.path_tokens, v.new_tokens, target=scored,
+                         draft_path=v.draft_path)
         appended = torch.cat([v.path_tokens.cpu(), v.new_tokens.cpu()], dim=1).tolist()
         rows = v.rows.tolist()
         ctx.seqs = [ctx.seqs[r] + a for r, a in zip(rows, appended)]

@@ -61,8 +61,9 @@ def _label(method: str, values: Mapping[str, Any]) -> str:
 def candidates(method: str, current: Mapping[str, Any], common: Mapping[str, Any],
                *, approximate: bool = False) -> list[Candidate]:
     """The method's candidates: its current settings first (the pair's tuned values, else
-    its defaults), then its space without duplicates. ConfigError for a method without a
-    space, an approximate method not asked for, or a candidate the method refuses."""
+    its defaults), then its space without duplicates and without the settings the method
+    refuses at these common values (``MethodSpec.refuse``). ConfigError for a method without
+    a space, an approximate method not asked for, or another bad candidate."""
     from engine.methods import METHODS
 
     if method not in METHODS:
@@ -78,6 +79,8 @@ def candidates(method: str, current: Mapping[str, Any], common: Mapping[str, Any
     seen: set[str] = set()
     for i, values in enumerate([dict(current), *spec.tune_space]):
         full = validate_params(spec.all_params, {**common, **values}, method)
+        if i > 0 and spec.refuse is not None and spec.refuse(full):
+            continue  # e.g. a temperature-0 setting in a tune at temperature > 0
         spec.make(full)  # a bad combination fails the plan
         key = json.dumps({k: full[k] for k in sorted(full) if k not in common}, default=str)
         if key in seen:

@@ -4,10 +4,13 @@ test_feature_drafter, test_hybrid_drafter: METHODS)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 import engine
 from engine.core.errors import ConfigError
+from engine.run.models import model_from_config, tiny_config
 from tests.conftest import tiny_pair
 from tests.model.test_token_methods import _ref
 from tests.profiles import FREE
@@ -39,6 +42,23 @@ def test_a_dynamic_tree_drafts_more_nodes_than_it_keeps_and_keeps_a_branching_tr
     assert any(r.extras.drafted_nodes == 21 for r in rounds)
 
 
+def test_a_model_drafter_keeps_its_own_cache_of_the_accepted_path():
+    """A draft model that is a copy of the target: its greedy drafts are the target's, so
+    nearly every level is accepted, round after round, only if its cache keeps the accepted
+    path's own slots (the tree's ids differ from the order the drafter was fed them: a
+    4x2x2x2 tree feeds 2 of each level's 4 nodes)."""
+    target = model_from_config(tiny_config("llama", vocab_size=64, layers=2), seed=0)
+    pair = engine.load_pair(target=target, draft=copy.deepcopy(target), device="cpu")
+    rounds = []
+    for prompt in ([3, 4, 5, 6], [11, 12]):
+        trace = engine.generate(pair, prompt, "mcsd", k_config="4x2x2x2", tree="dynamic",
+                                tree_nodes=16, costs=FREE.name, max_new_tokens=40)
+        assert list(trace.token_ids) == _ref(pair, prompt, 40)
+        rounds += [(r.drafted, r.accepted) for r in trace.rounds if r.drafted]
+    assert max(d for d, _ in rounds) == 4
+    assert sum(a for _, a in rounds) >= 0.9 * sum(d for d, _ in rounds), rounds
+
+
 def test_a_dynamic_tree_sized_by_this_machine_s_costs_is_greedy_s_tokens():
     """The default costs: measured on the pair (the calibration decode itself runs unpriced,
     so measuring does not ask for a profile again)."""
@@ -54,6 +74,7 @@ def test_a_dynamic_tree_sized_by_this_machine_s_costs_is_greedy_s_tokens():
     ({"temperature": 1.0}, "runs at temperature 0 only"),
     ({"controller": "beta_ts"}, "takes switch=cost or controller=fixed"),
     ({"optimal": True}, "does not record optimal acceptance"),
+    ({"verifier": "rrs_wr"}, "takes verifier=rrs_wor"),
 ])
 def test_a_dynamic_tree_refuses_what_it_cannot_run_in_one_line(params, message):
     pair = tiny_pair()

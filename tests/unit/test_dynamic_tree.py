@@ -9,7 +9,7 @@ import pytest
 
 from engine.control.cost import CostProfile
 from engine.core.forest import ROOT
-from engine.methods.dynamic_tree import expand_order, rank, sized
+from engine.methods.dynamic_tree import child_value, deeper_pays, expand_order, rank, sized
 
 
 def _random_tree(rng: random.Random, n: int) -> tuple[list[int], list[float], list[int]]:
@@ -66,3 +66,25 @@ def test_a_tree_not_worth_verifying_makes_the_round_a_plain_step():
     dear = CostProfile("t", 0.5, ((0, 1.0), (1, 2.0), (4, 5.0)), c_round=0.2)
     values = [math.log(v) for v in (0.3, 0.2, 0.1)]
     assert sized(values, rank(values, [1, 1, 1]), dear, calls=2, cap=8) == 0
+
+
+def test_a_sure_child_never_ranks_above_its_parent():
+    """logit == logsumexp: probability 1, whose float sum with the parent's value may round
+    above it; the child's value is clamped to its parent's, and the rank keeps the order."""
+    parent, logit = -0.7, 12.5
+    assert (parent + logit) - logit > parent  # the rounding the clamp guards against
+    child = child_value(parent, logit, logit)
+    assert child == parent
+    assert rank([parent, child], [1, 2]) == [0, 1]
+    assert child_value(parent, 1.0, 3.0) == pytest.approx(parent - 2.0)
+
+
+def test_a_level_is_expanded_only_while_it_can_pay_and_reach_the_kept_nodes():
+    """Expanding costs a draft call (0.5 plain steps here): nodes of summed value 0.2 cannot
+    pay it, of 0.9 can; with the cap already filled by likelier nodes nothing can."""
+    prof = CostProfile("t", 0.5, ((0, 1.0), (8, 1.4)))
+    values = [math.log(v) for v in (0.9, 0.1, 0.1)]
+    assert deeper_pays(values, [1, 1, 1], [0], prof, calls=1, cap=8)
+    assert not deeper_pays(values, [1, 1, 1], [1, 2], prof, calls=1, cap=8)
+    assert deeper_pays(values, [1, 1, 1], [1, 2], None, calls=1, cap=8)  # EAGLE-2: always
+    assert not deeper_pays(values, [1, 1, 1], [1, 2], None, calls=1, cap=2)  # cap is full

@@ -233,3 +233,16 @@ def test_the_ui_refuses_more_beams_than_its_limit_before_any_model_work():
     with pytest.raises(ConfigError, match=r"draft_beams = 65 beams; the UI limit is 64"):
         limits.check_forest_budget(settle("dsbd", {"draft_beams": 65, "temperature": 1.0,
                                                    "gamma": 1}))
+
+
+def test_a_tuned_setting_the_method_refuses_beside_the_given_values_yields_whole():
+    """A pair tuned to mcsd's dynamic tree (temperature 0 only) still runs mcsd sampled: the
+    tuned setting yields whole to temperature=1; at temperature 0 it stands."""
+    tuned = {"mcsd": {"tree": "dynamic", "k_config": "4x4x4", "switch": "cost"}}
+    sampled = settle("mcsd", {"temperature": 1.0}, tuned)
+    assert sampled.params["tree"] == "static" and sampled.params["k_config"] == "4x2x2"
+    assert sampled.tuned_names == ()
+    greedy = settle("mcsd", {}, tuned)
+    assert greedy.params["tree"] == "dynamic" and set(greedy.tuned_names) >= {"tree"}
+    with pytest.raises(ConfigError, match="temperature 0 only"):
+        METHODS["mcsd"].make(settle("mcsd", {"temperature": 1.0, "tree": "dynamic"}).params)

@@ -159,6 +159,20 @@ def test_a_traces_pair_names_read_back_as_specs():
     assert draft_spec("") is None
 
 
+def test_a_dynamic_tree_run_is_named_so_and_not_replayed_as_its_static_k_config():
+    from types import SimpleNamespace
+
+    from engine.analysis.hindsight import own_setting, run_label
+
+    params = {"k_config": "4x4x4", "controller": "fixed", "switch": "off",
+              "verifier": "rrs_wor", "tree": "static"}
+    static = SimpleNamespace(method="mcsd", params=params)  # what the two read of a trace
+    dynamic = SimpleNamespace(method="mcsd", params={**params, "tree": "dynamic"})
+    assert own_setting(static) is not None and own_setting(dynamic) is None
+    assert run_label(static) == "mcsd k_config=4x4x4 controller=fixed"
+    assert run_label(dynamic) == "mcsd k_config=4x4x4 tree=dynamic controller=fixed"
+
+
 def test_a_noisy_verify_curve_is_made_non_decreasing_by_pooling_its_violators():
     from engine.run.profile import monotone
 

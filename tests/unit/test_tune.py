@@ -88,6 +88,14 @@ def test_every_candidate_of_every_space_is_a_valid_exact_setting():
         assert len({c.label for c in found}) == len(found)
 
 
+def test_a_tune_at_temperature_1_leaves_out_the_settings_that_run_at_temperature_0_only():
+    greedy = {c.label for c in candidates("mcsd", {}, {"max_new_tokens": 8})}
+    sampled = {c.label for c in candidates("mcsd", {}, {"max_new_tokens": 8,
+                                                          "temperature": 1.0})}
+    dynamic = {label for label in greedy if "dynamic" in label}
+    assert dynamic and sampled == greedy - dynamic
+
+
 def test_halving_keeps_the_best_third_and_the_winner_is_the_fastest(tmp_path):
     plan = plan_tune(TuneSettings(_set(tmp_path), methods=("sd",), minutes=60,
                                   first_prompts=1, eta=3), {})
