@@ -340,3 +340,23 @@ def test_a_run_has_one_output_width_and_its_cache_rows():
     assert dsbd.width({"draft_beams": 3, "one_cache": True}) == 3
     assert dsbd.cache_rows({"draft_beams": 3, "one_cache": True}) == 1
     assert dsbd.cache_rows({"draft_beams": 3, "one_cache": False}) == 3
+
+
+def test_calibration_decodes_answer_a_real_prompt_when_the_pair_has_a_tokenizer():
+    """A real context (drafts accepted at times, feeds catching up as in a run) where the
+    pair can encode one; ids 1..16 for a pair without a tokenizer."""
+    from types import SimpleNamespace
+
+    from engine.run.api import CALIBRATION_TEXT, calibration_ids
+    from tests.conftest import tiny_pair
+
+    assert calibration_ids(tiny_pair()) == list(range(1, 17))
+
+    class Words:  # a tokenizer without a chat template: one id per word
+        chat_template = None
+
+        def encode(self, text):
+            return [len(w) for w in text.split()]
+
+    pair = SimpleNamespace(tokenizer=Words(), vocab_size=64)
+    assert calibration_ids(pair) == [len(w) for w in CALIBRATION_TEXT.split()]
