@@ -22,8 +22,9 @@ decides before drafting whether to draft and how deep, plans a dynamic tree as a
 best path, engine.control.cost.chain_shape): the rerank adds only the nodes that pay.
 
 Exactness: the tree (its nodes and which are kept) is a function of the draft alone, fixed
-before the target scores it, and at temperature 0 every rule accepts a node's child that is
-the target's argmax whatever the other candidates are, so the output is greedy decoding's.
+before the target scores it, and at temperature 0 the RRS rule (the only verifier a dynamic
+tree takes: the others draft copies of one token there) accepts a node's child that is the
+target's argmax whatever the other candidates are, so the output is greedy decoding's.
 At temperature > 0 the rerank would keep a node's later draws without its earlier ones,
 which the draw-order rules do not allow: a dynamic tree runs at temperature 0 only.
 """

@@ -214,16 +214,17 @@ class TreeSpeculation(SingleStart):
         value: list[float] = []  # log of the draft's confidence in each node's path
         depth: list[int] = []
         slot = {ROOT: ROOT}  # node id -> its index among the nodes fed to the drafter
-        frontier = [(ROOT, root.root_logits[0], 0.0)]  # (node, (V,) draft logits, log-value)
+        level = root.root_logits  # (m, V) draft logits of the level's nodes (the root: m = 1)
+        frontier = [(ROOT, 0.0)]  # (node, log-value), one per row of `level`
         for d, k in enumerate(levels, start=1):
             new = []
-            for node, logits, log_v in frontier:
+            lses = torch.logsumexp(level.float(), dim=-1).tolist()  # (m,) temperature 1
+            for (node, log_v), logits, lse in zip(frontier, level, lses):
                 n_kids, top = children_at(logits, k, ctx)
                 if n_kids == 0:
                     continue
                 q, cands = draft_dist(logits, n_kids, self.cfg.scheme, ctx, top)
                 q_at[node] = q
-                lse = float(torch.logsumexp(logits.float(), dim=-1))  # temperature 1
                 picked = logits[cands].float().tolist()  # (k,) their logits
                 for c, logit in zip(cands, picked):
                     tokens.append(c)
@@ -243,7 +244,7 @@ class TreeSpeculation(SingleStart):
             slot.update({i: len(slot) - 1 + j for j, i in enumerate(grow)})
             if lookup is not None:
                 lookup.update(_lookup_at(ctx, grow))
-            frontier = [(i, fed.node_logits[0, j], value[i]) for j, i in enumerate(grow)]
+            level, frontier = fed.node_logits[0], [(i, value[i]) for i in grow]  # (m, V)
         order = dynamic_tree.rank(value, depth)
         n = dynamic_tree.sized(value, order, self.profile, ctx.draft_calls - calls0,
                                self.cfg.tree_nodes)
