@@ -213,11 +213,13 @@ def switch_figure(trace: RunTrace, index: int) -> go.Figure:
                     name="predicted gain", line=dict(color="#3b7dd8"), row=2, col=1)
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), row=2, col=1)
     plain = sum(1 for r in rounds if r.switch.depth == 0)
+    probes = sum(1 for r in rounds if r.switch.probe)
+    probed = f", {probes} probe{'s' if probes != 1 else ''}" if probes else ""
     profile = rounds[-1].switch.profile if rounds else "?"
     deepest = max([r.switch.depth for r in rounds] + [r.drafted for r in rounds] + [1])
     _mark_round(fig, index)
     fig.update_layout(title=dict(text=f"cost switch's plan ({profile} costs): {plain} of "
-                                 f"{len(rounds)} rounds planned plain", font=dict(size=14),
+                                 f"{len(rounds)} rounds planned plain{probed}", font=dict(size=14),
                                  x=0.01),
                       height=POSTERIOR_HEIGHT, plot_bgcolor="white",
                       margin=dict(l=40, r=10, t=50, b=30),

@@ -184,6 +184,9 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
         return ""
     d = rec.depth
     what = "a plain target step" if d == 0 else f"draft to depth {d}"
+    if rec.probe:
+        what = ("a probe: every depth planned below a plain step for a stretch of plain "
+                "rounds, so it drafts to depth 1 to learn its acceptance")
     head = (f"**Cost switch** (profile `{rec.profile}`): {what}, predicted "
             f"{_num(rec.predicted_gain)}x tokens per target-step time of a plain step; "
             f"drafted {drafted}. Acceptance drawn per depth: "

@@ -110,6 +110,7 @@ class SwitchPlan:
     drawn: tuple[float, ...] = ()  # the acceptances planned at, per depth
     profile: str = ""  # the cost profile's name
     posterior: DepthPosteriorState | None = None  # before the round
+    probe: bool = False  # the plan said plain, but the switch drafted depth 1 to learn a_1
 
 
 @dataclass(frozen=True)

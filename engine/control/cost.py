@@ -24,6 +24,12 @@ expected tokens per round with position-dependent acceptance (docs/derivations.m
 switch). A plain round teaches the posterior nothing, so the plan must keep exploring: at the
 means, every plain round decays the posterior towards its prior (mean 0.5), so a plain stretch
 ends once the prior's optimism says drafting pays again; a Thompson draw explores by its spread.
+Where even the prior plans plain (a profile that prices drafting high), the means would never
+draft again, so after ``probe_after`` plain rounds in a row the switch probes: it drafts one
+depth-1 round, the cheapest that teaches a_1. A probe that does not turn the plan doubles the
+wait before the next one; a drafted round the plan chose resets it. Over R rounds at most
+log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps (it commits at
+least the target's own token).
 
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree
@@ -199,6 +205,7 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, A
 
 
 PLANS = ("mean", "thompson")
+PROBE_AFTER = 16  # plain rounds in a row before the mean plan probes with a depth-1 round
 
 
 class CostSwitch:
@@ -206,16 +213,23 @@ class CostSwitch:
     decision; after the round, learn from (drafted, accepted). One per run.
 
     ``plan="mean"`` plans at the posterior means and a plain round decays the posterior
-    towards the prior, so a long plain stretch drifts back to drafting; ``plan="thompson"``
-    plans at a draw from the side generator."""
+    towards the prior, so a long plain stretch drifts back to drafting, and probes with one
+    depth-1 round after ``probe_after`` plain rounds in a row (0: never);
+    ``plan="thompson"`` plans at a draw from the side generator."""
 
     def __init__(self, profile: CostProfile, depth: int, *, alpha0: float = 1.0,
-                 beta0: float = 1.0, discount: float = 0.9, plan: str = "mean"):
+                 beta0: float = 1.0, discount: float = 0.9, plan: str = "mean",
+                 probe_after: int = PROBE_AFTER):
         if plan not in PLANS:
             raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
+        if probe_after < 0:
+            raise ValueError(f"probe_after must be >= 0, got {probe_after}")
         self.profile, self.plan_kind = profile, plan
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
         self.decision: SwitchPlan | None = None
+        self.probe_after = probe_after
+        self.plain_run = 0  # plain rounds since the last drafted one
+        self.wait = probe_after  # plain rounds in a row before the next probe
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
         """The depth to draft this round (0: a plain step); records the decision."""
@@ -223,16 +237,27 @@ class CostSwitch:
         drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
                  else self.posterior.means())[: shape.depth]
         best = plan(self.profile, shape, drawn)
+        probe = (self.plan_kind == "mean" and self.probe_after > 0 and best["depth"] == 0
+                 and shape.depth >= 1 and self.plain_run >= self.wait)
+        chosen = best["options"][1] if probe else None
         self.decision = SwitchPlan(
-            depth=best["depth"], predicted_gain=best["predicted_gain"],
+            depth=1 if probe else best["depth"],
+            predicted_gain=chosen["gain"] if chosen else best["predicted_gain"],
             options=tuple(SwitchOption(**o) for o in best["options"]),
             drawn=tuple(round(a, 4) for a in drawn), profile=self.profile.name,
-            posterior=DepthPosteriorState(**{k: tuple(v) for k, v in before.items()}))
+            posterior=DepthPosteriorState(**{k: tuple(v) for k, v in before.items()}),
+            probe=probe)
         return self.decision.depth
 
     def observe(self, drafted: int, accepted: int) -> None:
-        if drafted == 0 and self.plan_kind == "mean":
-            self.posterior.fade()
+        if drafted == 0:
+            self.plain_run += 1
+            if self.plan_kind == "mean":
+                self.posterior.fade()
+        else:
+            probed = self.decision is not None and self.decision.probe
+            self.wait = 2 * self.wait if probed else self.probe_after
+            self.plain_run = 0
         self.posterior.observe(drafted, accepted)
 
     def record(self) -> SwitchPlan | None:

@@ -12,9 +12,8 @@ one plain round P of the engine at that width (its forward, verify and commit):
   instead of landing on one), median of REPEATS; c_verify(n) = a plain round plus the
   forward's extra time over n = 0, made non-decreasing in n (:func:`monotone`);
 - c_draft: a short decode of the method with its switch off (``decode``, supplied by the
-  caller: the engine's own run): the time its rounds spend outside the target forward, less a
-  plain round's share of it, per draft call; c_round: the median round's rest
-  (:func:`round_costs`).
+  caller: the engine's own run, run twice, the first to warm up): the median round's draft
+  seconds per draft call; c_round: the median round's rest (:func:`round_costs`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run on the same pair and a trace says which costs its decisions used.
@@ -155,12 +154,15 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     method with its switch off and returns its rounds (RoundTrace); ``plain_s()`` measures
     one plain round of the engine (forward, verify and commit) at this width, in seconds,
     just before the decode (not the pair's latest plain run: a process's first run is
-    cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms). Measured once per
+    cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms). The decode runs
+    twice and the first is thrown away: a cold first decode's rounds shrank from 2.9 P to
+    1.4 P over its first ten rounds, pricing every drafted round too high. Measured once per
     pair and key: ``pair.calibration.profiles``."""
     key = (method, width, tuple(sorted((k, repr(v)) for k, v in params.items())))
     memo = pair.calibration.profiles
     if key not in memo:
         base, ratios = verify_points(pair, width)
+        decode()  # warm-up: a process's first drafted rounds ran up to 2x the later ones'
         plain = plain_s()
         rounds = decode()[1:]
         memo[key] = round_costs(base, ratios, plain, rounds,
@@ -175,7 +177,8 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
 
     - c_verify(n) = (P + f(n) - f(0)) / P, f(n) the timed forward with n drafted nodes per
       row: a plain round plus the extra forward;
-    - c_draft = the calibration rounds' propose seconds per draft call, over P;
+    - c_draft = the median over the calibration rounds of a round's propose seconds per
+      draft call, over P;
     - c_round = the rest of what the median round costs over a plain round, its extra
       forward and its draft calls (the verify rule, the commit, a method's own caches), over
       P (a median: one round slowed by the machine does not set every plan's price).
@@ -183,14 +186,13 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
     plain = max(plain_s, base)
     points = tuple((n, round((r * base - base + plain) / plain, 4)) for n, r in ratios)
     curve = CostProfile(MEASURED, 0.0, points)
-    calls = sum(r.draft_calls for r in rounds)
-    propose = sum(r.timings.get("propose", 0.0) for r in rounds)
+    per_call = [r.timings.get("propose", 0.0) / r.draft_calls for r in rounds if r.draft_calls]
     rest = []  # per round: its time less the forward curve's and its draft calls' share
     for r in rounds:
         width = max(len(r.beams_before), 1)
         nodes = sum(1 for n in r.nodes if n.status not in NOT_DRAFTED) / width
         rest.append(sum(r.timings.values()) - curve.c_verify(nodes) * plain
                     - r.timings.get("propose", 0.0))
-    c_draft = propose / calls / plain if calls else 0.0
+    c_draft = statistics.median(per_call) / plain if per_call else 0.0
     c_round = max(statistics.median(rest), 0.0) / plain if rest else 0.0
     return CostProfile(MEASURED, round(c_draft, 4), points, source, round(c_round, 4))

@@ -9,7 +9,7 @@ import torch
 
 import engine
 from tests.conftest import tiny_pair
-from tests.profiles import FREE, MIXED
+from tests.profiles import DEAR, FREE, MIXED
 
 METHODS = [
     ("sd", {"gamma": 3}),
@@ -57,6 +57,16 @@ def test_temperature_zero_with_the_ngram_drafter_equals_greedy_generate(method, 
         assert list(trace.token_ids) == _ref(pair, prompt, 24), (method, params, prompt)
         proposed += sum(r.drafted for r in trace.rounds)
     assert proposed > 0
+
+
+def test_a_switch_whose_prior_plans_plain_probes_and_keeps_greedy_generates_tokens():
+    pair = tiny_pair(layers=2, early_exit_layers=1)
+    trace = engine.generate(pair, [3, 4, 5], "sd", switch="cost", costs=DEAR.name,
+                            max_new_tokens=40)
+    assert list(trace.token_ids) == _ref(pair, [3, 4, 5], 40)
+    probes = [r for r in trace.rounds if r.switch is not None and r.switch.probe]
+    assert probes and probes[0].index == 16 and all(r.drafted == 1 for r in probes)
+    assert all(r.drafted == 0 for r in trace.rounds[:16])  # the prior plans plain
 
 
 def test_the_ngram_drafter_accepts_a_copied_span_and_skips_rounds_without_a_match():

@@ -250,6 +250,9 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
     assert prof.c_round == pytest.approx((0.175 - 0.13 - 0.03) / 0.11, abs=1e-4)  # the rest
     assert prof.c_round + 2 * prof.c_draft + prof.c_verify(2) == \
         pytest.approx(0.175 / 0.11, abs=1e-3)
+    cold = [RoundTrace(9, nodes=nodes, draft_calls=2,  # one slow round leaves c_draft be
+                       timings={"propose": 0.3, "score": 0.125, "verify": 0.015, "commit": 0.005})]
+    assert round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds + cold).c_draft == prof.c_draft
     empty = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, [])
     assert empty.c_draft == 0.0 and empty.c_round == 0.0
 
@@ -278,12 +281,12 @@ def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(
     key = ("sd", 1, (("gamma", "2"),))
     assert pair.calibration.profiles == {key: prof} and set(pair.calibration.verify) == {1, 2}
     assert profile.measured(pair, "sd", {"gamma": 2}, 1, decode, lambda: 0.2) is prof
-    assert decodes == [1]  # read back, not measured again
+    assert len(decodes) == 2  # a warm-up decode and the timed one; read back, not again
     profile.measured(pair, "sd", {"gamma": 3}, 1, decode, lambda: 0.2)  # another setting
-    assert decodes == [1, 1] and len(pair.calibration.profiles) == 2
+    assert len(decodes) == 4 and len(pair.calibration.profiles) == 2
     fresh = tiny_pair(seed=3)
     profile.measured(fresh, "sd", {"gamma": 2}, 1, decode, lambda: 0.2)
-    assert decodes == [1, 1, 1] and list(fresh.calibration.profiles) == [key]
+    assert len(decodes) == 6 and list(fresh.calibration.profiles) == [key]
 
 
 def test_verify_forwards_are_timed_interleaved_so_a_burst_of_load_spreads_over_every_count(
@@ -360,3 +363,51 @@ def test_calibration_decodes_answer_a_real_prompt_when_the_pair_has_a_tokenizer(
 
     pair = SimpleNamespace(tokenizer=Words(), vocab_size=64)
     assert calibration_ids(pair) == [len(w) for w in CALIBRATION_TEXT.split()]
+
+
+DEAR = CostProfile("dear", 0.1, ((0, 1.0), (1, 1.45), (4, 2.0)))  # at the prior (a = 0.5)
+# depth 1 gains 1.5 / 1.55 < 1: every depth plans below a plain step
+
+
+def _probes_when_nothing_is_accepted(switch: CostSwitch, rounds: int) -> list[int]:
+    probes = []
+    for i in range(rounds):
+        d = switch.decide(chain_shape(4), make_generator(0))
+        assert switch.record().probe == (d > 0 and switch.record().predicted_gain < 1)
+        if switch.record().probe:
+            probes.append(i)
+        switch.observe(d, 0)
+    return probes
+
+
+def test_a_mean_plan_that_plans_plain_even_at_the_prior_probes_depth_1_ever_more_rarely():
+    switch = CostSwitch(DEAR, 4, plan="mean", probe_after=16)
+    # waits 16, 32, 64 plain rounds: 3 probes in 200 rounds, under log2(1 + 200 / 16)
+    assert _probes_when_nothing_is_accepted(switch, 200) == [16, 49, 114]
+    rec_depths = []
+    switch = CostSwitch(DEAR, 4, plan="mean", probe_after=0)  # no probe: the trap
+    for _ in range(200):
+        rec_depths.append(switch.decide(chain_shape(4), make_generator(0)))
+        switch.observe(rec_depths[-1], 0)
+    assert set(rec_depths) == {0}
+
+
+def test_an_accepted_probe_turns_the_mean_plan_to_drafting_and_resets_the_wait():
+    switch = CostSwitch(DEAR, 4, plan="mean", probe_after=4)
+    depths = []
+    for _ in range(12):
+        depths.append(switch.decide(chain_shape(4), make_generator(0)))
+        switch.observe(depths[-1], depths[-1])  # every drafted token accepted
+    assert depths[:4] == [0, 0, 0, 0] and depths[4] == 1  # the probe
+    assert all(d >= 1 for d in depths[5:]) and switch.wait == 4  # planned drafts from there
+    plan_rec = json.loads(json.dumps(asdict(switch.record())))
+    assert plan_rec["probe"] is False and plan_rec["predicted_gain"] > 1
+
+
+def test_thompson_plans_never_probe():
+    switch = CostSwitch(DEAR, 4, plan="thompson", probe_after=1)
+    gen = make_generator(0)
+    for _ in range(60):
+        d = switch.decide(chain_shape(4), gen)
+        assert not switch.record().probe
+        switch.observe(d, 0)

@@ -661,6 +661,19 @@ def test_the_round_panel_shows_the_cost_switchs_plan_and_every_option():
     assert "| 0 | 1 | 1 | 1 | ✔ |" in md["atspeed_strict"]
 
 
+def test_a_probe_round_says_why_it_drafted_against_the_plan_and_the_chart_counts_it():
+    probe = replace(_switch_plan(1, 0.9), probe=True)
+    r = RoundTrace(0, drafted=1, accepted=0, controller=ControllerState(kind="cost"),
+                   switch=probe)
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (r, RoundTrace(1, switch=_switch_plan(0, 1))),
+                 (), "", (), RunSummary())
+    md = round_panel.extras_markdown(t, 0)
+    assert md.startswith("**Cost switch** (profile `measured`): a probe: every depth planned "
+                         "below a plain step")
+    assert "| 1 | 1.8 | 1.2 | 1.5 | ✔ |" in md  # depth 1 drafted
+    assert "1 of 2 rounds planned plain, 1 probe" in charts.posterior_figure(t, 1).layout.title.text
+
+
 def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
     rounds = (RoundTrace(0, drafted=2, accepted=1, switch=_switch_plan(2, 1.41)),
               RoundTrace(1, switch=_switch_plan(0, 1.0)),
