@@ -254,10 +254,10 @@ class CostSwitch:
             self.plain_run += 1
             if self.plan_kind == "mean":
                 self.posterior.fade()
-        else:
-            probed = self.decision is not None and self.decision.probe
-            self.wait = 2 * self.wait if probed else self.probe_after
-            self.plain_run = 0
+        if self.decision is not None and self.decision.probe:  # drafted or not (a gate may
+            self.wait, self.plain_run = 2 * self.wait, 0  # refuse it): the next waits longer
+        elif drafted:
+            self.wait, self.plain_run = self.probe_after, 0
         self.posterior.observe(drafted, accepted)
 
     def record(self) -> SwitchPlan | None:

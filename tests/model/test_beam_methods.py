@@ -23,7 +23,7 @@ from engine.run.api import generate, make_decoder
 from engine.run.models import load_pair, model_from_config, tiny_config
 from engine.verify.enumerate import enumerate_outcomes
 from tests.oracles import run_beam_sampling
-from tests.profiles import EDGE, MIXED
+from tests.profiles import DEAR, EDGE, MIXED
 
 VOCAB = 64
 TOL = 1e-4
@@ -126,6 +126,21 @@ def test_beam_and_strict_match_generate_without_eos(k, draft):
             # of the draft's N - K extra beams can still push a target top-K child out)
             assert strict.stats.target_calls < beam.stats.target_calls
             assert strict.stats.acceptance_rate > 0.5
+
+
+def test_strict_drafts_with_a_feature_drafter_first_after_plain_rounds():
+    """The switch's prior plans plain (DEAR): the feature drafter's first draft is a probe
+    after 16 plain beam steps; it knows the target's states of those steps and the beams
+    stay generate()'s."""
+    target = tiny(0)
+    pair = pair_of(target, "feature")
+    set_generation(target)
+    ids, n = prompt(0), 20
+    strict = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=4, gamma=1,
+                      switch="cost", costs=DEAR.name, max_new_tokens=n)
+    assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
+    assert [r.index for r in strict.rounds if r.switch is not None and r.switch.probe] == [16]
+    assert strict.rounds[16].drafted == 1
 
 
 EOS_CASES = [(False, 1.0), (True, 1.0), ("never", 1.0), (False, 0.0), (True, 2.0),

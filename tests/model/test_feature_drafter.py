@@ -24,7 +24,7 @@ from engine.execution.cached_model import Scored
 from engine.run.specs import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
-from tests.profiles import FREE
+from tests.profiles import DEAR, FREE
 
 PROMPTS = ([3, 4, 5, 6], [11, 12])
 
@@ -179,6 +179,22 @@ def test_a_near_perfect_feature_drafter_commits_long_chains_and_still_equals_gre
         assert rounds and all(a == d for d, a in rounds) and max(accepted) >= 3
     else:
         assert 0 < sum(accepted) and min(accepted) < max(accepted)
+
+
+@pytest.mark.parametrize("method,params", [("sd", {}), ("mcsd", {"k_config": "2x2"})])
+def test_a_first_draft_after_plain_rounds_knows_every_feature_and_is_accepted(method, params):
+    """The cost switch's prior plans plain (DEAR), so the drafter's first draft is the probe of
+    round 16: the drafter kept the target's states of the 16 plain commits, so a drafter that
+    copies the target has its probe accepted, and the output is greedy's."""
+    pair = tiny_pair(layers=1, draft="ngram")
+    drafter = FeatureDrafter(pair.target, near_perfect_feature_parts(pair.target, 0.0))
+    pair.drafter, pair.draft_name = drafter, drafter.name
+    trace = engine.generate(pair, PROMPTS[0], method, switch="cost", costs=DEAR.name,
+                            max_new_tokens=30, **params)
+    assert list(trace.token_ids) == _ref(pair, PROMPTS[0], 30)
+    assert all(r.drafted == 0 for r in trace.rounds[:16])
+    probe = trace.rounds[16]
+    assert probe.switch.probe and probe.drafted == probe.accepted == 1
 
 
 def test_the_exactness_check_sizes_against_the_feature_drafters_law_with_true_features():

@@ -404,6 +404,15 @@ def test_an_accepted_probe_turns_the_mean_plan_to_drafting_and_resets_the_wait()
     assert plan_rec["probe"] is False and plan_rec["predicted_gain"] > 1
 
 
+def test_a_probe_that_drafted_nothing_still_doubles_the_wait():
+    switch = CostSwitch(DEAR, 4, plan="mean", probe_after=2)
+    depths = []
+    for _ in range(12):
+        depths.append(switch.decide(chain_shape(4), make_generator(0)))
+        switch.observe(0, 0)  # a gate (or an empty lookup) drafts nothing, probe or not
+    assert depths == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]  # waits 2, then 4, then 8
+
+
 def test_thompson_plans_never_probe():
     switch = CostSwitch(DEAR, 4, plan="thompson", probe_after=1)
     gen = make_generator(0)
