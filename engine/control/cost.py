@@ -26,8 +26,8 @@ means, every plain round decays the posterior towards its prior (mean 0.5), so a
 ends once the prior's optimism says drafting pays again; a Thompson draw explores by its spread.
 Where even the prior plans plain (a profile that prices drafting high), the means would never
 draft again, so after ``probe_after`` plain rounds in a row the switch probes: it drafts one
-depth-1 round, the cheapest that teaches a_1. A probe that does not turn the plan doubles the
-wait before the next one; a drafted round the plan chose resets it. Over R rounds at most
+depth-1 round, the cheapest that teaches a_1. Each probe doubles the wait before the next
+one (a gate that refuses it included); a drafted round the plan chose resets it. Over R rounds at most
 log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps (it commits at
 least the target's own token).
 
@@ -228,7 +228,7 @@ class CostSwitch:
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
         self.decision: SwitchPlan | None = None
         self.probe_after = probe_after
-        self.plain_run = 0  # plain rounds since the last drafted one
+        self.plain_run = 0  # plain rounds since the last drafted round or probe
         self.wait = probe_after  # plain rounds in a row before the next probe
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
