@@ -27,9 +27,9 @@ ends once the prior's optimism says drafting pays again; a Thompson draw explore
 Where even the prior plans plain (a profile that prices drafting high), the means would never
 draft again, so after ``probe_after`` plain rounds in a row the switch probes: it drafts one
 depth-1 round, the cheapest that teaches a_1. Each probe doubles the wait before the next
-one (a gate that refuses it included); a drafted round the plan chose resets it. Over R rounds at most
-log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps (it commits at
-least the target's own token).
+one (a gate that refuses it included); a drafted round the plan chose resets it. Over R
+rounds at most log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps
+(it commits at least the target's own token).
 
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree

@@ -367,6 +367,8 @@ class CachedModel:
         if self.kv is not None:
             self._gather_static(rows, prefix, node_slots)
             return
+        if prefix == 0 and f == 0 and self.base == 0 and self.forest_fed == 0:
+            return  # nothing was ever fed (a drafter started before its first draft): empty
         length = self.cache.get_seq_length()
         identity_rows = W2 == self.width and bool(
             (rows == torch.arange(W2, device=self.device)).all()

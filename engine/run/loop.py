@@ -110,9 +110,11 @@ class Decoder:
         ctx = self.ctx
         self.method.start(ctx)
         ctx.target.start(ctx.committed_ids())
-        if (ctx.drafter or ctx.pair.drafter).needs.features:
-            _ = ctx.draft  # started now: it keeps the target's states of every commit, plain
-            # rounds' too, so a first draft after plain rounds (the cost switch's) knows them
+        if (self.method.costs_wanted() is not None
+                and (ctx.drafter or ctx.pair.drafter).needs.features):
+            _ = ctx.draft  # started now: it keeps the target's states of every commit, so a
+            # first draft after plain rounds the cost switch planned knows them (a method
+            # that never plans a plain round starts its drafter at its first propose)
         while not self.done:
             yield self._round()
             ctx.round_index += 1
