@@ -21,7 +21,8 @@ FREE = CostProfile("test-free", 0.0, ((0, 1.0), (64, 1.0)),
                    "tests: every drafted node pays")
 profile.register(FREE)
 
-# drafting loses even at the prior's acceptance 0.5: only the mean plan's probes draft
-DEAR = CostProfile("test-dear", 0.1, ((0, 1.0), (1, 1.45), (4, 2.0), (16, 4.0)),
+# drafting loses even at the prior's acceptance 0.5 (a chain, a 2x2 tree or 4 beam nodes a
+# row), yet a depth-1 acceptance of 0.75 would pay: only the mean plan's probes draft
+DEAR = CostProfile("test-dear", 0.1, ((0, 1.0), (1, 1.45), (2, 1.6), (4, 1.64), (16, 4.0)),
                    "tests: no depth pays at the prior")
 profile.register(DEAR)

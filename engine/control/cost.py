@@ -26,7 +26,9 @@ means, every plain round decays the posterior towards its prior (mean 0.5), so a
 ends once the prior's optimism says drafting pays again; a Thompson draw explores by its spread.
 Where even the prior plans plain (a profile that prices drafting high), the means would never
 draft again, so after ``probe_after`` plain rounds in a row the switch probes: it drafts one
-depth-1 round, the cheapest that teaches a_1. Each probe doubles the wait before the next
+depth-1 round, the cheapest that teaches a_1, where an acceptance a_1 of at most
+PROBE_BREAK_EVEN would pay for it (C_1 - 1 <= 0.75; a 4-beam verify on a CPU pays only for
+near-certain drafts, and there a probe is a loss). Each probe doubles the wait before the next
 one (a gate that refuses it included); a drafted round the plan chose resets it. Over R
 rounds at most log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps
 (it commits at least the target's own token).
@@ -206,6 +208,7 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, A
 
 PLANS = ("mean", "thompson")
 PROBE_AFTER = 16  # plain rounds in a row before the mean plan probes with a depth-1 round
+PROBE_BREAK_EVEN = 0.75  # ... where a depth-1 acceptance of at most this would pay (C_1 - 1)
 
 
 class CostSwitch:
@@ -238,7 +241,8 @@ class CostSwitch:
                  else self.posterior.means())[: shape.depth]
         best = plan(self.profile, shape, drawn)
         probe = (self.plan_kind == "mean" and self.probe_after > 0 and best["depth"] == 0
-                 and shape.depth >= 1 and self.plain_run >= self.wait)
+                 and shape.depth >= 1 and self.plain_run >= self.wait
+                 and best["options"][1]["cost"] - 1 <= PROBE_BREAK_EVEN)
         chosen = best["options"][1] if probe else None
         self.decision = SwitchPlan(
             depth=1 if probe else best["depth"],

@@ -413,6 +413,15 @@ def test_a_probe_that_drafted_nothing_still_doubles_the_wait():
     assert depths == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]  # waits 2, then 4, then 8
 
 
+def test_no_probe_where_only_a_near_certain_draft_would_pay():
+    """C_1 = 1.8: depth 1 pays only above a_1 = 0.8, over PROBE_BREAK_EVEN (0.75); at 1.7 it
+    pays above 0.7, so the switch probes."""
+    for c1, probes in ((1.8, []), (1.7, [16, 49])):
+        dear = CostProfile("dearer", 0.0, ((0, 1.0), (1, c1), (4, 3.0)))
+        switch = CostSwitch(dear, 4, plan="mean", probe_after=16)
+        assert _probes_when_nothing_is_accepted(switch, 100) == probes, c1
+
+
 def test_thompson_plans_never_probe():
     switch = CostSwitch(DEAR, 4, plan="thompson", probe_after=1)
     gen = make_generator(0)
