@@ -14,10 +14,10 @@ S=(env SPECVIZ_THREADS=1 SPECVIZ_KV=dynamic .venv/bin/python -m engine bench-set
    --set assets/heldout/heldout.jsonl --report)
 "${S[@]}" --methods greedy,sd,mcsd --max-new-tokens 48 --out bench-out/token
 "${S[@]}" --categories chat --methods greedy,eesd --max-new-tokens 48 --out bench-out/eesd
-"${S[@]}" --raw --categories code --methods beam,atspeed_strict --max-new-tokens 32 --repeats 2 \
+"${S[@]}" --raw --categories code --methods beam,atspeed_strict --max-new-tokens 32 --repeats 4 \
   --out bench-out/beam
 "${S[@]}" --categories code --temperature 1 --methods beam_sample,dsbd --max-new-tokens 32 \
-  --repeats 2 --out bench-out/beam-sample
+  --repeats 4 --out bench-out/beam-sample
 for page in README.md docs/benchmarks.md; do
   .venv/bin/python scripts/bench_table.py bench-out/token bench-out/eesd bench-out/beam \
     bench-out/beam-sample --readme "$page"
