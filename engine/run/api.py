@@ -236,6 +236,7 @@ def generate(pair: ModelPair, prompt, method: str | Settings = "greedy", raw: bo
 
 
 CALIBRATION_PROMPT = 16  # tokens of the id prompt of a pair without a tokenizer
+CALIBRATION_STEPS = 24  # tokens a calibration decode makes: enough rounds for a steady median
 # what the calibration decodes answer with a tokenizer (in no prompt set): a real context,
 # so the drafts are accepted at times and each draft feed catches up as in a run (on a
 # 16-id prompt every eesd draft was rejected and a draft call cost 2.2 ms against a run's
@@ -249,7 +250,6 @@ def calibration_ids(pair: ModelPair) -> list[int]:
     if pair.tokenizer is not None:
         return encode_prompt(pair, CALIBRATION_TEXT)
     return [1 + i % max(pair.vocab_size - 1, 1) for i in range(CALIBRATION_PROMPT)]
-CALIBRATION_STEPS = 24  # tokens: rounds enough that a median is steady (4 swung c_round 0-0.21)
 
 
 def plain_step_s(pair: ModelPair, width: int) -> float:
