@@ -33,6 +33,7 @@ from specviz.params import ParamPool
 from specviz.render import OUTPUTS, render, render_live
 from specviz.state import HELD, SessionState, coerce
 from specviz.wiring import load_note
+from specviz.worker import WORKER
 
 log = logging.getLogger("specviz")
 
@@ -68,42 +69,45 @@ def _record(name: str, start: float, busy: float, **extra: Any) -> None:
 
 
 def guarded(fn: Callable) -> Callable:
-    """Turn every exception of a handler (plain or generator) into a one-line gr.Error, and
-    time it (see ``_record``)."""
+    """Turn every exception of a handler (plain or generator) into a one-line gr.Error, time
+    it (see ``_record``) and, while it is in flight, keep the compile warm-up paused
+    (``WORKER.serving``)."""
     name = fn.__name__
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def gen_wrapper(*args, **kwargs):
             start, busy, yields, it = time.perf_counter(), 0.0, 0, None
-            try:
-                it = fn(*args, **kwargs)
-                while True:
-                    t0 = time.perf_counter()
-                    try:
-                        out = next(it)
-                    except StopIteration:
+            with WORKER.serving():
+                try:
+                    it = fn(*args, **kwargs)
+                    while True:
+                        t0 = time.perf_counter()
+                        try:
+                            out = next(it)
+                        except StopIteration:
+                            busy += time.perf_counter() - t0
+                            break
                         busy += time.perf_counter() - t0
-                        break
-                    busy += time.perf_counter() - t0
-                    yields += 1
-                    yield out
-            except Exception as e:  # noqa: BLE001 - the page must never show a traceback
-                raise _as_gr_error(e) from e
-            finally:
-                if it is not None:
-                    it.close()  # a client that went away cancels the decode at once
-                _record(name, start, busy, yields=yields)
+                        yields += 1
+                        yield out
+                except Exception as e:  # noqa: BLE001 - the page must never show a traceback
+                    raise _as_gr_error(e) from e
+                finally:
+                    if it is not None:
+                        it.close()  # a client that went away cancels the decode at once
+                    _record(name, start, busy, yields=yields)
         return gen_wrapper
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - the page must never show a traceback
-            raise _as_gr_error(e) from e
-        finally:
-            _record(name, start, time.perf_counter() - start)
+        with WORKER.serving():
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the page must never show a traceback
+                raise _as_gr_error(e) from e
+            finally:
+                _record(name, start, time.perf_counter() - start)
     return wrapper
 
 

@@ -17,12 +17,15 @@ part of one, so a run's tokens do not depend on what else runs.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from contextvars import Context
 from typing import Any, Callable, Iterator
+
+import torch
 
 from engine.execution import static_kv
 from engine.kernels import threads
@@ -49,7 +52,41 @@ class ModelWorker:
         self._slice_start = 0.0  # when the unit running now started or last resumed
         self.thread = threading.Thread(target=self._loop, name="specviz-model", daemon=True)
         self.threads = 0
+        self.idle = threading.Event()  # set while no unit runs, none is ready and no
+        # handler is in flight (the warm-up compiles only then: specviz.warmup)
+        self.idle.set()
+        self._in_unit = False
+        self._serving = 0  # the page's handlers in flight (``serving``)
+        self.thread_cap: int | None = None  # at most this many torch threads a unit (the
+        # warm-up's compiler takes the other cores meanwhile: specviz.warmup)
+        self._uncapped = 0  # the count a cap lowered, restored when the cap is lifted
         self.thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """A unit runs, a job is ready or a handler is in flight (the warm-up's compile waits
+        meanwhile)."""
+        return not self.idle.is_set()
+
+    def _update_idle(self) -> None:  # under self._wake
+        if self._ready or self._in_unit or self._serving:
+            self.idle.clear()
+        else:
+            self.idle.set()
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Within: the process serves a request (a page handler: specviz.callbacks.guarded),
+        so it is not idle; its renders share the GIL with the compiler as runs do."""
+        with self._wake:
+            self._serving += 1
+            self.idle.clear()
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._serving -= 1
+                self._update_idle()
 
     def _loop(self) -> None:
         self.threads = threads.configure()
@@ -57,15 +94,19 @@ class ModelWorker:
         # here (the same bits): no unit waits for a compile (specviz.warmup makes them)
         while True:
             with self._wake:
+                self._in_unit = False
                 while not self._ready:
+                    self._update_idle()
                     self._wake.wait()
                 job = self._ready.popleft()
+                self._in_unit = True
             self._run_unit(job)
 
     def _run_unit(self, job: tuple[Iterator, Future]) -> None:
         """One unit of the job, in a fresh context; the job back at the tail of the queue
         unless it finished."""
         steps, fut = job
+        self._apply_cap()
         self._slice_start = self._clock()
         if not fut.running() and not fut.set_running_or_notify_cancel():
             steps.close()  # cancelled before its first unit
@@ -79,8 +120,22 @@ class ModelWorker:
         else:
             self._put(job)
 
+    def _apply_cap(self) -> None:
+        """torch's thread count within ``thread_cap`` (an OpenMP team larger than the cores
+        left to it waits at every barrier for a core the compiler holds: a greedy run beside
+        the warm-up's C++ compiler took 1.6-1.8 s on two threads against 0.7 s alone, 2-core
+        AMD EPYC); the count before the cap back once it is lifted."""
+        n, cap = torch.get_num_threads(), self.thread_cap
+        if cap is not None and n > cap:
+            self._uncapped = n
+            torch.set_num_threads(cap)
+        elif cap is None and self._uncapped:
+            torch.set_num_threads(self._uncapped)
+            self._uncapped = 0
+
     def _put(self, job: tuple[Iterator, Future]) -> None:
         with self._wake:
+            self.idle.clear()
             self._ready.append(job)
             self._wake.notify()
 

@@ -97,8 +97,9 @@ class CompilePolicy:
     call keeps the eager path, which a compile would outlast). ``deferred`` (per thread): a
     compiled step whose shape is not compiled yet runs on the static path instead of
     compiling on the spot (the app's model thread, so no Run waits for a compile: its
-    warm-up compiles under :func:`compiling`); the bits are the same either way for a packed
-    model (engine.kernels.eager_bits)."""
+    warm-up compiles under :func:`compiling`), and its ops' Python kernels never build the
+    C++ ones (``qmm.BUILDS``); the bits are the same either way for a packed model
+    (engine.kernels.eager_bits)."""
 
     def __init__(self) -> None:
         self.packed = False
@@ -111,6 +112,7 @@ class CompilePolicy:
     @deferred.setter
     def deferred(self, value: bool) -> None:
         self._local.deferred = value
+        qmm.BUILDS.here = not value
 
 
 POLICY = CompilePolicy()

@@ -51,14 +51,14 @@ def rotary(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
 
 def _rmsnorm_python(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The op's Python kernel: loads the ops' C++ kernels (later CPU calls go there)."""
-    qmm.native_op()
+    qmm.load_op()
     return rmsnorm(x, weight, eps)
 
 
 def _rotary_python(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
                    like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The op's Python kernel: loads the ops' C++ kernels (later CPU calls go there)."""
-    qmm.native_op()
+    qmm.load_op()
     return rotary(position_ids, inv_freq, scaling, like)
 
 

@@ -317,6 +317,26 @@ class _OpLibrary:
 _OP = _OpLibrary()
 
 
+class _Builds(threading.local):
+    """Per thread: whether a Python kernel's first call here may build the ops' C++ kernels
+    (a compiler run of about 12 s on one core). Not on a thread that defers compiles (the
+    app's model thread: engine.execution.static_kv.CompilePolicy.deferred sets it): its ops
+    keep their Python kernels, with the same bits, until another thread (the app's warm-up)
+    has built and loaded the C++ ones."""
+
+    here = True
+
+
+BUILDS = _Builds()
+
+
+def load_op() -> None:
+    """A Python kernel's first step: the C++ kernels loaded (built first where this thread
+    builds: BUILDS), so later CPU calls go there."""
+    if BUILDS.here:
+        native_op()
+
+
 def op_path() -> Path:
     """Where the ops' C++ kernels for this machine and torch are cached (keyed as
     :func:`native_path`, with ops.cpp, rowattn.c and torch's version)."""
@@ -395,7 +415,7 @@ def _op_python(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Te
                n: int, bits: int = 16) -> torch.Tensor:
     """The op's Python kernel: it loads the C++ one (later calls on CPU tensors go there)
     and computes this call itself."""
-    native_op()
+    load_op()
     return _run(x, qw, dw, mw, n, bits)
 
 

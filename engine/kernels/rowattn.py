@@ -118,7 +118,7 @@ def _op_python(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask
                scale: float) -> torch.Tensor:
     """The op's Python kernel: it loads the C++ kernels of the compiled step's ops
     (qmm.native_op; later calls on CPU tensors go there) and computes this call itself."""
-    qmm.native_op()
+    qmm.load_op()
     return attend(library(), query, key, value, mask, scale)
 
 

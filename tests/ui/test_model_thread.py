@@ -214,3 +214,142 @@ def test_a_warm_up_thread_that_dies_still_restores_the_switch_interval(monkeypat
     before = sys.getswitchinterval()
     warmup.Warmup().add("a", [1]).join(timeout=10)
     assert sys.getswitchinterval() == before
+
+
+WAIT_S = 30  # a hang guard only: the waits below end as soon as the threads get there
+
+
+def _until(condition) -> bool:
+    """Poll ``condition`` until it holds (True) or WAIT_S pass (False)."""
+    import time as clock
+
+    end = clock.monotonic() + WAIT_S
+    while not condition():
+        if clock.monotonic() > end:
+            return False
+        clock.sleep(0.005)
+    return True
+
+
+def test_the_warm_up_compiles_only_while_the_model_thread_has_no_work(monkeypatch):
+    """specviz.warmup: at any Python call made while the model thread has a unit running or
+    ready, the warm-up waits (a run never shares the GIL with the compiler); it goes on once
+    the model thread is idle, and the status line says it is paused meanwhile."""
+    from specviz.worker import ModelWorker
+
+    made = []
+
+    def fake_warming(runner):
+        for i in range(runner):
+            made.append(i)
+            yield i + 1
+
+    monkeypatch.setattr(warmup, "warming", fake_warming)
+    monkeypatch.setattr(warmup, "warm_shapes", lambda runner: runner)
+    monkeypatch.setattr(warmup.qmm, "native_op", lambda: None)
+    worker = ModelWorker()
+    release, held = threading.Event(), threading.Event()
+    worker.submit(lambda: (held.set(), release.wait(WAIT_S)))
+    assert held.wait(WAIT_S) and worker.busy
+    status = warmup.Warmup(worker)
+    thread = status.add("a", [3])
+    assert _until(lambda: status.pausing)
+    assert made == [] and "paused while a run goes on" in status.note()
+    release.set()
+    thread.join(WAIT_S)
+    assert made == [0, 1, 2] and not status.pausing and status.paused_s > 0
+    assert not worker.busy
+
+
+def test_a_paused_warm_up_goes_on_while_the_model_thread_is_inside_dynamos_compiler(
+        monkeypatch):
+    """A model thread inside dynamo's frame compiler may wait for the compile lock the paused
+    warm-up holds: the warm-up then goes on (no deadlock) until the model thread is idle.
+    The model thread's unit below waits for the warm-up to finish, inside a function whose
+    code says it is dynamo's convert_frame.py: without the exception neither would end."""
+    import os
+
+    from specviz.worker import ModelWorker
+
+    def fake_warming(runner):
+        for i in range(runner):
+            yield i + 1
+
+    monkeypatch.setattr(warmup, "warming", fake_warming)
+    monkeypatch.setattr(warmup, "warm_shapes", lambda runner: runner)
+    monkeypatch.setattr(warmup.qmm, "native_op", lambda: None)
+    scope: dict = {}
+    exec(compile("def convert(done):\n    return done.wait(30)\n",  # noqa: S102 - a test's
+                 os.path.join("torch", "_dynamo", "convert_frame.py"), "exec"), scope)
+    worker = ModelWorker()
+    status = warmup.Warmup(worker)
+    done, inside = threading.Event(), threading.Event()
+    unit = worker.submit(lambda: (inside.set(), scope["convert"](done))[1])
+    assert inside.wait(WAIT_S)
+    thread = status.add("a", [3])
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and status.done == 3
+    done.set()
+    assert unit.result(WAIT_S) is True
+
+
+def test_while_the_warm_up_runs_the_model_thread_leaves_the_compiler_a_core(monkeypatch):
+    """An OpenMP team as large as the machine beside the compiler waits at every barrier for
+    the core the compiler holds: during the warm-up the model thread's units run on at most
+    usable cores - 1 torch threads, and the count before is back after it."""
+    from specviz.worker import ModelWorker
+
+    caps = []
+
+    def fake_warming(runner):
+        caps.append(worker.thread_cap)
+        yield 1
+
+    monkeypatch.setattr(warmup, "warming", fake_warming)
+    monkeypatch.setattr(warmup, "warm_shapes", lambda runner: 1)
+    monkeypatch.setattr(warmup.qmm, "native_op", lambda: None)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 3)
+    worker = ModelWorker()
+    warmup.Warmup(worker).add("a", [1]).join(WAIT_S)
+    assert caps == [2] and worker.thread_cap is None
+
+
+def test_a_thread_cap_lowers_the_units_torch_threads_and_lifting_it_restores_them():
+    from specviz.worker import ModelWorker
+
+    worker = ModelWorker()
+    worker.call(torch.set_num_threads, 2)
+    worker.thread_cap = 1
+    assert worker.call(torch.get_num_threads) == 1
+    worker.thread_cap = None
+    assert worker.call(torch.get_num_threads) == 2
+
+
+def test_the_model_thread_never_builds_the_steps_cpp_kernels(monkeypatch):
+    """A compiled step's ops load their C++ kernels at their Python kernel's first call,
+    building them first (about 12 s of compiler): not on a thread that defers compiles (the
+    model thread, whose Run would wait), which keeps the Python kernels (the same bits);
+    within ``compiling()`` (the warm-up's steps) and elsewhere it builds."""
+    from engine.execution import static_kv
+    from engine.kernels import qmm
+
+    built = []
+    monkeypatch.setattr(qmm, "native_op", lambda: built.append(threading.current_thread()))
+    seen = {}
+
+    def on_a_thread(deferred: bool) -> None:
+        static_kv.POLICY.deferred = deferred
+        qmm.load_op()
+        seen["deferring"] = len(built)
+        with static_kv.compiling():
+            qmm.load_op()
+        seen["compiling"] = len(built)
+
+    for deferred in (True, False):
+        t = threading.Thread(target=on_a_thread, args=(deferred,))
+        t.start()
+        t.join(WAIT_S)
+        seen[deferred] = dict(seen)
+        built.clear()
+    assert seen[True]["deferring"] == 0 and seen[True]["compiling"] == 1
+    assert seen[False]["deferring"] == 1 and seen[False]["compiling"] == 2

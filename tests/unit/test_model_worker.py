@@ -230,3 +230,20 @@ def test_a_unit_run_in_a_pause_point_never_sees_the_callers_context():
     assert job.result(WAIT_S) == "long job's"
     rest.result(WAIT_S)
     assert seen == ["none", "none"]
+
+
+def test_the_worker_is_idle_only_with_no_unit_running_none_ready_and_no_handler_in_flight():
+    """``idle`` is what the compile warm-up waits for (specviz.warmup)."""
+    worker = ModelWorker()
+    assert worker.idle.wait(WAIT_S) and not worker.busy
+    release = _hold(worker)
+    assert worker.busy  # a unit runs
+    queued = worker.submit(lambda: None)
+    release.set()
+    queued.result(WAIT_S)
+    assert worker.idle.wait(WAIT_S)
+    with worker.serving():
+        assert worker.busy  # a page handler in flight
+        worker.call(lambda: None)
+        assert worker.busy  # the model thread is idle, the handler is not done
+    assert worker.idle.is_set()
