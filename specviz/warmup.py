@@ -15,14 +15,22 @@ greedy through the engine beside a busy Python thread: 37.3 s at 5 ms, 10.9 s at
 2-core machine two workers and a run would share two cores.
 
 A shorter interval still left a greedy Run beside a compile up to 13x slower than alone (the
-UI benchmark, 2-core AMD EPYC). So the warm-up also yields to the runs: its thread traces its
+UI benchmark, 2-core AMD EPYC Zen 5, cold inductor cache). Three things fix it. The model
+thread never builds the steps' C++ kernels (its first Run built them: about 12 s of
+compiler; ``qmm.BUILDS``): the warm-up builds them first. While the warm-up runs, the model
+thread's units use at most usable cores - 1 torch threads (``ModelWorker.thread_cap``: a
+two-thread team beside the compiler took 1.6-1.8 s for what took 0.7 s alone). And the
+warm-up yields to the runs and renders: its thread traces its
 own Python calls (``sys.settrace``, this thread only) and, at any call made while the model
-thread has work (``WORKER.idle`` clear), waits until it has none. A Run then shares the GIL
-with nothing but the page's own threads; the compile goes on in the model thread's idle time,
-about 1.7x slower than untraced (37 s against 63 s for the five shapes of the default target
-loaded from inductor's disk cache). One exception: when the model thread itself enters
-dynamo's compiler (it would wait for the lock this thread may hold), the warm-up goes on
-until the model thread is next idle.
+thread has work or a page handler is in flight (``WORKER.idle`` clear), waits until neither
+is left. A Run then has the GIL to itself; the compile goes on in the app's idle time, about
+1.7x slower than untraced (37 s against 63 s for the five shapes of the default target loaded
+from inductor's disk cache). A thread paused anywhere may hold a lock another needs (an
+import's module lock, dynamo's compile lock, a log handler's): so while it waits it watches
+the CPU time of the rest of the process, and where the others used less than STALLED of a
+POLL_S interval (they wait, maybe for a lock this thread holds, or for a client) it goes on
+for RESUME_S before it pauses again (a lock it holds is released within a few such slices).
+Where nothing else runs a pause gives nothing anyway.
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ from specviz.worker import WORKER, ModelWorker
 
 log = logging.getLogger("specviz")
 SWITCH_S = 1e-4  # the GIL's switch interval while the warm-up compiles (module docstring)
-POLL_S = 0.05  # a paused warm-up looks this often whether the model thread compiles
+POLL_S = 0.05  # a paused warm-up looks this often whether the others still work
+STALLED = 0.25  # ... and goes on where they used less than this share of one core meanwhile
+RESUME_S = 0.25  # ... for this long before its next pause
 
 
 class Warmup:
@@ -60,7 +70,8 @@ class Warmup:
         self.paused_s = 0.0  # of which waiting for the model thread's work to end
         self.pausing = False  # waiting for it now
         self._worker = worker
-        self._until_idle = False  # the model thread compiles: no pause until it is idle
+        self._resume_until = 0.0  # the others stalled: no pause before this (monotonic)
+        self.stalls = 0  # pauses ended so
         self._queue: queue.Queue[tuple[str, list[CachedModel]]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -80,6 +91,7 @@ class Warmup:
         with self._lock:
             if self._thread is None:
                 self.done, self.total, self.seconds, self.paused_s = 0, 0, 0.0, 0.0
+                self.stalls = 0
                 self._thread = threading.Thread(target=self._loop, name="specviz-warm-up",
                                                 daemon=True)
                 self._thread.start()
@@ -105,17 +117,20 @@ class Warmup:
         """The warm-up thread's trace function, called at each Python call it makes: while
         the model thread has work, wait until it has none (module docstring). Returns None:
         no line events."""
-        if self._worker.idle.is_set():
-            self._until_idle = False
-        elif not self._until_idle:
+        if not self._worker.idle.is_set() and time.monotonic() >= self._resume_until:
             self._pause()
 
     def _pause(self) -> None:
+        """Wait while the app has work and the rest of the process uses the CPU for it."""
         start, self.pausing = time.monotonic(), True
+        others = time.process_time() - time.thread_time()  # CPU seconds of the other threads
         while not self._worker.idle.wait(POLL_S):
-            if _in_compiler(self._worker.thread):  # it may wait for dynamo's lock, held
-                self._until_idle = True  # here: go on until the model thread is idle
+            now = time.process_time() - time.thread_time()
+            if now - others < STALLED * POLL_S:  # they wait (maybe for a lock held here):
+                self._resume_until = time.monotonic() + RESUME_S  # go on a while
+                self.stalls += 1
                 break
+            others = now
         self.paused_s += time.monotonic() - start
         self.pausing = False
 
@@ -133,24 +148,13 @@ class Warmup:
                         self.done += 1
                         self.seconds = time.monotonic() - start
                         log.info("warm-up: step shape %d / %d made (%.0f s, %.0f s of it "
-                                 "paused for runs)", self.done, self.total, self.seconds,
-                                 self.paused_s)
+                                 "paused for runs; %d pauses ended by stalls)", self.done,
+                                 self.total, self.seconds, self.paused_s, self.stalls)
             except Exception:  # noqa: BLE001 - runs keep the eager path; the log says why
                 self.total -= sum(warm_shapes(r) for r in runners)
                 self.done = min(self.done, self.total)
                 log.warning("warm-up of %s stopped: its steps run eagerly", name,
                             exc_info=True)
-
-
-def _in_compiler(thread: threading.Thread) -> bool:
-    """Whether ``thread`` is inside dynamo's frame compiler (convert_frame), where it takes
-    the compile lock a paused warm-up may hold."""
-    frame = sys._current_frames().get(thread.ident)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(os.path.join("_dynamo", "convert_frame.py")):
-            return True
-        frame = frame.f_back
-    return False
 
 
 WARMUP = Warmup()

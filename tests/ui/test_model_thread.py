@@ -249,48 +249,62 @@ def test_the_warm_up_compiles_only_while_the_model_thread_has_no_work(monkeypatc
     monkeypatch.setattr(warmup.qmm, "native_op", lambda: None)
     worker = ModelWorker()
     release, held = threading.Event(), threading.Event()
-    worker.submit(lambda: (held.set(), release.wait(WAIT_S)))
+
+    def work():  # a unit that uses the CPU (a run) until released
+        held.set()
+        while not release.is_set():
+            sum(range(1000))
+
+    worker.submit(work)
     assert held.wait(WAIT_S) and worker.busy
     status = warmup.Warmup(worker)
     thread = status.add("a", [3])
     assert _until(lambda: status.pausing)
-    assert made == [] and "paused while a run goes on" in status.note()
+    import time as clock
+
+    clock.sleep(4 * warmup.POLL_S)  # several of the pause's looks at the others' CPU
+    assert made == [] and status.pausing and "paused while a run goes on" in status.note()
     release.set()
     thread.join(WAIT_S)
     assert made == [0, 1, 2] and not status.pausing and status.paused_s > 0
     assert not worker.busy
 
 
-def test_a_paused_warm_up_goes_on_while_the_model_thread_is_inside_dynamos_compiler(
-        monkeypatch):
-    """A model thread inside dynamo's frame compiler may wait for the compile lock the paused
-    warm-up holds: the warm-up then goes on (no deadlock) until the model thread is idle.
-    The model thread's unit below waits for the warm-up to finish, inside a function whose
-    code says it is dynamo's convert_frame.py: without the exception neither would end."""
-    import os
-
+def test_a_warm_up_paused_while_holding_a_lock_the_app_waits_for_goes_on(monkeypatch):
+    """The warm-up pauses at any Python call, so it may hold a lock a busy thread needs (an
+    import's module lock, dynamo's compile lock): where the rest of the process then uses
+    (almost) no CPU, the warm-up goes on for RESUME_S at a time. Here the model thread's
+    unit waits for the warm-up (an event it sets, then a lock it holds while it makes its
+    shapes): without the rule neither would ever end (both guarded by WAIT_S)."""
     from specviz.worker import ModelWorker
 
+    lock, taken = threading.Lock(), threading.Event()
+    worker = ModelWorker()
+    release, held = threading.Event(), threading.Event()
+
     def fake_warming(runner):
-        for i in range(runner):
-            yield i + 1
+        with lock:
+            taken.set()
+            release.set()  # the model thread's unit now waits for the lock ...
+            for i in range(runner):
+                held.wait(WAIT_S)  # ... and has tried to take it: a pause point
+                yield i + 1
+
+    def unit():
+        held.set()
+        release.wait(WAIT_S)
+        return lock.acquire(timeout=WAIT_S)
 
     monkeypatch.setattr(warmup, "warming", fake_warming)
     monkeypatch.setattr(warmup, "warm_shapes", lambda runner: runner)
     monkeypatch.setattr(warmup.qmm, "native_op", lambda: None)
-    scope: dict = {}
-    exec(compile("def convert(done):\n    return done.wait(30)\n",  # noqa: S102 - a test's
-                 os.path.join("torch", "_dynamo", "convert_frame.py"), "exec"), scope)
-    worker = ModelWorker()
     status = warmup.Warmup(worker)
-    done, inside = threading.Event(), threading.Event()
-    unit = worker.submit(lambda: (inside.set(), scope["convert"](done))[1])
-    assert inside.wait(WAIT_S)
+    got = worker.submit(unit)
+    assert held.wait(WAIT_S)
     thread = status.add("a", [3])
     thread.join(WAIT_S)
     assert not thread.is_alive() and status.done == 3
-    done.set()
-    assert unit.result(WAIT_S) is True
+    assert got.result(WAIT_S) is True
 
 
 def test_while_the_warm_up_runs_the_model_thread_leaves_the_compiler_a_core(monkeypatch):
