@@ -23,9 +23,10 @@ two-thread team beside the compiler took 1.6-1.8 s for what took 0.7 s alone). A
 warm-up yields to the runs and renders: its thread traces its
 own Python calls (``sys.settrace``, this thread only) and, at any call made while the model
 thread has work or a page handler is in flight (``WORKER.idle`` clear), waits until neither
-is left. A Run then has the GIL to itself; the compile goes on in the app's idle time, about
-1.7x slower than untraced (37 s against 63 s for the five shapes of the default target loaded
-from inductor's disk cache). A thread paused anywhere may hold a lock another needs (an
+is left. A Run then has the GIL to itself; the compile goes on in the app's idle time, slower
+traced: the five shapes of the default target took 124 s to load from inductor's disk cache
+in an idle app against 37 s untraced in a script, and 517 s cold against about 165 s.
+A thread paused anywhere may hold a lock another needs (an
 import's module lock, dynamo's compile lock, a log handler's): so while it waits it watches
 the CPU time of the rest of the process, and where the others used less than STALLED of a
 POLL_S interval (they wait, maybe for a lock this thread holds, or for a client) it goes on
@@ -67,11 +68,11 @@ class Warmup:
         self.done = 0  # step shapes made
         self.total = 0
         self.seconds = 0.0  # spent so far
-        self.paused_s = 0.0  # of which waiting for the model thread's work to end
+        self.paused_s = 0.0  # of which waiting for the app's work to end
         self.pausing = False  # waiting for it now
         self._worker = worker
         self._resume_until = 0.0  # the others stalled: no pause before this (monotonic)
-        self.stalls = 0  # pauses ended so
+        self.stalls = 0  # pauses ended because the others stalled
         self._queue: queue.Queue[tuple[str, list[CachedModel]]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -115,7 +116,7 @@ class Warmup:
 
     def _yield_to_runs(self, frame, event, arg) -> None:
         """The warm-up thread's trace function, called at each Python call it makes: while
-        the model thread has work, wait until it has none (module docstring). Returns None:
+        the app has work, wait until it has none (module docstring). Returns None:
         no line events."""
         if not self._worker.idle.is_set() and time.monotonic() >= self._resume_until:
             self._pause()

@@ -247,8 +247,9 @@ def test_the_warm_up_compiles_only_while_the_model_thread_has_no_work(monkeypatc
     monkeypatch.setattr(warmup, "warming", fake_warming)
     monkeypatch.setattr(warmup, "warm_shapes", lambda runner: runner)
     monkeypatch.setattr(warmup.qmm, "native_op", lambda: None)
-    monkeypatch.setattr(warmup, "STALLED", 0.0)  # never "the others stall" (its own test
-    # below): the pause does not depend on how the machine schedules this unit
+    monkeypatch.setattr(warmup, "STALLED", -1.0)  # never "the others stall" (its own
+    # test below; 0 is not enough: the two clock reads jitter by microseconds): the pause
+    # does not depend on how the machine schedules this unit
     worker = ModelWorker()
     release, held = threading.Event(), threading.Event()
     worker.submit(lambda: (held.set(), release.wait(WAIT_S)))
