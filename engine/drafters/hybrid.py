@@ -187,7 +187,7 @@ class HybridRunner:
         """A deferred feed's Scored: the n-gram laws (every real node has one), zero hidden
         states (read by no token or beam method's rule for this drafter)."""
         W, m = n.node_logits.shape[:2]
-        d = self.feature.feats.shape[-1]
+        d = self.feature.history.dim
         root = n.root_logits  # (W, V) or None; the lookup's logits are float32 already
         return Scored(n.node_logits,
                       torch.zeros((W, m, d), device=n.node_logits.device), root,
