@@ -225,10 +225,12 @@ def committed_features(history: FeatureHistory, rows: torch.Tensor, length: int,
     dtype, d = history.dtype, history.dim
     tail = target.tail_hidden if target.tail_hidden is not None \
         else target.node_hidden.new_zeros((history.width, 0, d))
-    nodes = target.node_hidden.to(dtype)  # (W, m, d)
-    idx = path_nodes.to(nodes.device)[:, :, None].expand(-1, -1, d)  # (W', k, d)
-    path = nodes.index_select(0, rows).gather(1, idx)  # (W', k, d)
-    new = torch.cat([tail.to(dtype).index_select(0, rows), path], dim=1)  # (W', t + k, d)
+    new = tail.to(dtype).index_select(0, rows)  # (W', t, d)
+    if path_nodes.shape[1]:  # drafts accepted (a plain round has none: nothing to gather)
+        nodes = target.node_hidden.to(dtype)  # (W, m, d)
+        idx = path_nodes.to(nodes.device)[:, :, None].expand(-1, -1, d)  # (W', k, d)
+        path = nodes.index_select(0, rows).gather(1, idx)  # (W', k, d)
+        new = torch.cat([new, path], dim=1)  # (W', t + k, d)
     history.commit(rows, length - int(tail.shape[1]), new)
     return history
 
