@@ -82,7 +82,10 @@ class EESD(TreeSpeculation):
         super().start(ctx)
         drafter = drafter_for(ctx.pair, self.exit_drafter)
         ctx.drafter = drafter
-        if self.share_kv:  # one cache for the first N layers (engine.drafters.shared)
+        if self.share_kv and ctx.target.mode == "dynamic":  # one cache for the first N
+            # layers (engine.drafters.shared). The shared trunk's cache is dynamic: a target
+            # on a fixed-shape path (static, captured, compiled) keeps its own steps and the
+            # caches stay separate (same tokens; the drafter's name says which ran)
             trunk = SharedTrunk(ctx.pair.target, drafter)
             ctx.target = SharedSide(trunk, "target")
             ctx.drafter = SharedDrafter(drafter, trunk)
@@ -145,8 +148,9 @@ PARAMS = (
               "predictor when it ships, else theta_m), trained, constant (theta_m)",
               choices=PREDICTOR_CHOICES, advanced=True),
     ParamSpec("share_kv", bool, True, "share the first N layers' KV cache between drafter and "
-              "target: the verify pass starts drafted tokens at layer N+1 (EESD §1.2)",
-              advanced=True),
+              "target: the verify pass starts drafted tokens at layer N+1 (EESD §1.2); where "
+              "the target's steps are not dynamic (static, captured, compiled) they stay "
+              "separate, so the target keeps its fixed-shape steps", advanced=True),
 )
 
 register(MethodSpec(

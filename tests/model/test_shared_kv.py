@@ -105,3 +105,23 @@ def test_rounds_record_cache_lengths_before_the_rollback():
         assert kv["kept"] == committed + r.accepted
         committed += len(r.committed)
     assert committed == len(prompt) + len(trace.token_ids)
+
+
+def test_a_target_on_a_fixed_shape_path_keeps_separate_caches_and_its_own_steps(monkeypatch):
+    """share_kv (the default) shares where the target's steps are dynamic; on the static path
+    (as on the captured and compiled ones) the shared trunk's dynamic cache would take the
+    target off its fixed-shape steps, so the caches stay separate: the drafter's name says so,
+    every target forward runs static, and the tokens are generate()'s."""
+    pair = _pair()
+    kw = dict(controller="fixed", gamma=3, max_new_tokens=28)
+    shared = engine.generate(pair, [3, 4, 5, 6], "eesd", **kw)
+    assert "KV shared" in shared.rounds[0].extras.drafter
+    monkeypatch.setenv("SPECVIZ_KV", "static")
+    alone = engine.generate(pair, [3, 4, 5, 6], "eesd", **kw)
+    assert "KV shared" not in alone.rounds[0].extras.drafter
+    assert set(alone.stats.step_paths) >= {"target:static"}
+    assert not any(p.startswith("target:") and p != "target:static"
+                   for p in alone.stats.step_paths)
+    ref = pair.target.generate(torch.tensor([[3, 4, 5, 6]]), do_sample=False,
+                               max_new_tokens=28)[0, 4:].tolist()
+    assert list(alone.token_ids) == list(shared.token_ids) == ref

@@ -12,7 +12,7 @@ import app
 from engine import settle
 from engine.core.errors import ConfigError, ModelLoadError
 from engine.run.models import resolve_dtype
-from engine.run.tuned import tuned_settings
+from engine.run.tuned import save_tuned, tuned_settings
 from specviz import hosting, pairs
 from specviz.hosting import HostConfig, all_presets, parse_presets
 
@@ -192,8 +192,11 @@ def test_gpu_presets_are_refused_when_the_host_runs_on_the_cpu(host):
         pairs.check_pair_spec("HuggingFaceTB/SmolLM2-1.7B-Instruct", "")
 
 
-def test_the_app_tunes_a_pair_as_the_engine_does_whatever_presets_it_offers(host):
+def test_the_app_tunes_a_pair_as_the_engine_does_whatever_presets_it_offers(host, tmp_path,
+                                                                          monkeypatch):
     host(HostConfig())
+    monkeypatch.setenv("SPECVIZ_TUNED", str(tmp_path))  # a tune of the default pair only
+    save_tuned("embedded-q4:a8", "ngram+feature", {"sd": {"gamma": 2, "controller": "fixed"}})
     want = tuned_settings("embedded", "ngram+feature")
     assert want  # the embedded pair ships its measured best settings
     assert pairs.tuned_params("embedded", "ngram+feature") == want

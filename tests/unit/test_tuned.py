@@ -8,7 +8,7 @@ import pytest
 
 from engine import METHODS
 from engine.core.config import normalised, validate_params
-from engine.run.specs import EMBEDDED_DEFAULT_DRAFT, default_draft, pair_key
+from engine.run.specs import DEFAULT_TARGET, EMBEDDED_DEFAULT_DRAFT, default_draft, pair_key
 from engine.run.tuned import preset_rows, tuned_settings
 
 
@@ -41,7 +41,10 @@ def test_tuned_settings_match_a_pair_by_its_parsed_specs_not_its_spelling():
     assert tuned_settings("embedded", "ngram+feature") == want
     assert tuned_settings("smollm2-135m-instruct", " n-gram+feature ") == want  # aliases,
     # spacing; '' is the CPU's default target, the GGUF as shipped
-    assert tuned_settings("", "ngram+feature") == _read("embedded-q4-a8") != want
+    assert tuned_settings("", "ngram+feature") == _read("embedded-q4-a8")
+    default = pair_key(DEFAULT_TARGET, "ngram+feature")
+    assert default == pair_key("embedded-q4:a8", "ngram+feature") \
+        != pair_key("embedded", "ngram+feature")  # its own row, not the fp32 model's
     assert tuned_settings("smollm2-135m-instruct", "ngram+feature") == want
     assert tuned_settings("embedded", "feature") == {}  # another drafter
     assert tuned_settings("embedded", "") == {}  # the early exit
