@@ -88,9 +88,13 @@ def test_the_trace_names_the_tuned_parameters_through_a_json_round_trip(preset_p
 
 
 def test_load_pair_gives_the_embedded_target_its_default_drafter_and_tuned_settings(
-        monkeypatch):
+        monkeypatch, tmp_path):
     """The embedded models stood in by a tiny one: the spec rules, not the weights; no
-    target named: the device's default (on a CPU the GGUF as shipped, on CUDA fp32)."""
+    target named: the device's default (on a CPU the GGUF as shipped, on CUDA fp32), with
+    its own tuned row (a stored tune of it alone tells the two rows apart)."""
+    monkeypatch.setenv("SPECVIZ_TUNED", str(tmp_path))
+    tuned.save_tuned("embedded-q4:a8", "ngram+feature", {"sd": {"gamma": 2,
+                                                               "controller": "fixed"}})
     real = models.load_model
     loaded = []
 
