@@ -3,8 +3,9 @@
 # time: the chi-square laws of the one-layer pair, of eesd, of the n-gram, feature and suffix
 # drafters and of a packed target, the compiled path's tests, the hybrid drafter and the beam
 # methods, in one; everything else (unit, the other model tests and laws, Check, the embedded
-# model, the UI, the browser, the simulated Space) in the other: 868 s against 802 s with Check
-# in the first (a fresh clone, AMD EPYC, 2026-12-02), about 840 s each without. Arguments go to both (e.g. -x). Exit code is non-zero if either fails.
+# model, the UI, the browser, the simulated Space) in the other (949 s and 946 s from a fresh
+# clone, AMD EPYC, 2026-12-02). Arguments go to both (e.g. -x). Exit code is non-zero if either
+# fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p artifacts
