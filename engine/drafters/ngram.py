@@ -218,8 +218,8 @@ class NGramRunner:
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
                new_tokens: torch.Tensor, target=None, draft_path=None) -> None:
         """Row i of the next round = old row rows[i] + path_tokens[i] + new_tokens[i]."""
-        appended = torch.cat([path_tokens.cpu(), new_tokens.cpu()], dim=1).tolist()
-        self.rows = [self.rows[r] + a for r, a in zip(rows.tolist(), appended)]
+        self.rows = [self.rows[r] + p + n for r, p, n in
+                     zip(rows.tolist(), path_tokens.tolist(), new_tokens.tolist())]
         self._reset_round()
 
 

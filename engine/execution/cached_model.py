@@ -152,6 +152,9 @@ class CachedModel:
         self.tail = torch.zeros((1, 0), dtype=torch.long)  # (W, t) committed, not cached
         self.buffers = SHARED_BUFFERS  # masks and positions per forest shape, across rounds
         # and runs
+        self.pending_rows: torch.Tensor | None = None  # (W,) cached row of each row: the
+        # reorder of commits that fed nothing, applied at the next forward or gather
+        self.cached_width = 1  # rows the cache holds while a reorder is pending
         self._reset_round()
 
     # ----------------------------------------------------------------- state
@@ -175,6 +178,7 @@ class CachedModel:
             self._lease(int(ids.shape[0]), int(ids.shape[1]))
         self.base = 0
         self.tail = ids.to(self.device)
+        self.pending_rows = None
         self._reset_round()
 
     def _lease(self, rows: int, length: int) -> None:
@@ -204,6 +208,7 @@ class CachedModel:
         if self.kv is not None:
             static_kv.release(self.kv)
             self.kv, self.cache = None, None
+        self.pending_rows = None
 
     def take_served(self) -> list[str]:
         """The path of every forward since the last call (and forget them)."""
@@ -269,6 +274,7 @@ class CachedModel:
     def _forward(self, tokens: torch.Tensor, parents: torch.Tensor) -> Scored:
         """One forward of the unfed tail and the new nodes; the LM head runs only where
         logits are returned (the newest tail token and the nodes)."""
+        self._apply_rows()
         W = self.width
         t_new = self.tail.shape[1] - self.tail_fed
         par = parents if self.round_par is None else torch.cat([self.round_par, parents], 1)
@@ -345,6 +351,13 @@ class CachedModel:
                 an index >= the nodes fed: never fed); None: path_nodes.
         """
         rows = rows.to(self.device)
+        if self.tail_fed == 0 and self.forest_fed == 0:  # nothing fed this round (a drafter
+            self._defer_rows(rows)  # in a plain round): the cache's rows follow later
+            self.tail = torch.cat([self.tail[rows], path_tokens.to(self.device),
+                                   new_tokens.to(self.device)], dim=1)
+            self._reset_round()
+            return
+        self._apply_rows()
         path_nodes = (path_nodes if draft_path is None else draft_path).to(self.device)
         t_all = self.tail.shape[1]
         unfed_tail = self.tail[rows, self.tail_fed :]  # (W', t_all - tail_fed)
@@ -361,16 +374,35 @@ class CachedModel:
         )
         self._reset_round()
 
-    def _gather(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
-        """Compact every layer's keys/values to [0, prefix) + node_slots of the parent rows."""
+    def _defer_rows(self, rows: torch.Tensor) -> None:
+        """Record a commit's row reorder without moving the cache: (W',) parent rows of the
+        rows as they are now, composed with any reorder still pending."""
+        if self.pending_rows is None:
+            self.cached_width, self.pending_rows = self.width, rows
+        else:
+            self.pending_rows = self.pending_rows.index_select(0, rows)  # (W',) cached rows
+
+    def _apply_rows(self) -> None:
+        """Move the cache's rows as the pending reorder says (one gather for every commit
+        that fed nothing since the last forward)."""
+        rows, self.pending_rows = self.pending_rows, None
+        if rows is not None:
+            self._gather(rows, self.base, rows.new_zeros((rows.shape[0], 0)),
+                         width=self.cached_width)
+
+    def _gather(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor,
+                width: int | None = None) -> None:
+        """Compact every layer's keys/values to [0, prefix) + node_slots of the parent rows
+        (width: the rows the cache holds, default the runner's)."""
         W2, f = node_slots.shape
+        width = self.width if width is None else width
         if self.kv is not None:
-            self._gather_static(rows, prefix, node_slots)
+            self._gather_static(rows, prefix, node_slots, width)
             return
         if prefix == 0 and f == 0 and self.base == 0 and self.forest_fed == 0:
             return  # nothing was ever fed (a drafter started before its first draft): empty
         length = self.cache.get_seq_length()
-        identity_rows = W2 == self.width and bool(
+        identity_rows = W2 == width and bool(
             (rows == torch.arange(W2, device=self.device)).all()
         )
         if f == 0 and identity_rows:
@@ -406,7 +438,8 @@ class CachedModel:
                 layer.keys = layer.keys[:, :, :keep]  # (W, H, keep, D)
                 layer.values = layer.values[:, :, :keep]
 
-    def _gather_static(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
+    def _gather_static(self, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor,
+                       width: int) -> None:
         """The static path's commit: moves inside the leased buffers (grown for more rows)."""
         written = self.kv.cache.written
         if node_slots.shape[1] and not bool(((node_slots >= prefix)
@@ -414,7 +447,7 @@ class CachedModel:
             raise ValueError("a kept node's cache slot is outside the fed forest")
         if rows.shape[0] > self.kv.rows:
             self._grow(int(rows.shape[0]), written)
-        static_kv.gather(self.kv, self.width, rows, prefix, node_slots)
+        static_kv.gather(self.kv, width, rows, prefix, node_slots)
 
 
 WARM_PROMPT = 8  # tokens of the warm-up's dummy prompt: its prefill makes the bucket-8 step

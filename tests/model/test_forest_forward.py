@@ -218,3 +218,30 @@ def test_a_second_run_of_one_forest_shape_reuses_the_first_runs_masks():
             if pj != PAD:
                 ids = PROMPTS[0] + path_tokens(TREES[0][0], TREES[0][1], i)
                 assert (got.node_logits[0, i] - _sequential_logits(model, ids)).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("kv", ["dynamic", "static"])
+def test_commits_that_fed_nothing_move_no_kv_and_the_next_feed_scores_the_reordered_rows(
+        monkeypatch, kv):
+    """A drafter in plain rounds: commits with no feed record their row reorders (composed,
+    widths changing) and leave the cache alone; the next feed sees each row's own sequence."""
+    monkeypatch.setenv("SPECVIZ_KV", kv)
+    model = _model("llama")
+    seqs = [[5, 7, 9, 11], [3, 4, 8, 2], [6, 1, 1, 9]]
+    cached = CachedModel(model)
+    cached.start(torch.tensor(seqs))
+    cached.feed()
+    cached.commit(torch.arange(3), torch.zeros((3, 0), dtype=torch.long),
+                  torch.zeros((3, 0), dtype=torch.long), torch.tensor([[12], [13], [14]]))
+    seqs = [s + [t] for s, t in zip(seqs, [12, 13, 14])]
+    before = [layer.keys.clone() for layer in cached.cache.layers]
+    for rows, new in (([2, 0, 0, 1], [[15], [16], [17], [18]]), ([3, 0], [[19], [20]]),
+                      ([1, 1, 0], [[21], [22], [23]])):
+        cached.commit(torch.tensor(rows), torch.zeros((len(rows), 0), dtype=torch.long),
+                      torch.zeros((len(rows), 0), dtype=torch.long), torch.tensor(new))
+        seqs = [seqs[r] + t for r, t in zip(rows, new)]
+        assert all(torch.equal(layer.keys, b) for layer, b in zip(cached.cache.layers, before))
+    assert cached.base == 4 and cached.tail.tolist() == [s[4:] for s in seqs]
+    root = cached.feed().root_logits  # (3, V)
+    for w, ids in enumerate(seqs):
+        torch.testing.assert_close(root[w], _sequential_logits(model, ids), atol=1e-5, rtol=1e-5)
