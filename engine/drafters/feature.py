@@ -162,8 +162,9 @@ def previous_features(feats: torch.Tensor, first: int, count: int) -> torch.Tens
     if first + count - 1 > K:
         raise ValueError(f"slot {first + count - 1} needs f_{first + count - 2}, "
                          f"known up to f_{K - 1}")
-    padded = torch.cat([feats.new_zeros((W, 1, d)), feats], dim=1)  # (W, K + 1, d): f_{-1}..
-    return padded[:, first: first + count]  # (W, count, d)
+    if first >= 1 or count == 0:  # every slot has a real f_{j-1}: a view, no copy
+        return feats[:, max(first - 1, 0): max(first - 1, 0) + count]  # (W, count, d)
+    return torch.cat([feats.new_zeros((W, 1, d)), feats[:, : count - 1]], dim=1)  # f_{-1} = 0
 
 
 class FeatureHistory:
