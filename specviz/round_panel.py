@@ -187,6 +187,10 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
     if rec.probe:
         what = ("a probe: every depth planned below a plain step for a stretch of plain "
                 "rounds, so it drafts to depth 1 to learn its acceptance")
+    if rec.never:
+        what = ("a plain target step for the rest of the run: no depth would pay even if "
+                "every draft were accepted (the options below are priced at acceptance 1), "
+                "so no drafter runs")
     head = (f"**Cost switch** (profile `{rec.profile}`): {what}, predicted "
             f"{_num(rec.predicted_gain)}x tokens per target-step time of a plain step; "
             f"drafted {drafted}. Acceptance drawn per depth: "

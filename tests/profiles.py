@@ -26,3 +26,9 @@ profile.register(FREE)
 DEAR = CostProfile("test-dear", 0.1, ((0, 1.0), (1, 1.45), (2, 1.6), (4, 1.64), (16, 4.0)),
                    "tests: no depth pays at the prior")
 profile.register(DEAR)
+
+# drafting loses even at acceptance 1 (depth 1: 2 tokens for 2.25 plain steps, deeper worse):
+# the switch plans plain for good and the run starts no drafter
+HOPELESS = CostProfile("test-hopeless", 0.3, ((0, 1.0), (1, 1.95), (16, 16.95)),
+                       "tests: no depth pays even at acceptance 1")
+profile.register(HOPELESS)

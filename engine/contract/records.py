@@ -111,6 +111,7 @@ class SwitchPlan:
     profile: str = ""  # the cost profile's name
     posterior: DepthPosteriorState | None = None  # before the round
     probe: bool = False  # the plan said plain, but the switch drafted depth 1 to learn a_1
+    never: bool = False  # no depth pays even at acceptance 1: plain for the rest of the run
 
 
 @dataclass(frozen=True)

@@ -75,5 +75,8 @@ class CostController(RoundRecorder):
             self.switch.observe(drafted, accepted)
         return {}
 
+    def can_draft(self, shape: Shape) -> bool:
+        return self.switch is None or self.switch.can_draft(shape)
+
     def plan_record(self) -> SwitchPlan | None:
         return None if self.switch is None else self.switch.record()

@@ -55,6 +55,10 @@ class Controller(Protocol):
     def plan_record(self) -> SwitchPlan | None:
         """The round's plan (None: plan() did not run this round)."""
 
+    def can_draft(self, shape: Shape) -> bool:
+        """Whether a round of `shape` could ever draft (False: the switch plans plain for
+        good, engine.control.cost.CostSwitch.can_draft)."""
+
 
 class RoundRecorder:
     """Shared round bookkeeping: posterior before/after, per-step records, cap and outcome."""
@@ -77,6 +81,9 @@ class RoundRecorder:
 
     def plan_record(self) -> SwitchPlan | None:
         return None
+
+    def can_draft(self, shape: Shape) -> bool:
+        return True  # no switch: the controller's own rule decides each round
 
     def __init__(self) -> None:
         self.begin_round()

@@ -137,6 +137,11 @@ class Method(Protocol):
 
     def use_costs(self, profile) -> None: ...
 
+    def may_draft(self, ctx: RunState) -> bool:
+        """Whether a round of this run could draft (after start and use_costs): False for a
+        plain method, and where the cost switch plans plain for good at the run's first
+        shape (engine.control.cost.CostSwitch.can_draft); then the run starts no drafter."""
+
 
 # The draft depth every drafting family takes, declared once (a method needing another
 # default derives it: ``GAMMA.with_default(3)``).

@@ -271,6 +271,7 @@ class BeamStart:
     """W rows of the prompt with scores [0, -1e9, ...] (generate's beam initialisation)."""
 
     start_width = 1
+    gamma = 0  # draft depth per round (0: a baseline)
     draft_confidence = 0.0  # the draft-confidence gate's threshold (0: off)
     gate_info: dict | None = None  # this round's gate record (None: the gate did not run)
     switch_kind = "off"  # "cost": the cost-aware switch plans each round's depth
@@ -294,9 +295,17 @@ class BeamStart:
         self.switch.decision = None
         if depth < 1:
             return depth
+        return self.switch.decide(self._shape(depth), ctx.side)
+
+    def _shape(self, depth: int) -> Shape:
         nodes = tuple(self._level_nodes.get(d, float(self.n * d)) for d in range(1, depth + 1))
-        return self.switch.decide(Shape(nodes, tuple(float(d) for d in range(1, depth + 1))),
-                                  ctx.side)
+        return Shape(nodes, tuple(float(d) for d in range(1, depth + 1)))
+
+    def may_draft(self, ctx: RunState) -> bool:
+        depth = min(self.gamma, ctx.remaining - 1)
+        if self.switch is None or depth < 1:
+            return depth >= 1
+        return self.switch.can_draft(self._shape(depth))
 
     def note_levels(self, forest: Forest) -> Forest:
         """Remember how many nodes per row each depth of a drafted forest fed."""

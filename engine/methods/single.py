@@ -69,6 +69,9 @@ class SingleStart:
     def use_costs(self, profile: CostProfile) -> None:
         raise ValueError("a plain method takes no cost profile")
 
+    def may_draft(self, ctx: RunState) -> bool:
+        return False  # a plain method (speculative subclasses ask their switch)
+
 
 @dataclass(frozen=True)
 class AutoregressiveConfig:

@@ -37,7 +37,7 @@ from engine.control.controllers import (
     FixedController,
     make_controller,
 )
-from engine.control.cost import chain_shape, tree_shape
+from engine.control.cost import Shape, chain_shape, tree_shape
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, depths, empty_forest
@@ -142,10 +142,7 @@ class TreeSpeculation(SingleStart):
         if budget < 1 or levels == []:
             return empty_forest(1)
         if self.controller.plans:  # the cost switch
-            shape = (chain_shape(min(budget, self.controller.config.cap)) if levels is None
-                     else chain_shape(len(levels)) if self.cfg.dynamic  # its best path
-                     else tree_shape(tuple(levels)))
-            planned = self.controller.plan(shape, ctx.side)
+            planned = self.controller.plan(self._shape(budget, levels), ctx.side)
             if planned == 0:
                 return empty_forest(1)  # a plain target step
             if self.cfg.dynamic:
@@ -376,6 +373,20 @@ class TreeSpeculation(SingleStart):
         if slots is not None:  # the drafter was fed some nodes only (a dynamic tree)
             verdict.draft_path = torch.tensor([[slots[i] for i in path]], dtype=torch.long)
         return verdict
+
+    def _shape(self, budget: int, levels: list[int] | None) -> Shape:
+        """What the switch prices: the chain to the cap, the tree's levels, or a dynamic
+        tree's best path."""
+        return (chain_shape(min(budget, self.controller.config.cap)) if levels is None
+                else chain_shape(len(levels)) if self.cfg.dynamic
+                else tree_shape(tuple(levels)))
+
+    def may_draft(self, ctx: RunState) -> bool:
+        budget = ctx.remaining - 1
+        levels = list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
+        if budget < 1 or levels == []:
+            return False
+        return not self.controller.plans or self.controller.can_draft(self._shape(budget, levels))
 
     def costs_wanted(self) -> str | None:
         """The cost profile name the controller plans with, or a dynamic tree sizes its

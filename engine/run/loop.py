@@ -111,10 +111,12 @@ class Decoder:
         self.method.start(ctx)
         ctx.target.start(ctx.committed_ids())
         if (self.method.costs_wanted() is not None
-                and (ctx.drafter or ctx.pair.drafter).needs.features):
+                and (ctx.drafter or ctx.pair.drafter).needs.features
+                and self.method.may_draft(ctx)):
             _ = ctx.draft  # started now: it keeps the target's states of every commit, so a
             # first draft after plain rounds the cost switch planned knows them (a method
-            # that never plans a plain round starts its drafter at its first propose)
+            # that never plans a plain round starts its drafter at its first propose; one
+            # whose switch plans plain for good never starts it)
         while not self.done:
             yield self._round()
             ctx.round_index += 1

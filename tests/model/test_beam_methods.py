@@ -23,7 +23,7 @@ from engine.run.api import generate, make_decoder
 from engine.run.models import load_pair, model_from_config, tiny_config
 from engine.verify.enumerate import enumerate_outcomes
 from tests.oracles import run_beam_sampling
-from tests.profiles import DEAR, EDGE, MIXED
+from tests.profiles import DEAR, EDGE, HOPELESS, MIXED
 
 VOCAB = 64
 TOL = 1e-4
@@ -141,6 +141,23 @@ def test_strict_drafts_with_a_feature_drafter_first_after_plain_rounds():
     assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
     assert [r.index for r in strict.rounds if r.switch is not None and r.switch.probe] == [16]
     assert strict.rounds[16].drafted == 1
+
+
+def test_strict_under_a_switch_no_draft_can_pay_runs_beam_search_with_no_drafter(monkeypatch):
+    """HOPELESS: no depth pays even at acceptance 1, so atspeed_strict never starts its
+    feature drafter and its rounds are beam search's, each recorded as plain for good."""
+    target = tiny(0)
+    pair = pair_of(target, "feature")
+    set_generation(target)
+    started = []
+    runner = pair.drafter.runner
+    monkeypatch.setattr(pair.drafter, "runner", lambda: started.append(1) or runner())
+    ids, n = prompt(0), 12
+    strict = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=4, gamma=1,
+                      switch="cost", costs=HOPELESS.name, max_new_tokens=n)
+    assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
+    assert started == [] and all(r.drafted == 0 for r in strict.rounds)
+    assert all(r.switch.never for r in strict.rounds[:-1])
 
 
 EOS_CASES = [(False, 1.0), (True, 1.0), ("never", 1.0), (False, 0.0), (True, 2.0),

@@ -24,7 +24,7 @@ from engine.execution.cached_model import Scored
 from engine.run.specs import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
-from tests.profiles import DEAR, FREE
+from tests.profiles import DEAR, FREE, HOPELESS
 
 PROMPTS = ([3, 4, 5, 6], [11, 12])
 
@@ -195,6 +195,25 @@ def test_a_first_draft_after_plain_rounds_knows_every_feature_and_is_accepted(me
     assert all(r.drafted == 0 for r in trace.rounds[:16])
     probe = trace.rounds[16]
     assert probe.switch.probe and probe.drafted == probe.accepted == 1
+
+
+@pytest.mark.parametrize("method,params", [("sd", {}), ("mcsd", {"k_config": "2x2"})])
+def test_a_switch_under_which_no_draft_can_pay_starts_no_drafter(method, params, monkeypatch):
+    """HOPELESS: no depth pays even at acceptance 1, so every round is planned plain for good
+    (recorded as such), the feature drafter is never started (no prefill, no commits) and the
+    output is greedy's; under DEAR (a probe could pay) the same run starts it."""
+    pair = tiny_pair(layers=1, draft="feature")
+    started = []
+    runner = pair.drafter.runner
+    monkeypatch.setattr(pair.drafter, "runner", lambda: started.append(1) or runner())
+    trace = engine.generate(pair, PROMPTS[0], method, switch="cost", costs=HOPELESS.name,
+                            max_new_tokens=12, **params)
+    assert list(trace.token_ids) == _ref(pair, PROMPTS[0], 12) and started == []
+    assert all(r.drafted == 0 and r.switch.never and r.switch.depth == 0
+               for r in trace.rounds[:-1])
+    engine.generate(pair, PROMPTS[0], method, switch="cost", costs=DEAR.name,
+                    max_new_tokens=12, **params)
+    assert started == [1]
 
 
 def test_the_exactness_check_sizes_against_the_feature_drafters_law_with_true_features():

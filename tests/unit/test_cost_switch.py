@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict
 
 import pytest
+import torch
 
 from engine.control.controllers import CostController, control_config
 from engine.control.cost import (
@@ -322,6 +323,7 @@ def test_every_controller_answers_the_switch_questions_without_planning(kind):
     ctl = make_controller(control_config(controller=kind), gamma=3)
     assert not ctl.plans and not ctl.decided and ctl.costs_wanted() is None
     assert ctl.reads_confidence == (kind == "confidence")
+    assert ctl.can_draft(chain_shape(3))  # its own rule decides each round
     with pytest.raises(ValueError, match="plans without a cost profile"):
         ctl.attach(FLAT)
     with pytest.raises(ValueError, match="does not plan rounds"):
@@ -429,3 +431,53 @@ def test_thompson_plans_never_probe():
         d = switch.decide(chain_shape(4), gen)
         assert not switch.record().probe
         switch.observe(d, 0)
+
+
+# a depth-d chain costs 0.3 d + 0.95 + d plain steps: more than the d + 1 tokens it commits
+# even when every draft is accepted
+HOPELESS = CostProfile("hopeless", 0.3, ((0, 1.0), (1, 1.95), (16, 16.95)))
+
+
+@pytest.mark.parametrize("kind", ["mean", "thompson"])
+def test_where_no_depth_pays_even_at_acceptance_1_the_switch_plans_plain_for_good(kind):
+    switch, gen = CostSwitch(HOPELESS, 4, plan=kind, probe_after=1), make_generator(3)
+    assert not switch.can_draft(chain_shape(4)) and not switch.can_draft(chain_shape(1))
+    before = switch.posterior.state()
+    for _ in range(50):
+        assert switch.decide(chain_shape(4), gen) == 0  # no probe, no draw
+        rec = switch.record()
+        assert rec.never and not rec.probe and rec.depth == 0 and rec.predicted_gain == 1.0
+        switch.observe(0, 0)
+    assert switch.posterior.state() == before  # nothing to learn, nothing faded
+    assert rec.drawn == (1.0,) * 4  # the options are priced at acceptance 1, each below 1
+    assert [o.expected_tokens for o in rec.options] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert all(o.gain < 1 for o in rec.options[1:])
+    assert torch.equal(torch.rand(4, generator=gen),
+                       torch.rand(4, generator=make_generator(3)))  # the side stream untouched
+
+
+def test_a_depth_that_would_pay_at_acceptance_1_keeps_the_switch_planning():
+    """C_1 = 1.99 < 2: depth 1 pays above a_1 = 0.99, so the switch plans as before (C_1 =
+    1.6: it drafts and learns); its records never say `never`."""
+    assert CostSwitch(CostProfile("edge-1", 0.0, ((0, 1.0), (1, 1.99), (16, 30.0))),
+                      4).can_draft(chain_shape(1))
+    edge = CostProfile("edge-2", 0.0, ((0, 1.0), (1, 1.6), (16, 30.0)))
+    switch = CostSwitch(edge, 4, plan="thompson")
+    assert switch.can_draft(chain_shape(4)) and switch.can_draft(chain_shape(1))
+    gen = make_generator(0)
+    for _ in range(20):
+        d = switch.decide(chain_shape(4), gen)
+        assert not switch.record().never
+        switch.observe(d, d)
+    assert switch.posterior.state()["alpha"][0] > 1  # it drafted and learned
+
+
+def test_can_draft_asks_every_depth_of_the_shape():
+    """Depth 1 loses at acceptance 1 here but depth 4 pays: the switch keeps planning."""
+    deep = CostProfile("deep", 0.0, ((0, 1.0), (1, 2.5), (4, 2.6), (16, 20.0)))
+    assert CostSwitch(deep, 4).can_draft(chain_shape(4))
+    assert not CostSwitch(deep, 4).can_draft(chain_shape(1))
+    ctl = CostController(control_config(switch="cost"))
+    assert ctl.can_draft(chain_shape(1))  # no profile attached yet: nothing rules it out
+    ctl.attach(deep)
+    assert ctl.can_draft(chain_shape(4)) and not ctl.can_draft(chain_shape(1))

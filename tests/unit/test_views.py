@@ -674,6 +674,16 @@ def test_a_probe_round_says_why_it_drafted_against_the_plan_and_the_chart_counts
     assert "1 of 2 rounds planned plain, 1 probe" in charts.posterior_figure(t, 1).layout.title.text
 
 
+def test_a_round_planned_plain_for_good_says_no_draft_could_pay():
+    never = replace(_switch_plan(0, 1.0), never=True)
+    t = RunTrace("atspeed_strict", {}, "t", "d", "cpu", "", (), (RoundTrace(0, switch=never),),
+                 (), "", (), RunSummary())
+    md = round_panel.extras_markdown(t, 0)
+    assert md.startswith("**Cost switch** (profile `measured`): a plain target step for the "
+                         "rest of the run: no depth would pay even if every draft were "
+                         "accepted")
+
+
 def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
     rounds = (RoundTrace(0, drafted=2, accepted=1, switch=_switch_plan(2, 1.41)),
               RoundTrace(1, switch=_switch_plan(0, 1.0)),
