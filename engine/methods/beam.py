@@ -143,7 +143,8 @@ class BeamSearch(BeamStart):
             hits = self._step(ctx, forest, kids, rp, info, lp, j, depth)
             accepted = all(h is not None for h in hits)  # a step passes iff all K were
             # drafted (never the bonus step)
-            if self.gamma:  # (K, V) joint scores as beam_step accumulates them
+            if self.gamma and not self.plain_for_good():  # (K, V) joint scores as
+                # beam_step accumulates them
                 rp.matches.append(self._match(ctx, forest, rp, prev[:, None] + lp, info, j,
                                               depth, accepted))
             rp.accepted += accepted

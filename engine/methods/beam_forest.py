@@ -301,6 +301,12 @@ class BeamStart:
         nodes = tuple(self._level_nodes.get(d, float(self.n * d)) for d in range(1, depth + 1))
         return Shape(nodes, tuple(float(d) for d in range(1, depth + 1)))
 
+    def plain_for_good(self) -> bool:
+        """The switch planned this round plain for the rest of the run (no depth can pay):
+        the round is the baseline's, with no target top-K against drafts to record."""
+        return (self.switch is not None and self.switch.decision is not None
+                and self.switch.decision.never)
+
     def may_draft(self, ctx: RunState) -> bool:
         depth = min(self.gamma, ctx.remaining - 1)
         if self.switch is None or depth < 1:

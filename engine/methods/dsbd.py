@@ -140,7 +140,8 @@ class SampledBeams(BeamStart):
             if j > depth:
                 v = self.bonus(p, ctx.chooser)
                 st.layers.append({"depth": j, "outcome": v.outcome, "width": len(v.beams)})
-                st.matches.append(self._match(ctx, forest, st, joint, p, j, v))
+                if not self.plain_for_good():
+                    st.matches.append(self._match(ctx, forest, st, joint, p, j, v))
                 break
             v = self.layer(ctx, p, levels[j - 1], st, j)
             self._record(st, levels[j - 1], v, j)

@@ -158,6 +158,21 @@ def test_strict_under_a_switch_no_draft_can_pay_runs_beam_search_with_no_drafter
     assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
     assert started == [] and all(r.drafted == 0 for r in strict.rounds)
     assert all(r.switch.never for r in strict.rounds[:-1])
+    assert not any(r.beam_steps for r in strict.rounds[:-1])  # beam search's rounds: no
+    # target top-K against drafts to record
+
+
+def test_dsbd_under_a_switch_no_draft_can_pay_keeps_beam_samplings_law_with_no_records():
+    """HOPELESS: every dsbd round is a plain layer planned so for good; the exact law of
+    three steps is beam sampling's and no round records a draft match."""
+    pair = law_pair()
+    ref, _ = engine_law(pair, "beam_sample", new=3, top_k=2, beams=2)
+    law, _ = engine_law(pair, "dsbd", new=3, top_k=2, draft_beams=2, min_width=2, gamma=2,
+                        switch="cost", costs=HOPELESS.name)
+    assert abs(sum(law.values()) - 1) < 1e-9 and gap(law, ref) < 1e-5, gap(law, ref)
+    tr = generate(pair, [2, 3, 4], "dsbd", draft_beams=2, min_width=2, gamma=2, switch="cost",
+                  costs=HOPELESS.name, temperature=1.0, max_new_tokens=6, seed=0)
+    assert all(r.switch.never and not r.beam_steps for r in tr.rounds[:-1])
 
 
 EOS_CASES = [(False, 1.0), (True, 1.0), ("never", 1.0), (False, 0.0), (True, 2.0),
