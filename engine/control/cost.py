@@ -33,6 +33,14 @@ one (a gate that refuses it included); a drafted round the plan chose resets it.
 rounds at most log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps
 (it commits at least the target's own token).
 
+Where no depth pays even at acceptance 1 (E_D = D + 1 <= C_D for every D of the shape: a
+4-beam verify on a CPU prices depth 1 at about 2.3 plain rounds), no posterior can make the
+plan draft and no probe qualifies (it needs C_1 <= 1 + PROBE_BREAK_EVEN < 2), so the switch
+plans plain for good (``can_draft``): one record per shape, its options priced at acceptance
+1 and marked ``never``, with no draw and no fade. A run whose first plan says so starts no
+drafter (``Method.may_draft``) and its rounds are its baseline's (a beam method records no
+beam match for them).
+
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree
 chosen before the target is consulted stays exact (tests/model/test_sampling_exactness.py and
