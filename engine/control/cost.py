@@ -214,12 +214,6 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, A
                         for o in options]}
 
 
-def can_pay(profile: CostProfile, shape: Shape) -> bool:
-    """Some depth D of `shape` pays at acceptance 1: D + 1 tokens for more than C_D."""
-    return any(d + 1 > profile.c_round + shape.calls[d - 1] * profile.c_draft
-               + profile.c_verify(shape.nodes[d - 1]) for d in range(1, shape.depth + 1))
-
-
 PLANS = ("mean", "thompson")
 PROBE_AFTER = 16  # plain rounds in a row before the mean plan probes with a depth-1 round
 PROBE_BREAK_EVEN = 0.75  # ... where a depth-1 acceptance of at most this would pay (C_1 - 1)
@@ -247,19 +241,27 @@ class CostSwitch:
         self.probe_after = probe_after
         self.plain_run = 0  # plain rounds since the last drafted round or probe
         self.wait = probe_after  # plain rounds in a row before the next probe
-        self._pays: dict[Shape, bool] = {}  # can_draft per shape
-        self._never: dict[Shape, SwitchPlan] = {}  # the plain-for-good record per shape
+        self._never: dict[Shape, SwitchPlan | None] = {}  # per shape: its plain-for-good
+        # record, None where some acceptance makes a depth pay
 
     def can_draft(self, shape: Shape) -> bool:
-        """Whether any acceptance could make some depth of `shape` pay (module docstring)."""
-        if shape not in self._pays:
-            self._pays[shape] = can_pay(self.profile, shape)
-        return self._pays[shape]
+        """Whether any acceptance could make some depth of `shape` pay (module docstring):
+        the plan at acceptance 1 everywhere, the best any draft can do, drafts."""
+        if shape not in self._never:
+            best = plan(self.profile, shape, [1.0] * shape.depth)
+            self._never[shape] = None if best["depth"] else SwitchPlan(
+                depth=0, predicted_gain=1.0,
+                options=tuple(SwitchOption(**o) for o in best["options"]),
+                drawn=(1.0,) * shape.depth, profile=self.profile.name,
+                posterior=DepthPosteriorState(**{k: tuple(v)
+                                                 for k, v in self.posterior.state().items()}),
+                never=True)
+        return self._never[shape] is None
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
         """The depth to draft this round (0: a plain step); records the decision."""
         if not self.can_draft(shape):
-            self.decision = self._never.get(shape) or self._never_plan(shape)
+            self.decision = self._never[shape]
             return 0
         before = self.posterior.state()
         drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
@@ -277,18 +279,6 @@ class CostSwitch:
             posterior=DepthPosteriorState(**{k: tuple(v) for k, v in before.items()}),
             probe=probe)
         return self.decision.depth
-
-    def _never_plan(self, shape: Shape) -> SwitchPlan:
-        """The record of a shape no acceptance makes pay: its options at acceptance 1."""
-        best = plan(self.profile, shape, [1.0] * shape.depth)
-        self._never[shape] = SwitchPlan(
-            depth=0, predicted_gain=1.0,
-            options=tuple(SwitchOption(**o) for o in best["options"]),
-            drawn=(1.0,) * shape.depth, profile=self.profile.name,
-            posterior=DepthPosteriorState(**{k: tuple(v)
-                                             for k, v in self.posterior.state().items()}),
-            never=True)
-        return self._never[shape]
 
     def observe(self, drafted: int, accepted: int) -> None:
         if self.decision is not None and self.decision.never:

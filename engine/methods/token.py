@@ -137,7 +137,7 @@ class TreeSpeculation(SingleStart):
     # ------------------------------------------------------------- propose
     def propose(self, ctx: RunState) -> Forest:
         budget = ctx.remaining - 1  # the round's own target token always fits
-        levels = list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
+        levels = self._levels(budget)
         self.controller.begin_round()  # first: a round with no room to draft plans nothing
         if budget < 1 or levels == []:
             return empty_forest(1)
@@ -374,6 +374,11 @@ class TreeSpeculation(SingleStart):
             verdict.draft_path = torch.tensor([[slots[i] for i in path]], dtype=torch.long)
         return verdict
 
+    def _levels(self, budget: int) -> list[int] | None:
+        """The tree's branching per level within `budget` drafted tokens (None: a chain
+        whose length the controller sets)."""
+        return list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
+
     def _shape(self, budget: int, levels: list[int] | None) -> Shape:
         """What the switch prices: the chain to the cap, the tree's levels, or a dynamic
         tree's best path."""
@@ -383,7 +388,7 @@ class TreeSpeculation(SingleStart):
 
     def may_draft(self, ctx: RunState) -> bool:
         budget = ctx.remaining - 1
-        levels = list(self.cfg.k_config[:budget]) if not self.cfg.chain_control else None
+        levels = self._levels(budget)
         if budget < 1 or levels == []:
             return False
         return not self.controller.plans or self.controller.can_draft(self._shape(budget, levels))
