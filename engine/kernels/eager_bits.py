@@ -9,9 +9,11 @@ the 18 held-out prompts (docs/benchmarks.md, "Compiled steps with the eager bits
 
 :func:`keep_eager_bits` gives a model's RMSNorm modules and its rotary embedding a forward
 that, only while torch.compile traces it, calls the op ``specviz::rmsnorm`` /
-``specviz::rotary``: opaque to inductor, each computes the stock module's formula with the
-same ATen operations in the same order (their C++ kernels in engine/kernels/ops.cpp, loaded with
-qmm.native_op; their Python kernels below are the same formula). Eagerly the modules run their
+``specviz::rotary``: opaque to inductor, each computes the stock module's formula in the same
+order with the same roundings (their C++ kernels in engine/kernels/ops.cpp, loaded with
+qmm.native_op: the RMSNorm's mean of squares by ATen and the rest in one fp32 loop, each of
+whose operations rounds once as ATen's does; their Python kernels below are the same ATen
+operations). Eagerly the modules run their
 stock forward unchanged. With qmm's products and rowattn's attention (opaque already), a
 compiled step of a packed target then gives every token the eager step's bits, so a compiled
 run's tokens equal ``generate()``'s (tests/model/test_compiled_kv.py).

@@ -1,8 +1,8 @@
 // The CPU kernels in C++ of the ops a compiled step calls (engine/kernels/qmm.py `native_op`):
 // specviz::qmm (qmm.c's product) and specviz::rowattn (rowattn.c's attention), both linked
 // into this library and built with their libraries' own flags (the same bits), and
-// specviz::rmsnorm / specviz::rotary (engine/kernels/eager_bits.py: the stock modules' ATen
-// operations, so a compiled step rounds as an eager one). Torch's
+// specviz::rmsnorm / specviz::rotary (engine/kernels/eager_bits.py: the stock modules' formulas
+// with ATen's roundings, so a compiled step rounds as an eager one). Torch's
 // dispatcher reaches them without Python, where the ops' Python kernels pass a Python
 // function, its checks and a ctypes call: for qmm about 12 % of a compiled one-row step on an
 // AVX512 Xeon (docs/benchmarks.md, "The op's kernel in C++"), for rowattn's 30 calls a step
@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstdint>
 
 extern "C" {
@@ -88,9 +89,29 @@ static at::Tensor rowattn_cpu(const at::Tensor &query, const at::Tensor &key,
     return out;
 }
 
-// eager_bits.py `rmsnorm` without Python: the stock RMSNorm's ATen operations in its order, so
-// a compiled step's norms round as the eager step's (inductor's fused mean does not)
+// eager_bits.py `rmsnorm` without Python: the stock RMSNorm's formula in its order, so a compiled
+// step's norms round as the eager step's (inductor's fused mean does not). For fp32 contiguous
+// input (a step's norms) the mean of squares is ATen's (its reduction order is what inductor
+// changes) and the rest one loop whose every operation rounds once in fp32 as ATen's does
+// (var + (float)eps, a correctly rounded sqrt and divide for rsqrt, the two products in the
+// stock order): ATen's bits in 2 ATen calls instead of 7 (tests/model/test_eager_bits.py)
 static at::Tensor rmsnorm_cpu(const at::Tensor &x, const at::Tensor &weight, double eps) {
+    const int64_t d = x.dim() ? x.size(-1) : 0;
+    if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.is_cpu() &&
+        weight.is_cpu() && x.is_contiguous() && weight.is_contiguous() && weight.dim() == 1 &&
+        weight.size(0) == d && d > 0) {
+        const at::Tensor variance = x.pow(2).mean(-1, /*keepdim=*/true).contiguous();  // (..., 1)
+        at::Tensor out = at::empty_like(x);
+        const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>(),
+                    *vp = variance.data_ptr<float>();
+        float *op = out.data_ptr<float>();
+        const float e = static_cast<float>(eps);  // ATen adds a double scalar in fp32
+        for (int64_t r = 0, rows = x.numel() / d; r < rows; r++) {
+            const float s = 1.0f / std::sqrt(vp[r] + e);  // rsqrt: correctly rounded sqrt, divide
+            for (int64_t i = 0; i < d; i++) op[r * d + i] = wp[i] * (xp[r * d + i] * s);
+        }
+        return out;
+    }
     at::Tensor h = x.to(at::kFloat);
     const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
     h = h * at::rsqrt(variance + eps);

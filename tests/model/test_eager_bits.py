@@ -42,6 +42,32 @@ def test_the_ops_give_the_stock_modules_bits(family):
             assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 4, 576), (3, 2, 576), (2, 5, 96)])
+def test_the_rmsnorm_ops_one_loop_gives_the_stock_bits_at_every_scale(shape):
+    """The C++ kernel's fp32 loop (ATen's mean of squares, then one rounding an operation):
+    rows from 1e-30 to 1e30 in size, a row of zeros, odd weights, an epsilon that is not an
+    fp32 number; a transposed input (the general path) too."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    qmm.load_op()
+    gen = torch.Generator().manual_seed(1)
+    d = shape[-1]
+    for eps in (1e-5, 1e-6, 0.1):
+        norm = LlamaRMSNorm(d, eps=eps)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(d, generator=gen) * 3)
+            for scale in (1e-30, 1e-6, 1.0, 37.0, 1e15, 1e30):
+                x = torch.randn(shape, generator=gen) * scale  # (W, q, d)
+                x[0, 0, : d // 2] *= 1e-3  # a row with two magnitudes
+                if shape[1] > 1:
+                    x[0, 1] = 0.0  # a row of zeros: rsqrt(eps)
+                got = torch.ops.specviz.rmsnorm(x, norm.weight, norm.variance_epsilon)
+                assert torch.equal(got, norm(x)), (eps, scale)
+            xt = torch.randn(d, shape[1], generator=gen).T.unsqueeze(0)  # non-contiguous
+            assert torch.equal(torch.ops.specviz.rmsnorm(xt, norm.weight, norm.variance_epsilon),
+                               norm(xt))
+
+
 def test_the_cpp_kernels_are_the_ones_called_once_loaded():
     if qmm.native_op() is None:
         pytest.fail("the ops' C++ kernels did not build here (a C++ compiler is part of "
