@@ -13,10 +13,10 @@ that, only while torch.compile traces it, calls the op ``specviz::rmsnorm`` /
 order with the same roundings (their C++ kernels in engine/kernels/ops.cpp, loaded with
 qmm.native_op: the RMSNorm's mean of squares by ATen and the rest in one fp32 loop, each of
 whose operations rounds once as ATen's does; their Python kernels below are the same ATen
-operations). Eagerly the modules run their
-stock forward unchanged. With qmm's products and rowattn's attention (opaque already), a
-compiled step of a packed target then gives every token the eager step's bits, so a compiled
-run's tokens equal ``generate()``'s (tests/model/test_compiled_kv.py).
+operations). Eagerly the modules run their stock forward unchanged. With qmm's products and
+rowattn's attention (opaque already), a compiled step of a packed target then gives every token
+the eager step's bits, so a compiled run's tokens equal ``generate()``'s
+(tests/model/test_compiled_kv.py).
 
 Applied by :class:`~engine.execution.cached_model.CachedModel` to a packed model on the compiled
 path; the classes are swapped in place (a subclass of each stock class, made once per class),

@@ -49,7 +49,8 @@ def test_the_rmsnorm_ops_one_loop_gives_the_stock_bits_at_every_scale(shape):
     fp32 number; a transposed input (the general path) too."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    qmm.load_op()
+    assert qmm.native_op() is not None, "the ops' C++ kernels did not build here"
+    qmm.load_op()  # the C++ kernels answer from here on (the Python ones are ATen's own ops)
     gen = torch.Generator().manual_seed(1)
     d = shape[-1]
     for eps in (1e-5, 1e-6, 0.1):
