@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SPECVIZ_THREADS", "1")
 # a tune stored on this machine never changes what the tests run (engine.run.tuned)
 os.environ["SPECVIZ_TUNED"] = tempfile.mkdtemp(prefix="specviz-tuned-")
+# nor do cost profiles stored by earlier runs: every test's switch measures its own
+# (engine.run.profile_store; tests/unit/test_profile_store.py turns the store on)
+os.environ["SPECVIZ_PROFILES"] = "off"
 torch.set_num_threads(1)
 
 

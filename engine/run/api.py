@@ -87,8 +87,9 @@ def projected_profile(method: str, width: int):
 
 
 def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: str):
-    """The cost profile a run's switch plans with: measured on this machine (once per
-    process and setting, engine.run.profile) or a stored one."""
+    """The cost profile a run's switch plans with: measured on this machine (once per pair
+    and setting, or read from the machine class's kept measurements: engine.run.profile) or
+    a stored one."""
     width = METHODS[method].cache_rows(full)
     if name != profile.MEASURED:
         return profile.stored(name, method, width)

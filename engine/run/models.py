@@ -42,6 +42,7 @@ from engine.run.specs import (
     ModelSpec,
     default_draft,
     is_drafter,
+    pair_key,
     parse_model_spec,
 )
 from engine.run.tuned import Tuned, tuned_settings
@@ -366,9 +367,10 @@ ProfileKey = tuple[str, int, tuple[tuple[str, str], ...]]  # (method, width, its
 
 @dataclass
 class Calibration:
-    """What is measured about a loaded pair on this machine, kept with the pair (and nowhere
-    else: a fresh pair measures afresh), each entry measured once and then read back. Empty
-    until a run or a tool needs it."""
+    """What is measured about a loaded pair on this machine, kept with the pair, each entry
+    measured once and then read back (a fresh pair measures afresh, except the cost
+    switch's profiles of a pair loaded from specs, also kept per machine class on disk:
+    engine.run.profile_store). Empty until a run or a tool needs it."""
 
     # width W -> seconds of one plain target step (the cost model's unit), from the pair's
     # latest plain run or a calibration decode (engine.run.api.plain_step_s)
@@ -401,6 +403,11 @@ class ModelPair:
     # drafters a method builds over this target for its runs, by kind (eesd's early exits:
     # engine.methods.eesd.drafter_for), kept with the pair so later runs reuse them
     exit_drafters: dict[str, Drafter] = field(default_factory=dict)
+    # the (target, draft) specs' identity (engine.run.specs.pair_key) of a pair loaded from
+    # spec strings, what names its weights on disk; None for model objects or a drafter's
+    # own layer count (early_exit_layers). The stored cost profiles' key
+    # (engine.run.profile_store)
+    key: tuple | None = None
 
     @property
     def device_name(self) -> str:
@@ -458,8 +465,9 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
         target = default_target(device if requested_map(device_map) is None else "cuda")
     if draft is None and isinstance(target, str) and early_exit_layers is None:
         draft = default_draft(target)
-    tuned = tuned_settings(target, draft) if isinstance(target, str) and (
-        draft is None or isinstance(draft, str)) else {}
+    specs = isinstance(target, str) and (draft is None or isinstance(draft, str))
+    tuned = tuned_settings(target, draft) if specs else {}
+    key = _spec_key(target, draft) if specs and early_exit_layers is None else None
     if draft is None or isinstance(draft, str):
         draft = parse_model_spec(draft, draft=True)
     _quiet_transformers()
@@ -483,7 +491,15 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
         for runner in (CachedModel(tmodel), drafter.runner()):
             if isinstance(runner, CachedModel):
                 warm_steps(runner)
-    return ModelPair(tmodel, drafter, tok or dtok, dev, tname, drafter.name, tuned)
+    return ModelPair(tmodel, drafter, tok or dtok, dev, tname, drafter.name, tuned, key=key)
+
+
+def _spec_key(target: str, draft: str | None) -> tuple | None:
+    """pair_key of the specs, None where one does not parse (loading says why)."""
+    try:
+        return pair_key(target.strip() or DEFAULT_TARGET, (draft or "").strip())
+    except (ConfigError, OSError, RuntimeError, ValueError):
+        return None
 
 
 def _drafter(over: LoadContext, draft) -> tuple[Drafter, object | None]:

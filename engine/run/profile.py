@@ -3,7 +3,9 @@ machine, or stored (a GPU's figures, for projections and for runs that decide as
 would).
 
 ``measured``: once per pair and (method, width, drafting settings), kept in the pair's
-``calibration`` (engine.run.models.Calibration: ``verify`` and ``profiles``), in units of
+``calibration`` (engine.run.models.Calibration: ``verify`` and ``profiles``) and, for a pair
+loaded from specs, on disk for the machine class (engine.run.profile_store: a run plans with
+the median of the kept measurements, and measures none once KEEP are kept), in units of
 one plain round P of the engine at that width (its forward, verify and commit):
 
 - the target's forward over a row's position plus n drafted nodes per row (a chain under tree
@@ -38,7 +40,9 @@ from engine.control.cost import CostProfile
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.paths import ASSETS
+from engine.execution import static_kv
 from engine.execution.cached_model import CachedModel
+from engine.run import profile_store
 from engine.run.costs import NOT_DRAFTED
 
 VERIFY_NODES = (0, 1, 2, 3, 4, 6, 8, 12, 16)
@@ -157,16 +161,33 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms). The decode runs
     twice and the first is thrown away: a cold first decode's rounds shrank from 2.9 P to
     1.4 P over its first ten rounds, pricing every drafted round too high. Measured once per
-    pair and key: ``pair.calibration.profiles``."""
+    pair and key (``pair.calibration.profiles``), and not at all where the machine class's
+    store keeps KEEP measurements of the entry: their elementwise median is the profile (a
+    fresh measurement joins the kept ones first; engine.run.profile_store)."""
     key = (method, width, tuple(sorted((k, repr(v)) for k, v in params.items())))
     memo = pair.calibration.profiles
-    if key not in memo:
+    if key in memo:
+        return memo[key]
+    mode = CachedModel(pair.target).mode
+    draft = pair.drafter.model
+    draft_mode = static_kv.kv_mode(pair.device, draft) if draft is not None else ""
+    stored_key = profile_store.entry_key(pair, mode, draft_mode, method, width, params)
+    dev = str(pair.device)
+    kept = [p for p in (profile_store.load(stored_key, dev) if stored_key else [])
+            if tuple(n for n, _ in p.verify) == VERIFY_NODES]
+    if len(kept) < profile_store.KEEP:
         base, ratios = verify_points(pair, width)
         decode()  # warm-up: a process's first drafted rounds ran up to 2x the later ones'
         plain = plain_s()
         rounds = decode()[1:]
-        memo[key] = round_costs(base, ratios, plain, rounds,
-                                f"{pair.device.type}, {torch.get_num_threads()} thread(s)")
+        fresh = round_costs(base, ratios, plain, rounds,
+                            f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
+                            f"{mode} steps")
+        kept = kept + [fresh]
+        if stored_key and not (mode == "compiled" and static_kv.POLICY.deferred):  # a
+            # deferring thread (the app's) runs the shapes not compiled yet on the static path
+            kept = profile_store.add(stored_key, fresh, dev)
+    memo[key] = profile_store.median(kept)
     return memo[key]
 
 
