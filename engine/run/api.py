@@ -168,6 +168,7 @@ class Run:
 
     def _finish(self) -> None:
         self.done = True
+        self._steps.close()  # the round loop's buffers back to the pool (engine.run.loop)
         spec = METHODS[self.method]
         plain, width = not spec.uses_draft, spec.width(self.params)
         cost = costs.cost_model(self._rounds, width, plain,

@@ -117,13 +117,17 @@ class Decoder:
             # first draft after plain rounds the cost switch planned knows them (a method
             # that never plans a plain round starts its drafter at its first propose; one
             # whose switch plans plain for good never starts it)
-        while not self.done:
-            yield self._round()
-            ctx.round_index += 1
-        # the run is over: buffers back to the pool
-        for runner in (ctx.target, ctx.draft_if_started):
-            if runner is not None:
-                runner.close()
+        try:
+            while not self.done:
+                yield self._round()
+                ctx.round_index += 1
+        finally:  # the run is over, or its Run closed this generator (engine.run.api):
+            # buffers back to the pool now, not when the cyclic collector frees the runners
+            # (a run started before that leased a fresh set, whose compiled shapes were
+            # not made yet)
+            for runner in (ctx.target, ctx.draft_if_started):
+                if runner is not None:
+                    runner.close()
 
     def _round(self) -> RoundTrace:
         ctx, dev = self.ctx, self.ctx.target.device

@@ -280,3 +280,26 @@ def test_the_cost_switchs_calibration_leaves_the_pooled_steps_usable_by_later_ru
         assert any(r.switch is not None for r in trace.rounds)
     plain = engine.generate(pair, prompt, method, max_new_tokens=12)
     assert list(plain.token_ids) == list(trace.token_ids)
+
+
+@pytest.mark.parametrize("how", ["generate", "cancel"])
+def test_a_finished_or_cancelled_run_gives_its_buffers_back_at_once(kv, how):
+    """The round loop's KV sets go back to the pool when its Run ends, not when the cyclic
+    collector frees the runners: a run started right after leases the same set (with its
+    compiled or captured steps) instead of a fresh one."""
+    import gc
+
+    pair = tiny_pair(draft="feature")
+    gc.disable()  # nothing collected behind the test's back
+    try:
+        for _ in range(2):
+            if how == "generate":
+                engine.generate(pair, [3, 4, 5, 6], "sd", max_new_tokens=12, gamma=2)
+            else:
+                run = engine.start(pair, [3, 4, 5, 6], "sd", max_new_tokens=12, gamma=2)
+                next(run)
+                run.cancel()
+            sets = static_kv.pool_sets(pair.target)
+            assert len(sets) == 1 and not sets[0].busy
+    finally:
+        gc.enable()
