@@ -114,6 +114,15 @@ class CompilePolicy:
         self._local.deferred = value
         qmm.BUILDS.here = not value
 
+    @property
+    def deferrals(self) -> int:
+        """Steps this thread ran static because their compiled shape was not made yet (a
+        timing taken across one is not the compiled path's: engine.run.profile)."""
+        return getattr(self._local, "deferrals", 0)
+
+    def count_deferral(self) -> None:
+        self._local.deferrals = self.deferrals + 1
+
 
 POLICY = CompilePolicy()
 
@@ -347,6 +356,7 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
                    compiled, view)
     if compiled and b is not None and key not in kv.graphs and POLICY.deferred:
         kv.wanted.add(key)  # compiled later, in the process's idle time
+        POLICY.count_deferral()
         b = None
     graph = _graph(kv, forward, inputs, W, b, compiled, view) if b is not None else None
     if graph is None:

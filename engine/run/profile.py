@@ -90,15 +90,20 @@ def stored(name: str, method: str, width: int) -> CostProfile:
 
 def verify_points(pair, width: int) -> tuple[float, tuple[tuple[int, float], ...]]:
     """(seconds of a plain forward, (n, c_verify(n)) points) on this machine for the pair's
-    target at width W (measured once per pair: ``pair.calibration.verify``); the ratios are
-    non-decreasing in n and at least 1."""
+    target at width W (measured once per pair: ``pair.calibration.verify``, unless a step
+    ran static for want of its compiled shape); the ratios are non-decreasing in n and at
+    least 1."""
     memo = pair.calibration.verify
-    if width not in memo:
-        seconds = _forward_s(pair.target, pair.vocab_size, width, VERIFY_NODES)
-        base = seconds[0]
-        ratios = tuple((n, round(seconds[n] / base, 4)) for n in VERIFY_NODES)
-        memo[width] = (base, _non_decreasing(ratios))
-    return memo[width]
+    if width in memo:
+        return memo[width]
+    deferrals = static_kv.POLICY.deferrals
+    seconds = _forward_s(pair.target, pair.vocab_size, width, VERIFY_NODES)
+    base = seconds[0]
+    points = (base, _non_decreasing(tuple((n, round(seconds[n] / base, 4))
+                                          for n in VERIFY_NODES)))
+    if static_kv.POLICY.deferrals == deferrals:  # not kept where a step ran static for want
+        memo[width] = points  # of its compiled shape (the app's thread, during its warm-up)
+    return points
 
 
 def _non_decreasing(points: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
@@ -176,6 +181,7 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     kept = [p for p in (profile_store.load(stored_key, dev) if stored_key else [])
             if tuple(n for n, _ in p.verify) == VERIFY_NODES]
     if len(kept) < profile_store.KEEP:
+        deferrals = static_kv.POLICY.deferrals
         base, ratios = verify_points(pair, width)
         decode()  # warm-up: a process's first drafted rounds ran up to 2x the later ones'
         plain = plain_s()
@@ -184,8 +190,8 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
                             f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
                             f"{mode} steps")
         kept = kept + [fresh]
-        if stored_key and not (mode == "compiled" and static_kv.POLICY.deferred):  # a
-            # deferring thread (the app's) runs the shapes not compiled yet on the static path
+        if stored_key and static_kv.POLICY.deferrals == deferrals:  # kept unless a step ran
+            # static for want of its compiled shape (the app's thread defers compiles)
             kept = profile_store.add(stored_key, fresh, dev)
     memo[key] = profile_store.median(kept)
     return memo[key]

@@ -93,7 +93,7 @@ def test_another_setting_width_or_thread_count_is_its_own_entry(store, timings, 
     assert len(json.loads(path.read_text())["entries"]) == 4
 
 
-def test_model_objects_the_store_off_and_a_deferring_thread_store_nothing(store, timings,
+def test_model_objects_the_store_off_and_a_deferred_step_store_nothing(store, timings,
                                                                           monkeypatch):
     from tests.conftest import tiny_pair
 
@@ -103,21 +103,37 @@ def test_model_objects_the_store_off_and_a_deferring_thread_store_nothing(store,
     _measure(pair, decode)
     assert not any(store.iterdir())
     spec_pair = engine.load_pair(TINY, "", device="cpu")
-    monkeypatch.setattr(static_kv.POLICY._local, "deferred", True, raising=False)
-    monkeypatch.setenv("SPECVIZ_KV", "compiled")
-    _measure(spec_pair, decode)  # measured and used, not stored
+
+    def deferring_decode():  # a step ran static for want of its compiled shape
+        static_kv.POLICY.count_deferral()
+        return decode()
+
+    _measure(spec_pair, deferring_decode)  # measured and used, not stored
     assert not any(f.suffix == ".json" for f in store.iterdir()) and calls["forwards"] == 2
     monkeypatch.setenv("SPECVIZ_PROFILES", "off")
-    monkeypatch.delenv("SPECVIZ_KV")
     spec_pair.calibration.profiles.clear()
-    spec_pair.calibration.verify.clear()
-    _measure(spec_pair, decode)
-    assert not any(f.suffix == ".json" for f in store.iterdir()) and calls["forwards"] == 3
-    monkeypatch.setenv("SPECVIZ_PROFILES", str(store))  # on the dynamic path the deferring
-    spec_pair.calibration.profiles.clear()  # thread stores: it compiles nothing
-    spec_pair.calibration.verify.clear()
-    _measure(spec_pair, decode)
-    assert any(f.suffix == ".json" for f in store.iterdir()) and calls["forwards"] == 4
+    _measure(spec_pair, decode)  # (its verify points read back: no deferral in their forwards)
+    assert not any(f.suffix == ".json" for f in store.iterdir()) and calls["decodes"] == 6
+    monkeypatch.setenv("SPECVIZ_PROFILES", str(store))
+    spec_pair.calibration.profiles.clear()
+    _measure(spec_pair, decode)  # no deferral: stored
+    assert any(f.suffix == ".json" for f in store.iterdir()) and calls["decodes"] == 8
+
+
+def test_verify_points_timed_across_a_deferral_are_not_kept(monkeypatch):
+    from tests.conftest import tiny_pair
+
+    def forward_s(target, vocab, width, counts):
+        static_kv.POLICY.count_deferral()
+        return {n: 0.01 * (1 + n) for n in counts}
+
+    monkeypatch.setattr(profile, "_forward_s", forward_s)
+    pair = tiny_pair()
+    profile.verify_points(pair, 1)
+    assert pair.calibration.verify == {}
+    monkeypatch.setattr(profile, "_forward_s", lambda t, v, w, c: {n: 0.01 for n in c})
+    points = profile.verify_points(pair, 1)
+    assert pair.calibration.verify == {1: points}
 
 
 def test_a_changed_engine_starts_a_new_file_and_a_damaged_one_is_measured_afresh(
