@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import statistics
 import time
 from dataclasses import replace
@@ -51,6 +52,7 @@ REPEATS = 7  # timed forwards per node count (3 swung c_verify(4) from 1.26 to 1
 PROFILES_FILE = ASSETS / "cost_profiles.json"
 MEASURED = "measured"
 
+LOG = logging.getLogger(__name__)
 _EXTRA: dict[str, CostProfile] = {}  # profiles registered in this process (tests, tools)
 
 
@@ -190,9 +192,13 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
                             f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
                             f"{mode} steps")
         kept = kept + [fresh]
-        if stored_key and static_kv.POLICY.deferrals == deferrals:  # kept unless a step ran
-            # static for want of its compiled shape (the app's thread defers compiles)
+        deferred = static_kv.POLICY.deferrals - deferrals
+        if stored_key and not deferred:  # kept unless a step ran static for want of its
+            # compiled shape (the app's thread defers compiles)
             kept = profile_store.add(stored_key, fresh, dev)
+        elif stored_key:
+            LOG.info("the %s cost profile was measured across %d steps whose compiled shape "
+                     "was not made yet: used, not kept", method, deferred)
     memo[key] = profile_store.median(kept)
     return memo[key]
 
