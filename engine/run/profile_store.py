@@ -40,6 +40,7 @@ import torch
 
 from engine.control.cost import CostProfile
 from engine.core.paths import ROOT, cache_root
+from engine.execution.placement import is_placed
 
 try:
     import fcntl
@@ -48,10 +49,10 @@ except ImportError:  # not POSIX: no lock between processes (a rare lost entry a
 
 LOG = logging.getLogger(__name__)
 KEEP = 3  # measurements an entry keeps; with KEEP stored a process measures no more
+# the flags that set a kernel's speed, fastest first: the first present names the class
+# (an AVX512 and an AVX2 host differ 2x on the same file)
 ISA = ("amx_tile", "avx512_vnni", "avx512f", "avx_vnni", "avx2", "sve2", "sve", "i8mm",
-       "asimddp", "asimd")  # what sets a
-# kernel's speed among the flags (the first present names the class; AVX512 and AVX2 hosts
-# differ 2x on the same file)
+       "asimddp", "asimd")
 
 
 def store_dir() -> Path | None:
@@ -114,8 +115,6 @@ def entry_key(pair, kv: str, draft_kv: str, method: str, width: int,
     torch's threads, the method, width and settings. None for a pair built from model
     objects (no spec names its weights), a placed one (its weights move at every forward)
     or with the store off."""
-    from engine.execution.placement import is_placed
-
     if getattr(pair, "key", None) is None or store_dir() is None or is_placed(pair.target):
         return None
     dtype = next(pair.target.parameters()).dtype
