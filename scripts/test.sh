@@ -3,9 +3,9 @@
 # time: the chi-square laws of the one-layer pair, of eesd, of the n-gram, feature and suffix
 # drafters and of a packed target, the compiled path's tests and the beam methods, in one;
 # everything else (unit, the hybrid drafter, the other model tests and laws, Check, the
-# embedded model, the UI, the browser, the simulated Space) in the other (1,265 s and 1,198 s
-# from a fresh clone, AMD EPYC Zen 4, 2026-12-03). Arguments go to both (e.g. -x). Exit code
-# is non-zero if either fails.
+# embedded model, the UI, the browser, the simulated Space) in the other (1,303 s and 1,319 s
+# from a fresh clone, AMD EPYC Zen 4, 2026-12-03, 24.6 min with set-up). Arguments go to both
+# (e.g. -x). Exit code is non-zero if either fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p artifacts

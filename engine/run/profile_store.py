@@ -115,7 +115,7 @@ def entry_key(pair, kv: str, draft_kv: str, method: str, width: int,
     torch's threads, the method, width and settings. None for a pair built from model
     objects (no spec names its weights), a placed one (its weights move at every forward)
     or with the store off."""
-    if getattr(pair, "key", None) is None or store_dir() is None or is_placed(pair.target):
+    if pair.key is None or store_dir() is None or is_placed(pair.target):
         return None
     dtype = next(pair.target.parameters()).dtype
     sizes = [sum(p.numel() for p in m.parameters()) if m is not None else 0
@@ -174,6 +174,8 @@ def load(key: str, device: str = "cpu") -> list[CostProfile]:
     """The measurements stored for an entry, oldest first ([] where the store cannot be
     read: one log line, the process measures its own)."""
     path = _path(device)
+    if not path.is_file():
+        return []  # nothing kept yet (and no folder or lock made for a read)
     try:
         with _locked(path):
             return [p for _, p in _rows(_read(path, device), key)]

@@ -98,6 +98,8 @@ def test_model_objects_the_store_off_and_a_deferred_step_store_nothing(store, ti
     from tests.conftest import tiny_pair
 
     calls, decode = timings
+    assert profile_store.load("any entry") == [] and not any(store.iterdir())  # a read of an
+    # empty store makes no file
     pair = tiny_pair()
     assert pair.key is None
     _measure(pair, decode)
@@ -171,4 +173,4 @@ def test_a_damaged_row_is_dropped_and_an_unwritable_store_leaves_the_run_measuri
     monkeypatch.setenv("SPECVIZ_PROFILES", str(blocker / "profiles"))  # under a file
     prof = _measure(engine.load_pair(TINY, "", device="cpu"), decode)
     assert prof.c_verify(1) == 1.1 and calls["forwards"] == 2  # its own measurement
-    assert "not read" in caplog.text and "not stored" in caplog.text
+    assert "not stored" in caplog.text
