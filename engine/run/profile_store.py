@@ -12,9 +12,9 @@ for a seed, and a restarted app's first Runs skip the calibration.
 An entry's key is the pair's spec identity (engine.run.specs.pair_key) and model sizes, its
 device and dtype, the target's and the drafter's KV paths (dynamic, compiled, ...), torch's
 thread count, the method, its width and its drafting settings. A file is named by the
-machine class (:func:`machine`: the CPU's identity and vector extension; a GPU's name) and
-the engine's code version (:func:`code_version`): a changed engine, torch or transformers
-starts a new file, as a changed kernel changes every cost. Kept measurements are not
+machine class (engine.core.machine: the CPU's identity and vector extension; a GPU's name)
+and the engine's code version: a changed engine, torch or transformers starts a new file, as
+a changed kernel changes every cost. Kept measurements are not
 refreshed: delete the folder to measure afresh (e.g. after they were taken on a loaded
 machine).
 
@@ -24,12 +24,10 @@ machine).
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import logging
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -39,7 +37,8 @@ from typing import Any, Iterator
 import torch
 
 from engine.control.cost import CostProfile
-from engine.core.paths import ROOT, cache_root
+from engine.core.machine import code_version, machine
+from engine.core.paths import cache_root
 from engine.execution.placement import is_placed
 
 try:
@@ -49,10 +48,6 @@ except ImportError:  # not POSIX: no lock between processes (a rare lost entry a
 
 LOG = logging.getLogger(__name__)
 KEEP = 3  # measurements an entry keeps; with KEEP stored a process measures no more
-# the flags that set a kernel's speed, fastest first: the first present names the class
-# (an AVX512 and an AVX2 host differ 2x on the same file)
-ISA = ("amx_tile", "avx512_vnni", "avx512f", "avx_vnni", "avx2", "sve2", "sve", "i8mm",
-       "asimddp", "asimd")
 
 
 def store_dir() -> Path | None:
@@ -62,50 +57,6 @@ def store_dir() -> Path | None:
     if env.lower() in ("off", "0"):
         return None
     return Path(env) if env else cache_root() / "cost-profiles"
-
-
-CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name",  # x86
-              "CPU implementer", "CPU part", "CPU variant")  # Arm
-
-
-@functools.lru_cache(maxsize=8)
-def machine(device: str = "cpu") -> str:
-    """The machine class a profile holds for: a GPU's name, or the CPU's identity (x86:
-    vendor, family, model, model name; Arm: implementer, part, variant) and its fastest
-    vector extension, from Linux's /proc/cpuinfo (elsewhere the platform's processor
-    string)."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return f"cuda: {torch.cuda.get_device_name(dev)}"
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            name = name.strip()
-            if name in (*CPU_FIELDS, "flags", "Features"):
-                fields.setdefault(name, value.strip())
-            if not line.strip() and fields:
-                break  # the first processor's block
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    isa = next((f for f in ISA if f in flags), "")
-    parts = [fields.get(f, "") for f in CPU_FIELDS] + [isa or platform.machine()]
-    if not any(fields.get(f) for f in CPU_FIELDS):
-        parts.insert(0, platform.processor())
-    return "cpu: " + " / ".join(p for p in parts if p)
-
-
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """A digest of the engine's sources (Python, C, C++) and torch's and transformers'
-    versions: what a measured cost depends on besides the machine."""
-    import transformers
-
-    h = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
-    for path in sorted((ROOT / "engine").rglob("*")):
-        if path.suffix in (".py", ".c", ".cpp") and path.is_file():
-            h.update(path.relative_to(ROOT).as_posix().encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def entry_key(pair, kv: str, draft_kv: str, method: str, width: int,
