@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -17,6 +19,11 @@ os.environ["SPECVIZ_TUNED"] = tempfile.mkdtemp(prefix="specviz-tuned-")
 # nor do cost profiles stored by earlier runs: every test's switch measures its own
 # (engine.run.profile_store; tests/unit/test_profile_store.py turns the store on)
 os.environ["SPECVIZ_PROFILES"] = "off"
+# compiled steps start from an empty store of this process's own: a test compiles each step
+# shape once and later tests load it, never a step stored by an earlier run
+# (engine.execution.step_store; tests/model/test_step_store.py)
+os.environ["SPECVIZ_STEPS"] = tempfile.mkdtemp(prefix="specviz-steps-")
+atexit.register(shutil.rmtree, os.environ["SPECVIZ_STEPS"], True)  # ~4 MB a step
 torch.set_num_threads(1)
 
 

@@ -312,9 +312,8 @@ class CachedModel:
         if self.kv.cache.written + q > self.kv.slots - static_kv.SPARE_SLOTS or W > self.kv.rows:
             self._grow(W, self.kv.cache.written + q)
         call = own_decoder_call(self.model.model) if self.mode == "compiled" else decoder_call
-        step = functools.partial(call, self.model.model,
-                                 cache_kwarg(self.model.model, self.kv.cache))  # holds no
-        # runner: a captured step outlives this run in the pool
+        step = static_kv.DecoderStep(call, self.model.model,
+                                     cache_kwarg(self.model.model, self.kv.cache))
         out, path = static_kv.run_step(self.kv, step, inputs, mask, pos,
                                        captured=self.mode == "captured",
                                        compiled=self.mode == "compiled",

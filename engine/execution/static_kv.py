@@ -20,24 +20,24 @@ measured rule):
   of run eagerly; longer forwards (a prompt) run on the static path. Fused, the small
   operations of a stock decoder shrink; they are most of a small model's CPU step once its
   weights are packed (docs/benchmarks.md, "Compiled steps on the CPU"). A shape compiles in
-  about a minute on one thread the first time on a machine (inductor keeps its work on disk
-  for later processes), so the mode is chosen (``SPECVIZ_KV=compiled``), never the default,
-  and a model fed embeddings (a feature drafter) runs it static. A packed target's compiled
-  step multiplies through qmm's op and attends through rowattn's, both opaque to inductor, and
-  what inductor fuses around them stays within one token's row, so a token's bits do not depend
-  on the step's shape; its RMSNorms and rotary cos / sin are traced as ops too
-  (:mod:`engine.kernels.eager_bits`), so what inductor still fuses rounds as eager does and a
-  compiled step gives every token the eager step's bits (tests/model/test_compiled_kv.py);
-  a packed model at 8-bit activations
-  whose attention is not rowattn's (the kernel does not build, or the model is not on sdpa)
-  runs static, as the traced attention's float order would flip its roundings. A compiled
-  step attends
-  a view of the buffer, the first :func:`view_for` slots (a power of two from
-  COMPILED_MIN_VIEW that holds the row's real slots): a shape is (rows, bucket, view), and
-  attention's cost follows the run's length, not the buffer's, and runs of most lengths share
-  one buffer size and so their compiled shapes. For an unpacked model fused kernels sum in
-  another order: results equal the eager path's up to float rounding, as the captured path's
-  do. On CUDA it is the captured path.
+  20 s to a minute on one thread the first time on a machine; the step store
+  (:mod:`engine.execution.step_store`) keeps the compiled step on disk and a later process
+  loads it in well under a second. The mode is chosen (``SPECVIZ_KV=compiled``, or the app's
+  ``POLICY.packed``), never the CLI's default, and a model fed embeddings (a feature drafter)
+  runs it static. A packed target's compiled step multiplies through qmm's op and attends
+  through rowattn's, both opaque to inductor, and what inductor fuses around them stays within
+  one token's row, so a token's bits do not depend on the step's shape; its RMSNorms and
+  rotary cos / sin are traced as ops too (:mod:`engine.kernels.eager_bits`), so what inductor
+  still fuses rounds as eager does and a compiled step gives every token the eager step's bits
+  (tests/model/test_compiled_kv.py); a packed model at 8-bit activations whose attention is
+  not rowattn's (the kernel does not build, or the model is not on sdpa) runs static, as the
+  traced attention's float order would flip its roundings. A compiled step attends a view of
+  the buffer, the first :func:`view_for` slots (a power of two from COMPILED_MIN_VIEW that
+  holds the row's real slots): a shape is (rows, bucket, view), and attention's cost follows
+  the run's length, not the buffer's, and runs of most lengths share one buffer size and so
+  their compiled shapes. For an unpacked model fused kernels sum in another order: results
+  equal the eager path's up to float rounding, as the captured path's do. On CUDA it is the
+  captured path.
 
 The same 4D masks and position ids as the dynamic path (:func:`engine.core.forest.attention_inputs`)
 are used, padded with the dtype's minimum to the attended width. The results equal the
@@ -68,6 +68,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from engine.core.errors import ConfigError
+from engine.execution import step_store
 from engine.execution.placement import is_placed
 from engine.kernels import qmm
 from engine.kernels.packed4 import is_packed
@@ -454,10 +455,30 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
         cache.rows, cache.view, cache.slots = saved
 
 
+@dataclass(frozen=True, eq=False)
+class DecoderStep:
+    """A stock decoder's forward over a cache as a :data:`Forward`: ``call(decoder,
+    cache_kw, inputs)`` (cached_model's decoder_call, or its copy with a code object of the
+    decoder's own). It holds no runner: a compiled step outlives its run in the pool."""
+
+    call: Callable
+    decoder: torch.nn.Module
+    cache_kw: dict
+
+    def __call__(self, inputs: dict) -> torch.Tensor:
+        return self.call(self.decoder, self.cache_kw, inputs)  # (W, q, d)
+
+
+COMPILE_OPTIONS = {"size_asserts": False}  # no check of every input's and product's strides
+# at each call (about a thousand a step of the embedded model; the shapes are fixed)
+
+
 def _compile(forward: Forward, cache: SlotCache) -> Forward:
     """`forward` compiled by inductor for the static shapes of its first call (one compiled
-    function per step shape); the cache's buffers, written in place by every step, are
-    marked as fixed addresses."""
+    function per step shape), loaded from or saved to the step store
+    (:mod:`engine.execution.step_store`) where ``forward`` is a :class:`DecoderStep` and the
+    store is on; the cache's buffers, written in place by every step, are marked as fixed
+    addresses."""
     import torch._dynamo
 
     torch._dynamo.config.accumulated_recompile_limit = max(
@@ -467,13 +488,25 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     for layer in cache.layers:
         torch._dynamo.mark_static_address(layer.keys)
         torch._dynamo.mark_static_address(layer.values)
-    return torch.compile(forward, dynamic=False, fullgraph=True, options={  # fullgraph: a
-        # graph break would compile the model's inner frames on code objects every model
+    in_memory = torch.compile(forward, dynamic=False, fullgraph=True, options={  # fullgraph:
+        # a graph break would compile the model's inner frames on code objects every model
         # shares (cached_model.own_decoder_call separates the step's own), so it fails the
         # capture instead and the shape runs eager
         "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-        "size_asserts": False})  # no check of every input's and product's strides at each
-    # call (about a thousand a step of the embedded model; the shapes are fixed)
+        **COMPILE_OPTIONS})
+    if not isinstance(forward, DecoderStep):
+        return in_memory
+    chosen: list[Forward] = []
+
+    def step(inputs: dict) -> torch.Tensor:
+        if not chosen:  # the first call: the capture's, on its static inputs
+            stored = step_store.load_or_compile(
+                forward.call, forward.decoder, forward.cache_kw, cache, inputs, forward,
+                COMPILE_OPTIONS, exact=is_packed(forward.decoder))
+            chosen.append(stored or in_memory)
+        return chosen[0](inputs)
+
+    return step
 
 
 class _EagerReplay:
