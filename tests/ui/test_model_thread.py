@@ -183,12 +183,16 @@ def test_serving_compiled_steps_leaves_one_core_to_runs(monkeypatch):
     from specviz import warmup
 
     monkeypatch.setattr(static_kv.POLICY, "packed", False)
-    monkeypatch.setattr(inductor, "compile_threads", 8)
     monkeypatch.setattr(threads, "usable_cores", lambda: 2)
     monkeypatch.setattr(qmm, "library", lambda: object())
     monkeypatch.setenv("CXX", "c++")
-    assert warmup.serve_compiled()
-    assert static_kv.POLICY.packed and inductor.compile_threads == 1
+    saved = inductor.compile_threads  # not monkeypatch: its undo deletes a config entry,
+    inductor.compile_threads = 8  # and every later compile of the process then fails
+    try:
+        assert warmup.serve_compiled()
+        assert static_kv.POLICY.packed and inductor.compile_threads == 1
+    finally:
+        inductor.compile_threads = saved
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
