@@ -79,10 +79,13 @@ StepKey = tuple  # a step shape: (rows, bucket, input kind), compiled: + the att
 
 MODES = ("dynamic", "static", "captured", "compiled")
 COMPILED_MAX_TOKENS = 16  # fed tokens per row of a compiled step; more run static (eager)
-RECOMPILE_LIMIT = 256  # compiled step shapes per model (dynamo counts per code object, and
-# each model has its own: cached_model.own_decoder_call): rows x bucket x view x buffer size,
-# about 20 for one-row runs in a 1,024-slot buffer. Past it a new shape's capture fails and
-# that shape runs static (logged); dynamo's default, 8, would be reached by one run.
+RECOMPILE_LIMIT = 256  # step shapes compiled in memory (dynamo counts entries per code
+# object; a DecoderStep is called through dynamo's inline wrapper, so every model's entries
+# share one, told apart by a guard on the step's function: cached_model.own_decoder_call):
+# rows x bucket x view x buffer size, about 20 for one-row runs in a 1,024-slot buffer. Past
+# it a new shape's capture fails and that shape runs static (logged); dynamo's default, 8,
+# would be reached by one run. Steps loaded from or compiled for the step store are not
+# counted.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed tokens per row of a captured step; more runs eager
 MIN_SLOTS = 1024  # the smallest buffer (slots per row); larger ones are powers of two
 COMPILED_MIN_VIEW = 128  # the fewest slots a compiled step attends; more in powers of two
@@ -356,7 +359,8 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
     key = step_key(W, b, "inputs_embeds" if "inputs_embeds" in inputs else "input_ids",
                    compiled, view)
     if compiled and b is not None and key not in kv.graphs and POLICY.deferred:
-        kv.wanted.add(key)  # compiled later, in the process's idle time
+        kv.wanted.add(key)  # recorded only: nothing compiles it later (the
+        # warm-up makes the common shapes: cached_model.warming)
         POLICY.count_deferral()
         b = None
     graph = _graph(kv, forward, inputs, W, b, compiled, view) if b is not None else None

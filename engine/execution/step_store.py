@@ -10,22 +10,26 @@ saved; a later process loads it.
 
 A stored step checks no guards: its file's key holds what the trace specialised on: the
 machine class and the engine's code version (engine.core.machine), torch's thread count (the
-kernels' parallel regions), the decoder's architecture (:func:`model_key`: its class, config
-and attention implementation, every module's classes with their bases (eager_bits' swapped
-norms keep the stock names) and plain settings such as a packed linear's activation bits,
-every tensor's name, shape and dtype) and the step's shape (the
-inputs' names, shapes and dtypes, the cache's rows and attended view). Weights are read at
-each call, not baked in: a step compiled on one model runs another of the same architecture
+kernels' parallel regions) and the environment that changes inductor's code
+(``TORCHINDUCTOR_*``, ``ATEN_CPU_CAPABILITY``), the decoder's architecture (:func:`model_key`:
+its class, config and attention implementation, every module's classes with their bases
+(eager_bits' swapped norms keep the stock names) and plain settings such as a packed linear's
+activation bits, every tensor's name, shape and dtype), the step's shape (the inputs' names,
+shapes and dtypes, the KV buffers' shapes, strides and dtype, the cache's rows and attended
+view), grad and inference mode and the compile options. Weights are read at each call, not
+baked in: a step compiled on one model runs another of the same architecture
 (tests/model/test_step_store.py). Before a loaded step serves, it runs once beside the eager
-step on the capture's inputs and must give its bits (a packed model: the compiled path's
-claim) or agree to float rounding; otherwise the file is dropped and the shape compiled
-afresh (the check is what makes a key that missed a setting safe: a mutation test shows the
-wrong tokens without it). A file that cannot be read is compiled afresh; a step that cannot
-be compiled ahead of time, or a store that cannot be written: one log line, and the step is
-compiled in memory as before.
+step on seeded inputs of its shapes (:func:`probe`: distinct ids, positions and masks) and
+must give its bits (a packed model: the compiled path's claim) or agree to float rounding; a
+step that disagrees or raises is deleted and the shape compiled afresh (the check is what
+makes a key that missed a setting safe: a mutation test shows the wrong tokens without it).
+A file that cannot be read is compiled afresh; a step that cannot be compiled ahead of time:
+one log line, and it is compiled in memory (a second compile); a store that cannot be
+written: one log line, and the step serves unsaved.
 
-Steps are kept in one folder per machine class, engine version and thread count; a new
-folder drops all but the KEEP_FOLDERS - 1 most recently made others.
+Steps are kept in one folder per machine class, engine version, thread count and inductor
+environment; a new folder drops all but the KEEP_FOLDERS - 1 most recently made other step
+folders (nothing else in the store's folder).
 
 ``SPECVIZ_STEPS``: the folder ($SPECVIZ_CACHE/compiled-steps by default), or ``off``.
 """
@@ -37,6 +41,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +55,7 @@ LOG = logging.getLogger(__name__)
 SCALARS = (bool, int, float, str, type(None))
 KEEP_FOLDERS = 3  # folders of steps kept (one per machine class, engine version, threads)
 STATS = {"loaded": 0, "compiled": 0, "rejected": 0}  # this process's counts (tests, logs)
+_LOCK = threading.Lock()
 
 
 def store_dir() -> Path | None:
@@ -84,17 +90,53 @@ def model_key(decoder: nn.Module) -> str:
     return h.hexdigest()[:20]
 
 
-def step_path(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor]) -> Path | None:
+def step_path(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor],
+              options: dict | None = None) -> Path | None:
     """The file of this step shape, or None with the store off."""
     root = store_dir()
     if root is None:
         return None
     device = str(next(iter(inputs.values())).device)
-    version = json.dumps([machine(device), code_version(), torch.get_num_threads()])
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if (k.startswith("TORCHINDUCTOR_") and k != "TORCHINDUCTOR_CACHE_DIR")
+                 or k == "ATEN_CPU_CAPABILITY")  # what changes inductor's code
+    version = json.dumps([machine(device), code_version(), torch.get_num_threads(), env])
     shape = [(k, tuple(v.shape), str(v.dtype)) for k, v in sorted(inputs.items())]
-    key = json.dumps([model_key(decoder), shape, cache.rows, cache.view,
-                      int(cache.slots.numel())])
+    buffers = sorted({(tuple(t.shape), t.stride(), str(t.dtype))  # (R, H, S, D): a trace
+                      for layer in cache.layers for t in (layer.keys, layer.values)})  # bakes
+    # in the buffer's rows and slots (with no guards, a step of another size would index
+    # outside the buffer)
+    key = json.dumps([model_key(decoder), shape, buffers, len(cache.layers), cache.rows,
+                      cache.view, int(cache.slots.numel()), torch.is_grad_enabled(),
+                      torch.is_inference_mode_enabled(), repr(sorted((options or {}).items()))])
     return root / _digest(version, 16) / f"{_digest(key, 24)}.step"
+
+
+def probe(decoder: nn.Module, inputs: dict[str, torch.Tensor],
+          seed: int = 0) -> dict[str, torch.Tensor]:
+    """Inputs of the step's shapes to check a loaded step on: distinct seeded ids (or
+    embeddings), distinct positions and a mask that shows each query another prefix of the
+    view (the capture's own inputs are zeros: every token alike, rotary at position 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, x in inputs.items():
+        if name == "input_ids":
+            out[name] = torch.randint(0, int(decoder.config.vocab_size), tuple(x.shape),
+                                      generator=gen).to(x.device)  # (W, b)
+        elif name == "inputs_embeds":
+            out[name] = torch.randn(tuple(x.shape), generator=gen).to(x)  # (W, b, d)
+        elif name == "position_ids":
+            W, b = x.shape
+            out[name] = (torch.arange(b) + 1 + 5 * torch.arange(W)[:, None]).to(x)  # (W, b)
+        elif name == "attention_mask":
+            W, _, b, view = x.shape
+            seen = 1 + (torch.arange(b) + 1) * (view - 1) // b  # (b,) each query's prefix
+            visible = torch.arange(view)[None, :] < seen[:, None]  # (b, view)
+            mask = torch.where(visible, 0.0, torch.finfo(x.dtype).min)  # (b, view)
+            out[name] = mask.expand(W, 1, b, view).to(x).contiguous()  # (W, 1, b, view)
+        else:
+            out[name] = x
+    return out
 
 
 def _digest(text: str, n: int) -> str:
@@ -102,11 +144,17 @@ def _digest(text: str, n: int) -> str:
 
 
 def _prune(folder: Path) -> None:
-    """Drop the store's other folders (other engine versions, machines or thread counts)
-    beyond the KEEP_FOLDERS most recently written: an engine edit starts a new folder, and a
-    step of the embedded model is about 4 MB."""
-    others = sorted((p for p in folder.parent.iterdir() if p.is_dir() and p != folder),
-                    key=lambda p: p.stat().st_mtime, reverse=True)
+    """Drop the store's other folders of steps (other engine versions, machines or thread
+    counts: a name of 16 hex digits holding only step files) beyond the KEEP_FOLDERS most
+    recently written: an engine edit starts a new folder, and a step of the embedded model is
+    about 4 MB. Nothing else in the store's folder is touched."""
+    def ours(p: Path) -> bool:
+        return p.is_dir() and p != folder and len(p.name) == 16 and \
+            all(c in "0123456789abcdef" for c in p.name) and \
+            all(f.suffix == ".step" or f.name.startswith("tmp") for f in p.iterdir())
+
+    others = sorted(filter(ours, folder.parent.iterdir()), key=lambda p: p.stat().st_mtime,
+                    reverse=True)
     for old in others[KEEP_FOLDERS - 1:]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -124,17 +172,22 @@ def load_or_compile(call: Callable, decoder: nn.Module, cache_kw: dict, cache: A
     (checked once against ``eager`` on ``inputs``: bit for bit where ``exact``) or compiled
     ahead of time and saved. None with the store off or where ahead-of-time compiling
     failed (the caller compiles in memory). ``options``: inductor's, as torch.compile's."""
-    path = step_path(decoder, cache, inputs)
+    path = step_path(decoder, cache, inputs, options)
     if path is None:
         return None
     fn = _load(path, call)
     if fn is not None:
-        if _agrees(fn(decoder, cache_kw, inputs), eager(inputs), exact):
-            STATS["loaded"] += 1
+        check = probe(decoder, inputs)
+        try:
+            agrees = _agrees(fn(decoder, cache_kw, check), eager(check), exact)
+            why = "disagrees with the eager step"
+        except Exception as e:  # noqa: BLE001 - a step that cannot run is refused too
+            agrees, why = False, f"failed its check ({type(e).__name__})"
+        if agrees:
+            _count("loaded")
             return lambda x: fn(decoder, cache_kw, x)
-        STATS["rejected"] += 1
-        LOG.warning("stored compiled step %s disagrees with the eager step: compiled afresh",
-                    path.name)
+        _count("rejected")
+        LOG.warning("stored compiled step %s %s: compiled afresh", path.name, why)
         path.unlink(missing_ok=True)
     try:
         fn = torch.compile(call, fullgraph=True, dynamic=False, options={
@@ -145,16 +198,22 @@ def load_or_compile(call: Callable, decoder: nn.Module, cache_kw: dict, cache: A
         LOG.warning("step not compiled ahead of time, compiled in memory: %s: %s",
                     type(e).__name__, (str(e).splitlines() or [""])[0][:200])
         return None
-    STATS["compiled"] += 1
+    _count("compiled")
     try:
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True)
+        new = not path.parent.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if new:
             _prune(path.parent)
         fn.save_compiled_function(str(path))
     except Exception as e:  # noqa: BLE001 - the step serves, unsaved
         LOG.warning("compiled step not saved to %s: %s: %s", path.parent, type(e).__name__,
                     (str(e).splitlines() or [""])[0][:200])
     return lambda x: fn(decoder, cache_kw, x)
+
+
+def _count(what: str) -> None:
+    with _LOCK:  # the app's warm-up thread and its model thread both make steps
+        STATS[what] += 1
 
 
 def _load(path: Path, call: Callable):

@@ -132,13 +132,59 @@ def test_the_key_separates_what_a_trace_bakes_in_and_not_the_weights():
     assert key(plain) != key(a)
 
 
-def test_a_new_folder_keeps_only_the_most_recent_other_folders(tmp_path):
+def test_a_new_folder_keeps_only_the_most_recent_other_step_folders(tmp_path):
     import os
 
-    for i in range(4):
-        (tmp_path / f"old{i}").mkdir()
-        os.utime(tmp_path / f"old{i}", (1000 + i, 1000 + i))  # old3 the most recent
-    (tmp_path / "new").mkdir()
-    step_store._prune(tmp_path / "new")
+    names = [f"{i:016x}" for i in range(4)]  # step folders' names: 16 hex digits
+    for i, name in enumerate(names):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.step").write_bytes(b"")
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))  # the last the most recent
+    (tmp_path / "work").mkdir()  # not a step folder: a user's, in a shared folder
+    (tmp_path / f"{9:016x}").mkdir()
+    (tmp_path / f"{9:016x}" / "notes.txt").write_text("not steps")
+    new = tmp_path / ("f" * 16)
+    new.mkdir()
+    step_store._prune(new)
     kept = sorted(p.name for p in tmp_path.iterdir())
-    assert kept == ["new"] + [f"old{i}" for i in range(4 - step_store.KEEP_FOLDERS + 1, 4)]
+    assert kept == sorted([new.name, "work", f"{9:016x}",
+                           *names[4 - step_store.KEEP_FOLDERS + 1:]])
+
+
+def test_the_file_of_a_step_names_its_buffers_shape_and_grad_mode(monkeypatch, tmp_path):
+    """A trace bakes in the KV buffer's rows and slots: a step of another buffer size has
+    another file (with no guards it would index outside the buffer)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SPECVIZ_STEPS", str(tmp_path))
+    decoder = model(seed=3).target.model
+    inputs = {"input_ids": torch.zeros((1, 1), dtype=torch.long),
+              "position_ids": torch.zeros((1, 1), dtype=torch.long),
+              "attention_mask": torch.zeros((1, 1, 1, 128))}
+
+    def cache(slots):
+        kv = SimpleNamespace(keys=torch.zeros(1, 2, slots, 8), values=torch.zeros(1, 2, slots, 8))
+        return SimpleNamespace(layers=[kv, kv], rows=1, view=128, slots=torch.zeros(1))
+
+    path = step_store.step_path(decoder, cache(1024), inputs)
+    assert path == step_store.step_path(decoder, cache(1024), inputs)
+    assert path != step_store.step_path(decoder, cache(2048), inputs)
+    with torch.no_grad():
+        assert path != step_store.step_path(decoder, cache(1024), inputs)
+
+
+def test_a_loaded_step_that_fails_its_check_is_compiled_afresh(monkeypatch, tmp_path, caplog):
+    """A file that holds another architecture's step (every shape sent to one file here)
+    raises or disagrees in its check: refused, deleted and compiled afresh."""
+    monkeypatch.setenv("SPECVIZ_KV", "compiled")
+    one = tmp_path / "one.step"
+    monkeypatch.setattr(step_store, "step_path", lambda *a, **k: one)
+    ours, ref = greedy_run(model(seed=3))
+    assert ours == ref and one.exists()
+    before = dict(step_store.STATS)
+    with caplog.at_level(logging.WARNING, logger=step_store.LOG.name):
+        ours, ref = greedy_run(model(seed=3, num_key_value_heads=4))
+    assert ours == ref
+    assert step_store.STATS["rejected"] - before["rejected"] >= 1
+    assert step_store.STATS["loaded"] == before["loaded"]
+    assert "compiled afresh" in caplog.text
