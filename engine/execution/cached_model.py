@@ -450,6 +450,8 @@ class CachedModel:
 
 
 WARM_PROMPT = 8  # tokens of the warm-up's dummy prompt: its prefill makes the bucket-8 step
+WARM_WIDTHS = (1, 4)  # rows of the compiled path's warmed shapes: one-row methods, and the
+# beam methods' default width (atspeed_strict, dsbd, beam, beam_sample: 4)
 WARM_NODES = (0, 1, 3, 15)  # chain nodes per row of the warmed verify steps: buckets 1, 2,
 # 4 and 16 (with the prompt's, 1 to 16)
 
@@ -462,35 +464,53 @@ def warm_steps(runner: CachedModel, width: int = 1) -> int:
     first use). Returns the number of shapes the runner's KV set holds."""
     if runner.mode != "captured":
         return 0
-    for _ in warming(runner, width):
+    for _ in warming(runner, (width,)):
         pass
     return len(runner.kv.graphs) if runner.kv is not None else 0
 
 
+def warm_widths(runner: CachedModel) -> tuple[int, ...]:
+    """The row counts :func:`warming` makes shapes for by default: on the compiled path (the
+    app's warm-up) one row and the beam methods' default width, so a beam Run (and its cost
+    calibration) takes compiled steps too; one row on the captured path."""
+    return WARM_WIDTHS if runner.mode == "compiled" else (1,)
+
+
 def warm_shapes(runner: CachedModel) -> int:
-    """How many step shapes :func:`warming` makes for this runner (0: none to make)."""
+    """How many step shapes :func:`warming` makes for this runner by default (0: none)."""
     if runner.mode not in ("captured", "compiled") or \
             type(runner)._inputs is not CachedModel._inputs:
         return 0
-    return len(WARM_NODES) + 1  # the prompt, then 1 + n tokens a row
+    return (len(WARM_NODES) + 1) * len(warm_widths(runner))  # the prompt, 1 + n tokens a row
 
 
-def warming(runner: CachedModel, width: int = 1) -> Iterator[int]:
+def warming(runner: CachedModel, widths: tuple[int, ...] | None = None) -> Iterator[int]:
     """Make a runner's common step shapes, one at a time (a generator: yields after each,
-    the number made so far, so a caller can follow it): the WARM_PROMPT-token prompt of a
-    dummy run, then verify passes of 1 + n tokens per row (n in WARM_NODES) at ``width``
-    rows. Captured (CUDA) or compiled (CPU; compiled here even where this thread defers
-    compiles), the steps stay in the model's pool for every later run; the runner's buffers
-    go back to the pool at the end. Nothing for other paths or embedding inputs."""
-    total = warm_shapes(runner)
-    if not total:
+    the number made so far, so a caller can follow it): for each width in ``widths``
+    (default :func:`warm_widths`), the WARM_PROMPT-token prompt of a dummy run at that many
+    rows, then verify passes of 1 + n tokens per row (n in WARM_NODES). Captured (CUDA) or
+    compiled (CPU; compiled here even where this thread defers compiles), the steps stay in
+    the model's pool for every later run; the runner's buffers go back to the pool after
+    each width. Nothing for other paths or embedding inputs."""
+    if not warm_shapes(runner):
         return
+    done = 0
+    for width in widths or warm_widths(runner):
+        for _ in _warming(runner, width):
+            done += 1
+            yield done
+
+
+def _warming(runner: CachedModel, width: int) -> Iterator[None]:
+    """One width's shapes of :func:`warming` (yields after each)."""
     dev = runner.device
     rows = torch.arange(width, device=dev)
     empty = torch.zeros((width, 0), dtype=torch.long, device=dev)
+    prompt = torch.arange(width, device=dev)[:, None].expand(width, WARM_PROMPT)  # (W, 8):
+    # rows differ, so the prompt's step has W rows (one shared prompt prefills one row)
     with static_kv.compiling():
-        runner.start(torch.zeros((width, WARM_PROMPT), dtype=torch.long, device=dev))  # (W, 8)
-    for done, n in enumerate((0, *WARM_NODES), start=1):  # the first feed prefills the prompt
+        runner.start(prompt.contiguous())
+    for n in (0, *WARM_NODES):  # the first feed prefills the prompt
         par = torch.arange(-1, n - 1, device=dev).expand(width, -1).clone()  # (W, n) chain
         par[:, :1] = ROOT
         with static_kv.compiling():
@@ -498,7 +518,7 @@ def warming(runner: CachedModel, width: int = 1) -> Iterator[int]:
         runner.commit(rows, empty, empty, torch.zeros((width, 1), dtype=torch.long,
                                                       device=dev))
         runner.take_served()
-        yield done
+        yield
     if runner.mode == "compiled":
         runner.close()  # its compiled steps stay with the buffers, in the pool
 

@@ -274,7 +274,8 @@ def test_a_deferring_thread_runs_a_shape_not_made_yet_static_until_a_warm_up_mak
         monkeypatch):
     """The app's model thread never compiles (static_kv.POLICY.deferred): a step whose
     shape is not made runs static, with the same bits; warming (another thread in the app)
-    makes the common shapes in its own buffers, which later runs then take."""
+    makes the common shapes in its own buffers, one row's and the beam methods' four rows',
+    which later runs then take."""
     from engine.execution.cached_model import warm_shapes, warming
 
     monkeypatch.delenv("SPECVIZ_KV", raising=False)
@@ -288,11 +289,15 @@ def test_a_deferring_thread_runs_a_shape_not_made_yet_static_until_a_warm_up_mak
     assert not any("compiled" in k for k in cold.stats.step_paths), cold.stats.step_paths
     assert any(s.wanted for s in static_kv.pool_sets(pair.target))
     runner = CachedModel(pair.target)
-    assert list(warming(runner)) == list(range(1, warm_shapes(runner) + 1)) == [1, 2, 3, 4, 5]
+    assert list(warming(runner)) == list(range(1, warm_shapes(runner) + 1)) == \
+        list(range(1, 11))  # 5 shapes at 1 row, 5 at 4
     warm = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3, controller="fixed")
     assert warm.stats.step_paths["target:compiled"] == len(warm.rounds)
     assert "target:static" not in warm.stats.step_paths
     assert list(cold.token_ids) == list(warm.token_ids) == ref[0, len(prompt):].tolist()
+    beams = engine.generate(pair, prompt, "beam", max_new_tokens=8)  # 4 rows after the
+    # prompt, which prefills one row (a shape not warmed: it runs static)
+    assert [r.step_paths for r in beams.rounds[1:]] == [("target:compiled",)] * 7
 
 
 def test_without_the_processs_ask_a_packed_model_runs_eagerly(monkeypatch):
