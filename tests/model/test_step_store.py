@@ -36,6 +36,18 @@ def model(seed: int, **kw):
     return tiny_pair(layers=2, early_exit_layers=1, seed=seed, **kw)  # two layers: quick
 
 
+def refused_and_compiled_afresh(pair, caplog, message: str) -> None:
+    """A run whose stored steps are all refused at their check: its own generate() tokens,
+    no step loaded, the refusal logged."""
+    before = dict(step_store.STATS)
+    with caplog.at_level(logging.WARNING, logger=step_store.LOG.name):
+        ours, ref = greedy_run(pair)
+    assert ours == ref
+    assert step_store.STATS["rejected"] - before["rejected"] >= 1
+    assert step_store.STATS["loaded"] == before["loaded"]
+    assert message in caplog.text
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A store holding the steps one model's greedy run compiled."""
@@ -81,13 +93,8 @@ def test_a_loaded_step_that_disagrees_with_the_eager_step_is_compiled_afresh(
     monkeypatch.setattr(step_store, "model_key", lambda decoder: "one key for every model")
     ours, ref = greedy_run(model(seed=3))  # stores its steps under that key
     assert ours == ref
-    before = dict(step_store.STATS)
-    with caplog.at_level(logging.WARNING, logger=step_store.LOG.name):
-        ours, ref = greedy_run(model(seed=3, rms_norm_eps=0.5))
-    assert ours == ref
-    assert step_store.STATS["rejected"] - before["rejected"] >= 1
-    assert step_store.STATS["loaded"] == before["loaded"]
-    assert "disagrees with the eager step" in caplog.text
+    refused_and_compiled_afresh(model(seed=3, rms_norm_eps=0.5), caplog,
+                                "disagrees with the eager step")
 
 
 def test_a_damaged_step_file_is_compiled_afresh(store, use, caplog):
@@ -181,10 +188,5 @@ def test_a_loaded_step_that_fails_its_check_is_compiled_afresh(monkeypatch, tmp_
     monkeypatch.setattr(step_store, "step_path", lambda *a, **k: one)
     ours, ref = greedy_run(model(seed=3))
     assert ours == ref and one.exists()
-    before = dict(step_store.STATS)
-    with caplog.at_level(logging.WARNING, logger=step_store.LOG.name):
-        ours, ref = greedy_run(model(seed=3, num_key_value_heads=4))
-    assert ours == ref
-    assert step_store.STATS["rejected"] - before["rejected"] >= 1
-    assert step_store.STATS["loaded"] == before["loaded"]
-    assert "compiled afresh" in caplog.text
+    refused_and_compiled_afresh(model(seed=3, num_key_value_heads=4), caplog,
+                                "compiled afresh")
