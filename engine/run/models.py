@@ -308,7 +308,8 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
                       device_map: DeviceMap | None, bits: int = 16):
     """The embedded model with its Q4_1 linear layers packed in 4 bits as the GGUF ships
     them (engine.kernels.packed4): the dequantised model, its linears then swapped, their
-    activations quantised to `bits` (16, or 8 for 'embedded-q4:a8'); CPU only
+    activations quantised to `bits` (16, or 8 for 'embedded-q4:a8'), in eval mode like every
+    loaded model (the swapped-in layers too: a compiled step's stored key reads it); CPU only
     (engine.kernels.qmm, the kernel used here, is a CPU kernel)."""
     from engine.kernels.packed4 import set_activation_bits
 
@@ -319,7 +320,7 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     model, tok = _load_dir_or_hub(str(folder), dtype, None)
     _pack_embedded(model, folder)
     set_activation_bits(model, bits)
-    return model, tok, EMBEDDED_Q4_NAME if bits == 16 else EMBEDDED_Q4_A8_NAME
+    return model.eval(), tok, EMBEDDED_Q4_NAME if bits == 16 else EMBEDDED_Q4_A8_NAME
 
 
 def packed_cache_file(folder: Path) -> Path:

@@ -200,3 +200,15 @@ def test_a_second_load_takes_the_packed_layers_from_the_cache_not_the_gguf(q4_pa
     for name, m in theirs.items():
         for b in packed4.BUFFERS:
             assert torch.equal(getattr(m, b), getattr(ours[name], b)), (name, b)
+
+
+def test_every_load_is_in_eval_mode_and_keys_its_stored_steps_alike(q4_pair):
+    """Packing swaps in new layers after the model's eval(): left in training mode, two loads
+    (from the GGUF or the cache, with a drafter or none) keyed one step differently in the
+    step store (engine.execution.step_store.model_key reads every module's settings)."""
+    from engine.execution.step_store import model_key
+
+    again = engine.load_pair("embedded-q4", draft="")
+    for pair in (q4_pair, again):
+        assert [n for n, m in pair.target.named_modules() if m.training] == []
+    assert model_key(again.target.model) == model_key(q4_pair.target.model)
