@@ -37,9 +37,7 @@ Where nothing else runs a pause gives nothing anyway.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import shutil
 import sys
 import threading
 import time
@@ -165,10 +163,7 @@ def serve_compiled() -> bool:
     """app.py, at start: a packed target on this CPU runs compiled steps (made by warm_up on
     a thread of their own, engine.execution.static_kv.POLICY) where a C++ compiler exists for
     inductor; else one log line and eager steps. Whether it does."""
-    from engine.kernels import qmm
-
-    if not (shutil.which("c++") or shutil.which("g++") or os.environ.get("CXX")) or \
-            qmm.library() is None:
+    if not static_kv.can_compile():
         log.warning("no C++ compiler for inductor here: packed targets run eager steps")
         return False
     static_kv.POLICY.packed = True

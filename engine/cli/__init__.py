@@ -4,7 +4,10 @@ replay, train-draft, train-feature}.
 Every user error prints one line ``error: ...`` and exits with code 2 (never a traceback).
 Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int`` (the
 hyphenated ones: bench_set, train_draft, train_feature), listed in COMMANDS; a module that
-fails to import is an error, never a missing subcommand. The subcommands share their flags
+fails to import is an error, never a missing subcommand. A module with ``COMPILED_STEPS =
+True`` (bench, bench-set, tune: long-lived, their warm-up runs make the step shapes) runs in
+``static_kv.serving_compiled``: a packed target on a CPU takes compiled steps, as in the app;
+the others (a one-shot generate) keep eager steps. The subcommands share their flags
 (flags) and a cost model's sentence (cost_text, which the app shows too).
 """
 
@@ -53,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text, module in COMMANDS:
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        p.set_defaults(run=module.run,
+                       compiled_steps=getattr(module, "COMPILED_STEPS", False))
     return parser
 
 
@@ -65,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
         threads.configure()  # the same thread rule as the app
         resolve_target(args)  # no --target: the device's default
-        return int(args.run(args) or 0)
+        if not args.compiled_steps:
+            return int(args.run(args) or 0)
+        from engine.execution import static_kv
+
+        with static_kv.serving_compiled():
+            return int(args.run(args) or 0)
     except SpecvizError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

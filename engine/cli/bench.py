@@ -12,6 +12,8 @@ from pathlib import Path
 from engine.cli.flags import add_model_flags, add_prompt_flags, pair_from_flags, read_prompts
 from engine.core.errors import ConfigError
 
+COMPILED_STEPS = True  # a packed target on a CPU takes compiled steps (engine.cli)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", required=True, help="e.g. greedy,sd:gamma=4,mcsd:k_config=4x2x2")

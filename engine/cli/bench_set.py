@@ -8,6 +8,8 @@ import argparse
 
 from engine.cli.flags import add_model_flags, pair_from_flags
 
+COMPILED_STEPS = True  # a packed target on a CPU takes compiled steps (engine.cli)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", required=True, dest="set_path",

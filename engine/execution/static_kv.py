@@ -22,11 +22,13 @@ measured rule):
   weights are packed (docs/benchmarks.md, "Compiled steps on the CPU"). A shape compiles in
   20 s to a minute on one thread the first time on a machine; the step store
   (:mod:`engine.execution.step_store`) keeps the compiled step on disk and a later process
-  loads it in well under a second. The mode is chosen (``SPECVIZ_KV=compiled``, or the app's
-  ``POLICY.packed``), never the CLI's default, and a model fed embeddings (a feature drafter)
-  runs it static. A packed target's compiled step multiplies through qmm's op and attends
-  through rowattn's, both opaque to inductor, and what inductor fuses around them stays within
-  one token's row, so a token's bits do not depend on the step's shape; its RMSNorms and
+  loads it (the first in about 3.5 s, most of it torch's one-time set-up; later ones in well
+  under a second). The mode is chosen (``SPECVIZ_KV=compiled``, or ``POLICY.packed``: the
+  app, and bench, bench-set and tune through :func:`serving_compiled`), never a one-shot
+  generate's default, and a model fed embeddings (a feature drafter) runs it static. A packed
+  target's compiled step multiplies through qmm's op and attends through rowattn's, both
+  opaque to inductor, and what inductor fuses around them stays within one token's row, so a
+  token's bits do not depend on the step's shape; its RMSNorms and
   rotary cos / sin are traced as ops too (:mod:`engine.kernels.eager_bits`), so what inductor
   still fuses rounds as eager does and a compiled step gives every token the eager step's bits
   (tests/model/test_compiled_kv.py); a packed model at 8-bit activations whose attention is
@@ -58,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -108,6 +111,18 @@ class CompilePolicy:
     def __init__(self) -> None:
         self.packed = False
         self._local = threading.local()
+        self._made = 0
+        self._lock = threading.Lock()
+
+    @property
+    def made(self) -> int:
+        """Step shapes this process has made (captured, compiled or loaded, by any thread):
+        a timing across which it changed includes that work (engine.bench.interleaved)."""
+        return self._made
+
+    def count_made(self) -> None:
+        with self._lock:
+            self._made += 1
 
     @property
     def deferred(self) -> bool:
@@ -129,6 +144,31 @@ class CompilePolicy:
 
 
 POLICY = CompilePolicy()
+
+
+def can_compile() -> bool:
+    """Whether inductor can build CPU steps here: a C++ compiler and qmm's library."""
+    compiler = shutil.which("c++") or shutil.which("g++") or os.environ.get("CXX")
+    return bool(compiler) and qmm.library() is not None
+
+
+@contextlib.contextmanager
+def serving_compiled():
+    """Within: a packed model on a CPU runs compiled steps unless SPECVIZ_KV says otherwise
+    (``POLICY.packed``) where :func:`can_compile`, else one log line and eager steps. The
+    long-lived commands (bench, bench-set, tune) run in it: their warm-up runs make the step
+    shapes, and a timing across which a shape was made is taken again
+    (engine.bench.interleaved.measure_run). A one-shot ``generate`` does not: loading even
+    stored steps costs more than they save on one run (docs/benchmarks.md)."""
+    saved = POLICY.packed
+    if can_compile():
+        POLICY.packed = True
+    else:
+        LOG.warning("no C++ compiler for inductor here: packed targets run eager steps")
+    try:
+        yield
+    finally:
+        POLICY.packed = saved
 
 
 @contextlib.contextmanager
@@ -409,6 +449,7 @@ def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
     key = step_key(W, b, name, compiled, view or kv.slots)
     if key not in kv.graphs:
+        POLICY.count_made()
         try:
             kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name, compiled,
                                       view if compiled else None)

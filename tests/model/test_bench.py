@@ -61,3 +61,43 @@ def test_the_warm_up_runs_every_prompt_whole_on_the_compiled_path(monkeypatch, k
                         common={"max_new_tokens": "16"}, stop=lambda: len(seen) == 1,
                         after_each=lambda: ticks.append(len(seen)))
     assert seen == runs[:1] and ticks == [1]
+
+
+def test_a_timing_across_which_a_step_shape_was_made_is_taken_again(monkeypatch):
+    """On the captured path a step shape is captured on its first use (compiled, on a CPU's
+    compiled path: up to a minute): the run that made it is run again, with its reference,
+    and the row holds the later timings; a run that made none runs once."""
+    import engine
+    from engine.bench import interleaved
+    from engine.bench.interleaved import Case, measure_run
+    from engine.execution import static_kv
+
+    monkeypatch.setenv("SPECVIZ_KV", "captured")  # on a CPU: the same fixed-shape steps,
+    # captured (here: made) on first use and replayed eagerly
+    pair = engine.load_pair(target='tiny:{"vocab_size": 64, "layers": 2, "seed": 11}',
+                            draft="")
+    calls, made = [], []
+    real = engine.generate
+
+    def counted(*a, **k):
+        made.append(static_kv.POLICY.made)
+        calls.append(real(*a, **k))
+        return calls[-1]
+
+    monkeypatch.setattr(engine, "generate", counted)
+    case = Case("beam", "beam", {"beams": "3"})  # 3-row shapes: not warmed at load
+    common = {"max_new_tokens": "6"}
+    row, trace = measure_run(pair, "a fresh prompt", case, raw=True, common=common)
+    assert len(calls) == 2 and made[1] > made[0]  # the first run captured its shapes
+    assert trace is calls[1] and row["wall_s"] == trace.stats.wall_s
+    assert row["identical"]
+    calls.clear()
+    measure_run(pair, "a fresh prompt", case, raw=True, common=common)
+    assert len(calls) == 1  # every shape made: one timing
+    monkeypatch.setattr(interleaved, "RETAKES", 0)
+    monkeypatch.setattr(static_kv.POLICY, "_made", 0)  # (a shape "made" at every run)
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: (static_kv.POLICY.count_made(),
+                                                              counted(*a, **k))[1])
+    calls.clear()
+    measure_run(pair, "a fresh prompt", case, raw=True, common=common)
+    assert len(calls) == 1  # no retakes left: the timing stands

@@ -248,3 +248,39 @@ def test_a_subcommand_module_that_fails_to_import_is_an_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "engine.cli.train_draft", None)  # import raises
     with pytest.raises(ImportError, match="engine.cli.train_draft"):
         importlib.import_module("engine.cli")
+
+
+@pytest.mark.parametrize("argv, compiled", [
+    (["bench", "--methods", "greedy", "--prompt", "x"], True),
+    (["bench-set", "--set", "s.jsonl", "--methods", "sd"], True),
+    (["tune", "--set", "s.jsonl"], True),
+    (["generate", "--method", "greedy", "--prompt", "x"], False),
+    (["check", "--method", "sd", "--prompt", "x"], False),
+])
+def test_long_lived_commands_serve_compiled_steps_and_a_one_shot_run_does_not(
+        argv, compiled, monkeypatch):
+    """bench, bench-set and tune run a packed target's compiled steps on a CPU (their
+    warm-up runs make the shapes); generate and check keep eager steps; the process's
+    policy is restored after the command."""
+    import engine.cli as cli
+    from engine.execution import static_kv
+
+    seen = []
+    module = next(m for name, _, m in cli.COMMANDS if name == argv[0])
+    monkeypatch.setattr(module, "run", lambda args: seen.append(static_kv.POLICY.packed))
+    monkeypatch.setattr(static_kv, "can_compile", lambda: True)
+    monkeypatch.setattr(static_kv.POLICY, "packed", False)
+    assert cli.main(argv) == 0
+    assert seen == [compiled] and static_kv.POLICY.packed is False
+
+
+def test_without_a_compiler_a_long_lived_command_keeps_eager_steps(monkeypatch, caplog):
+    import engine.cli as cli
+    from engine.execution import static_kv
+
+    seen = []
+    monkeypatch.setattr(cli.bench, "run", lambda args: seen.append(static_kv.POLICY.packed))
+    monkeypatch.setattr(static_kv, "can_compile", lambda: False)
+    monkeypatch.setattr(static_kv.POLICY, "packed", False)
+    assert cli.main(["bench", "--methods", "greedy", "--prompt", "x"]) == 0
+    assert seen == [False] and "no C++ compiler" in caplog.text
