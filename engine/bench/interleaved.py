@@ -94,21 +94,22 @@ RETAKES = 2  # a pair of timings across which a step shape was made is taken aga
 # this many times (a run meeting a shape of its own: engine.execution.static_kv)
 
 
-def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str]) -> dict:
+def measure(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str],
+            retakes: int | None = None) -> dict:
     """One interleaved pair of runs: the method, then its reference generate()."""
-    return measure_run(pair, prompt, case, raw=raw, common=common)[0]
+    return measure_run(pair, prompt, case, raw=raw, common=common, retakes=retakes)[0]
 
 
 def measure_run(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, str],
-                over_tuned: bool = True) -> tuple[dict, Any]:
+                over_tuned: bool = True, retakes: int | None = None) -> tuple[dict, Any]:
     """:func:`measure`'s row and the method's RunTrace (its rounds, for per-round
     statistics). The case's parameters are settled once (``engine.run.inputs.settle``) over
     the pair's tuned settings, or over the method's defaults alone when not ``over_tuned``
     (a tune's candidate is a whole setting). The method's run and its reference are each
     timed whole: a caller's pacing hook (engine.run.pacing) runs between the two, never
     inside either. Where a step shape was made while they ran (a compiled path's first use of
-    a shape, up to a minute), both run again (up to RETAKES times): a timing holds runs
-    only."""
+    a shape, up to a minute), both run again (up to ``retakes`` times, default RETAKES; a
+    warm-up's runs take none): a timing holds runs only."""
     import engine
     from engine.run.inputs import settle
 
@@ -116,7 +117,7 @@ def measure_run(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, s
                       pair.tuned if over_tuned else None)
     full = settings.params
     kind = settings.spec.reference_call(full)
-    for _ in range(RETAKES + 1):
+    for _ in range((RETAKES if retakes is None else retakes) + 1):
         made = static_kv.POLICY.made
         with pacing.whole():  # a timed segment: no other work between its rounds
             trace = engine.generate(pair, prompt, settings, raw=raw)
@@ -213,7 +214,7 @@ def warm_up(pair, prompts: list[str], cases: list[Case], *, raw: bool,
         for c in cases:
             if stop():
                 return
-            measure(pair, prompt, c, raw=raw, common=common)
+            measure(pair, prompt, c, raw=raw, common=common, retakes=0)  # untimed
             after_each()
 
 

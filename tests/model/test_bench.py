@@ -49,7 +49,7 @@ def test_the_warm_up_runs_every_prompt_whole_on_the_compiled_path(monkeypatch, k
 
     pair = engine.load_pair("tiny", device="cpu")
     seen = []
-    monkeypatch.setattr(interleaved, "measure", lambda pair, prompt, c, raw, common:
+    monkeypatch.setattr(interleaved, "measure", lambda pair, prompt, c, raw, common, retakes:
                         seen.append((prompt, common["max_new_tokens"])))
     monkeypatch.setenv("SPECVIZ_KV", kv)
     interleaved.warm_up(pair, ["p0", "p1"], parse_methods("greedy"), raw=True,
@@ -66,7 +66,7 @@ def test_the_warm_up_runs_every_prompt_whole_on_the_compiled_path(monkeypatch, k
 def test_a_timing_across_which_a_step_shape_was_made_is_taken_again(monkeypatch):
     """On the captured path a step shape is captured on its first use (compiled, on a CPU's
     compiled path: up to a minute): the run that made it is run again, with its reference,
-    and the row holds the later timings; a run that made none runs once."""
+    and the row holds the later timings; a run that made none, or a warm-up's, runs once."""
     import engine
     from engine.bench import interleaved
     from engine.bench.interleaved import Case, measure_run
@@ -94,6 +94,10 @@ def test_a_timing_across_which_a_step_shape_was_made_is_taken_again(monkeypatch)
     calls.clear()
     measure_run(pair, "a fresh prompt", case, raw=True, common=common)
     assert len(calls) == 1  # every shape made: one timing
+    calls.clear()
+    interleaved.warm_up(pair, ["a fresh prompt"], [Case("beam", "beam", {"beams": "4"})],
+                        raw=True, common=common)
+    assert len(calls) == 1  # a warm-up run makes its 4-row shapes and is not timed again
     monkeypatch.setattr(interleaved, "RETAKES", 0)
     monkeypatch.setattr(static_kv.POLICY, "_made", 0)  # (a shape "made" at every run)
     monkeypatch.setattr(engine, "generate", lambda *a, **k: (static_kv.POLICY.count_made(),
