@@ -117,16 +117,20 @@ def measure_run(pair, prompt: str, case: Case, *, raw: bool, common: dict[str, s
                       pair.tuned if over_tuned else None)
     full = settings.params
     kind = settings.spec.reference_call(full)
-    for _ in range((RETAKES if retakes is None else retakes) + 1):
+    for attempt in range((RETAKES if retakes is None else retakes) + 1):
+        if attempt:
+            pacing.pause()  # a caller's other work between timed segments, never inside
         made = static_kv.POLICY.made
         with pacing.whole():  # a timed segment: no other work between its rounds
             trace = engine.generate(pair, prompt, settings, raw=raw)
-        pacing.pause()  # a caller's other work between the two timed segments, never inside
+        clean = static_kv.POLICY.made == made
+        pacing.pause()
         ids = list(trace.prompt_ids)
+        made = static_kv.POLICY.made
         ref_wall, ref_gen = run_reference(pair, ids, kind, full)
-        if static_kv.POLICY.made == made:
-            break  # else a step shape was made (compiled, loaded or captured) meanwhile,
-        # by this run or another thread (the app's warm-up): both timings again
+        if clean and static_kv.POLICY.made == made:
+            break  # else a step shape was made (compiled, loaded or captured) during a timed
+        # segment, by its run or another thread (the app's warm-up): both timings again
     eos = set(eos_ids(pair.target))
     pad = pair.target.generation_config.pad_token_id
     ref_best = strip_pad(ref_gen[0], pad, eos)
@@ -202,8 +206,9 @@ def warm_up(pair, prompts: list[str], cases: list[Case], *, raw: bool,
             common: dict[str, str], stop: Callable[[], bool] = lambda: False,
             after_each: Callable[[], None] = lambda: None) -> None:
     """Runs of every case and its reference, not recorded: one short one (8 tokens) on the
-    first prompt; where the target or the drafter runs compiled CPU steps
-    (``SPECVIZ_KV=compiled``) a whole one on every prompt instead, since a compiled step shape
+    first prompt; where the target or the drafter runs compiled CPU steps (a packed target
+    under ``static_kv.serving_compiled``, or ``SPECVIZ_KV=compiled``) a whole one on every
+    prompt instead, since a compiled step shape
     (rows, bucket, attended view) compiles on its first use, about a minute for
     ``embedded-q4``, and a prompt's length picks its views (an adaptive run may still meet a
     shape of its own later). ``stop`` is polled before each run and ``after_each`` called after

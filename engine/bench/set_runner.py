@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.bench.interleaved import Case, measure_run, parse_methods, warm_up
+from engine.bench.interleaved import Case, compiled_steps, measure_run, parse_methods, warm_up
 from engine.bench.set_summary import round_record, summarize_rows, summary_markdown
 from engine.bench.sets import (
     MAX_PROMPT_CHARS,
@@ -120,10 +120,12 @@ def run_arguments(pair, plan: SetPlan) -> dict[str, Any]:
     if not s["replay"]:
         s.pop("replay")  # a run folder written without the flag resumes as before
     dtype = next(pair.target.parameters()).dtype
+    steps = {"steps": "compiled"} if compiled_steps(pair) else {}  # an eager folder resumes
+    # as before; compiled and eager timings never share one
     return json.loads(json.dumps({
         **s, "prompts": len(plan.prompts), "prompts_sha256": set_digest(list(plan.prompts)),
         "target": pair.target_name, "draft": pair.draft_name, "device": pair.device_name,
-        "dtype": str(dtype).removeprefix("torch.")}))
+        "dtype": str(dtype).removeprefix("torch."), **steps}))
 
 
 def open_run_dir(out_dir: str | Path, arguments: dict[str, Any], set_path: str) -> Path:

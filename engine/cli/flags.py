@@ -67,7 +67,10 @@ def pair_from_flags(args: argparse.Namespace):
     pair = engine.load_pair(target=args.target, draft=args.draft, device=args.device,
                             dtype=args.dtype, device_map=args.device_map,
                             early_exit_layers=args.early_exit_layers)
-    tune_threads(pair)  # the thread rule: SPECVIZ_THREADS, else measured on this pair
+    from engine.execution import static_kv
+
+    with static_kv.deferring():  # measured on eager steps: a step compiled before the count
+        tune_threads(pair)  # is chosen would keep the wrong one (SPECVIZ_THREADS, else this)
     return pair
 
 

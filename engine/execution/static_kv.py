@@ -100,8 +100,9 @@ class CompilePolicy:
     entry point; docs/ARCHITECTURE.md lists it).
 
     ``packed``: without SPECVIZ_KV, a packed model on a CPU runs the compiled path (the app
-    turns it on: a long-lived process whose warm-up compiles in its idle time; a one-shot CLI
-    call keeps the eager path, which a compile would outlast). ``deferred`` (per thread): a
+    turns it on: a long-lived process whose warm-up compiles in its idle time; so do bench,
+    bench-set and tune, :func:`serving_compiled`; a one-shot generate or check keeps the eager
+    path, which a compile or a load would outlast). ``deferred`` (per thread): a
     compiled step whose shape is not compiled yet runs on the static path instead of
     compiling on the spot (the app's model thread, so no Run waits for a compile: its
     warm-up compiles under :func:`compiling`), and its ops' Python kernels never build the
@@ -164,7 +165,8 @@ def serving_compiled():
     if can_compile():
         POLICY.packed = True
     else:
-        LOG.warning("no C++ compiler for inductor here: packed targets run eager steps")
+        LOG.warning("no C++ compiler or packed kernel library here: packed targets run eager "
+                    "steps")
     try:
         yield
     finally:
@@ -177,6 +179,19 @@ def compiling():
     or not (a warm-up's own steps)."""
     saved = POLICY.deferred
     POLICY.deferred = False
+    try:
+        yield
+    finally:
+        POLICY.deferred = saved
+
+
+@contextlib.contextmanager
+def deferring():
+    """Within (this thread): a missing compiled step shape runs static instead of compiling
+    (a measurement that must not compile, such as the thread rule's: a compiled step bakes in
+    the thread count it was compiled at)."""
+    saved = POLICY.deferred
+    POLICY.deferred = True
     try:
         yield
     finally:
@@ -449,7 +464,7 @@ def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
     name = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
     key = step_key(W, b, name, compiled, view or kv.slots)
     if key not in kv.graphs:
-        POLICY.count_made()
+        POLICY.count_made()  # at the start and the end: a timing across either sees it
         try:
             kv.graphs[key] = _capture(kv, forward, inputs[name], W, b, name, compiled,
                                       view if compiled else None)
@@ -459,6 +474,8 @@ def _graph(kv: KVSet, forward: Forward, inputs: dict, W: int, b: int,
             kv.graphs[key] = None
             kv.failed[key] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             LOG.warning("step shape %s not captured, it runs eager: %s", key, kv.failed[key])
+        finally:
+            POLICY.count_made()
     return kv.graphs[key]
 
 

@@ -349,6 +349,10 @@ def run_tune(pair, plan: TunePlan, out_dir: str | Path, *, measure: Measure = me
     if measure is measure_trial:
         check_prompt_tokens(pair, list(plan.tune + plan.report), raw=s.raw,
                             max_new_tokens=s.max_new_tokens)
+        from engine.bench.interleaved import compiled_steps
+
+        if compiled_steps(pair):  # compiled and eager trials never share a folder
+            names = {**names, "steps": "compiled"}
     out = open_run_dir(out_dir, run_arguments(names, plan), s.set_path)
     report_cb = progress or (lambda phase, row: None)
     stop = cancelled or (lambda: False)

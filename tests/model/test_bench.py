@@ -98,10 +98,16 @@ def test_a_timing_across_which_a_step_shape_was_made_is_taken_again(monkeypatch)
     interleaved.warm_up(pair, ["a fresh prompt"], [Case("beam", "beam", {"beams": "4"})],
                         raw=True, common=common)
     assert len(calls) == 1  # a warm-up run makes its 4-row shapes and is not timed again
-    monkeypatch.setattr(interleaved, "RETAKES", 0)
-    monkeypatch.setattr(static_kv.POLICY, "_made", 0)  # (a shape "made" at every run)
-    monkeypatch.setattr(engine, "generate", lambda *a, **k: (static_kv.POLICY.count_made(),
-                                                              counted(*a, **k))[1])
+    refs = []
+    real_ref = interleaved.run_reference
+
+    def ref_making_a_shape(*a, **k):  # (a shape "made" during every reference run)
+        refs.append(1)
+        static_kv.POLICY.count_made()
+        return real_ref(*a, **k)
+
+    monkeypatch.setattr(interleaved, "run_reference", ref_making_a_shape)
     calls.clear()
-    measure_run(pair, "a fresh prompt", case, raw=True, common=common)
-    assert len(calls) == 1  # no retakes left: the timing stands
+    row, trace = measure_run(pair, "a fresh prompt", case, raw=True, common=common)
+    assert len(calls) == len(refs) == interleaved.RETAKES + 1  # then the last timing stands
+    assert trace is calls[-1] and row["wall_s"] == trace.stats.wall_s

@@ -112,6 +112,19 @@ def test_a_restart_with_other_arguments_is_refused_in_one_line(tmp_path, pair, c
     assert len(_lines(tmp_path / "out")) == 2
 
 
+def test_an_eager_run_folder_does_not_resume_on_compiled_steps(tmp_path, pair, monkeypatch):
+    """bench-set compiles a packed target's steps by default now: a folder of eager rows
+    refuses compiled ones (and keeps resuming eagerly)."""
+    from engine.bench import set_runner
+
+    path = _set(tmp_path)
+    run_set(pair, plan_set(_settings(path)), tmp_path / "out")
+    monkeypatch.setattr(set_runner, "compiled_steps", lambda p: True)
+    with pytest.raises(ConfigError, match=r"other arguments \(steps: None there, 'compiled'"):
+        run_set(pair, plan_set(_settings(path)), tmp_path / "out")
+    assert len(_lines(tmp_path / "out")) == 2
+
+
 def test_the_same_prompts_from_another_path_resume(tmp_path, pair):
     run_set(pair, plan_set(_settings(_set(tmp_path))), tmp_path / "out")
     other = tmp_path / "copy"

@@ -303,7 +303,8 @@ def test_a_deferring_thread_runs_a_shape_not_made_yet_static_until_a_warm_up_mak
 def test_without_the_processs_ask_a_packed_model_runs_eagerly(monkeypatch):
     monkeypatch.delenv("SPECVIZ_KV", raising=False)
     pair = _packed_pair()
-    assert static_kv.kv_mode(pair.device, pair.target) == "dynamic"  # the CLI's default
+    assert static_kv.kv_mode(pair.device, pair.target) == "dynamic"  # generate's
+    # and check's default (bench, bench-set and tune turn POLICY.packed on)
     monkeypatch.setattr(static_kv.POLICY, "packed", True)
     assert static_kv.kv_mode(pair.device, pair.target) == "compiled"
     assert static_kv.kv_mode(pair.device, tiny_pair().target) == "dynamic"  # not packed

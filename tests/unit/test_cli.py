@@ -284,3 +284,20 @@ def test_without_a_compiler_a_long_lived_command_keeps_eager_steps(monkeypatch, 
     monkeypatch.setattr(static_kv.POLICY, "packed", False)
     assert cli.main(["bench", "--methods", "greedy", "--prompt", "x"]) == 0
     assert seen == [False] and "no C++ compiler" in caplog.text
+
+
+def test_the_thread_rule_is_measured_on_eager_steps(monkeypatch):
+    """A compiled step keeps the thread count it was compiled at, so the thread rule's
+    calibration (inside a long-lived command's compiled path) must not compile one."""
+    import argparse
+
+    from engine.cli.flags import pair_from_flags
+    from engine.execution import static_kv
+    from engine.run import api
+
+    seen = []
+    monkeypatch.setattr(api, "tune_threads", lambda pair: seen.append(static_kv.POLICY.deferred))
+    args = argparse.Namespace(target="tiny", draft="", device="cpu", dtype="float32",
+                              device_map=None, early_exit_layers=None)
+    pair_from_flags(args)
+    assert seen == [True] and static_kv.POLICY.deferred is False
