@@ -50,6 +50,7 @@ the generate()-identity tests run with the switch on).
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,14 +123,18 @@ class Shape:
         return len(self.nodes)
 
 
+@functools.lru_cache(maxsize=256)
 def chain_shape(depth: int) -> Shape:
-    """A chain: depth D drafts D nodes with D draft calls."""
+    """A chain: depth D drafts D nodes with D draft calls (one frozen Shape per depth,
+    built once: a round asks for its shape every time)."""
     return Shape(tuple(float(d) for d in range(1, depth + 1)),
                  tuple(float(d) for d in range(1, depth + 1)))
 
 
+@functools.lru_cache(maxsize=256)
 def tree_shape(k_config: tuple[int, ...]) -> Shape:
-    """A k-config tree: depth D holds k_1 + k_1 k_2 + ... nodes, one draft call per level."""
+    """A k-config tree: depth D holds k_1 + k_1 k_2 + ... nodes, one draft call per level
+    (built once per k-config)."""
     nodes, level, total = [], 1, 0
     for k in k_config:
         level *= k
@@ -162,6 +167,7 @@ class DepthPosterior:
     discount: float = 0.9
     alpha: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
+    _state: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -193,25 +199,40 @@ class DepthPosterior:
         return [sample_beta(a, b, chooser) for a, b in zip(self.alpha, self.beta)]
 
     def state(self) -> dict[str, Any]:
-        return {"alpha": [round(a, 4) for a in self.alpha],
-                "beta": [round(b, 4) for b in self.beta],
-                "mean": [round(m, 4) for m in self.means()]}
+        """alpha, beta and the means, rounded to 4 places (kept until the counts change: a
+        round reads it twice, before its plan and after its update)."""
+        key = (tuple(self.alpha), tuple(self.beta))
+        if self._state is None or self._state[0] != key:
+            self._state = (key, {"alpha": [round(a, 4) for a in self.alpha],
+                                 "beta": [round(b, 4) for b in self.beta],
+                                 "mean": [round(m, 4) for m in self.means()]})
+        return {k: list(v) for k, v in self._state[1].items()}
 
 
-def plan(profile: CostProfile, shape: Shape, accept: list[float]) -> dict[str, Any]:
+def depth_costs(profile: CostProfile, shape: Shape) -> tuple[float, ...]:
+    """C_D for D = 1..shape.depth: c_round + calls_D c_draft + c_verify(nodes_D)."""
+    return tuple(profile.c_round + calls * profile.c_draft + profile.c_verify(nodes)
+                 for nodes, calls in zip(shape.nodes, shape.calls))
+
+
+def plan(profile: CostProfile, shape: Shape, accept: list[float],
+         costs: tuple[float, ...] | None = None) -> dict[str, Any]:
     """The depth D* in 0..shape.depth with the best E_D / C_D at acceptances `accept`
-    (a_1..a_depth), with every option's numbers. Ties go to the shallower depth."""
+    (a_1..a_depth), with every option's numbers (rounded to 4 places). Ties go to the
+    shallower depth. ``costs``: the shape's ``depth_costs``, where the caller keeps them."""
+    if costs is None:
+        costs = depth_costs(profile, shape)
     options = [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0}]
-    for d in range(1, shape.depth + 1):
-        e = expected_tokens(accept[:d])
-        c = (profile.c_round + shape.calls[d - 1] * profile.c_draft
-             + profile.c_verify(shape.nodes[d - 1]))
-        options.append({"depth": d, "expected_tokens": e, "cost": c,
-                        "gain": e / c if c > 0 else float("inf")})
-    best = max(options, key=lambda o: (o["gain"], -o["depth"]))
-    return {"depth": best["depth"], "predicted_gain": round(best["gain"], 4),
-            "options": [{k: round(v, 4) if isinstance(v, float) else v for k, v in o.items()}
-                        for o in options]}
+    best, best_gain, e, reach = 0, 1.0, 1.0, 1.0
+    for d, c in enumerate(costs, start=1):  # E_D accumulated as expected_tokens does
+        reach *= accept[d - 1] if d <= len(accept) else 0.0
+        e += reach
+        gain = e / c if c > 0 else float("inf")
+        if gain > best_gain:
+            best, best_gain = d, gain
+        options.append({"depth": d, "expected_tokens": round(e, 4), "cost": round(c, 4),
+                        "gain": round(gain, 4)})
+    return {"depth": best, "predicted_gain": round(best_gain, 4), "options": options}
 
 
 PLANS = ("mean", "thompson")
@@ -243,12 +264,14 @@ class CostSwitch:
         self.wait = probe_after  # plain rounds in a row before the next probe
         self._never: dict[Shape, SwitchPlan | None] = {}  # per shape: its plain-for-good
         # record, None where some acceptance makes a depth pay
+        self._costs: dict[Shape, tuple[float, ...]] = {}  # per shape: its depth_costs
 
     def can_draft(self, shape: Shape) -> bool:
         """Whether any acceptance could make some depth of `shape` pay (module docstring):
         the plan at acceptance 1 everywhere, the best any draft can do, drafts."""
         if shape not in self._never:
-            best = plan(self.profile, shape, [1.0] * shape.depth)
+            self._costs[shape] = depth_costs(self.profile, shape)
+            best = plan(self.profile, shape, [1.0] * shape.depth, self._costs[shape])
             self._never[shape] = None if best["depth"] else SwitchPlan(
                 depth=0, predicted_gain=1.0,
                 options=tuple(SwitchOption(**o) for o in best["options"]),
@@ -266,7 +289,7 @@ class CostSwitch:
         before = self.posterior.state()
         drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
                  else self.posterior.means())[: shape.depth]
-        best = plan(self.profile, shape, drawn)
+        best = plan(self.profile, shape, drawn, self._costs[shape])
         probe = (self.plan_kind == "mean" and self.probe_after > 0 and best["depth"] == 0
                  and shape.depth >= 1 and self.plain_run >= self.wait
                  and best["options"][1]["cost"] - 1 <= PROBE_BREAK_EVEN)

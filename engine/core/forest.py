@@ -7,6 +7,7 @@ to make rows rectangular (padding sees only itself and is never kept).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,8 +43,16 @@ class Forest:
 
 
 def empty_forest(width: int, device: torch.device | str = "cpu") -> Forest:
-    z = torch.zeros((width, 0), dtype=torch.long, device=device)
-    return Forest(tokens=z, parents=z.clone(), q_tok=torch.zeros((width, 0)))
+    """A round that drafts nothing (a plain target step): (W, 0) tensors, made once per
+    width and device and shared (no element to write), in a fresh Forest."""
+    tokens, parents, q_tok = _empty_tensors(width, str(device))
+    return Forest(tokens=tokens, parents=parents, q_tok=q_tok)
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_tensors(width: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    z = torch.zeros((width, 0), dtype=torch.long, device=device)  # (W, 0)
+    return z, z.clone(), torch.zeros((width, 0))  # (W, 0) each (q_tok on the CPU, as ever)
 
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
