@@ -117,6 +117,20 @@ def test_posterior_rejects_impossible_counts():
         DepthPosterior(2).observe(1, 2)
 
 
+def test_posterior_state_follows_every_change_of_its_counts_and_is_the_callers_own():
+    post = DepthPosterior(2, discount=0.5)
+    first = post.state()
+    assert first == {"alpha": [1.0, 1.0], "beta": [1.0, 1.0], "mean": [0.5, 0.5]}
+    first["alpha"][0] = 99.0  # a caller's copy: the next read is not changed by it
+    assert post.state()["alpha"] == [1.0, 1.0]
+    post.observe(2, 1)  # alpha_1 + 1, beta_2 + 1
+    assert post.state() == {"alpha": [2.0, 1.0], "beta": [1.0, 2.0], "mean": [0.6667, 0.3333]}
+    post.fade()
+    assert post.state()["alpha"] == [1.5, 1.0] and post.state()["beta"] == [1.0, 1.5]
+    post.alpha[1] = 3.0  # written in place, as observe does
+    assert post.state()["alpha"] == [1.5, 3.0]
+
+
 def test_switch_draws_reproduce_from_the_seed_and_record_the_decision():
     decisions = []
     for _ in range(2):
