@@ -25,13 +25,17 @@ switch). A plain round teaches the posterior nothing, so the plan must keep expl
 means, every plain round decays the posterior towards its prior (mean 0.5), so a plain stretch
 ends once the prior's optimism says drafting pays again; a Thompson draw explores by its spread.
 Where even the prior plans plain (a profile that prices drafting high), the means would never
-draft again, so after ``probe_after`` plain rounds in a row the switch probes: it drafts one
-depth-1 round, the cheapest that teaches a_1, where an acceptance a_1 of at most
-PROBE_BREAK_EVEN would pay for it (C_1 - 1 <= 0.75; a 4-beam verify on a CPU pays only for
-near-certain drafts, and there a probe is a loss). Each probe doubles the wait before the next
-one (a gate that refuses it included); a drafted round the plan chose resets it. Over R
-rounds at most log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps
-(it commits at least the target's own token).
+draft again, so the switch probes: it drafts one depth-1 round, the cheapest that teaches a_1,
+where an acceptance a_1 of at most PROBE_BREAK_EVEN would pay for it (C_1 - 1 <= 0.75; a
+4-beam verify on a CPU pays only for near-certain drafts, and there a probe is a loss). It
+probes at the first round that plans plain before any drafted round (the opening probe: a
+plan at the prior alone rests on no evidence, and a measured profile that puts the prior
+near break-even, as a 2x2 tree's does on a CPU, flips between drafting and plain from one
+process's measurement to the next), then after ``probe_after`` plain rounds in a row; each
+probe doubles the wait before the next one (probe_after, 2 probe_after, ...; a gate that
+refuses it included); a drafted round the plan chose resets it. Over R rounds at most
+1 + log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps (it commits
+at least the target's own token).
 
 Where no depth pays even at acceptance 1 (E_D = D + 1 <= C_D for every D of the shape: a
 4-beam verify on a CPU prices depth 1 at about 2.3 plain rounds), no posterior can make the
@@ -238,6 +242,7 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float],
 PLANS = ("mean", "thompson")
 PROBE_AFTER = 16  # plain rounds in a row before the mean plan probes with a depth-1 round
 PROBE_BREAK_EVEN = 0.75  # ... where a depth-1 acceptance of at most this would pay (C_1 - 1)
+OPENING_PROBE = True  # the first plain plan before any draft probes (module docstring)
 
 
 class CostSwitch:
@@ -246,7 +251,8 @@ class CostSwitch:
 
     ``plan="mean"`` plans at the posterior means and a plain round decays the posterior
     towards the prior, so a long plain stretch drifts back to drafting, and probes with one
-    depth-1 round after ``probe_after`` plain rounds in a row (0: never);
+    depth-1 round at its first plain plan before any draft, then after ``probe_after`` plain
+    rounds in a row (0: never);
     ``plan="thompson"`` plans at a draw from the side generator."""
 
     def __init__(self, profile: CostProfile, depth: int, *, alpha0: float = 1.0,
@@ -261,7 +267,8 @@ class CostSwitch:
         self.decision: SwitchPlan | None = None
         self.probe_after = probe_after
         self.plain_run = 0  # plain rounds since the last drafted round or probe
-        self.wait = probe_after  # plain rounds in a row before the next probe
+        self.wait = 0 if OPENING_PROBE else probe_after  # plain rounds in a row before the
+        # next probe (0: the opening probe)
         self._never: dict[Shape, SwitchPlan | None] = {}  # per shape: its plain-for-good
         # record, None where some acceptance makes a depth pay
         self._costs: dict[Shape, tuple[float, ...]] = {}  # per shape: its depth_costs
@@ -312,7 +319,8 @@ class CostSwitch:
             if self.plan_kind == "mean":
                 self.posterior.fade()
         if self.decision is not None and self.decision.probe:  # drafted or not (a gate may
-            self.wait, self.plain_run = 2 * self.wait, 0  # refuse it): the next waits longer
+            self.wait = max(2 * self.wait, self.probe_after)  # refuse it): the next waits
+            self.plain_run = 0  # longer
         elif drafted:
             self.wait, self.plain_run = self.probe_after, 0
         self.posterior.observe(drafted, accepted)

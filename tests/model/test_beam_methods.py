@@ -18,6 +18,7 @@ import torch
 
 from engine.beams.search import BeamConfig
 from engine.contract.trace import STATUSES, RunTrace
+from engine.control import cost
 from engine.core.sampling import Warp, make_generator
 from engine.run.api import generate, make_decoder
 from engine.run.models import load_pair, model_from_config, tiny_config
@@ -128,10 +129,11 @@ def test_beam_and_strict_match_generate_without_eos(k, draft):
             assert strict.stats.acceptance_rate > 0.5
 
 
-def test_strict_drafts_with_a_feature_drafter_first_after_plain_rounds():
-    """The switch's prior plans plain (DEAR): the feature drafter's first draft is a probe
-    after 16 plain beam steps; it knows the target's states of those steps and the beams
-    stay generate()'s."""
+def test_strict_drafts_with_a_feature_drafter_first_after_plain_rounds(monkeypatch):
+    """The switch's prior plans plain (DEAR) and the opening probe is off: the feature
+    drafter's first draft is a probe after 16 plain beam steps; it knows the target's states
+    of those steps and the beams stay generate()'s."""
+    monkeypatch.setattr(cost, "OPENING_PROBE", False)
     target = tiny(0)
     pair = pair_of(target, "feature")
     set_generation(target)

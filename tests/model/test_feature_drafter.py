@@ -11,6 +11,7 @@ import torch
 
 import engine
 from engine.cli import main
+from engine.control import cost
 from engine.core.errors import ConfigError
 from engine.drafters.feature import (
     FeatureDrafter,
@@ -182,10 +183,13 @@ def test_a_near_perfect_feature_drafter_commits_long_chains_and_still_equals_gre
 
 
 @pytest.mark.parametrize("method,params", [("sd", {}), ("mcsd", {"k_config": "2x2"})])
-def test_a_first_draft_after_plain_rounds_knows_every_feature_and_is_accepted(method, params):
-    """The cost switch's prior plans plain (DEAR), so the drafter's first draft is the probe of
-    round 16: the drafter kept the target's states of the 16 plain commits, so a drafter that
-    copies the target has its probe accepted, and the output is greedy's."""
+def test_a_first_draft_after_plain_rounds_knows_every_feature_and_is_accepted(method, params,
+                                                                           monkeypatch):
+    """The cost switch's prior plans plain (DEAR) and the opening probe is off, so the
+    drafter's first draft is the probe of round 16: the drafter kept the target's states of the
+    16 plain commits, so a drafter that copies the target has its probe accepted, and the
+    output is greedy's."""
+    monkeypatch.setattr(cost, "OPENING_PROBE", False)
     pair = tiny_pair(layers=1, draft="ngram")
     drafter = FeatureDrafter(pair.target, near_perfect_feature_parts(pair.target, 0.0))
     pair.drafter, pair.draft_name = drafter, drafter.name

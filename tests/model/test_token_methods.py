@@ -65,8 +65,11 @@ def test_a_switch_whose_prior_plans_plain_probes_and_keeps_greedy_generates_toke
                             max_new_tokens=40)
     assert list(trace.token_ids) == _ref(pair, [3, 4, 5], 40)
     probes = [r for r in trace.rounds if r.switch is not None and r.switch.probe]
-    assert probes and probes[0].index == 16 and all(r.drafted == 1 for r in probes)
-    assert all(r.drafted == 0 for r in trace.rounds[:16])  # the prior plans plain
+    assert probes and probes[0].index == 0 and all(r.drafted == 1 for r in probes)  # the
+    # opening probe; the prior plans plain, so the next probe waits 16 plain rounds (if the
+    # opening probe's draft failed) or the plan drafts from there (if it passed)
+    later = [r.index for r in probes[1:]]
+    assert not later or later[0] >= 17
 
 
 def test_the_ngram_drafter_accepts_a_copied_span_and_skips_rounds_without_a_match():

@@ -398,8 +398,9 @@ def _probes_when_nothing_is_accepted(switch: CostSwitch, rounds: int) -> list[in
 
 def test_a_mean_plan_that_plans_plain_even_at_the_prior_probes_depth_1_ever_more_rarely():
     switch = CostSwitch(DEAR, 4, plan="mean", probe_after=16)
-    # waits 16, 32, 64 plain rounds: 3 probes in 200 rounds, under log2(1 + 200 / 16)
-    assert _probes_when_nothing_is_accepted(switch, 200) == [16, 49, 114]
+    # the opening probe, then waits of 16, 32, 64 plain rounds: 4 probes in 200 rounds, under
+    # 1 + log2(1 + 200 / 16)
+    assert _probes_when_nothing_is_accepted(switch, 200) == [0, 17, 50, 115]
     rec_depths = []
     switch = CostSwitch(DEAR, 4, plan="mean", probe_after=0)  # no probe: the trap
     for _ in range(200):
@@ -410,6 +411,8 @@ def test_a_mean_plan_that_plans_plain_even_at_the_prior_probes_depth_1_ever_more
 
 def test_an_accepted_probe_turns_the_mean_plan_to_drafting_and_resets_the_wait():
     switch = CostSwitch(DEAR, 4, plan="mean", probe_after=4)
+    assert switch.decide(chain_shape(4), make_generator(0)) == 1  # the opening probe
+    switch.observe(1, 0)  # rejected
     depths = []
     for _ in range(12):
         depths.append(switch.decide(chain_shape(4), make_generator(0)))
@@ -420,19 +423,33 @@ def test_an_accepted_probe_turns_the_mean_plan_to_drafting_and_resets_the_wait()
     assert plan_rec["probe"] is False and plan_rec["predicted_gain"] > 1
 
 
+def test_the_opening_probe_comes_only_before_the_first_draft():
+    """The first plain plan probes only while the run has tested no draft: where the prior
+    plans a draft, the first round drafts and a plain stretch waits probe_after as ever."""
+    cheap = CostProfile("cheap", 0.1, ((0, 1.0), (1, 1.1), (4, 1.4)))  # the prior drafts
+    switch = CostSwitch(cheap, 4, plan="mean", probe_after=3)
+    depths, probes = [], []
+    for _ in range(8):
+        depths.append(switch.decide(chain_shape(4), make_generator(0)))
+        probes.append(switch.record().probe)
+        switch.observe(depths[-1], 0)  # nothing accepted: the means fall until plain
+    assert depths[0] >= 1 and 0 in depths  # a planned draft first, later a plain plan
+    assert not any(probes)  # and that plain plan was no opening probe
+
+
 def test_a_probe_that_drafted_nothing_still_doubles_the_wait():
     switch = CostSwitch(DEAR, 4, plan="mean", probe_after=2)
     depths = []
     for _ in range(12):
         depths.append(switch.decide(chain_shape(4), make_generator(0)))
         switch.observe(0, 0)  # a gate (or an empty lookup) drafts nothing, probe or not
-    assert depths == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]  # waits 2, then 4, then 8
+    assert depths == [1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]  # the opening probe, waits 2, 4, 8
 
 
 def test_no_probe_where_only_a_near_certain_draft_would_pay():
     """C_1 = 1.8: depth 1 pays only above a_1 = 0.8, over PROBE_BREAK_EVEN (0.75); at 1.7 it
     pays above 0.7, so the switch probes."""
-    for c1, probes in ((1.8, []), (1.7, [16, 49])):
+    for c1, probes in ((1.8, []), (1.7, [0, 17, 50])):
         dear = CostProfile("dearer", 0.0, ((0, 1.0), (1, c1), (4, 3.0)))
         switch = CostSwitch(dear, 4, plan="mean", probe_after=16)
         assert _probes_when_nothing_is_accepted(switch, 100) == probes, c1
