@@ -185,8 +185,9 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
     d = rec.depth
     what = "a plain target step" if d == 0 else f"draft to depth {d}"
     if rec.probe:
-        what = ("a probe: every depth planned below a plain step for a stretch of plain "
-                "rounds, so it drafts to depth 1 to learn its acceptance")
+        what = ("a probe: every depth planned below a plain step (at the run's first plain "
+                "plan, or after a stretch of plain rounds), so it drafts to depth 1 to learn "
+                "its acceptance")
     if rec.never:
         what = ("a plain target step for the rest of the run: no depth would pay even if "
                 "every draft were accepted (the options below are priced at acceptance 1), "

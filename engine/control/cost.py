@@ -171,7 +171,7 @@ class DepthPosterior:
     discount: float = 0.9
     alpha: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
-    _state: tuple | None = field(default=None, repr=False, compare=False)
+    _state: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.alpha:
