@@ -174,6 +174,10 @@ class RoundTrace:
     # or "draft:" + dynamic / static / captured / padded; the target's forwards first, then
     # the drafter's, each in call order
     step_paths: tuple[str, ...] = ()
+    # seconds of each draft forward of the round, in call order (inside "propose"): what the
+    # cost switch's measured profile prices a round's first draft call and its later ones by
+    # (engine.run.profile.round_costs); () for a round of no draft call or an older trace
+    draft_seconds: tuple[float, ...] = ()
     # the cost switch's plan of the round (engine.control.cost: depth, predicted gain, the
     # options, the drawn acceptances, the profile), for every method family; None when no
     # switch planned the round

@@ -43,6 +43,7 @@ class RunContext:
     finished_origins: dict = field(default_factory=dict)  # beam token ids -> origins
     round_index: int = 0
     draft_calls: int = 0
+    draft_seconds: list[float] = field(default_factory=list)  # the round's draft forwards
     drafter: Drafter | None = None  # a method may set its own drafter in start()
     _draft: CachedModel | None = None  # the drafter's cache once started (see draft)
 
@@ -77,9 +78,16 @@ class RunContext:
 
     def draft_feed(self, tokens: torch.Tensor | None = None,
                    parents: torch.Tensor | None = None) -> Scored:
-        """One draft forward (counted): the tail and/or (W, m) new nodes, see CachedModel."""
+        """One draft forward (counted and timed): the tail and/or (W, m) new nodes, see
+        CachedModel."""
         self.draft_calls += 1
-        return self.draft.feed(tokens, parents)
+        draft = self.draft  # started (a first call's start is not the forward's time)
+        _sync(self.target.device)
+        t0 = time.perf_counter()
+        out = draft.feed(tokens, parents)
+        _sync(self.target.device)
+        self.draft_seconds.append(time.perf_counter() - t0)
+        return out
 
 
 def side_seed(seed: int) -> int:
@@ -133,6 +141,7 @@ class Decoder:
         ctx, dev = self.ctx, self.ctx.target.device
         t: dict[str, float] = {}
         draft_calls0 = ctx.draft_calls
+        ctx.draft_seconds = []
         before = tuple(BeamTrace(tuple(s), sc) for s, sc in zip(ctx.seqs, ctx.scores))
         _sync(dev)
         t0 = time.perf_counter()
@@ -160,7 +169,7 @@ class Decoder:
             target_calls=1, draft_calls=ctx.draft_calls - draft_calls0, timings=t,
             controller=controller, switch=self.method.switch_plan(), extras=verdict.extras,
             p_top=_top_slices(scored, verdict), beam_steps=verdict.beam_steps,
-            step_paths=self._step_paths(),
+            step_paths=self._step_paths(), draft_seconds=tuple(ctx.draft_seconds),
         )
 
     def _step_paths(self) -> tuple[str, ...]:

@@ -14,8 +14,9 @@ one plain round P of the engine at that width (its forward, verify and commit):
   instead of landing on one), median of REPEATS; c_verify(n) = a plain round plus the
   forward's extra time over n = 0, made non-decreasing in n (:func:`monotone`);
 - c_draft: a short decode of the method with its switch off (``decode``, supplied by the
-  caller: the engine's own run, run twice, the first to warm up): the median round's draft
-  seconds per draft call; c_round: the median round's rest (:func:`round_costs`).
+  caller: the engine's own run, run twice, the first to warm up): the median of its rounds'
+  later draft calls; c_round: the median round's rest, its first draft call's extra
+  included; the forward curve's extras scaled to the decode's own (:func:`round_costs`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run on the same pair and a trace says which costs its decisions used.
@@ -190,7 +191,7 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
         rounds = decode()[1:]
         fresh = round_costs(base, ratios, plain, rounds,
                             f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
-                            f"{mode} steps")
+                            f"{mode} steps", pair.calibration.forward_s.get(width))
         kept = kept + [fresh]
         deferred = static_kv.POLICY.deferrals - deferrals
         if stored_key and not deferred:  # kept unless a step ran static for want of its
@@ -203,29 +204,58 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     return memo[key]
 
 
-def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: float,
-                rounds: list, source: str = "") -> CostProfile:
-    """Costs in plain *rounds* P (the unit the switch's E_0 / C_0 = 1 assumes), so that
-    c_round + calls x c_draft + c_verify(n) is a drafted round's whole time over P:
+K_RANGE = (0.5, 2.5)  # the scale of the timed forwards' extras to the rounds' own (round_costs)
 
-    - c_verify(n) = (P + f(n) - f(0)) / P, f(n) the timed forward with n drafted nodes per
-      row: a plain round plus the extra forward;
-    - c_draft = the median over the calibration rounds of a round's propose seconds per
-      draft call, over P;
-    - c_round = the rest of what the median round costs over a plain round, its extra
-      forward and its draft calls (the verify rule, the commit, a method's own caches), over
-      P (a median: one round slowed by the machine does not set every plan's price).
+
+def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: float,
+                rounds: list, source: str = "",
+                plain_forward_s: float | None = None) -> CostProfile:
+    """Costs in plain *rounds* P (``plain_s``, a whole plain round of the engine at this
+    width: the unit the switch's E_0 / C_0 = 1 assumes), so that c_round + calls x c_draft +
+    c_verify(n) is a drafted round's whole time over P:
+
+    - c_verify(n) = 1 + k (f(n) - f(0)) / P, f(n) = base x ratio the timed forward with n
+      drafted nodes per row: a plain round plus the extra forward. k scales the timed extras
+      to the calibration rounds' own: the sum of their score seconds less a plain round's
+      forward (``plain_forward_s``) over the sum of f(nodes) - f(0) (a run's forward sees a
+      longer context than the timed one and returns what its drafter reads: on the embedded
+      model's compiled path k was 1.2-1.4); 1 where ``plain_forward_s`` is unknown or no
+      round drafted; within K_RANGE;
+    - c_draft = the median of the rounds' later draft calls (each after its round's first:
+      ``RoundTrace.draft_seconds``), over P. A round's first call also catches the drafter
+      up on what the last round committed and costs more (0.2-0.5 ms more on the embedded
+      model): c_round holds that. Rounds that kept no call times (an older trace): the
+      median round's propose seconds per draft call;
+    - c_round = the rest of what the median round costs beyond c_verify(nodes) P and calls x
+      c_draft P (its first call's extra, the verify rule, the commit, a method's own caches),
+      over P (a median: one round slowed by the machine does not set every plan's price).
     """
-    plain = max(plain_s, base)
-    points = tuple((n, round((r * base - base + plain) / plain, 4)) for n, r in ratios)
+    plain = plain_s if plain_s > 0 else base
+    timed = CostProfile(MEASURED, 0.0, ratios)  # f(n) / f(0)
+    nodes = [_nodes(r) for r in rounds]
+    k = 1.0
+    extra = sum((timed.c_verify(n) - 1.0) * base for n in nodes if n > 0)
+    if plain_forward_s is not None and extra > 0:
+        real = sum(r.timings.get("score", 0.0) - plain_forward_s
+                   for r, n in zip(rounds, nodes) if n > 0)
+        k = min(max(real / extra, K_RANGE[0]), K_RANGE[1])
+    points = tuple((n, round(1.0 + k * (r - 1.0) * base / plain, 4)) for n, r in ratios)
     curve = CostProfile(MEASURED, 0.0, points)
-    per_call = [r.timings.get("propose", 0.0) / r.draft_calls for r in rounds if r.draft_calls]
-    rest = []  # per round: its time less the forward curve's and its draft calls' share
-    for r in rounds:
-        width = max(len(r.beams_before), 1)
-        nodes = sum(1 for n in r.nodes if n.status not in NOT_DRAFTED) / width
-        rest.append(sum(r.timings.values()) - curve.c_verify(nodes) * plain
-                    - r.timings.get("propose", 0.0))
-    c_draft = statistics.median(per_call) / plain if per_call else 0.0
+    later = [s for r in rounds for s in r.draft_seconds[1:]]
+    firsts = [r.draft_seconds[0] for r in rounds if r.draft_seconds]
+    if later or firsts:
+        c_draft = statistics.median(later or firsts) / plain
+    else:
+        per_call = [r.timings.get("propose", 0.0) / r.draft_calls for r in rounds
+                    if r.draft_calls]
+        c_draft = statistics.median(per_call) / plain if per_call else 0.0
+    rest = [sum(r.timings.values()) - curve.c_verify(n) * plain - r.draft_calls * c_draft * plain
+            for r, n in zip(rounds, nodes)]  # per round: its time less the curve's and calls'
     c_round = max(statistics.median(rest), 0.0) / plain if rest else 0.0
     return CostProfile(MEASURED, round(c_draft, 4), points, source, round(c_round, 4))
+
+
+def _nodes(r) -> float:
+    """Drafted nodes per row of a round (the nodes the drafter proposed over its width)."""
+    width = max(len(r.beams_before), 1)
+    return sum(1 for n in r.nodes if n.status not in NOT_DRAFTED) / width

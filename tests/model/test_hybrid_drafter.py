@@ -127,9 +127,10 @@ def test_temperature_zero_with_the_hybrid_drafter_equals_greedy_generate(method,
 
 
 def _decisions(trace) -> list:
-    """What a run decided, round by round (every field but the timings and the KV path of
-    each forward: the lazy hybrid runs fewer feature forwards by design)."""
-    rounds = [{k: v for k, v in r.items() if k not in ("timings", "step_paths")}
+    """What a run decided, round by round (every field but the timings, the KV path and
+    the seconds of each forward: the lazy hybrid runs fewer feature forwards by design)."""
+    rounds = [{k: v for k, v in r.items()
+               if k not in ("timings", "step_paths", "draft_seconds")}
               for r in trace.to_dict()["rounds"]]
     return [list(trace.token_ids), rounds]
 

@@ -106,6 +106,9 @@ def test_rounds_record_nodes_tests_and_statuses():
     for t in r.tests:
         assert 0 <= t.ratio <= 1 and t.decision in ("accept", "reject")
     assert r.draft_calls == 2 and r.target_calls == 1
+    for r in rounds:  # each draft forward timed, inside the propose phase
+        assert len(r.draft_seconds) == r.draft_calls and all(s > 0 for s in r.draft_seconds)
+        assert sum(r.draft_seconds) <= r.timings["propose"]
 
 
 @pytest.mark.parametrize("method,params", [

@@ -272,6 +272,34 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
     assert empty.c_draft == 0.0 and empty.c_round == 0.0
 
 
+def test_measured_costs_price_a_round_s_later_draft_calls_and_scale_the_timed_forwards():
+    """round_costs with each call timed and a plain round's forward known: c_draft is a later
+    call's price (0.01 s), the first call's extra (0.02 - 0.01) goes to c_round, and the timed
+    forward's extras (f(2) - f(0) = 0.02 s) are scaled to the rounds' own (score 0.125 s less
+    the plain round's forward 0.095 s = 0.03 s: k = 1.5), so every round's time is still
+    c_round + calls x c_draft + c_verify(nodes) over P."""
+    from engine.contract.trace import NodeTrace, RoundTrace
+    from engine.run.profile import round_costs
+
+    nodes = (NodeTrace(0, -1, 0, 1, 5, "a", 0.5, 0.5, "accepted"),
+             NodeTrace(1, 0, 0, 2, 6, "b", 0.5, 0.1, "rejected"),
+             NodeTrace(2, 0, 0, 2, 7, "c", None, 0.3, "resampled"))
+    rounds = [RoundTrace(i, nodes=nodes, draft_calls=2, draft_seconds=(0.02, 0.01),
+                         timings={"propose": 0.03, "score": 0.125, "verify": 0.015,
+                                  "commit": 0.005}) for i in range(3)]
+    prof = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.095)
+    assert prof.c_draft == pytest.approx(0.01 / 0.11, abs=1e-4)
+    assert prof.c_verify(2) == pytest.approx(1 + 1.5 * 0.02 / 0.11, abs=1e-4)
+    assert prof.c_round + 2 * prof.c_draft + prof.c_verify(2) == \
+        pytest.approx(0.175 / 0.11, abs=1e-3)
+    assert prof.c_round == pytest.approx((0.175 - 0.11 - 0.03 - 0.02) / 0.11, abs=1e-3)
+    one = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds[:1], plain_forward_s=0.095)
+    assert one.c_round + one.c_draft + one.c_verify(1) > prof.c_draft + prof.c_verify(1)
+    # a depth-1 round pays the first call's extra: priced above a later call's share alone
+    wild = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.0)
+    assert wild.c_verify(2) == pytest.approx(1 + 2.5 * 0.02 / 0.11, abs=1e-4)  # k capped
+
+
 def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(monkeypatch):
     """profile.verify_points / measured measure once per pair and key, into
     pair.calibration (verify, profiles), and read it back; a fresh pair measures afresh."""

@@ -300,11 +300,12 @@ def test_every_view_renders_every_round_of_the_demo_trace():
         assert len(out) == len(OUTPUTS)
     data = json.loads(DEMO_TRACE.read_text())
     again = json.loads(RunTrace.from_dict(data).to_json())
-    for r in again["rounds"]:  # recorded before nodes named their source and before a
-        # dynamic tree's drafted_nodes: null, as read
+    for r in again["rounds"]:  # recorded before nodes named their source, before a
+        # dynamic tree's drafted_nodes and before draft calls were timed: null / (), as read
         for n in r["nodes"]:
             assert n.pop("source") is None
         assert r["extras"].pop("drafted_nodes") is None
+        assert r.pop("draft_seconds") == []
     assert again == data
 
 
