@@ -172,6 +172,7 @@ class DepthPosterior:
     alpha: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
     _state: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _record: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -212,6 +213,15 @@ class DepthPosterior:
                                  "mean": [round(m, 4) for m in self.means()]})
         return {k: list(v) for k, v in self._state[1].items()}
 
+    def record(self) -> DepthPosteriorState:
+        """:meth:`state` as the trace's record (immutable: one object until the counts
+        change)."""
+        key = (tuple(self.alpha), tuple(self.beta))
+        if self._record is None or self._record[0] != key:
+            self._record = (key, DepthPosteriorState(**{k: tuple(v)
+                                                        for k, v in self.state().items()}))
+        return self._record[1]
+
 
 def depth_costs(profile: CostProfile, shape: Shape) -> tuple[float, ...]:
     """C_D for D = 1..shape.depth: c_round + calls_D c_draft + c_verify(nodes_D)."""
@@ -226,7 +236,17 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float],
     shallower depth. ``costs``: the shape's ``depth_costs``, where the caller keeps them."""
     if costs is None:
         costs = depth_costs(profile, shape)
-    options = [{"depth": 0, "expected_tokens": 1.0, "cost": 1.0, "gain": 1.0}]
+    best, gain, options = weigh(costs, accept)
+    return {"depth": best, "predicted_gain": gain,
+            "options": [{"depth": o.depth, "expected_tokens": o.expected_tokens,
+                         "cost": o.cost, "gain": o.gain} for o in options]}
+
+
+def weigh(costs: tuple[float, ...], accept: list[float]
+          ) -> tuple[int, float, tuple[SwitchOption, ...]]:
+    """:func:`plan`'s work on a shape's ``depth_costs``: (D*, its gain rounded, the options as
+    the trace records them)."""
+    options = [SwitchOption(0, 1.0, 1.0, 1.0)]
     best, best_gain, e, reach = 0, 1.0, 1.0, 1.0
     for d, c in enumerate(costs, start=1):  # E_D accumulated as expected_tokens does
         reach *= accept[d - 1] if d <= len(accept) else 0.0
@@ -234,9 +254,8 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float],
         gain = e / c if c > 0 else float("inf")
         if gain > best_gain:
             best, best_gain = d, gain
-        options.append({"depth": d, "expected_tokens": round(e, 4), "cost": round(c, 4),
-                        "gain": round(gain, 4)})
-    return {"depth": best, "predicted_gain": round(best_gain, 4), "options": options}
+        options.append(SwitchOption(d, round(e, 4), round(c, 4), round(gain, 4)))
+    return best, round(best_gain, 4), tuple(options)
 
 
 PLANS = ("mean", "thompson")
@@ -278,14 +297,11 @@ class CostSwitch:
         the plan at acceptance 1 everywhere, the best any draft can do, drafts."""
         if shape not in self._never:
             self._costs[shape] = depth_costs(self.profile, shape)
-            best = plan(self.profile, shape, [1.0] * shape.depth, self._costs[shape])
-            self._never[shape] = None if best["depth"] else SwitchPlan(
-                depth=0, predicted_gain=1.0,
-                options=tuple(SwitchOption(**o) for o in best["options"]),
+            best, _, options = weigh(self._costs[shape], [1.0] * shape.depth)
+            self._never[shape] = None if best else SwitchPlan(
+                depth=0, predicted_gain=1.0, options=options,
                 drawn=(1.0,) * shape.depth, profile=self.profile.name,
-                posterior=DepthPosteriorState(**{k: tuple(v)
-                                                 for k, v in self.posterior.state().items()}),
-                never=True)
+                posterior=self.posterior.record(), never=True)
         return self._never[shape] is None
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
@@ -293,21 +309,17 @@ class CostSwitch:
         if not self.can_draft(shape):
             self.decision = self._never[shape]
             return 0
-        before = self.posterior.state()
+        before = self.posterior.record()
         drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
                  else self.posterior.means())[: shape.depth]
-        best = plan(self.profile, shape, drawn, self._costs[shape])
-        probe = (self.plan_kind == "mean" and self.probe_after > 0 and best["depth"] == 0
+        best, gain, options = weigh(self._costs[shape], drawn)
+        probe = (self.plan_kind == "mean" and self.probe_after > 0 and best == 0
                  and shape.depth >= 1 and self.plain_run >= self.wait
-                 and best["options"][1]["cost"] - 1 <= PROBE_BREAK_EVEN)
-        chosen = best["options"][1] if probe else None
+                 and options[1].cost - 1 <= PROBE_BREAK_EVEN)
         self.decision = SwitchPlan(
-            depth=1 if probe else best["depth"],
-            predicted_gain=chosen["gain"] if chosen else best["predicted_gain"],
-            options=tuple(SwitchOption(**o) for o in best["options"]),
-            drawn=tuple(round(a, 4) for a in drawn), profile=self.profile.name,
-            posterior=DepthPosteriorState(**{k: tuple(v) for k, v in before.items()}),
-            probe=probe)
+            depth=1 if probe else best, predicted_gain=options[1].gain if probe else gain,
+            options=options, drawn=tuple(round(a, 4) for a in drawn),
+            profile=self.profile.name, posterior=before, probe=probe)
         return self.decision.depth
 
     def observe(self, drafted: int, accepted: int) -> None:

@@ -17,6 +17,7 @@ every match so sampling methods stay exact.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,12 @@ class Laws:
     root: torch.Tensor | None = None
 
 
+@functools.lru_cache(maxsize=64)
+def _no_laws(width: int) -> Laws:
+    """The laws of no feed yet, W rows (one shared object per width: never written)."""
+    return Laws(torch.zeros((width, 0), dtype=torch.bool))
+
+
 class NGramDrafter(DrafterBase):
     """Prompt lookup over the context (see the module docstring)."""
 
@@ -148,7 +155,7 @@ class NGramRunner:
     def _reset_round(self) -> None:
         self.arrays: list[np.ndarray] = []  # self.rows as arrays (filled by _context)
         self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
-        self.laws = Laws(torch.zeros((len(self.rows), 0), dtype=torch.bool))  # the last feed's
+        self.laws = _no_laws(len(self.rows))  # the last feed's
 
     def take_served(self) -> list[str]:
         """No model forward runs here: no KV path to report."""
@@ -218,8 +225,12 @@ class NGramRunner:
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
                new_tokens: torch.Tensor, target=None, draft_path=None) -> None:
         """Row i of the next round = old row rows[i] + path_tokens[i] + new_tokens[i]."""
-        self.rows = [self.rows[r] + p + n for r, p, n in
-                     zip(rows.tolist(), path_tokens.tolist(), new_tokens.tolist())]
+        if len(self.rows) == 1 and rows.shape[0] == 1:  # one row: it grows in place (a
+            # copy of the whole context a round is the cost of a reorder, which it cannot have)
+            self.rows[0] += path_tokens[0].tolist() + new_tokens[0].tolist()
+        else:
+            self.rows = [self.rows[r] + p + n for r, p, n in
+                         zip(rows.tolist(), path_tokens.tolist(), new_tokens.tolist())]
         self._reset_round()
 
 

@@ -349,13 +349,20 @@ class CachedModel:
                 differ from the forest's ids (a dynamic tree feeds a drafter some nodes only;
                 an index >= the nodes fed: never fed); None: path_nodes.
         """
-        rows = rows.to(self.device)
         if self.tail_fed == 0 and self.forest_fed == 0:  # nothing fed this round (a drafter
-            self._defer_rows(rows)  # in a plain round): the cache's rows follow later
-            self.tail = torch.cat([self.tail[rows], path_tokens.to(self.device),
+            # in a plain round): the cache's rows follow later (one row stays row 0: nothing
+            # to reorder)
+            if rows.shape[0] == 1 and self.width == 1 and self.pending_rows is None:
+                tail = self.tail
+            else:
+                rows = rows.to(self.device)
+                self._defer_rows(rows)
+                tail = self.tail[rows]
+            self.tail = torch.cat([tail, path_tokens.to(self.device),
                                    new_tokens.to(self.device)], dim=1)
             self._reset_round()
             return
+        rows = rows.to(self.device)
         self._apply_rows()
         path_nodes = (path_nodes if draft_path is None else draft_path).to(self.device)
         t_all = self.tail.shape[1]
