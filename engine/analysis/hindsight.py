@@ -131,8 +131,8 @@ def measured_costs(pair: ModelPair, trace: RunTrace, name: str) -> tuple[CostPro
         base, ratios = profiles.verify_points(pair, 1)
         return profiles.monotone(profiles.round_costs(
             base, ratios, plain_s, drafting,
-            "this machine; c_draft from the trace's rounds",
-            pair.calibration.forward_s.get(1))), plain_s
+            "this machine; c_draft from the trace's rounds")), plain_s
+        # (no scale of the timed forwards: the trace's rounds may come from another machine)
     full, _ = run_params(pair, "sd", {})
     return profiles.monotone(cost_profile(pair, "sd", full, profiles.MEASURED)), plain_s
 

@@ -82,10 +82,10 @@ class RunContext:
         CachedModel."""
         self.draft_calls += 1
         draft = self.draft  # started (a first call's start is not the forward's time)
-        _sync(self.target.device)
+        _sync(draft.device)
         t0 = time.perf_counter()
         out = draft.feed(tokens, parents)
-        _sync(self.target.device)
+        _sync(draft.device)
         self.draft_seconds.append(time.perf_counter() - t0)
         return out
 

@@ -211,8 +211,9 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
                 rounds: list, source: str = "",
                 plain_forward_s: float | None = None) -> CostProfile:
     """Costs in plain *rounds* P (``plain_s``, a whole plain round of the engine at this
-    width: the unit the switch's E_0 / C_0 = 1 assumes), so that c_round + calls x c_draft +
-    c_verify(n) is a drafted round's whole time over P:
+    width: the unit the switch's E_0 / C_0 = 1 assumes; ``base`` only where it is not
+    positive), so that c_round + calls x c_draft + c_verify(n) is a drafted round's whole
+    time over P:
 
     - c_verify(n) = 1 + k (f(n) - f(0)) / P, f(n) = base x ratio the timed forward with n
       drafted nodes per row: a plain round plus the extra forward. k scales the timed extras
@@ -221,11 +222,12 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
       longer context than the timed one and returns what its drafter reads: on the embedded
       model's compiled path k was 1.0-1.3); 1 where ``plain_forward_s`` is unknown or no
       round drafted; within K_RANGE;
-    - c_draft = the median of the rounds' later draft calls (each after its round's first:
-      ``RoundTrace.draft_seconds``), over P. A round's first call also catches the drafter
-      up on what the last round committed and costs more (0.2-0.5 ms more on the embedded
-      model): c_round holds that. Rounds that kept no call times (an older trace): the
-      median round's propose seconds per draft call;
+    - c_draft = the median over the rounds of two or more calls of their propose seconds
+      past the first call (``RoundTrace.draft_seconds``) per later call, over P. A round's
+      first call also catches the drafter up on what the last round committed and costs
+      more (0.2-0.5 ms more on the embedded model): c_round holds that. Where no round made
+      a second call, or kept no call times (an older trace): the median round's propose
+      seconds per draft call;
     - c_round = the rest of what the median round costs beyond c_verify(nodes) P and calls x
       c_draft P (its first call's extra, the verify rule, the commit, a method's own caches),
       over P (a median: one round slowed by the machine does not set every plan's price).
@@ -241,14 +243,13 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
         k = min(max(real / extra, K_RANGE[0]), K_RANGE[1])
     points = tuple((n, round(1.0 + k * (r - 1.0) * base / plain, 4)) for n, r in ratios)
     curve = CostProfile(MEASURED, 0.0, points)
-    later = [s for r in rounds for s in r.draft_seconds[1:]]
-    firsts = [r.draft_seconds[0] for r in rounds if r.draft_seconds]
-    if later or firsts:
-        c_draft = statistics.median(later or firsts) / plain
-    else:
-        per_call = [r.timings.get("propose", 0.0) / r.draft_calls for r in rounds
-                    if r.draft_calls]
-        c_draft = statistics.median(per_call) / plain if per_call else 0.0
+    later = [(r.timings.get("propose", 0.0) - r.draft_seconds[0]) / (r.draft_calls - 1)
+             for r in rounds if r.draft_calls > 1 and len(r.draft_seconds) == r.draft_calls]
+    # per round: its propose seconds past the first call, per later call (the draft forward
+    # and the method's own work around it: a hybrid's deferred lookups, a tree's top-k)
+    per_call = [r.timings.get("propose", 0.0) / r.draft_calls for r in rounds
+                if r.draft_calls]
+    c_draft = statistics.median(later or per_call) / plain if later or per_call else 0.0
     rest = [sum(r.timings.values()) - curve.c_verify(n) * plain - r.draft_calls * c_draft * plain
             for r, n in zip(rounds, nodes)]  # per round: its time less the curve's and calls'
     c_round = max(statistics.median(rest), 0.0) / plain if rest else 0.0

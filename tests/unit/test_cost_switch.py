@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -293,11 +293,21 @@ def test_measured_costs_price_a_round_s_later_draft_calls_and_scale_the_timed_fo
     assert prof.c_round + 2 * prof.c_draft + prof.c_verify(2) == \
         pytest.approx(0.175 / 0.11, abs=1e-3)
     assert prof.c_round == pytest.approx((0.175 - 0.11 - 0.03 - 0.02) / 0.11, abs=1e-3)
-    one = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds[:1], plain_forward_s=0.095)
-    assert one.c_round + one.c_draft + one.c_verify(1) > prof.c_draft + prof.c_verify(1)
-    # a depth-1 round pays the first call's extra: priced above a later call's share alone
+    # the first call's extra (0.01 s) is in c_round, so depth 1 costs it too
+    assert prof.c_round * 0.11 >= 0.01 - 1e-4
     wild = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.0)
     assert wild.c_verify(2) == pytest.approx(1 + 2.5 * 0.02 / 0.11, abs=1e-4)  # k capped
+    tame = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.124)
+    assert tame.c_verify(2) == pytest.approx(1 + 0.5 * 0.02 / 0.11, abs=1e-4)  # and floored
+    unscaled = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds)
+    assert unscaled.c_verify(2) == pytest.approx(1 + 0.02 / 0.11, abs=1e-4)  # no plain forward
+    slow_timed = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.09, rounds)  # the timed forward
+    assert slow_timed.c_verify(2) == pytest.approx(1 + 0.02 / 0.09, abs=1e-4)  # is not the
+    # unit: a plain round is, even where it is the shorter
+    single = [replace(r, draft_calls=1, draft_seconds=(0.02,),
+                      timings={**r.timings, "propose": 0.025}) for r in rounds]
+    assert round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, single).c_draft == \
+        pytest.approx(0.025 / 0.11, abs=1e-4)  # no later call: a round's propose per call
 
 
 def test_measured_profiles_and_verify_points_are_kept_in_the_pair_s_calibration(monkeypatch):
