@@ -220,7 +220,7 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
       to the calibration rounds' own: the sum of their score seconds less a plain round's
       forward (``plain_forward_s``) over the sum of f(nodes) - f(0) (a run's forward sees a
       longer context than the timed one and returns what its drafter reads: on the embedded
-      model's compiled path k was 1.0-1.3); 1 where ``plain_forward_s`` is unknown or no
+      model's compiled path k was 0.9-1.3); 1 where ``plain_forward_s`` is unknown or no
       round drafted; within K_RANGE;
     - c_draft = the median over the rounds of two or more calls of their propose seconds
       past the first call (``RoundTrace.draft_seconds``) per later call, over P. A round's
