@@ -257,9 +257,12 @@ def round_markdown(trace: RunTrace | None, index: int) -> str:
     c = round_counts(r)
     toks = "".join(t.text for t in r.committed)
     ms = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in r.timings.items())
+    calls = f"{r.draft_calls}" + (  # each draft forward (the first also catches up)
+        " (" + ", ".join(f"{1000 * s:.1f}" for s in r.draft_seconds) + " ms)"
+        if r.draft_seconds else "")
     return (f"**Round {r.index}** of {len(trace.rounds)} · {c.drafted_phrase} · "
             f"{c.committed_phrase} `{toks!r}` · target calls {r.target_calls}, draft calls "
-            f"{r.draft_calls}" + (f" · {ms}" if ms else ""))
+            f"{calls}" + (f" · {ms}" if ms else ""))
 
 
 def run_markdown(trace: RunTrace | None, live: bool = False, source: str = "") -> str:

@@ -278,6 +278,14 @@ def test_the_controller_panel_hides_when_no_controller_has_a_chart(trace):
     assert views(SessionState(t))["posterior_visible"] is False
 
 
+def test_the_round_header_times_each_draft_call_where_the_trace_has_them(trace):
+    assert "draft calls 2 · propose 10.0 ms" in round_panel.round_markdown(trace, 0)  # untimed
+    timed = replace(trace, rounds=(replace(trace.rounds[0], draft_seconds=(0.0018, 0.0014)),)
+                    + trace.rounds[1:])
+    assert "draft calls 2 (1.8, 1.4 ms) · propose 10.0 ms" in \
+        round_panel.round_markdown(timed, 0)
+
+
 def test_posterior_figure_explains_when_no_controller_ran(trace):
     fig = charts.posterior_figure(RunTrace("sd", {}, "t", "d", "cpu", "", (),
                                            (_baseline_round(),), (), "", (), RunSummary()), 0)
