@@ -129,10 +129,11 @@ def measured_costs(pair: ModelPair, trace: RunTrace, name: str) -> tuple[CostPro
     drafting = [r for r in trace.rounds[1:] if r.draft_calls]
     if drafting and METHODS[trace.method].uses_draft:
         base, ratios = profiles.verify_points(pair, 1)
+        # no plain forward given: the timed forwards are not scaled to the trace's rounds,
+        # which may come from another machine
         return profiles.monotone(profiles.round_costs(
             base, ratios, plain_s, drafting,
             "this machine; c_draft from the trace's rounds")), plain_s
-        # (no scale of the timed forwards: the trace's rounds may come from another machine)
     full, _ = run_params(pair, "sd", {})
     return profiles.monotone(cost_profile(pair, "sd", full, profiles.MEASURED)), plain_s
 

@@ -14,9 +14,10 @@ one plain round P of the engine at that width (its forward, verify and commit):
   instead of landing on one), median of REPEATS; c_verify(n) = a plain round plus the
   forward's extra time over n = 0, made non-decreasing in n (:func:`monotone`);
 - c_draft: a short decode of the method with its switch off (``decode``, supplied by the
-  caller: the engine's own run, run twice, the first to warm up): the median of its rounds'
-  later draft calls; c_round: the median round's rest, its first draft call's extra
-  included; the forward curve's extras scaled to the decode's own (:func:`round_costs`).
+  caller: the engine's own run, run twice, the first to warm up): the median over its
+  rounds of a round's propose seconds past its first draft call per later call; c_round:
+  the median round's rest, its first call's extra included; the forward curve's extras
+  scaled to the decode's own (:func:`round_costs`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run on the same pair and a trace says which costs its decisions used.
