@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# GPU runbook, one call of under 8 minutes: the CUDA tests (tests/cuda: the three KV paths,
+# GPU runbook, one call of about 9 minutes (H200, 12-04: tests/cuda 104 s, the step table 93 s +
+# 148 s with --compiled): the CUDA tests (tests/cuda: the three KV paths,
 # tree attention against sequential decoding, greedy and beam methods against generate(),
-# fp32 and bf16, device maps), the step table (engine/bench/steps.py: dynamic / static /
-# captured steps, c_verify(n), c_draft, generate() eager, bandwidth limit; SmolLM2-1.7B- and
+# fp32 and bf16, device maps, compiled steps captured), the step table (engine/bench/steps.py:
+# dynamic / static / captured / compiled steps, c_verify(n), c_draft, generate() eager,
+# bandwidth limit; SmolLM2-1.7B- and
 # Qwen2.5-7B-sized random models built from configs, no download), the method rows
 # (engine/bench/gpu.py) and last the peer generate() with static cache + torch.compile.
 # Needs no network and no pip: ./.venv/bin/python when present, else the system python3
@@ -18,12 +20,12 @@ PY=.venv/bin/python
 OUT=${OUT:-artifacts/gpu}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False PYTHONUNBUFFERED=1
-STEPS=(--sizes smollm2-1.7b qwen2.5-7b --tokens 48 --reps 8)
+STEPS=(--sizes smollm2-1.7b qwen2.5-7b --tokens 48 --reps 8 --compiled)
 PEER=(--sizes smollm2-1.7b --compile-peer smollm2-1.7b --tokens 48 --reps 3 --peer-only)
 BENCH=(--new-tokens 48 --repeats 2)
 case "${1:-}" in
-  --quick) STEPS=(--sizes smollm2-1.7b --tokens 32 --reps 5); BENCH=(--new-tokens 32 --repeats 2) ;;
-  --rehearse) STEPS=(--small --tokens 8 --reps 2 --device cpu)
+  --quick) STEPS=(--sizes smollm2-1.7b --tokens 32 --reps 5 --compiled); BENCH=(--new-tokens 32 --repeats 2) ;;
+  --rehearse) STEPS=(--small --tokens 8 --reps 2 --device cpu --compiled)
               PEER=(--small --compile-peer small-target --tokens 8 --reps 2 --peer-only --device cpu)
               BENCH=(--small --device cpu) ;;
 esac
@@ -39,14 +41,14 @@ PY
 
 status=0
 if "$PY" -c "import pytest" 2>/dev/null; then
-  timeout 180 "$PY" -m pytest -q -p no:cacheprovider -rs --durations=5 --timeout=60 tests/cuda \
+  timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs --durations=5 --timeout=120 tests/cuda \
     2>&1 | tee "$OUT/cuda_tests.log"
   status=${PIPESTATUS[0]}
 else
   echo "pytest is not installed for $PY: the CUDA tests did not run" | tee "$OUT/cuda_tests.log"
   status=1
 fi
-timeout 170 "$PY" -m engine.bench.steps "${STEPS[@]}" --out "$OUT/steps.json" \
+timeout 330 "$PY" -m engine.bench.steps "${STEPS[@]}" --out "$OUT/steps.json" \
   | tee "$OUT/steps.md"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 timeout 60 "$PY" -m engine.bench.gpu "${BENCH[@]}" --out "$OUT/gpu_bench.json" \

@@ -57,6 +57,9 @@ SIZES: dict[str, dict[str, Any]] = {  # the shapes of the GPU presets' models
 PAIRS = {"smollm2-1.7b": "smollm2-135m", "qwen2.5-7b": "qwen2.5-0.5b",
          "small-target": "small-draft"}  # target -> its preset's draft model
 MODES = ("dynamic", "static", "captured")
+COMPILED = "compiled"  # --compiled: inductor's kernels, each step shape captured on CUDA
+COMPILED_NODES = (3, 7)  # chain nodes of its c_verify(n) (buckets 4 and 8: sd's gamma 3, 7);
+# every shape compiles once (about half a minute for the 1.7B), so fewer than the captured's
 NODES = tuple(range(1, 17))
 PROMPT = 64
 
@@ -223,12 +226,21 @@ def measure_target(name: str, dev, dt, a, gen, save: Callable[[], None],
 def _engine_rows(model, name: str, row: dict, dev, dt, a, gen, save) -> None:
     """The engine's steps on every path, c_verify(n), generate() eager and c_draft."""
     row["step_ms"] = {}
-    for mode in MODES:
+    modes = MODES + ((COMPILED,) if a.compiled else ())
+    for mode in modes:
+        t0 = time.perf_counter()
         times, served = step_ms(model, mode, 1, 0, a.reps, gen)
-        row["step_ms"][mode] = {**_mmm(times), "served": served}
+        row["step_ms"][mode] = {**_mmm(times), "served": served,
+                                "first_s": time.perf_counter() - t0}  # capture / compile
         save()
-    row["engine_greedy_ms"] = {m: engine_greedy_ms(model, m, a.tokens, gen) for m in MODES}
+    row["engine_greedy_ms"] = {m: engine_greedy_ms(model, m, a.tokens, gen) for m in modes}
     save()
+    if a.compiled:
+        base = row["step_ms"][COMPILED]["median"]
+        row["c_verify_compiled"] = {"1": {
+            str(n): statistics.median(step_ms(model, COMPILED, 1, n, a.reps, gen)[0]) / base
+            for n in COMPILED_NODES}}
+        save()
     plain = {w: statistics.median(step_ms(model, "captured", w, 0, a.reps, gen)[0])
              for w in (1, 4)}
     row["plain_ms"] = plain
@@ -309,12 +321,13 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"{res['device']}, {res['dtype']}, torch {res['torch']}, transformers "
              f"{res['transformers']}, {res['date']}; copy bandwidth "
              f"{res['copy_bytes_per_s'] / 1e12:.2f} TB/s", "",
-             "| target | stream ms | step ms dynamic / static / captured | x stream | engine "
-             "greedy round ms d / s / c | generate() eager ms | generate() static+compile ms"
+             "| target | stream ms | step ms dynamic / static / captured [/ compiled] | "
+             "x stream | engine greedy round ms d / s / c [/ compiled] | generate() eager ms | "
+             "generate() static+compile ms"
              " | c_draft (captured) |", "|---|---|---|---|---|---|---|---|"]
     for name, r in res["targets"].items():
         st = r.get("step_ms", {})
-        steps = " / ".join(f"{st[m]['median']:.2f}" for m in MODES if m in st)
+        steps = " / ".join(f"{st[m]['median']:.2f}" for m in (*MODES, COMPILED) if m in st)
         xs = (f"{st['captured']['median'] / r['stream_ms']:.1f}x" if "captured" in st else "")
         eg = " / ".join(f"{v:.2f}" for v in r.get("engine_greedy_ms", {}).values())
         ge = r.get("generate_eager_ms", {}).get("ms")
@@ -329,6 +342,9 @@ def markdown(res: dict[str, Any]) -> str:
     for name, r in res["targets"].items():
         for w, cv in r.get("c_verify", {}).items():
             lines.append(f"- {name} c_verify(n) width {w}, captured: "
+                         + ", ".join(f"{n}: {v:.2f}" for n, v in cv.items()))
+        for w, cv in r.get("c_verify_compiled", {}).items():
+            lines.append(f"- {name} c_verify(n) width {w}, compiled: "
                          + ", ".join(f"{n}: {v:.2f}" for n, v in cv.items()))
         for w, cv in r.get("c_verify_dynamic", {}).items():
             lines.append(f"- {name} c_verify(n) width {w}, dynamic: "
@@ -356,6 +372,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="targets whose generate() also runs with static cache + compile")
     ap.add_argument("--peer-only", action="store_true",
                     help="only generate() with static cache + compile (added to --out's JSON)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also the compiled path (SPECVIZ_KV=compiled; on CUDA each "
+                         "inductor-compiled step captured as a CUDA graph): a plain step, an "
+                         f"engine greedy round, c_verify(n) for n in {COMPILED_NODES}")
     ap.add_argument("--out", help="write the JSON here (after every measurement)")
     a = ap.parse_args(argv)
     a.sizes = a.sizes or (["small-target"] if a.small else ["smollm2-1.7b", "qwen2.5-7b"])

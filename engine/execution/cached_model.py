@@ -16,8 +16,9 @@ row's *tail* (at least the newest token). One round feeds the tail plus forest n
 
 The KV storage is one of four paths (:mod:`engine.execution.static_kv`): transformers'
 ``DynamicCache`` (``dynamic``), preallocated buffers written in place (``static``), those
-buffers with every step replayed from a captured CUDA graph (``captured``), or, on a CPU, with
-every step compiled by inductor (``compiled``). The slot layout,
+buffers with every step replayed from a captured CUDA graph (``captured``), or with every
+step compiled by inductor (``compiled``; on CUDA each compiled step is then captured). The slot
+layout,
 masks and positions are the same on every path; :attr:`CachedModel.served` lists the path of
 each forward since the last :meth:`take_served`.
 """
@@ -142,10 +143,12 @@ class CachedModel:
         if self.mode == "compiled" and is_packed(model):
             eager_bits.keep_eager_bits(model)  # its norms and rotary traced as ops: a
             # compiled step's bits are the eager step's
-        self.whole_view = (self.mode == "compiled"
-                           and model.config._attn_implementation == attention.ROWS_NAME)
-        # rowattn reads a row's visible slots only: a compiled step attends the whole buffer,
-        # one shape per rows and bucket instead of one per view too
+        self.whole_view = self.mode == "compiled" and (
+            self.device.type == "cuda"
+            or model.config._attn_implementation == attention.ROWS_NAME)
+        # rowattn reads a row's visible slots only, and a CUDA step attends all slots as a
+        # captured one does: a compiled step attends the whole buffer, one shape per rows
+        # and bucket instead of one per view too
         self.kv: static_kv.KVSet | None = None  # the leased buffers (static and captured)
         self.served: list[str] = []  # the path of every forward since take_served()
         self.base = 0  # cached committed length (same for every row)

@@ -38,8 +38,12 @@ measured rule):
   holds the row's real slots): a shape is (rows, bucket, view), and attention's cost follows
   the run's length, not the buffer's, and runs of most lengths share one buffer size and so
   their compiled shapes. For an unpacked model fused kernels sum in another order: results
-  equal the eager path's up to float rounding, as the captured path's do. On CUDA it is the
-  captured path.
+  equal the eager path's up to float rounding, as the captured path's do. On CUDA
+  (``SPECVIZ_KV=compiled``, not the default) each compiled step shape is captured as a CUDA
+  graph: inductor's fused kernels replayed, attending all S slots as a captured step does
+  (one shape per rows and bucket; the step store keeps CPU steps only). A shape compiles in
+  18 s (SmolLM2-1.7B-sized) to 30 s (Qwen2.5-7B-sized) on an H200 host, and its step then
+  takes 0.63x / 0.76x the captured one's time (docs/benchmarks.md, "On a GPU").
 
 The same 4D masks and position ids as the dynamic path (:func:`engine.core.forest.attention_inputs`)
 are used, padded with the dtype's minimum to the attended width. The results equal the
@@ -201,8 +205,9 @@ def deferring():
 def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
     """The path of a model on ``device``: dynamic for a model placed by a device map
     (accelerate's hooks move weights at every forward: no fixed-address step), else
-    ``SPECVIZ_KV`` when set, else the measured rule (captured on CUDA; on a CPU compiled for
-    a packed model where the process asks for it (``POLICY.packed``), else dynamic;
+    ``SPECVIZ_KV`` when set (``compiled`` on CUDA: compiled steps captured as CUDA graphs),
+    else the measured rule (captured on CUDA: no step waits for a compile; on a CPU compiled
+    for a packed model where the process asks for it (``POLICY.packed``), else dynamic;
     docs/benchmarks.md, "Static KV and captured steps")."""
     if model is not None and is_placed(model):
         return "dynamic"
@@ -210,7 +215,7 @@ def kv_mode(device: torch.device, model: torch.nn.Module | None = None) -> str:
     if env:
         if env not in MODES:
             raise ConfigError(f"SPECVIZ_KV={env!r}: expected one of {', '.join(MODES)}")
-        return "captured" if env == "compiled" and device.type == "cuda" else env
+        return env
     if device.type == "cuda":
         return "captured"
     return "compiled" if POLICY.packed and model is not None and is_packed(model) \
@@ -395,7 +400,8 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
         mask: (W, 1, q, kv) additive mask over the written slots and the fed ones.
         pos: (W, q) position ids.
         captured: fixed-shape steps (CUDA graphs; eager on a CPU).
-        compiled: fixed-shape steps compiled by inductor (CPU), up to COMPILED_MAX_TOKENS;
+        compiled: fixed-shape steps compiled by inductor (on CUDA then captured), up to
+            COMPILED_MAX_TOKENS;
             a shape not compiled yet runs static where this thread defers compiles
             (``POLICY.deferred``).
         whole_view: a compiled step attends every slot (its attention reads a row's visible
@@ -429,7 +435,7 @@ def run_step(kv: KVSet, forward: Forward, inputs: dict[str, torch.Tensor],
     with qmm.padded_rows(b, q):  # a packed model's products skip the padded tokens
         graph.graph.replay()
     cache.written = start + q
-    path = "captured" if pos.device.type == "cuda" else "compiled" if compiled else "padded"
+    path = "compiled" if compiled else "captured" if pos.device.type == "cuda" else "padded"
     return graph.out[:, :q].clone(), path
 
 
@@ -499,15 +505,17 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
             step = _compile(forward, cache) if compiled else forward
             replay = _EagerReplay(step, inputs, cache, (W, view, slots))
             return _Graph(replay, inputs, slots, replay.out)
+        step = _compile(forward, cache) if compiled else forward  # compiled: inductor's
+        # kernels (the first warm-up call compiles), captured like the eager step's
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up outside the capture (allocator, lazy inits)
-                forward(inputs)
+                step(inputs)
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads
-            out = forward(inputs)  # (W, b, d)  # (the UI's) may use CUDA meanwhile
+            out = step(inputs)  # (W, b, d)  # (the UI's) may use CUDA meanwhile
         return _Graph(graph, inputs, slots, out)
     except Exception:
         if dev.type == "cuda":
@@ -556,8 +564,8 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
         # capture instead and the shape runs eager
         "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
         **COMPILE_OPTIONS})
-    if not isinstance(forward, DecoderStep):
-        return in_memory
+    if not isinstance(forward, DecoderStep) or cache.layers[0].keys.device.type != "cpu":
+        return in_memory  # the step store keeps CPU steps (a CUDA step is captured anyway)
     chosen: list[Forward] = []
 
     def step(inputs: dict) -> torch.Tensor:

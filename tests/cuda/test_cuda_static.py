@@ -1,7 +1,8 @@
 """The three KV paths on a CUDA device (dynamic, static, captured: CUDA graphs), fp32 and bf16,
 tiny models built from configs: tree attention against sequential decoding, greedy methods and
 beam methods against generate(), every captured shape really captured, and a run longer than
-its first buffer. The rest of tests/cuda runs on the default path (captured on CUDA)."""
+its first buffer; the compiled path (inductor's steps captured as CUDA graphs) against
+generate(). The rest of tests/cuda runs on the default path (captured on CUDA)."""
 
 from __future__ import annotations
 
@@ -121,3 +122,32 @@ def test_loading_a_pair_captures_the_common_step_shapes_as_cuda_graphs(monkeypat
         graphs = {k: g for s in static_kv.pool_sets(model) for k, g in s.graphs.items()}
         assert {(1, b, "input_ids") for b in (1, 2, 4, 8, 16)} <= set(graphs)
         assert all(isinstance(g.graph, torch.cuda.CUDAGraph) for g in graphs.values())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_steps_are_cuda_graphs_and_greedy_methods_equal_generate(monkeypatch, dtype):
+    """SPECVIZ_KV=compiled on CUDA: every step shape of up to COMPILED_MAX_TOKENS fed tokens a
+    row is compiled by inductor and captured as a CUDA graph; longer forwards (an mcsd tree)
+    run static. Tokens as generate()'s (a near-tie within the dtype's tolerance aside: fused
+    kernels sum in another order)."""
+    monkeypatch.setenv("SPECVIZ_KV", "compiled")
+    dt, tol = DTYPES[dtype]
+    target = cuda_model("llama", dt)
+    pair = load_pair(target=target, draft="early-exit:2", device="cuda")
+    for prompt in ([3, 4, 5, 6], [40, 2, 17, 9, 33]):
+        out = target.generate(torch.tensor([prompt], device="cuda"), do_sample=False,
+                              max_new_tokens=24, output_logits=True,
+                              return_dict_in_generate=True)
+        for method, params in (("greedy", {}), ("sd", {"gamma": 3}),
+                               ("mcsd", {"k_config": "4x2x2"})):
+            trace = engine.generate(pair, prompt, method, max_new_tokens=24, **params)
+            assert_same_greedy(list(trace.token_ids), out, prompt, tol)
+            paths = trace.stats.step_paths
+            if method == "mcsd":  # 1 + 28 tree tokens a round: past the compiled shapes
+                assert paths.get("target:static", 0) >= 1, paths
+            else:
+                assert paths["target:compiled"] == len(trace.rounds), paths
+    graphs = {k: g for s in static_kv.pool_sets(target) for k, g in s.graphs.items()}
+    assert graphs and all(g is not None for g in graphs.values()), graphs
+    assert all(isinstance(g.graph, torch.cuda.CUDAGraph) for g in graphs.values())
+    assert {k[1] for k in graphs} >= {1, 4}  # the plain step and sd's 1 + 3 tokens
