@@ -501,12 +501,11 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
     saved = (cache.rows, cache.view, cache.slots)
     cache.rows, cache.view, cache.slots = W, view, slots
     try:
+        step = _compile(forward, cache) if compiled else forward  # compiled: inductor's
+        # kernels (the first call compiles), replayed on a CPU, captured on CUDA
         if dev.type != "cuda":
-            step = _compile(forward, cache) if compiled else forward
             replay = _EagerReplay(step, inputs, cache, (W, view, slots))
             return _Graph(replay, inputs, slots, replay.out)
-        step = _compile(forward, cache) if compiled else forward  # compiled: inductor's
-        # kernels (the first warm-up call compiles), captured like the eager step's
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
