@@ -47,6 +47,7 @@ class Recorder:
         self.held = threading.Event()  # A is held mid-run: submit B now
         self.arrived = threading.Event()  # B's decode is queued for the model thread
         self._held_run: int | None = None
+        self._held_ref: Run | None = None
         self._b_jobs: set[int] = set()
         step, reference = Run.__next__, interleaved.run_reference
         submit_steps, produce = WORKER.submit_steps, streaming.produce
@@ -86,6 +87,7 @@ class Recorder:
         second round until B's decode is queued."""
         if self._held_run is None and run.params.get("max_new_tokens") == A_TOKENS:
             self._held_run = id(run)
+            self._held_ref = run  # kept alive: a later run must not reuse its id in the log
         if id(run) == self._held_run and run.rounds == 1:
             self.held.set()
             assert self.arrived.wait(WAIT_S)
