@@ -8,7 +8,9 @@ docs/benchmarks.md's fp32-table), else it is printed. When the DIRs ran differen
 a target column names each row's. Beside the speedup against
 `generate()`, each speculative row gives its speedup against the engine's own plain decode
 (greedy, beam or beam_sample) when that plain method ran in the same DIR: per prompt and
-repeat, the method's tokens/s over the plain run's (DIR/results.jsonl).
+repeat, the method's tokens/s over the plain run's (DIR/results.jsonl), and in brackets the
+median of that ratio corrected for drift (each run's speedup over its own interleaved
+`generate()`, the method's over the plain run's: `against_plain`).
 """
 
 from __future__ import annotations
@@ -62,25 +64,37 @@ PLAIN = {"greedy", "sample", "beam", "beam_sample"}
 
 
 def _quantiles(xs: list[float]) -> str:
+    return f"{min(xs):.2f} / **{_median(xs):.2f}** / {max(xs):.2f}"
+
+
+def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     mid = len(xs) // 2
-    med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-    return f"{xs[0]:.2f} / **{med:.2f}** / {xs[-1]:.2f}"
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def against_plain(d: Path) -> dict[str, str]:
     """Per method entry: min / median / max of its tokens/s over the engine's plain decode
-    of the same prompt and repeat (the plain method its reference names), when both ran."""
+    of the same prompt and repeat (the plain method its reference names), when both ran;
+    then, in brackets, the median of the same ratio corrected for the machine's drift
+    between the two runs: each run's speedup over its own interleaved `generate()` (its
+    ``speedup``), the method's over the plain run's. The two runs lie minutes apart and a
+    VM's speed drifts by a few per cent meanwhile, which the interleaved `generate()` of each
+    sees too."""
     rows = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines() if x.strip()]
-    plain = {(r["prompt_id"], r["repeat"], r["case"]): r["tokens_per_s"] for r in rows
-             if r["case"] in PLAIN}
+    plain = {(r["prompt_id"], r["repeat"], r["case"]): r for r in rows if r["case"] in PLAIN}
     ratios: dict[str, list[float]] = {}
+    drift: dict[str, list[float]] = {}
     for r in rows:
         base = r["reference"].split("(")[1].split(",")[0] if "(" in r["reference"] else ""
         key = (r["prompt_id"], r["repeat"], base)
         if r["case"] not in PLAIN and key in plain and r.get("tokens_per_s"):
-            ratios.setdefault(r["case"], []).append(r["tokens_per_s"] / plain[key])
-    return {case: _quantiles(xs) for case, xs in ratios.items()}
+            ratios.setdefault(r["case"], []).append(r["tokens_per_s"]
+                                                    / plain[key]["tokens_per_s"])
+            if r.get("speedup") and plain[key].get("speedup"):
+                drift.setdefault(r["case"], []).append(r["speedup"] / plain[key]["speedup"])
+    return {case: _quantiles(xs) + (f" ({_median(drift[case]):.2f})" if case in drift else "")
+            for case, xs in ratios.items()}
 
 
 def table(dirs: list[Path]) -> str:
@@ -100,7 +114,7 @@ def table(dirs: list[Path]) -> str:
              f"{first['started'][:10]}.**", "",
              "| " + ("target | " if several else "") + "method | drafter | runs | against | "
              "tau | speedup min / median / max | median by category | vs the engine's plain "
-             "decode | identical |",
+             "decode (drift-corrected median) | identical |",
              "|---" * (10 if several else 9) + "|"]
     for d, s in zip(dirs, metas):
         meta = s["meta"]

@@ -25,9 +25,10 @@ def _speedup(median: float) -> dict:
 
 
 def _folder(path: Path, target: str, tps: dict[str, list[float]],
-            device: str = "cpu (1 thread)") -> Path:
+            device: str = "cpu (1 thread)", ref: dict[str, list[float]] | None = None) -> Path:
     """A bench-set folder: greedy and sd over two prompts x one repeat; tps[case] = the
-    tokens/s of each prompt."""
+    tokens/s of each prompt; ref[case]: those of each run's interleaved `generate()` (its
+    speedup: tps / ref), none by default."""
     path.mkdir()
     meta = {"max_new_tokens": 48, "temperature": 0.0, "raw": False, "repeats": 1,
             "target": target, "draft": "n-gram (prompt lookup) + feature (EAGLE-style)",
@@ -40,6 +41,7 @@ def _folder(path: Path, target: str, tps: dict[str, list[float]],
     (path / "summary.json").write_text(json.dumps({"meta": meta, "methods": methods}))
     rows = [{"prompt_id": f"p{i}", "repeat": 0, "case": case,
              "reference": "generate(greedy, width=1)", "tokens_per_s": v}
+            | ({"speedup": v / ref[case][i]} if ref else {})
             for case, vals in tps.items() for i, v in enumerate(vals)]
     (path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
@@ -49,6 +51,16 @@ def test_ratio_over_plain_decode_is_per_prompt_and_repeat(bench_table, tmp_path)
     d = _folder(tmp_path / "a", "T", {"greedy": [10.0, 20.0], "sd": [15.0, 20.0]})
     # per prompt: 15 / 10 = 1.5 and 20 / 20 = 1.0 (not the ratio of the means, 35 / 30)
     assert bench_table.against_plain(d) == {"sd": "1.00 / **1.25** / 1.50"}
+
+
+def test_the_drift_corrected_ratio_divides_each_runs_speedup_over_its_own_generate(
+        bench_table, tmp_path):
+    # the machine ran 10 % slower while sd ran: its generate() too (10 -> 9 tokens/s), so sd's
+    # 9 tokens/s against greedy's 10 is 0.90 raw and 1.00 corrected
+    d = _folder(tmp_path / "a", "T", {"greedy": [10.0, 10.0], "sd": [9.0, 9.9]},
+                ref={"greedy": [5.0, 5.0], "sd": [4.5, 4.5]})
+    assert bench_table.against_plain(d) == {"sd": "0.90 / **0.95** / 0.99 (1.05)"}
+    # (per prompt: (9 / 4.5) / (10 / 5) = 1.00 and (9.9 / 4.5) / 2 = 1.10)
 
 
 def test_one_target_is_named_in_the_header(bench_table, tmp_path):
