@@ -11,8 +11,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
 
 extern "C" {
 int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
@@ -89,24 +94,127 @@ static at::Tensor rowattn_cpu(const at::Tensor &query, const at::Tensor &key,
     return out;
 }
 
+// ATen's CPU sum of one contiguous fp32 row, lane by lane: cascade_sum's vectorized_inner_sum
+// over Vectorized<float> of L lanes (row_sum's 4 accumulators of multi_row_sum's 4 cascade
+// levels, the leftover vectors into the first, the 4 summed, then the scalar tail and the lanes
+// in order), every addition an fp32 one as ATen's. Only where `aten_sum_lanes` found it gives
+// ATen's bits on this build (torch registers the sum for AVX2 and not AVX512: 8 lanes on both).
+static int64_t ceil_log2(int64_t x) {  // c10's CeilLog2
+    if (x <= 2) return 1;
+    return 64 - __builtin_clzll(static_cast<uint64_t>(x - 1));
+}
+
+template <int L>
+__attribute__((optimize("fp-contract=off"))) static float aten_row_sum(const float *x,
+                                                                       int64_t n) {
+    const int64_t vecs = n / L, size = vecs / 4;  // vectors; rows of 4 vectors (ilp_factor)
+    float acc[4][4][L] = {};                      // [level][accumulator][lane]
+    const int64_t power = std::max<int64_t>(4, ceil_log2(size) / 4), step = int64_t(1) << power;
+    const int64_t mask = step - 1;
+    int64_t i = 0;
+    while (i + step <= size) {
+        for (int64_t j = 0; j < step; ++j, ++i)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < L; l++) acc[0][k][l] += x[(4 * i + k) * L + l];
+        for (int j = 1; j < 4; ++j) {
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < L; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * power))) != 0) break;
+        }
+    }
+    for (; i < size; ++i)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < L; l++) acc[0][k][l] += x[(4 * i + k) * L + l];
+    for (int j = 1; j < 4; ++j)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < L; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t v = size * 4; v < vecs; ++v)
+        for (int l = 0; l < L; l++) acc[0][0][l] += x[v * L + l];
+    for (int k = 1; k < 4; k++)
+        for (int l = 0; l < L; l++) acc[0][0][l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t t = vecs * L; t < n; ++t) total += x[t];
+    for (int l = 0; l < L; l++) total += acc[0][0][l];
+    return total;
+}
+
+// the mean of squares of `rows` rows of d (x * x, then the row's sum as ATen's over L lanes,
+// then / d): x.pow(2).mean(-1)'s bits where `aten_sum_lanes` chose L
+template <int L>
+__attribute__((optimize("fp-contract=off"))) static void mean_squares(const float *x,
+                                                                      int64_t rows, int64_t d,
+                                                                      float *out) {
+    std::vector<float> sq(static_cast<size_t>(d));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < d; i++) sq[i] = x[r * d + i] * x[r * d + i];
+        out[r] = aten_row_sum<L>(sq.data(), d) / static_cast<float>(d);
+    }
+}
+
+// Which lane count gives ATen's bits for rows of d here (8 or 16), or 0: none (then ATen's
+// own ops run). Checked once per d on 64 rows of a fixed pseudo-random spread of magnitudes
+// (no torch generator is drawn from) against x.pow(2).mean(-1).
+static int aten_sum_lanes(int64_t d) {
+    static std::mutex lock;
+    static std::map<int64_t, int> known;
+    std::lock_guard<std::mutex> guard(lock);
+    const auto it = known.find(d);
+    if (it != known.end()) return it->second;
+    const int64_t rows = 64;
+    at::Tensor x = at::empty({rows, d}, at::kFloat);
+    float *xp = x.data_ptr<float>();
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < rows * d; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = static_cast<double>(state >> 11) / 9007199254740992.0;  // [0, 1)
+        xp[i] = static_cast<float>((u - 0.5) * std::ldexp(1.0, static_cast<int>(i % 13) - 6));
+    }
+    const at::Tensor ref = x.pow(2).mean(-1).contiguous();  // (rows,)
+    std::vector<float> mine(static_cast<size_t>(rows));
+    int lanes = 0;
+    for (const int L : {8, 16}) {
+        if (L == 8) mean_squares<8>(xp, rows, d, mine.data());
+        else mean_squares<16>(xp, rows, d, mine.data());
+        if (std::memcmp(mine.data(), ref.data_ptr<float>(), sizeof(float) * rows) == 0) {
+            lanes = L;
+            break;
+        }
+    }
+    known[d] = lanes;
+    return lanes;
+}
+
+// for the tests: the lane count rmsnorm_cpu sums rows of d with (0: ATen's ops)
+extern "C" int specviz_sum_lanes(int64_t d) { return aten_sum_lanes(d); }
+
 // eager_bits.py `rmsnorm` without Python: the stock RMSNorm's formula in its order, so a compiled
 // step's norms round as the eager step's (inductor's fused mean does not). For fp32 contiguous
-// input (a step's norms) the mean of squares is ATen's (its reduction order is what inductor
-// changes) and the rest one loop whose every operation rounds once in fp32 as ATen's does
+// input (a step's norms) the mean of squares has ATen's bits, computed here in ATen's order
+// (`aten_sum_lanes`; else by ATen: 2 ATen calls of about 10 us each for a 576-wide row, 61
+// norms a step) and the rest one loop whose every operation rounds once in fp32 as ATen's does
 // (var + (float)eps, a correctly rounded sqrt and divide for rsqrt, the two products in the
-// stock order): ATen's bits in 2 ATen calls instead of 7 (tests/model/test_eager_bits.py)
+// stock order): ATen's bits (tests/model/test_eager_bits.py)
 static at::Tensor rmsnorm_cpu(const at::Tensor &x, const at::Tensor &weight, double eps) {
     const int64_t d = x.dim() ? x.size(-1) : 0;
     if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.is_cpu() &&
         weight.is_cpu() && x.is_contiguous() && weight.is_contiguous() && weight.dim() == 1 &&
         weight.size(0) == d && d > 0) {
-        const at::Tensor variance = x.pow(2).mean(-1, /*keepdim=*/true).contiguous();  // (..., 1)
+        const int64_t rows = x.numel() / d;
+        const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+        std::vector<float> var(static_cast<size_t>(rows));
+        const int lanes = aten_sum_lanes(d);
+        at::Tensor variance;  // (..., 1) where ATen computes it
+        if (lanes == 8) mean_squares<8>(xp, rows, d, var.data());
+        else if (lanes == 16) mean_squares<16>(xp, rows, d, var.data());
+        else variance = x.pow(2).mean(-1, /*keepdim=*/true).contiguous();
+        const float *vp = lanes ? var.data() : variance.data_ptr<float>();
         at::Tensor out = at::empty_like(x);
-        const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>(),
-                    *vp = variance.data_ptr<float>();
         float *op = out.data_ptr<float>();
         const float e = static_cast<float>(eps);  // ATen adds a double scalar in fp32
-        for (int64_t r = 0, rows = x.numel() / d; r < rows; r++) {
+        for (int64_t r = 0; r < rows; r++) {
             const float s = 1.0f / std::sqrt(vp[r] + e);  // rsqrt: correctly rounded sqrt, divide
             for (int64_t i = 0; i < d; i++) op[r * d + i] = wp[i] * (xp[r * d + i] * s);
         }

@@ -69,6 +69,33 @@ def test_the_rmsnorm_ops_one_loop_gives_the_stock_bits_at_every_scale(shape):
                                norm(xt))
 
 
+@pytest.mark.parametrize("d", [8, 96, 100, 576, 2048, 16384, 40000])
+def test_the_rmsnorm_kernel_sums_in_atens_order_itself_at_every_width(d):
+    """The C++ kernel's own mean of squares (ATen's cascade order, lane by lane) is the one in
+    use, not ATen's ops behind it (its self-check picked a lane count), and gives the stock
+    bits: widths whose rows leave a scalar tail (100), fill one cascade level (576) or several
+    (16384: 2048 vectors in rows of 4, levels of 16; 40000)."""
+    import ctypes
+
+    lib = qmm.native_op()
+    assert lib is not None, "the ops' C++ kernels did not build here"
+    qmm.load_op()
+    lanes = lib.specviz_sum_lanes
+    lanes.argtypes, lanes.restype = [ctypes.c_int64], ctypes.c_int
+    assert lanes(d) in (8, 16)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    gen = torch.Generator().manual_seed(3)
+    norm = LlamaRMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(d, generator=gen))
+        for scale in (1e-3, 1.0, 300.0):
+            x = torch.randn(2, 3, d, generator=gen) * scale  # (W, q, d)
+            x[..., ::7] *= 1e3  # a spread of magnitudes within each row
+            assert torch.equal(torch.ops.specviz.rmsnorm(x, norm.weight, norm.variance_epsilon),
+                               norm(x)), scale
+
+
 def test_the_cpp_kernels_are_the_ones_called_once_loaded():
     if qmm.native_op() is None:
         pytest.fail("the ops' C++ kernels did not build here (a C++ compiler is part of "
