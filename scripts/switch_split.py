@@ -19,10 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import engine
-from engine.execution.static_kv import serving_compiled
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's engine
+
+import engine  # noqa: E402
+from engine.execution.static_kv import serving_compiled  # noqa: E402
 
 PROMPTS = ("assets/ngram_tune_prompts.jsonl", "assets/eesd_bench_prompts.jsonl")
 
