@@ -188,6 +188,12 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
         what = ("a probe: every depth planned below a plain step (at the run's first plain "
                 "plan, or after a stretch of plain rounds), so it drafts to depth 1 to learn "
                 "its acceptance")
+    if rec.held:
+        what = (f"a plain target step: drafting to the best depth would pay this round, but "
+                f"the drafter must first read the committed tokens it has not cached "
+                f"({_num(rec.catch_up)} plain steps), more than the rest of the run would save"
+                + ("; nothing can change that before a draft, so every later round is held "
+                   "too (its catch-up only grows) and no drafter runs" if rec.rest else ""))
     if rec.never:
         what = ("a plain target step for the rest of the run: no depth would pay even if "
                 "every draft were accepted (the options below are priced at acceptance 1), "

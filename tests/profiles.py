@@ -32,3 +32,10 @@ profile.register(DEAR)
 HOPELESS = CostProfile("test-hopeless", 0.3, ((0, 1.0), (1, 1.95), (16, 16.95)),
                        "tests: no depth pays even at acceptance 1")
 profile.register(HOPELESS)
+
+# EDGE, and every committed token a drafter has not read costs 0.2 plain steps to catch up:
+# a 20-token prompt (3.8 steps) is repaid at the prior's gain 1.25 by 19 remaining tokens
+CATCHING = CostProfile("test-catching", EDGE.c_draft, EDGE.verify,
+                       "tests: a drafter's start costs what a short run cannot repay",
+                       c_catch=0.2)
+profile.register(CATCHING)

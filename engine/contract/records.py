@@ -112,6 +112,11 @@ class SwitchPlan:
     posterior: DepthPosteriorState | None = None  # before the round
     probe: bool = False  # the plan said plain, but the switch drafted depth 1 to learn a_1
     never: bool = False  # no depth pays even at acceptance 1: plain for the rest of the run
+    catch_up: float = 0.0  # plain steps the drafter's uncached tokens would cost to catch up
+    held: bool = False  # a depth paid this round, but over the run's remaining tokens not
+    # enough to repay that catch-up: a plain step
+    rest: bool = False  # held before any draft: nothing can change the plan, every later
+    # round of the run is held with this record (its catch_up the first held round's)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,23 @@ plans plain for good (``can_draft``): one record per shape, its options priced a
 drafter (``Method.may_draft``) and its rounds are its baseline's (a beam method records no
 beam match for them).
 
+A drafter that has fallen behind pays to catch up before it drafts: at its start it reads
+every committed token (the prompt; an early exit runs it through the target's first layers,
+tens of milliseconds on a CPU), after a plain stretch the stretch's tokens. The profile prices
+each uncached token past a round's usual one at ``c_catch`` plain steps, once, so it is an
+investment in the rounds after it rather than a cost of this one: the switch drafts at D*
+only where the remaining R tokens repay it, R (1 - 1 / g*) >= c_catch (behind - 1) at the
+plan's gain g* = E_D* / C_D* (:func:`repaid`), and otherwise holds a plain step (``held``).
+Before a run's first draft its posterior is the prior, whose acceptance 0.5 is no evidence
+that a start pays: there g* is the best gain at the acceptances the profile's calibration
+decode saw on this pair (``accept``), where the profile has them.
+A probe counts the catch-up in its loss bound too. A held mean plan before the run's first draft
+is held for the rest of the run (``rest``): the posterior is the prior, which a plain round
+does not move, the judged gain is fixed, and the catch-up only grows while R shrinks, so
+later rounds reuse that decision without weighing again. A drafter with no catch-up to pay (one
+that shares the target's cache, or was fed the target's states) has c_catch = 0 or nothing
+behind.
+
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree
 chosen before the target is consulted stays exact (tests/model/test_sampling_exactness.py and
@@ -80,10 +97,16 @@ class CostProfile:
     source: str = ""  # how they were measured (device, model, date)
     c_round: float = 0.0  # what a drafted round adds once, whatever its depth (its verify
     # rule, commit and a method's own caches), in plain steps
+    c_catch: float = 0.0  # one committed token the drafter has not cached, beyond a round's
+    # usual one, in plain steps: what catching it up costs (a drafter's start reads the whole
+    # prompt; a plain stretch leaves its tokens behind)
+    accept: tuple[float, ...] = ()  # a_d, d = 1.., that the calibration decode saw (its
+    # switch off): what a catch-up is judged at before a run has drafted; (): unknown
 
     def __post_init__(self) -> None:
-        if self.c_draft < 0:
-            raise ValueError(f"c_draft must be >= 0, got {self.c_draft}")
+        if self.c_draft < 0 or self.c_catch < 0:
+            raise ValueError(f"c_draft and c_catch must be >= 0, got {self.c_draft}, "
+                             f"{self.c_catch}")
         if not self.verify or self.verify[0][0] != 0:
             raise ValueError("verify needs the point (0, c_verify(0)) first")
         if any(b[0] <= a[0] for a, b in zip(self.verify, self.verify[1:])):
@@ -101,13 +124,15 @@ class CostProfile:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "c_draft": self.c_draft, "c_round": self.c_round,
+                "c_catch": self.c_catch, "accept": list(self.accept),
                 "verify": [list(p) for p in self.verify], "source": self.source}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CostProfile:
         return cls(str(d["name"]), float(d["c_draft"]),
                    tuple((int(n), float(c)) for n, c in d["verify"]), str(d.get("source", "")),
-                   float(d.get("c_round", 0.0)))
+                   float(d.get("c_round", 0.0)), float(d.get("c_catch", 0.0)),
+                   tuple(float(a) for a in d.get("accept", ())))
 
 
 @dataclass(frozen=True)
@@ -242,10 +267,17 @@ def plan(profile: CostProfile, shape: Shape, accept: list[float],
                          "cost": o.cost, "gain": o.gain} for o in options]}
 
 
-def weigh(costs: tuple[float, ...], accept: list[float]
+def weigh(costs: tuple[float, ...], accept: list[float] | tuple[float, ...]
           ) -> tuple[int, float, tuple[SwitchOption, ...]]:
     """:func:`plan`'s work on a shape's ``depth_costs``: (D*, its gain rounded, the options as
-    the trace records them)."""
+    the trace records them). Kept for the last few hundred inputs: a run's plain rounds at an
+    unchanged posterior (its prior, before a draft) ask the same question every round."""
+    return _weigh(tuple(costs), tuple(accept))
+
+
+@functools.lru_cache(maxsize=512)
+def _weigh(costs: tuple[float, ...], accept: tuple[float, ...]
+           ) -> tuple[int, float, tuple[SwitchOption, ...]]:
     options = [SwitchOption(0, 1.0, 1.0, 1.0)]
     best, best_gain, e, reach = 0, 1.0, 1.0, 1.0
     for d, c in enumerate(costs, start=1):  # E_D accumulated as expected_tokens does
@@ -256,6 +288,15 @@ def weigh(costs: tuple[float, ...], accept: list[float]
             best, best_gain = d, gain
         options.append(SwitchOption(d, round(e, 4), round(c, 4), round(gain, 4)))
     return best, round(best_gain, 4), tuple(options)
+
+
+def repaid(catch: float, gain: float, remaining: int | None) -> bool:
+    """Whether drafting at `gain` (tokens per plain-step time, > 1) over the `remaining`
+    tokens saves the `catch` plain steps a catch-up costs first: the tokens take remaining /
+    gain steps instead of remaining, so the saving is remaining (1 - 1 / gain)."""
+    if catch <= 0 or remaining is None:
+        return True
+    return remaining * (1.0 - 1.0 / gain) >= catch
 
 
 PLANS = ("mean", "thompson")
@@ -286,6 +327,9 @@ class CostSwitch:
         self.decision: SwitchPlan | None = None
         self.probe_after = probe_after
         self.plain_run = 0  # plain rounds since the last drafted round or probe
+        self.drafted = False  # a round of this run drafted (the run has evidence of its own)
+        self.resting: SwitchPlan | None = None  # a held plan nothing can change any more: the
+        # decision of every later round (module docstring)
         self.wait = 0 if OPENING_PROBE else probe_after  # plain rounds in a row before the
         # next probe (0: the opening probe)
         self._never: dict[Shape, SwitchPlan | None] = {}  # per shape: its plain-for-good
@@ -304,26 +348,47 @@ class CostSwitch:
                 posterior=self.posterior.record(), never=True)
         return self._never[shape] is None
 
-    def decide(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
-        """The depth to draft this round (0: a plain step); records the decision."""
+    def decide(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
+               remaining: int | None = None) -> int:
+        """The depth to draft this round (0: a plain step); records the decision.
+
+        Args:
+            behind: committed tokens per row the drafter has not cached (every committed
+                token before its start); each past the first costs the profile's c_catch.
+            remaining: tokens the run may still commit (None: no end in sight).
+        """
         if not self.can_draft(shape):
             self.decision = self._never[shape]
+            return 0
+        if self.resting is not None:
+            self.decision = self.resting
             return 0
         before = self.posterior.record()
         drawn = (self.posterior.draw(rng) if self.plan_kind == "thompson"
                  else self.posterior.means())[: shape.depth]
         best, gain, options = weigh(self._costs[shape], drawn)
+        catch = self.profile.c_catch * max(behind - 1, 0)  # plain steps
+        judged = gain  # the gain a catch-up is judged at: before the run's first draft, the
+        if catch > 0 and self.profile.accept and not self.drafted:  # calibration's
+            known = list(self.profile.accept[: shape.depth])
+            judged = weigh(self._costs[shape], known + [0.5] * (shape.depth - len(known)))[1]
+        held = best > 0 and not repaid(catch, judged, remaining)
         probe = (self.plan_kind == "mean" and self.probe_after > 0 and best == 0
                  and shape.depth >= 1 and self.plain_run >= self.wait
-                 and options[1].cost - 1 <= PROBE_BREAK_EVEN)
+                 and options[1].cost - 1 + catch <= PROBE_BREAK_EVEN)
         self.decision = SwitchPlan(
-            depth=1 if probe else best, predicted_gain=options[1].gain if probe else gain,
+            depth=1 if probe else 0 if held else best,
+            predicted_gain=options[1].gain if probe else 1.0 if held else gain,
             options=options, drawn=tuple(round(a, 4) for a in drawn),
-            profile=self.profile.name, posterior=before, probe=probe)
+            profile=self.profile.name, posterior=before, probe=probe,
+            catch_up=round(catch, 4), held=held,
+            rest=held and self.plan_kind == "mean" and not self.drafted)
+        if self.decision.rest:
+            self.resting = self.decision
         return self.decision.depth
 
     def observe(self, drafted: int, accepted: int) -> None:
-        if self.decision is not None and self.decision.never:
+        if self.decision is not None and (self.decision.never or self.decision.rest):
             self.plain_run += 1  # nothing to learn and nothing to fade: the plan stays plain
             return
         if drafted == 0:
@@ -335,6 +400,7 @@ class CostSwitch:
             self.plain_run = 0  # longer
         elif drafted:
             self.wait, self.plain_run = self.probe_after, 0
+        self.drafted = self.drafted or drafted > 0
         self.posterior.observe(drafted, accepted)
 
     def record(self) -> SwitchPlan | None:

@@ -34,6 +34,7 @@ class CostController(RoundRecorder):
         self.shape: Shape | None = None
         self.planned = config.cap
         self.decided = False  # plan() ran this round
+        self._rest_state = None  # the record of every round while the switch rests
         super().__init__()
 
     def attach(self, profile: CostProfile) -> None:
@@ -47,11 +48,13 @@ class CostController(RoundRecorder):
         if self.switch is not None:
             self.switch.decision = None
 
-    def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
-        """This round's depth in 0..shape.depth (call after begin_round, before drafting)."""
+    def plan(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
+             remaining: int | None = None) -> int:
+        """This round's depth in 0..shape.depth (call after begin_round, before drafting);
+        `behind` and `remaining` as :meth:`CostSwitch.decide` takes them."""
         if self.switch is None:
             raise ValueError("the cost controller needs a cost profile (attach one)")
-        self.planned = self.switch.decide(shape, rng)
+        self.planned = self.switch.decide(shape, rng, behind=behind, remaining=remaining)
         self.decided = True
         return self.planned
 
@@ -74,6 +77,17 @@ class CostController(RoundRecorder):
         if self.switch is not None:
             self.switch.observe(drafted, accepted)
         return {}
+
+    def state(self):
+        """The round's record; while the switch rests (engine.control.cost) every round's is
+        the first resting round's (nothing in it changes)."""
+        rest = self.switch is not None and self.switch.decision is not None \
+            and self.switch.decision.rest
+        if not rest:
+            return super().state()
+        if self._rest_state is None:
+            self._rest_state = super().state()
+        return self._rest_state
 
     def can_draft(self, shape: Shape) -> bool:
         return self.switch is None or self.switch.can_draft(shape)

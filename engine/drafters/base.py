@@ -41,6 +41,9 @@ class Drafter(Protocol):
     name: str  # the display name traces record (a kind's spec_of reads it back)
     model: nn.Module | None  # the modules it runs (None: no model, e.g. the n-gram lookup)
     needs: TargetNeeds
+    own_cache: bool  # its runner reads committed tokens by forwards of its own, so one it
+    # has not read costs a catch-up (engine.control.cost); False: the target's forward
+    # computes them for it (engine.drafters.shared)
 
     def runner(self) -> CachedModel:
         """A new runner (cache and state) over this drafter, for one run."""
@@ -61,6 +64,7 @@ class DrafterBase:
 
     needs = TargetNeeds()
     model: nn.Module | None = None
+    own_cache = True
 
     def context_logits(self, ids: torch.Tensor) -> torch.Tensor | None:
         return None

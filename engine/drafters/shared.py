@@ -222,6 +222,7 @@ class SharedDrafter(DrafterBase):
     """Drafter-protocol wrapper: its runner is the draft side of the trunk."""
 
     needs = TargetNeeds(layers=True)
+    own_cache = False  # whoever first needs a position runs the shared layers once
 
     def __init__(self, drafter, trunk: SharedTrunk) -> None:
         self.model, self.name = drafter.model, drafter.name + ", KV shared"

@@ -75,6 +75,12 @@ class RunState(Protocol):
     def draft_if_started(self) -> CachedModel | None:
         """The drafter's cache when the run has started it, else None (starts nothing)."""
 
+    @property
+    def draft_behind(self) -> int:
+        """Committed tokens per row the drafter would read before it drafts (engine.control.cost's
+        catch-up): every one before its cache starts, then its unfed tail; 0 for a drafter
+        that reads none by forwards of its own."""
+
     def committed_ids(self) -> torch.Tensor:
         """(W, prompt + generated) ids of every live row."""
 

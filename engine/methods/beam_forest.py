@@ -295,7 +295,8 @@ class BeamStart:
         self.switch.decision = None
         if depth < 1:
             return depth
-        return self.switch.decide(self._shape(depth), ctx.side)
+        return self.switch.decide(self._shape(depth), ctx.side, behind=ctx.draft_behind,
+                                  remaining=ctx.remaining)
 
     def _shape(self, depth: int) -> Shape:
         nodes = tuple(self._level_nodes.get(d, float(self.n * d)) for d in range(1, depth + 1))

@@ -142,7 +142,8 @@ class TreeSpeculation(SingleStart):
         if budget < 1 or levels == []:
             return empty_forest(1)
         if self.controller.plans:  # the cost switch
-            planned = self.controller.plan(self._shape(budget, levels), ctx.side)
+            planned = self.controller.plan(self._shape(budget, levels), ctx.side,
+                                           behind=ctx.draft_behind, remaining=ctx.remaining)
             if planned == 0:
                 return empty_forest(1)  # a plain target step
             if self.cfg.dynamic:

@@ -72,6 +72,15 @@ class RunContext:
         """The drafter's cache when the run has started it, else None (starts nothing)."""
         return self._draft
 
+    @property
+    def draft_behind(self) -> int:
+        if not (self.drafter or self.pair.drafter).own_cache:
+            return 0
+        if self._draft is None:
+            return len(self.prompt_ids) + len(self.seqs[0])
+        tail = getattr(self._draft, "tail", None)  # (W, t); None: a runner with no tail
+        return 0 if tail is None else int(tail.shape[1]) - int(self._draft.tail_fed)
+
     def committed_ids(self) -> torch.Tensor:
         rows = [self.prompt_ids + s for s in self.seqs]
         return torch.tensor(rows, dtype=torch.long)

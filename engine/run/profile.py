@@ -17,7 +17,9 @@ one plain round P of the engine at that width (its forward, verify and commit):
   caller: the engine's own run, run twice, the first to warm up): the median over its
   rounds of a round's propose seconds past its first draft call per later call; c_round:
   the median round's rest, its first call's extra included; the forward curve's extras
-  scaled to the decode's own (:func:`round_costs`).
+  scaled to the decode's own (:func:`round_costs`); c_catch: the decode's first call, which
+  read the whole prompt, past a later first call, per prompt token (:func:`catch_cost`);
+  accept: the acceptance per depth the decode saw (:func:`calibrated_accept`).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run on the same pair and a trace says which costs its decisions used.
@@ -39,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.control.cost import CostProfile
+from engine.control.cost import CostProfile, DepthPosterior
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.core.paths import ASSETS
@@ -162,12 +164,14 @@ def _forward_s(target: torch.nn.Module, vocab: int, width: int,
 
 
 def measured(pair, method: str, params: dict[str, Any], width: int,
-             decode: Callable[[], list], plain_s: Callable[[], float]) -> CostProfile:
+             decode: Callable[[], list], plain_s: Callable[[], float],
+             prompt_tokens: int = 0) -> CostProfile:
     """This machine's profile for `method` (see module docstring); ``decode()`` runs the
     method with its switch off and returns its rounds (RoundTrace); ``plain_s()`` measures
     one plain round of the engine (forward, verify and commit) at this width, in seconds,
     just before the decode (not the pair's latest plain run: a process's first run is
-    cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms). The decode runs
+    cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms); ``prompt_tokens``
+    the decode's prompt length (c_catch: :func:`catch_cost`; 0: not priced). The decode runs
     twice and the first is thrown away: a cold first decode's rounds shrank from 2.9 P to
     1.4 P over its first ten rounds, pricing every drafted round too high. Measured once per
     pair and key (``pair.calibration.profiles``), and not at all where the machine class's
@@ -189,10 +193,13 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
         base, ratios = verify_points(pair, width)
         decode()  # warm-up: a process's first drafted rounds ran up to 2x the later ones'
         plain = plain_s()
-        rounds = decode()[1:]
+        every = decode()
+        rounds = every[1:]
         fresh = round_costs(base, ratios, plain, rounds,
                             f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
                             f"{mode} steps", pair.calibration.forward_s.get(width))
+        fresh = replace(fresh, c_catch=catch_cost(every, prompt_tokens, plain),
+                        accept=calibrated_accept(every))
         kept = kept + [fresh]
         deferred = static_kv.POLICY.deferrals - deferrals
         if stored_key and not deferred:  # kept unless a step ran static for want of its
@@ -255,6 +262,37 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
             for r, n in zip(rounds, nodes)]  # per round: its time less the curve's and calls'
     c_round = max(statistics.median(rest), 0.0) / plain if rest else 0.0
     return CostProfile(MEASURED, round(c_draft, 4), points, source, round(c_round, 4))
+
+
+def catch_cost(rounds: list, prompt_tokens: int, plain_s: float) -> float:
+    """c_catch: one committed token a drafter had not cached, past a round's usual one, in
+    plain rounds. The calibration decode's first round drafts (its switch is off), so its
+    first draft call reads the whole prompt (a drafter with a cache of its own catches up at
+    its start); its seconds past a later round's first call (the median: one or two new
+    tokens), per prompt token past the first, over P. 0 where the first round made no call
+    or the prompt length is unknown. A short prompt prices a token high (the call's own
+    overhead spread over fewer tokens): the switch then holds rather than drafts."""
+    if not rounds or not rounds[0].draft_seconds or prompt_tokens < 2 or plain_s <= 0:
+        return 0.0
+    later = [r.draft_seconds[0] for r in rounds[1:] if r.draft_seconds]
+    usual = statistics.median(later) if later else 0.0
+    extra = max(rounds[0].draft_seconds[0] - usual, 0.0)
+    return round(extra / (prompt_tokens - 1) / plain_s, 4)
+
+
+ACCEPT_DEPTH = 16  # depths whose acceptance a calibration records
+
+
+def calibrated_accept(rounds: list) -> tuple[float, ...]:
+    """a_d, d = 1..ACCEPT_DEPTH, as the switch's posterior would hold them after the
+    calibration decode's rounds (its prior Beta(1, 1), no fading): a depth it never reached
+    stays at 0.5. () where no round drafted."""
+    if not any(r.drafted for r in rounds):
+        return ()
+    posterior = DepthPosterior(ACCEPT_DEPTH, discount=1.0)
+    for r in rounds:
+        posterior.observe(r.drafted, r.accepted)
+    return tuple(round(m, 4) for m in posterior.means())
 
 
 def _nodes(r) -> float:

@@ -162,10 +162,10 @@ def add(key: str, profile: CostProfile, device: str = "cpu") -> list[CostProfile
 
 
 def median(profiles: list[CostProfile]) -> CostProfile:
-    """The elementwise median of measurements of one entry: each c_verify(n), c_draft and
-    c_round the median of theirs, over the measurements at the newest one's node counts.
-    Every input's c_verify is non-decreasing in n, so the median's is too (an order
-    statistic of non-decreasing sequences)."""
+    """The elementwise median of measurements of one entry: each c_verify(n), c_draft,
+    c_round, c_catch and calibrated acceptance the median of theirs, over the measurements at
+    the newest one's node counts. Every input's c_verify is non-decreasing in n, so the
+    median's is too (an order statistic of non-decreasing sequences)."""
     nodes = [n for n, _ in profiles[-1].verify]
     profiles = [p for p in profiles if [n for n, _ in p.verify] == nodes]
     if len(profiles) == 1:
@@ -177,4 +177,15 @@ def median(profiles: list[CostProfile]) -> CostProfile:
         first.name, round(statistics.median(p.c_draft for p in profiles), 4), points,
         f"{first.source}; median of {len(profiles)} measurements on this machine class "
         f"(engine.run.profile_store)",
-        round(statistics.median(p.c_round for p in profiles), 4))
+        round(statistics.median(p.c_round for p in profiles), 4),
+        round(statistics.median(p.c_catch for p in profiles), 4),
+        _median_accept([p.accept for p in profiles]))
+
+
+def _median_accept(accepts: list[tuple[float, ...]]) -> tuple[float, ...]:
+    """The elementwise median of the measurements that saw acceptances (all of one length:
+    engine.run.profile.ACCEPT_DEPTH); () where none did."""
+    seen = [a for a in accepts if a]
+    if not seen or len({len(a) for a in seen}) > 1:
+        return seen[-1] if seen else ()
+    return tuple(round(statistics.median(col), 4) for col in zip(*seen))

@@ -20,7 +20,7 @@ from engine.drafters.early_exit import (
 )
 from engine.methods.eesd import drafter_for
 from tests.conftest import perturbed_exit_layer, tiny_pair
-from tests.profiles import EDGE
+from tests.profiles import CATCHING, EDGE
 
 CONTROLLERS = ["fixed", "heuristic", "beta_ts", "cali_ts", "cost"]  # cost: switch=cost
 
@@ -426,3 +426,43 @@ def test_a_round_with_no_room_to_draft_keeps_the_cost_posterior_it_was_handed(me
                 assert nxt.before == prev.after, (method, n)
         reached += trace.rounds[-1].drafted == 0 and trace.rounds[-1].switch is None
     assert reached, "no length ended on a round without room to draft"
+
+
+LONG_PROMPT = list(range(3, 23))  # 20 tokens
+
+
+@pytest.mark.parametrize("method,params", [("eesd", {"share_kv": False}), ("sd", {})])
+def test_a_drafter_start_a_short_run_cannot_repay_is_held_and_never_made(method, params,
+                                                                         monkeypatch):
+    """CATCHING prices the drafter's read of the 20-token prompt at 3.8 plain steps: 12 new
+    tokens cannot repay it at the prior's gain (2.4 steps saved), so every round is held
+    plain, no drafter cache starts and the output is greedy's; 60 new tokens can (12 saved),
+    so round 0 drafts."""
+    pair = _trained_pair() if method == "eesd" else tiny_pair(layers=4)
+    started = []
+    runner = type(pair.drafter).runner
+    monkeypatch.setattr(type(pair.drafter), "runner",
+                        lambda self: started.append(type(self).__name__) or runner(self))
+    trace = engine.generate(pair, LONG_PROMPT, method, switch="cost", costs=CATCHING.name,
+                            max_new_tokens=12, **params)
+    assert list(trace.token_ids) == _ref(pair, LONG_PROMPT, 12)
+    held = [r.switch for r in trace.rounds if r.switch is not None]
+    assert held and all(s.held and s.depth == 0 for s in held)
+    assert held[0].catch_up == pytest.approx(0.2 * 19) and started == []
+    assert held[0].rest and all(s is held[0] for s in held)  # one decision, for good
+    assert all(r.drafted == 0 for r in trace.rounds)
+    trace = engine.generate(pair, LONG_PROMPT, method, switch="cost", costs=CATCHING.name,
+                            max_new_tokens=60, **params)
+    assert trace.rounds[0].drafted >= 1 and not trace.rounds[0].switch.held
+    assert len(started) == 1 and list(trace.token_ids) == _ref(pair, LONG_PROMPT, 60)
+
+
+def test_an_early_exit_sharing_the_target_s_cache_has_nothing_to_catch_up():
+    """eesd's shared first layers (share_kv on the dynamic path): the target's forward reads
+    the committed tokens for both, so the same short run drafts from round 0."""
+    pair = _trained_pair()
+    trace = engine.generate(pair, LONG_PROMPT, "eesd", switch="cost", costs=CATCHING.name,
+                            max_new_tokens=12)
+    assert "KV shared" in trace.rounds[0].extras.drafter
+    assert trace.rounds[0].drafted >= 1 and trace.rounds[0].switch.catch_up == 0
+    assert list(trace.token_ids) == _ref(pair, LONG_PROMPT, 12)

@@ -43,6 +43,10 @@ def test_profile_rejects_points_without_zero_or_out_of_order():
 
 def test_profile_round_trips_through_json():
     assert CostProfile.from_json(json.loads(json.dumps(FLAT.to_json()))) == FLAT
+    catching = replace(FLAT, c_catch=0.02, accept=(0.6, 0.4))
+    assert CostProfile.from_json(json.loads(json.dumps(catching.to_json()))) == catching
+    with pytest.raises(ValueError):
+        replace(FLAT, c_catch=-0.01)
 
 
 def test_expected_tokens_is_leviathans_formula_at_constant_acceptance():
@@ -550,3 +554,123 @@ def test_can_draft_asks_every_depth_of_the_shape():
     assert ctl.can_draft(chain_shape(1))  # no profile attached yet: nothing rules it out
     ctl.attach(deep)
     assert ctl.can_draft(chain_shape(4)) and not ctl.can_draft(chain_shape(1))
+
+
+# the prior plans depth 1 at gain 1.5 / 1.2 = 1.25 (depth 2: 1.75 / 1.5): drafting pays per round
+CHEAP = CostProfile("cheap-chain", 0.1, ((0, 1.0), (1, 1.1), (2, 1.3), (4, 1.6), (8, 2.0)))
+
+
+def test_repaid_weighs_the_remaining_tokens_saving_against_the_catch_up():
+    from engine.control.cost import repaid
+
+    # 40 tokens at gain 1.25 take 32 plain steps instead of 40: 8 saved
+    assert repaid(7.99, 1.25, 40) and not repaid(8.01, 1.25, 40)
+    assert repaid(0.0, 1.01, 1) and repaid(100.0, 1.01, None)  # nothing to repay; no end
+
+
+def test_a_catch_up_the_rest_of_the_run_cannot_repay_holds_a_plain_step():
+    """A drafter 100 tokens behind at c_catch 0.05 costs 4.95 plain steps to catch up; at the
+    prior's gain 1.25, 20 remaining tokens save 4 steps (held), 40 save 8 (drafts). One token
+    behind (a round's usual) costs nothing, and neither does a profile without c_catch."""
+    catching = replace(CHEAP, c_catch=0.05)
+    for behind, remaining, profile_, depth in ((100, 20, catching, 0), (100, 40, catching, 1),
+                                                (1, 20, catching, 1), (100, 20, CHEAP, 1)):
+        switch = CostSwitch(profile_, 4, plan="mean")
+        d = switch.decide(chain_shape(4), make_generator(0), behind=behind, remaining=remaining)
+        rec = switch.record()
+        assert d == depth == rec.depth, (behind, remaining, profile_.name)
+        assert rec.held == (depth == 0)
+        assert rec.catch_up == pytest.approx(profile_.c_catch * (behind - 1), abs=1e-4)
+        assert max(o.gain for o in rec.options) > 1  # the per-round plan drafts in all four
+        assert rec.predicted_gain == (1.0 if rec.held else rec.options[1].gain)
+        assert not rec.probe
+        back = json.loads(json.dumps(asdict(rec)))
+        assert back["held"] == rec.held and back["catch_up"] == rec.catch_up
+
+
+def test_a_mean_plan_held_before_any_draft_rests_for_the_rest_of_the_run():
+    """Held before the run's first draft, a mean plan's posterior is the prior, which a plain
+    round leaves as it is, so nothing can change the plan: every later round reuses the record
+    (rest) without weighing. A Thompson plan's draws move, so it does not rest; nor does a
+    held round after a draft (the posterior moves as it fades)."""
+    switch = CostSwitch(replace(CHEAP, c_catch=0.05), 4, plan="mean")
+    before = switch.posterior.state()
+    assert switch.decide(chain_shape(4), make_generator(0), behind=100, remaining=20) == 0
+    first = switch.record()
+    assert first.held and first.rest
+    for behind in (101, 2):
+        switch.observe(0, 0)
+        assert switch.decide(chain_shape(4), make_generator(0), behind=behind,
+                             remaining=19) == 0
+        assert switch.record() is first
+    assert switch.posterior.state() == before and switch.plain_run == 2
+    thompson = CostSwitch(replace(CHEAP, c_catch=0.05), 4, plan="thompson")
+    gen = make_generator(0)
+    recs = []
+    for _ in range(20):
+        thompson.decide(chain_shape(4), gen, behind=100, remaining=20)
+        recs.append(thompson.record())
+        thompson.observe(0, 0)
+    assert not any(r.rest for r in recs) and any(r.held for r in recs)
+    after_draft = CostSwitch(replace(CHEAP, c_catch=0.05), 4, plan="mean")
+    after_draft.observe(1, 1)
+    after_draft.decide(chain_shape(4), make_generator(0), behind=100, remaining=15)
+    assert after_draft.record().held and not after_draft.record().rest
+
+
+def test_a_probe_counts_the_catch_up_in_its_loss():
+    """DEAR plans plain at the prior and opens with a probe (C_1 - 1 = 0.55 <= 0.75); a drafter
+    behind by 6 tokens at c_catch 0.05 adds 0.25 (0.8: no probe), by 5 tokens 0.2 (probes)."""
+    for behind, probes in ((6, False), (5, True), (1, True)):
+        switch = CostSwitch(replace(DEAR, c_catch=0.05), 4, plan="mean")
+        d = switch.decide(chain_shape(4), make_generator(0), behind=behind, remaining=1000)
+        assert switch.record().probe == probes and d == int(probes), behind
+        assert not switch.record().held
+
+
+def test_the_catch_up_price_is_the_first_call_s_extra_per_prompt_token():
+    """The calibration decode's first call read a 41-token prompt in 0.05 s where later
+    rounds' first calls take 0.002 s: (0.05 - 0.002) / 40 tokens over a 0.01 s plain round is
+    0.12 plain steps a token. Nothing to price without the prompt's length or a first call."""
+    from engine.contract.trace import RoundTrace
+    from engine.run.profile import catch_cost
+
+    rounds = [RoundTrace(0, draft_calls=1, draft_seconds=(0.05,))] + [
+        RoundTrace(i, draft_calls=2, draft_seconds=(0.002, 0.001)) for i in range(1, 4)]
+    assert catch_cost(rounds, 41, 0.01) == pytest.approx(0.12)
+    assert catch_cost(rounds, 0, 0.01) == 0.0 and catch_cost([], 41, 0.01) == 0.0
+    assert catch_cost([RoundTrace(0)] + rounds[1:], 41, 0.01) == 0.0  # round 0 drew nothing
+    quick = [RoundTrace(0, draft_calls=1, draft_seconds=(0.001,))] + rounds[1:]
+    assert catch_cost(quick, 41, 0.01) == 0.0  # read faster than a later call: no price
+
+
+def test_before_its_first_draft_a_run_judges_a_catch_up_at_the_calibration_s_acceptance():
+    """At the prior (a = 0.5) 40 tokens repay a 4.95-step start (8 steps saved); where the
+    calibration saw a_1 = 0.3 (depth 1 then gains 1.3 / 1.2 = 1.083: 3.1 steps) the start is
+    held; once the run has drafted, its own plan judges (and a catch-up of a token or two
+    never holds)."""
+    low = replace(CHEAP, c_catch=0.05, accept=(0.3,) + (0.5,) * 15)
+    for profile_, depth in ((replace(CHEAP, c_catch=0.05), 1), (low, 0)):
+        switch = CostSwitch(profile_, 4, plan="mean")
+        assert switch.decide(chain_shape(4), make_generator(0), behind=100,
+                             remaining=40) == depth
+        assert switch.record().held == (depth == 0)
+    switch = CostSwitch(replace(low, c_catch=0.0), 4, plan="mean")  # no catch-up: plans
+    assert switch.decide(chain_shape(4), make_generator(0), behind=100, remaining=40) == 1
+    switch = CostSwitch(low, 4, plan="mean")
+    switch.observe(1, 1)  # a drafted round (e.g. after a short prompt): evidence of its own
+    assert switch.decide(chain_shape(4), make_generator(0), behind=100, remaining=40) >= 1
+
+
+def test_the_calibration_s_acceptance_is_the_posterior_its_rounds_make():
+    from engine.contract.trace import RoundTrace
+    from engine.run.profile import ACCEPT_DEPTH, calibrated_accept
+
+    rounds = [RoundTrace(0, drafted=4, accepted=0), RoundTrace(1, drafted=4, accepted=2),
+              RoundTrace(2), RoundTrace(3, drafted=4, accepted=4)]
+    a = calibrated_accept(rounds)
+    # depth 1: 2 passes of 3 tries, depth 2: 2 of 2, depth 3: 1 of 2, depth 4: 1 of 1,
+    # under Beta(1, 1); deeper: never reached
+    assert a[:4] == (0.6, 0.75, 0.5, round(2 / 3, 4)) and len(a) == ACCEPT_DEPTH
+    assert set(a[4:]) == {0.5}
+    assert calibrated_accept([RoundTrace(0), RoundTrace(1)]) == ()

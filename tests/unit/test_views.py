@@ -693,6 +693,23 @@ def test_a_round_planned_plain_for_good_says_no_draft_could_pay():
                          "accepted")
 
 
+def test_a_held_round_says_the_drafter_s_catch_up_would_not_be_repaid():
+    held = replace(_switch_plan(0, 1.0), held=True, catch_up=2.72)
+    t = RunTrace("eesd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, switch=held),),
+                 (), "", (), RunSummary())
+    md = round_panel.extras_markdown(t, 0)
+    assert md.startswith("**Cost switch** (profile `measured`): a plain target step: drafting "
+                         "to the best depth would pay this round, but the drafter must first "
+                         "read the committed tokens it has not cached (2.72 plain steps)")
+    assert ("1 of 1 rounds planned plain, 1 held for the drafter's catch-up"
+            in charts.posterior_figure(t, 0).layout.title.text)
+    assert "every later round is held" not in md
+    t = replace(t, rounds=(RoundTrace(0, switch=replace(held, rest=True)),))
+    assert "(2.72 plain steps), more than the rest of the run would save; nothing can change " \
+           "that before a draft, so every later round is held too" in \
+           round_panel.extras_markdown(t, 0)
+
+
 def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
     rounds = (RoundTrace(0, drafted=2, accepted=1, switch=_switch_plan(2, 1.41)),
               RoundTrace(1, switch=_switch_plan(0, 1.0)),
