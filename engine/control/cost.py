@@ -55,12 +55,14 @@ plan's gain g* = E_D* / C_D* (:func:`repaid`), and otherwise holds a plain step 
 Before a run's first draft its posterior is the prior, whose acceptance 0.5 is no evidence
 that a start pays: there g* is the best gain at the acceptances the profile's calibration
 decode saw on this pair (``accept``), where the profile has them.
-A probe counts the catch-up in its loss bound too. A held mean plan before the run's first draft
-is held for the rest of the run (``rest``): the posterior is the prior, which a plain round
-does not move, the judged gain is fixed, and the catch-up only grows while R shrinks, so
-later rounds reuse that decision without weighing again. A drafter with no catch-up to pay (one
-that shares the target's cache, or was fed the target's states) has c_catch = 0 or nothing
-behind.
+A probe counts the catch-up in its loss bound spread over the remaining tokens (c / R; after
+a plain stretch, the stretch's tokens), and before the run's first draft it starts a drafter
+only where the calibration's acceptance repays the start, as a planned draft would. A mean
+plan held before the run's first draft is held for the rest of the run (``rest``): the
+posterior is the prior, which a plain round does not move, the judged gain is fixed, and the
+catch-up only grows while R shrinks, so later rounds reuse that decision without weighing
+again. A drafter with nothing to catch up (one that shares the target's cache, a lookup table)
+declares ``own_cache = False``; one whose calibration showed no extra cost has c_catch = 0.
 
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree
@@ -369,13 +371,16 @@ class CostSwitch:
         best, gain, options = weigh(self._costs[shape], drawn)
         catch = self.profile.c_catch * max(behind - 1, 0)  # plain steps
         judged = gain  # the gain a catch-up is judged at: before the run's first draft, the
-        if catch > 0 and self.profile.accept and not self.drafted:  # calibration's
+        if catch > 0 and not self.drafted:  # calibration's (none known: a plain step's)
             known = list(self.profile.accept[: shape.depth])
-            judged = weigh(self._costs[shape], known + [0.5] * (shape.depth - len(known)))[1]
+            judged = weigh(self._costs[shape], known + [0.5] * (shape.depth - len(known)))[1] \
+                if known else (gain if best else 1.0)
         held = best > 0 and not repaid(catch, judged, remaining)
+        share = catch / remaining if catch > 0 and remaining else 0.0  # spread over the run
         probe = (self.plan_kind == "mean" and self.probe_after > 0 and best == 0
                  and shape.depth >= 1 and self.plain_run >= self.wait
-                 and options[1].cost - 1 + catch <= PROBE_BREAK_EVEN)
+                 and options[1].cost - 1 + share <= PROBE_BREAK_EVEN
+                 and (self.drafted or repaid(catch, judged, remaining)))
         self.decision = SwitchPlan(
             depth=1 if probe else 0 if held else best,
             predicted_gain=options[1].gain if probe else 1.0 if held else gain,

@@ -103,6 +103,7 @@ class NGramDrafter(DrafterBase):
     """Prompt lookup over the context (see the module docstring)."""
 
     model = None  # no model: nothing to load, move or train
+    own_cache = False  # tables, no forwards: nothing to catch up (engine.control.cost)
 
     def __init__(self, vocab_size: int, max_n: int = MAX_N, min_n: int = MIN_N,
                  device: torch.device | str = "cpu"):

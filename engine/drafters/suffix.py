@@ -207,6 +207,8 @@ class SuffixDrafter(DrafterBase):
         device: where its logits go (the target's head's device).
     """
 
+    own_cache = False  # a suffix store, no forwards: nothing to catch up (engine.control.cost)
+
     def __init__(self, vocab_size: int, max_pattern: int = MAX_PATTERN,
                  device: torch.device | str = "cpu"):
         if max_pattern < MIN_PATTERN:

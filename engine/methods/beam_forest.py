@@ -303,10 +303,11 @@ class BeamStart:
         return Shape(nodes, tuple(float(d) for d in range(1, depth + 1)))
 
     def plain_for_good(self) -> bool:
-        """The switch planned this round plain for the rest of the run (no depth can pay):
-        the round is the baseline's, with no target top-K against drafts to record."""
+        """The switch planned this round plain for the rest of the run (no depth can pay, or
+        the drafter's start cannot be repaid: rest): the round is the baseline's, with no
+        target top-K against drafts to record."""
         return (self.switch is not None and self.switch.decision is not None
-                and self.switch.decision.never)
+                and (self.switch.decision.never or self.switch.decision.rest))
 
     def may_draft(self, ctx: RunState) -> bool:
         depth = min(self.gamma, ctx.remaining - 1)

@@ -24,7 +24,7 @@ from engine.run.api import generate, make_decoder
 from engine.run.models import load_pair, model_from_config, tiny_config
 from engine.verify.enumerate import enumerate_outcomes
 from tests.oracles import run_beam_sampling
-from tests.profiles import DEAR, EDGE, HOPELESS, MIXED
+from tests.profiles import CATCHING, DEAR, EDGE, HOPELESS, MIXED
 
 VOCAB = 64
 TOL = 1e-4
@@ -162,6 +162,24 @@ def test_strict_under_a_switch_no_draft_can_pay_runs_beam_search_with_no_drafter
     assert all(r.switch.never for r in strict.rounds[:-1])
     assert not any(r.beam_steps for r in strict.rounds[:-1])  # beam search's rounds: no
     # target top-K against drafts to record
+
+
+def test_strict_whose_drafter_start_a_short_run_cannot_repay_rests_as_beam_search():
+    """CATCHING: the draft model's read of a 20-token prompt costs 3.8 plain steps, which 12
+    new tokens cannot repay: atspeed_strict rests from its first round, starts no drafter and
+    its rounds are beam search's (no target top-K against drafts recorded)."""
+    target = tiny(0)
+    pair = pair_of(target, tiny(1))
+    set_generation(target)
+    ids, n = prompt(0, 20), 12
+    strict = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=4, gamma=2,
+                      switch="cost", costs=CATCHING.name, max_new_tokens=n)
+    assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
+    plans = [r.switch for r in strict.rounds if r.switch is not None]
+    assert plans and all(p.held and p.rest for p in plans)
+    assert all(r.drafted == 0 for r in strict.rounds)
+    assert not any(r.beam_steps for r in strict.rounds[:-1])  # the last round: no room to
+    # draft, so no plan, and a beam step's record as ever
 
 
 def test_dsbd_under_a_switch_no_draft_can_pay_keeps_beam_samplings_law_with_no_records():

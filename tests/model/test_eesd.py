@@ -457,6 +457,17 @@ def test_a_drafter_start_a_short_run_cannot_repay_is_held_and_never_made(method,
     assert len(started) == 1 and list(trace.token_ids) == _ref(pair, LONG_PROMPT, 60)
 
 
+@pytest.mark.parametrize("draft", ["ngram", "suffix"])
+def test_a_lookup_drafter_has_nothing_to_catch_up(draft):
+    """The n-gram and suffix drafters read committed tokens into tables, by no forward: under
+    the same CATCHING costs and short run they are never held."""
+    pair = tiny_pair(layers=4, draft=draft)
+    trace = engine.generate(pair, LONG_PROMPT + LONG_PROMPT, "sd", switch="cost",
+                            costs=CATCHING.name, max_new_tokens=12)
+    plans = [r.switch for r in trace.rounds if r.switch is not None]
+    assert plans and not any(p.held or p.catch_up for p in plans)
+
+
 def test_an_early_exit_sharing_the_target_s_cache_has_nothing_to_catch_up():
     """eesd's shared first layers (share_kv on the dynamic path): the target's forward reads
     the committed tokens for both, so the same short run drafts from round 0."""

@@ -618,13 +618,16 @@ def test_a_mean_plan_held_before_any_draft_rests_for_the_rest_of_the_run():
     assert after_draft.record().held and not after_draft.record().rest
 
 
-def test_a_probe_counts_the_catch_up_in_its_loss():
-    """DEAR plans plain at the prior and opens with a probe (C_1 - 1 = 0.55 <= 0.75); a drafter
-    behind by 6 tokens at c_catch 0.05 adds 0.25 (0.8: no probe), by 5 tokens 0.2 (probes)."""
-    for behind, probes in ((6, False), (5, True), (1, True)):
-        switch = CostSwitch(replace(DEAR, c_catch=0.05), 4, plan="mean")
+def test_before_the_first_draft_a_probe_starts_a_drafter_only_where_the_start_is_repaid():
+    """DEAR plans plain at the prior and opens with a probe. A drafter 6 tokens behind at
+    c_catch 0.05 (0.25 steps to catch up): where the calibration saw a_1 = 0.9 the start is
+    repaid and the probe runs; with no calibration, or one that saw 0.3, it does not (and the
+    round is plain, not held: no depth was planned). Nothing behind: the probe as ever."""
+    for accept, behind, probes in (((0.9,) * 4, 6, True), ((), 6, False),
+                                   ((0.3,) * 4, 6, False), ((), 1, True)):
+        switch = CostSwitch(replace(DEAR, c_catch=0.05, accept=accept), 4, plan="mean")
         d = switch.decide(chain_shape(4), make_generator(0), behind=behind, remaining=1000)
-        assert switch.record().probe == probes and d == int(probes), behind
+        assert switch.record().probe == probes and d == int(probes), (accept, behind)
         assert not switch.record().held
 
 
@@ -674,3 +677,51 @@ def test_the_calibration_s_acceptance_is_the_posterior_its_rounds_make():
     assert a[:4] == (0.6, 0.75, 0.5, round(2 / 3, 4)) and len(a) == ACCEPT_DEPTH
     assert set(a[4:]) == {0.5}
     assert calibrated_accept([RoundTrace(0), RoundTrace(1)]) == ()
+
+
+def test_a_catch_up_spread_over_the_run_leaves_the_probes_after_a_plain_stretch():
+    """DEAR probes at rounds 0, 17, 50, 115 when nothing is accepted. A drafter 20 tokens
+    behind at the start and one more per plain round, at c_catch 0.02: the opening probe is a
+    start, taken where the calibration's acceptance (0.9) repays it; each later probe's catch-up
+    (0.32 steps for 17 tokens) is spread over the 10,000 remaining tokens, so the probes come
+    as before. With no calibration to say a start pays, no start is probed."""
+    for accept, probes in (((0.9,) * 4, [0, 17, 50, 115]), ((), [])):
+        switch = CostSwitch(replace(DEAR, c_catch=0.02, accept=accept), 4, plan="mean",
+                            probe_after=16)
+        got, behind = [], 20
+        for i in range(200):
+            d = switch.decide(chain_shape(4), make_generator(0), behind=behind,
+                              remaining=10_000 - i)
+            if switch.record().probe:
+                got.append(i)
+            switch.observe(d, 0)
+            behind = 1 if d else behind + 1
+        assert got == probes, accept
+
+
+def test_a_measured_profile_prices_the_catch_up_and_keeps_the_calibration_s_acceptance(
+        monkeypatch):
+    """measured() takes c_catch and accept from the calibration decode's rounds (its first
+    call read the prompt_tokens the caller passes); api.cost_profile passes the calibration
+    prompt's length."""
+    from engine.contract.trace import RoundTrace
+    from engine.run import api, profile
+    from tests.conftest import tiny_pair
+
+    monkeypatch.setattr(profile, "_forward_s", lambda target, vocab, width, counts:
+                        {n: 0.01 * (1 + 0.1 * n) for n in counts})
+    rounds = [RoundTrace(0, drafted=2, accepted=1, draft_calls=2, draft_seconds=(0.05, 0.001),
+                         timings={"propose": 0.051, "score": 0.011})] + [
+        RoundTrace(i, drafted=2, accepted=2, draft_calls=2, draft_seconds=(0.002, 0.001),
+                   timings={"propose": 0.003, "score": 0.011}) for i in range(1, 4)]
+    prof = profile.measured(tiny_pair(seed=3), "sd", {"gamma": 2}, 1, lambda: rounds,
+                            lambda: 0.01, prompt_tokens=41)
+    assert prof.c_catch == pytest.approx(0.12)
+    assert prof.accept[:2] == (0.8333, 0.6667)  # 4 of 4 and 3 of 4 passed: 5/6, 4/6 under
+    # Beta(1, 1)
+    seen = {}
+    monkeypatch.setattr(profile, "measured", lambda *a, **k: seen.update(k) or prof)
+    pair = tiny_pair(seed=4)
+    full, _ = api.run_params(pair, "sd", {"switch": "cost"})
+    assert api.cost_profile(pair, "sd", full, profile.MEASURED) is prof
+    assert seen["prompt_tokens"] == len(api.calibration_ids(pair)) > 1
