@@ -8,8 +8,8 @@
 # drafter and the step store (100 s alone) moved to the first; side by side each runs about
 # 1.35x its time alone (a fresh clone with Check in the first too: 857 s and 709 s, 15.8 min
 # with set-up). On the AVX2-only Zen 3 (fresh clone, 2026-12-04) 1,240 s and 1,019 s side by
-# side, 22.1 min with set-up: the step store went back to the second. Arguments go to both
-# (e.g. -x). Exit code is non-zero if either fails.
+# side, 22.1 min with set-up; with the step store back in the second, 1,173 s and 1,064 s, 20.9
+# min. Arguments go to both (e.g. -x). Exit code is non-zero if either fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p artifacts
