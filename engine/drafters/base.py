@@ -2,7 +2,8 @@
 
 A drafter hands the round loop a fresh runner per run (a
 :class:`~engine.execution.cached_model.CachedModel`, or an object with its start / feed / commit /
-close); the loop feeds it the tail and forest levels and commits it like the target. Every
+close / take_served / width / behind); the loop feeds it the tail and forest levels and commits it
+like the target. Every
 capability a caller may ask of a drafter is declared here with a default
 (:class:`DrafterBase`), so no caller probes for one: its context law, the model transformers'
 assisted generation can borrow, and what it takes from its target (:class:`TargetNeeds`).

@@ -146,6 +146,11 @@ class HybridRunner:
         node: NodeTrace.source)."""
         return self.ngram.laws
 
+    @property
+    def behind(self) -> int:
+        """The feature runner's unfed tokens (the lookup reads its rows without forwards)."""
+        return self.feature.behind
+
     def take_served(self) -> list[str]:
         """The feature runner's KV paths since the last call (the lookup runs none)."""
         return self.feature.take_served()

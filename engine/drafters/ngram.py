@@ -158,6 +158,8 @@ class NGramRunner:
         self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
         self.laws = _no_laws(len(self.rows))  # the last feed's
 
+    behind = 0  # its rows are read without forwards: nothing to catch up
+
     def take_served(self) -> list[str]:
         """No model forward runs here: no KV path to report."""
         return []

@@ -169,6 +169,8 @@ class SharedSide:
         self.forest_fed = 0
         self.round = self.trunk.round
 
+    behind = 0  # the trunk runs a position once for either side: no catch-up of its own
+
     def take_served(self) -> list[str]:
         """The KV path of every forward since the last call: the shared trunk keeps its own
         DynamicCache, so every feed is dynamic."""

@@ -272,6 +272,8 @@ class SuffixRunner:
             {} for _ in self.rows]
         self.m0 = [0] * len(self.rows)
 
+    behind = 0  # its rows are read without forwards: nothing to catch up
+
     def take_served(self) -> list[str]:
         """No model forward runs here: no KV path to report."""
         return []

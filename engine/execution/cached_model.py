@@ -222,6 +222,11 @@ class CachedModel:
     def width(self) -> int:
         return int(self.tail.shape[0])
 
+    @property
+    def behind(self) -> int:
+        """Committed tokens per row not yet fed (what the next feed catches up on)."""
+        return int(self.tail.shape[1]) - self.tail_fed
+
     # --------------------------------------------------------------- forward
     def feed(self, tokens: torch.Tensor | None = None,
              parents: torch.Tensor | None = None) -> Scored:

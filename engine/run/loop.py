@@ -78,8 +78,7 @@ class RunContext:
             return 0
         if self._draft is None:
             return len(self.prompt_ids) + len(self.seqs[0])
-        tail = getattr(self._draft, "tail", None)  # (W, t); None: a runner with no tail
-        return 0 if tail is None else int(tail.shape[1]) - int(self._draft.tail_fed)
+        return self._draft.behind
 
     def committed_ids(self) -> torch.Tensor:
         rows = [self.prompt_ids + s for s in self.seqs]

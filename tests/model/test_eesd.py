@@ -477,3 +477,17 @@ def test_an_early_exit_sharing_the_target_s_cache_has_nothing_to_catch_up():
     assert "KV shared" in trace.rounds[0].extras.drafter
     assert trace.rounds[0].drafted >= 1 and trace.rounds[0].switch.catch_up == 0
     assert list(trace.token_ids) == _ref(pair, LONG_PROMPT, 12)
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "suffix", "feature", "ngram+feature"])
+def test_every_runner_says_how_many_committed_tokens_it_has_not_read(draft):
+    """A runner started on a 5-token prompt: one that reads by forwards has all 5 behind, a
+    lookup table none; after a feed of its tail, none."""
+    pair = tiny_pair(layers=4, draft=draft)
+    runner = pair.drafter.runner()
+    runner.start(torch.tensor([[3, 4, 5, 6, 7]]))
+    assert runner.behind == (5 if pair.drafter.own_cache else 0), draft
+    if draft is None:  # a separate draft model: its feed reads the tail
+        runner.feed()
+        assert runner.behind == 0
+    runner.close()
