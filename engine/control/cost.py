@@ -61,8 +61,12 @@ only where the calibration's acceptance repays the start, as a planned draft wou
 plan held before the run's first draft is held for the rest of the run (``rest``): the
 posterior is the prior, which a plain round does not move, the judged gain is fixed, and the
 catch-up only grows while R shrinks, so later rounds reuse that decision without weighing
-again. A drafter with nothing to catch up (one that shares the target's cache, a lookup table)
-declares ``own_cache = False``; one whose calibration showed no extra cost has c_catch = 0.
+again. A drafter with nothing to catch up (a lookup table, an untrained early exit on the
+target's shared layers) declares ``own_cache = False``; one whose calibration showed no extra
+cost has c_catch = 0. An early exit sharing the target's first layers with a trained layer of
+its own catches up through that layer alone, but c_catch is measured on its first call, which
+also runs the shared layers over the prompt (work the target's forward then skips): there it
+prices the start high, an upper bound.
 
 Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
 the current round's target scores, so a verification rule that is exact for any draft tree

@@ -43,8 +43,9 @@ class Drafter(Protocol):
     model: nn.Module | None  # the modules it runs (None: no model, e.g. the n-gram lookup)
     needs: TargetNeeds
     own_cache: bool  # its runner reads committed tokens by forwards of its own, so one it
-    # has not read costs a catch-up (engine.control.cost); False: the target's forward
-    # computes them for it (engine.drafters.shared)
+    # has not read costs a catch-up (engine.control.cost); False: tables read them without a
+    # forward (n-gram, suffix) or the target's forward computes them for it (an untrained
+    # early exit on the target's shared layers, engine.drafters.shared)
 
     def runner(self) -> CachedModel:
         """A new runner (cache and state) over this drafter, for one run."""

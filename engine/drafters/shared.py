@@ -169,7 +169,14 @@ class SharedSide:
         self.forest_fed = 0
         self.round = self.trunk.round
 
-    behind = 0  # the trunk runs a position once for either side: no catch-up of its own
+    @property
+    def behind(self) -> int:
+        """Committed tokens this side's own layers have not read: the target's deep layers,
+        the drafter's Transformer^e (0 for an untrained exit: the shared layers it reads are
+        run once for both sides, whichever needs a position first)."""
+        group, layers = ("deep", self.trunk.deep) if self.side == "target" \
+            else ("ee", self.trunk.ee)
+        return max(self.trunk.committed - self.trunk.len[group], 0) if layers else 0
 
     def take_served(self) -> list[str]:
         """The KV path of every forward since the last call: the shared trunk keeps its own
@@ -224,12 +231,14 @@ class SharedDrafter(DrafterBase):
     """Drafter-protocol wrapper: its runner is the draft side of the trunk."""
 
     needs = TargetNeeds(layers=True)
-    own_cache = False  # whoever first needs a position runs the shared layers once
 
     def __init__(self, drafter, trunk: SharedTrunk) -> None:
         self.model, self.name = drafter.model, drafter.name + ", KV shared"
         self.n_layers, self.trained = drafter.n_layers, drafter.trained
         self.trunk = trunk
+        self.own_cache = bool(trunk.ee)  # whoever first needs a position runs the shared
+        # layers once, but a trained Transformer^e keeps C_ee of its own: the committed tokens
+        # it has not read cost a catch-up (its start: the prompt); an untrained exit has none
 
     def runner(self) -> SharedSide:
         return SharedSide(self.trunk, "draft")

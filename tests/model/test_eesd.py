@@ -18,6 +18,7 @@ from engine.drafters.early_exit import (
     load_trained,
     save_trained,
 )
+from engine.drafters.shared import SharedDrafter, SharedSide, SharedTrunk
 from engine.methods.eesd import drafter_for
 from tests.conftest import perturbed_exit_layer, tiny_pair
 from tests.profiles import CATCHING, EDGE
@@ -431,17 +432,20 @@ def test_a_round_with_no_room_to_draft_keeps_the_cost_posterior_it_was_handed(me
 LONG_PROMPT = list(range(3, 23))  # 20 tokens
 
 
-@pytest.mark.parametrize("method,params", [("eesd", {"share_kv": False}), ("sd", {})])
+@pytest.mark.parametrize("method,params", [("eesd", {"share_kv": False}), ("eesd", {}),
+                                           ("sd", {})])
 def test_a_drafter_start_a_short_run_cannot_repay_is_held_and_never_made(method, params,
                                                                          monkeypatch):
     """CATCHING prices the drafter's read of the 20-token prompt at 3.8 plain steps: 12 new
     tokens cannot repay it at the prior's gain (2.4 steps saved), so every round is held
     plain, no drafter cache starts and the output is greedy's; 60 new tokens can (12 saved),
-    so round 0 drafts."""
+    so round 0 drafts. eesd with its first layers shared (share_kv on the dynamic path) reads
+    the prompt through its trained layer, which keeps a cache of its own: held the same."""
     pair = _trained_pair() if method == "eesd" else tiny_pair(layers=4)
     started = []
-    runner = type(pair.drafter).runner
-    monkeypatch.setattr(type(pair.drafter), "runner",
+    owner = SharedDrafter if params == {} and method == "eesd" else type(pair.drafter)
+    runner = owner.runner
+    monkeypatch.setattr(owner, "runner",
                         lambda self: started.append(type(self).__name__) or runner(self))
     trace = engine.generate(pair, LONG_PROMPT, method, switch="cost", costs=CATCHING.name,
                             max_new_tokens=12, **params)
@@ -455,6 +459,8 @@ def test_a_drafter_start_a_short_run_cannot_repay_is_held_and_never_made(method,
                             max_new_tokens=60, **params)
     assert trace.rounds[0].drafted >= 1 and not trace.rounds[0].switch.held
     assert len(started) == 1 and list(trace.token_ids) == _ref(pair, LONG_PROMPT, 60)
+    if method == "eesd":
+        assert ("KV shared" in trace.rounds[0].extras.drafter) == (params == {})
 
 
 @pytest.mark.parametrize("draft", ["ngram", "suffix"])
@@ -468,15 +474,35 @@ def test_a_lookup_drafter_has_nothing_to_catch_up(draft):
     assert plans and not any(p.held or p.catch_up for p in plans)
 
 
-def test_an_early_exit_sharing_the_target_s_cache_has_nothing_to_catch_up():
-    """eesd's shared first layers (share_kv on the dynamic path): the target's forward reads
-    the committed tokens for both, so the same short run drafts from round 0."""
-    pair = _trained_pair()
+def test_an_untrained_early_exit_sharing_the_target_s_cache_has_nothing_to_catch_up():
+    """eesd's shared first layers (share_kv on the dynamic path) with no trained layer: the
+    target's forward reads the committed tokens for both, so the same short run drafts from
+    round 0."""
+    pair = tiny_pair(layers=4, early_exit_layers=2)
     trace = engine.generate(pair, LONG_PROMPT, "eesd", switch="cost", costs=CATCHING.name,
                             max_new_tokens=12)
     assert "KV shared" in trace.rounds[0].extras.drafter
     assert trace.rounds[0].drafted >= 1 and trace.rounds[0].switch.catch_up == 0
     assert list(trace.token_ids) == _ref(pair, LONG_PROMPT, 12)
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_a_shared_trunk_side_is_behind_by_what_its_own_layers_have_not_read(trained):
+    """On a 5-token prompt the target side's deep layers and a trained exit's layer have all
+    5 unread (an untrained exit's shared layers are the target's: none); a draft-side feed
+    runs the shared layers and the trained one over them, leaving the deep layers behind."""
+    pair = _trained_pair() if trained else tiny_pair(layers=4, early_exit_layers=2)
+    trunk = SharedTrunk(pair.target, pair.drafter)
+    drafter = SharedDrafter(pair.drafter, trunk)
+    target, draft = SharedSide(trunk, "target"), drafter.runner()
+    target.start(torch.tensor([[3, 4, 5, 6, 7]]))
+    draft.start(torch.tensor([[3, 4, 5, 6, 7]]))
+    assert drafter.own_cache is trained
+    assert (target.behind, draft.behind) == (5, 5 if trained else 0)
+    draft.feed()
+    assert (target.behind, draft.behind) == (5, 0)
+    target.feed()
+    assert target.behind == 0
 
 
 @pytest.mark.parametrize("draft", [None, "ngram", "suffix", "feature", "ngram+feature"])
