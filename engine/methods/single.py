@@ -11,7 +11,7 @@ import torch
 from engine.contract.records import ControllerState, RoundExtras, SwitchPlan
 from engine.contract.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.core.forest import Forest, empty_forest
-from engine.core.sampling import argmax, probs_from_logits
+from engine.core.sampling import first_max, probs_from_logits
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def finish_single(ctx: RunState, path_nodes: list[int], path_tokens: list[int], 
 
 def target_token(p: torch.Tensor, ctx: RunState) -> int:
     """The target's own token from its warped distribution p (V,): argmax at temperature 0."""
-    return int(argmax(p)) if ctx.warp.greedy else ctx.chooser.categorical(p)
+    return first_max(p) if ctx.warp.greedy else ctx.chooser.categorical(p)
 
 
 class SingleStart:
@@ -90,7 +90,7 @@ class Autoregressive(SingleStart):
     def verify(self, ctx: RunState, forest, scored) -> RoundVerdict:
         logits = scored.root_logits[0]  # (V,)
         if self.greedy:
-            tok = int(argmax(logits))
+            tok = first_max(logits)
         else:
             tok = target_token(probs_from_logits(logits, ctx.warp), ctx)
         return finish_single(ctx, [], [], tok, [ORIGIN_TARGET])

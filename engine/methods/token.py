@@ -41,7 +41,7 @@ from engine.control.cost import Shape, chain_shape, tree_shape
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, depths, empty_forest
-from engine.core.sampling import argmax, probs_from_logits
+from engine.core.sampling import first_max, probs_from_logits
 from engine.drafters.ngram import support
 from engine.execution.cached_model import Scored
 from engine.methods import dynamic_tree
@@ -293,7 +293,7 @@ class TreeSpeculation(SingleStart):
         sparse = ctx.warp.greedy and not self.cfg.record_optimal
         if forest.size == 0:
             if sparse:
-                tok, pt = int(argmax(p_root[0])), 1.0
+                tok, pt = first_max(p_root[0]), 1.0
             else:
                 p = probs_from_logits(p_root[0], ctx.warp)
                 tok = target_token(p, ctx)
@@ -314,7 +314,7 @@ class TreeSpeculation(SingleStart):
         while True:
             logits = p_root[0] if node == ROOT else p_nodes[0, node]  # (V,)
             if sparse:  # p = one-hot on a
-                p, a = None, int(argmax(logits))
+                p, a = None, first_max(logits)
             else:
                 p, a = probs_from_logits(logits, ctx.warp), None  # (V,)
             for c in kids.get(node, []):

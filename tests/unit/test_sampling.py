@@ -1,6 +1,6 @@
 """engine.core.sampling.TorchChooser: categorical draws by inverse CDF follow the given law, never
 pick an index of zero mass, replay from the seed, and refuse a vector without mass; the
-sampling module's argmax picks torch.argmax's index."""
+sampling module's argmax and its two-level first_max pick torch.argmax's index."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from engine.core.sampling import TorchChooser, argmax, make_generator
+from engine.core.sampling import (
+    BLOCK,
+    TWO_LEVEL,
+    TorchChooser,
+    argmax,
+    first_max,
+    make_generator,
+)
 
 
 def _counts(p: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
@@ -79,3 +86,46 @@ def test_argmax_picks_torch_argmax_index_on_ties_and_nan(dtype):
         last = x.shape[-1] - 1 - torch.argmax(x.flip(-1), dim=-1)  # the last maximum
         last_differs += not torch.equal(last, argmax(x))
     assert last_differs > 100
+
+
+def _hard_vectors(dtype, gen):
+    """Vectors where a two-level search can go wrong: lengths with and without a tail past
+    the whole blocks, a short one, ties inside a block, across blocks and between a block and
+    the tail, a NaN before, inside or after the maximum, all -inf, all equal."""
+    out = []
+    for n in (TWO_LEVEL - 1, TWO_LEVEL, TWO_LEVEL + 37, 49_152, 49_157):
+        for trial in range(30):
+            x = torch.randint(-3, 4, (n,), generator=gen).to(dtype)  # ties everywhere
+            if trial % 3 == 0:
+                x = torch.randn(n, generator=gen).to(dtype)
+            top = x.max()
+            if trial % 5 == 1:  # the maximum in two blocks, the later one set first
+                at = sorted(int(i) for i in torch.randint(0, n, (2,), generator=gen))
+                x[at[1]] = x[at[0]] = top + 1
+            if trial % 5 == 2 and n % BLOCK:  # the tail ties the first block's maximum
+                x[n - 1] = x[3] = top + 1
+            if trial % 5 == 3 and n % BLOCK:  # the tail alone holds it
+                x[n - 2] = top + 1
+            if trial % 7 == 4:
+                x[int(torch.randint(0, n, (), generator=gen))] = float("nan")
+            out.append(x)
+        out += [torch.full((n,), float("-inf"), dtype=dtype), torch.zeros(n, dtype=dtype)]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_max_is_torch_argmax_of_a_vector_on_ties_nan_and_a_tail(dtype):
+    """first_max searches blocks, then a block, then the tail: it must still pick
+    torch.argmax's first maximum. A rule that took the last block among equal maxima, or the
+    tail on a tie, differs on these vectors (checked below)."""
+    gen = torch.Generator().manual_seed(11)
+    vectors = _hard_vectors(dtype, gen)
+    wrong = 0
+    for x in vectors:
+        assert first_max(x) == int(torch.argmax(x)), (x.shape, dtype)
+        blocks = x[: x.shape[0] // BLOCK * BLOCK].reshape(-1, BLOCK).amax(1)
+        last_block = blocks.shape[0] - 1 - int(torch.argmax(blocks.flip(0)))
+        wrong += last_block != int(torch.argmax(x)) // BLOCK
+    assert wrong > 20  # the vectors tell the first maximal block from the last
+    strided = torch.randn(2 * TWO_LEVEL, generator=gen)[::2]  # not contiguous
+    assert first_max(strided) == int(torch.argmax(strided))
