@@ -69,7 +69,7 @@ TWO_LEVEL = 8 * BLOCK  # shorter vectors (a tiny vocabulary) take torch.argmax
 def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The whole blocks of a CPU vector x (n,) as (n // BLOCK, BLOCK) and where they end."""
     full = x.shape[0] // BLOCK * BLOCK
-    return x[:full].reshape(-1, BLOCK), full  # a view of a contiguous x
+    return x[:full].reshape(-1, BLOCK), full  # a view where x is contiguous, else a copy
 
 
 def first_max(x: torch.Tensor) -> int:

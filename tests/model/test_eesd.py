@@ -489,8 +489,9 @@ def test_an_untrained_early_exit_sharing_the_target_s_cache_has_nothing_to_catch
 @pytest.mark.parametrize("trained", [True, False])
 def test_a_shared_trunk_side_is_behind_by_what_its_own_layers_have_not_read(trained):
     """On a 5-token prompt the target side's deep layers and a trained exit's layer have all
-    5 unread (an untrained exit's shared layers are the target's: none); a draft-side feed
-    runs the shared layers and the trained one over them, leaving the deep layers behind."""
+    5 unread (an untrained exit's shared layers are the target's: none). The target's forward
+    runs the shared layers but not the trained one, so after it and a plain round's commit
+    the trained layer is 6 behind and the target 1; a draft-side feed then reads them all."""
     pair = _trained_pair() if trained else tiny_pair(layers=4, early_exit_layers=2)
     trunk = SharedTrunk(pair.target, pair.drafter)
     drafter = SharedDrafter(pair.drafter, trunk)
@@ -499,10 +500,14 @@ def test_a_shared_trunk_side_is_behind_by_what_its_own_layers_have_not_read(trai
     draft.start(torch.tensor([[3, 4, 5, 6, 7]]))
     assert drafter.own_cache is trained
     assert (target.behind, draft.behind) == (5, 5 if trained else 0)
-    draft.feed()
-    assert (target.behind, draft.behind) == (5, 0)
     target.feed()
-    assert target.behind == 0
+    assert (target.behind, draft.behind) == (0, 5 if trained else 0)
+    none = torch.zeros((1, 0), dtype=torch.long)
+    target.commit(torch.zeros(1, dtype=torch.long), none, none, torch.tensor([[8]]))
+    draft.commit(torch.zeros(1, dtype=torch.long), none, none, torch.tensor([[8]]))
+    assert (target.behind, draft.behind) == (1, 6 if trained else 0)  # a plain round
+    draft.feed()
+    assert (target.behind, draft.behind) == (1, 0)
 
 
 @pytest.mark.parametrize("draft", [None, "ngram", "suffix", "feature", "ngram+feature"])

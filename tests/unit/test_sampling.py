@@ -113,7 +113,7 @@ def _hard_vectors(dtype, gen):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_first_max_is_torch_argmax_of_a_vector_on_ties_nan_and_a_tail(dtype):
     """first_max searches blocks, then a block, then the tail: it must still pick
     torch.argmax's first maximum. A rule that took the last block among equal maxima, or the
@@ -129,3 +129,6 @@ def test_first_max_is_torch_argmax_of_a_vector_on_ties_nan_and_a_tail(dtype):
     assert wrong > 20  # the vectors tell the first maximal block from the last
     strided = torch.randn(2 * TWO_LEVEL, generator=gen)[::2]  # not contiguous
     assert first_max(strided) == int(torch.argmax(strided))
+    signed = torch.full((TWO_LEVEL + 5,), -1.0, dtype=dtype)
+    signed[700], signed[200] = 0.0, -0.0  # equal maxima: the first, in another block
+    assert first_max(signed) == int(torch.argmax(signed)) == 200
