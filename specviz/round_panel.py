@@ -194,6 +194,10 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
                 f"({_num(rec.catch_up)} plain steps), more than the rest of the run would save"
                 + ("; nothing can change that before a draft, so every later round is held "
                    "too (its catch-up only grows) and no drafter runs" if rec.rest else ""))
+    if rec.rest and not rec.held and not rec.never:
+        what = ("a plain target step for the rest of the run: at the prior's acceptance no "
+                "depth pays, no probe would pay for itself either, and without a draft nothing "
+                "moves the prior, so every later round is planned the same and no drafter runs")
     if rec.never:
         what = ("a plain target step for the rest of the run: no depth would pay even if "
                 "every draft were accepted (the options below are priced at acceptance 1), "

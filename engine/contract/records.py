@@ -115,8 +115,9 @@ class SwitchPlan:
     catch_up: float = 0.0  # plain steps the drafter's uncached tokens would cost to catch up
     held: bool = False  # a depth paid this round, but over the run's remaining tokens not
     # enough to repay that catch-up: a plain step
-    rest: bool = False  # held before any draft: nothing can change the plan, every later
-    # round of the run is held with this record (its catch_up the first held round's)
+    rest: bool = False  # plain before any draft, held or at the prior with no probe possible:
+    # nothing can change the plan, every later round of the run reuses this record (its
+    # catch_up the first such round's)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,11 @@ only where the calibration's acceptance repays the start, as a planned draft wou
 plan held before the run's first draft is held for the rest of the run (``rest``): the
 posterior is the prior, which a plain round does not move, the judged gain is fixed, and the
 catch-up only grows while R shrinks, so later rounds reuse that decision without weighing
-again. A drafter with nothing to catch up (a lookup table, an untrained early exit on the
+again. So does a mean plan that plans plain at the prior before any draft where no probe can
+start (its depth-1 cost past the probe's bound, the bound's catch-up share only growing, or a
+start the calibration does not repay): no round can draft, so none can move the posterior,
+and a later round's shallower shape (fewer tokens left) offers a subset of the same options.
+A drafter with nothing to catch up (a lookup table, an untrained early exit on the
 target's shared layers) declares ``own_cache = False``; one whose calibration showed no extra
 cost has c_catch = 0. An early exit sharing the target's first layers with a trained layer of
 its own catches up through that layer alone, but c_catch is measured on its first call, which
@@ -334,7 +338,7 @@ class CostSwitch:
         self.probe_after = probe_after
         self.plain_run = 0  # plain rounds since the last drafted round or probe
         self.drafted = False  # a round of this run drafted (the run has evidence of its own)
-        self.resting: SwitchPlan | None = None  # a held plan nothing can change any more: the
+        self.resting: SwitchPlan | None = None  # a plain plan nothing can change any more: the
         # decision of every later round (module docstring)
         self.wait = 0 if OPENING_PROBE else probe_after  # plain rounds in a row before the
         # next probe (0: the opening probe)
@@ -381,17 +385,18 @@ class CostSwitch:
                 if known else (gain if best else 1.0)
         held = best > 0 and not repaid(catch, judged, remaining)
         share = catch / remaining if catch > 0 and remaining else 0.0  # spread over the run
-        probe = (self.plan_kind == "mean" and self.probe_after > 0 and best == 0
-                 and shape.depth >= 1 and self.plain_run >= self.wait
-                 and options[1].cost - 1 + share <= PROBE_BREAK_EVEN
-                 and (self.drafted or repaid(catch, judged, remaining)))
+        may_probe = (self.plan_kind == "mean" and self.probe_after > 0 and shape.depth >= 1
+                     and options[1].cost - 1 + share <= PROBE_BREAK_EVEN
+                     and (self.drafted or repaid(catch, judged, remaining)))
+        probe = may_probe and best == 0 and self.plain_run >= self.wait
         self.decision = SwitchPlan(
             depth=1 if probe else 0 if held else best,
             predicted_gain=options[1].gain if probe else 1.0 if held else gain,
             options=options, drawn=tuple(round(a, 4) for a in drawn),
             profile=self.profile.name, posterior=before, probe=probe,
             catch_up=round(catch, 4), held=held,
-            rest=held and self.plan_kind == "mean" and not self.drafted)
+            rest=self.plan_kind == "mean" and not self.drafted
+            and (held or (best == 0 and not may_probe)))
         if self.decision.rest:
             self.resting = self.decision
         return self.decision.depth

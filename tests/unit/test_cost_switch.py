@@ -618,6 +618,46 @@ def test_a_mean_plan_held_before_any_draft_rests_for_the_rest_of_the_run():
     assert after_draft.record().held and not after_draft.record().rest
 
 
+COSTLY = CostProfile("costly", 0.3, ((0, 1.0), (1, 1.6), (4, 2.2), (8, 3.0)))  # C_1 = 1.9
+
+
+def test_a_mean_plan_plain_at_the_prior_where_no_probe_can_start_rests():
+    """COSTLY prices depth 1 at 1.9 plain steps, past the probe's 1.75, and at the prior's
+    0.5 no depth pays, though at acceptance 1 depth 4 would (so not 'never'). Before any draft
+    nothing can move the prior: the plan rests, every later round reusing its record, on the
+    shallower shapes of a run's end too, and each round's depth is what a fresh switch plans
+    there (plain, no probe). DEAR, whose probe qualifies, opens with a probe and does not
+    rest; nor does a Thompson plan, nor a mean plan after a draft."""
+    switch = CostSwitch(COSTLY, 4, plan="mean")
+    assert switch.can_draft(chain_shape(4))
+    before = switch.posterior.state()
+    assert switch.decide(chain_shape(4), make_generator(0), remaining=40) == 0
+    first = switch.record()
+    assert first.rest and not (first.held or first.probe or first.never)
+    for depth in (4, 4, 3, 2, 1):
+        switch.observe(0, 0)
+        assert switch.decide(chain_shape(depth), make_generator(0), remaining=depth + 1) == 0
+        assert switch.record() is first
+        fresh = CostSwitch(COSTLY, 4, plan="mean")
+        fresh.plain_run = switch.plain_run  # past the opening probe's wait
+        assert fresh.decide(chain_shape(depth), make_generator(0), remaining=depth + 1) == 0
+        assert not fresh.record().probe and fresh.record().rest
+    assert switch.posterior.state() == before
+    dear = CostSwitch(DEAR, 4, plan="mean")
+    assert dear.decide(chain_shape(4), make_generator(0), remaining=40) == 1
+    assert dear.record().probe and not dear.record().rest
+    thompson = CostSwitch(COSTLY, 4, plan="thompson")
+    gen = make_generator(0)
+    for _ in range(20):
+        thompson.decide(chain_shape(4), gen, remaining=40)
+        assert not thompson.record().rest
+        thompson.observe(thompson.record().depth, 0)
+    after_draft = CostSwitch(COSTLY, 4, plan="mean")
+    after_draft.observe(1, 0)
+    assert after_draft.decide(chain_shape(4), make_generator(0), remaining=40) == 0
+    assert not after_draft.record().rest
+
+
 def test_before_the_first_draft_a_probe_starts_a_drafter_only_where_the_start_is_repaid():
     """DEAR plans plain at the prior and opens with a probe. A drafter 6 tokens behind at
     c_catch 0.05 (0.25 steps to catch up): where the calibration saw a_1 = 0.9 the start is

@@ -708,6 +708,10 @@ def test_a_held_round_says_the_drafter_s_catch_up_would_not_be_repaid():
     assert "(2.72 plain steps), more than the rest of the run would save; nothing can change " \
            "that before a draft, so every later round is held too" in \
            round_panel.extras_markdown(t, 0)
+    t = replace(t, rounds=(RoundTrace(0, switch=replace(_switch_plan(0, 1.0), rest=True)),))
+    assert round_panel.extras_markdown(t, 0).startswith(
+        "**Cost switch** (profile `measured`): a plain target step for the rest of the run: at "
+        "the prior's acceptance no depth pays, no probe would pay for itself either")
 
 
 def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
