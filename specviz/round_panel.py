@@ -196,8 +196,10 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
                    "too (its catch-up only grows) and no drafter runs" if rec.rest else ""))
     if rec.rest and not rec.held and not rec.never:
         what = ("a plain target step for the rest of the run: at the prior's acceptance no "
-                "depth pays, no probe would pay for itself either, and without a draft nothing "
-                "moves the prior, so every later round is planned the same and no drafter runs")
+                "depth pays, no probe can start (one would cost more than it could teach, "
+                "probes are off, or the drafter's start would not be repaid), and without a "
+                "draft nothing moves the prior, so every later round is planned the same and "
+                "nothing is drafted")
     if rec.never:
         what = ("a plain target step for the rest of the run: no depth would pay even if "
                 "every draft were accepted (the options below are priced at acceptance 1), "

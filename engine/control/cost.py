@@ -62,10 +62,10 @@ plan held before the run's first draft is held for the rest of the run (``rest``
 posterior is the prior, which a plain round does not move, the judged gain is fixed, and the
 catch-up only grows while R shrinks, so later rounds reuse that decision without weighing
 again. So does a mean plan that plans plain at the prior before any draft where no probe can
-start (its depth-1 cost past the probe's bound, the bound's catch-up share only growing, or a
-start the calibration does not repay): no round can draft, so none can move the posterior,
-and a later round's shallower shape (fewer tokens left) offers a subset of the same options.
-A drafter with nothing to catch up (a lookup table, an untrained early exit on the
+start (probes off, its depth-1 cost past the probe's bound, the bound's catch-up share only
+growing, or a start the calibration does not repay): no round can draft, so none can move the
+posterior, and a later round's shallower shape (fewer tokens left) offers a subset of the same
+options. A drafter with nothing to catch up (a lookup table, an untrained early exit on the
 target's shared layers) declares ``own_cache = False``; one whose calibration showed no extra
 cost has c_catch = 0. An early exit sharing the target's first layers with a trained layer of
 its own catches up through that layer alone, but c_catch is measured on its first call, which

@@ -658,6 +658,24 @@ def test_a_mean_plan_plain_at_the_prior_where_no_probe_can_start_rests():
     assert not after_draft.record().rest
 
 
+def test_a_plain_plan_whose_probe_would_start_an_unrepaid_drafter_rests():
+    """DEAR's probe qualifies on its cost, but a drafter 6 tokens behind at c_catch 0.05 whose
+    calibration saw a_1 = 0.3 would not repay its start: no probe, and as the catch-up only
+    grows and the remaining tokens only shrink, none ever will, so the plain plan rests; with
+    nothing behind the same plan opens with its probe."""
+    unrepaid = CostSwitch(replace(DEAR, c_catch=0.05, accept=(0.3,) * 4), 4, plan="mean")
+    assert unrepaid.decide(chain_shape(4), make_generator(0), behind=6, remaining=1000) == 0
+    first = unrepaid.record()
+    assert first.rest and not first.probe and not first.held
+    unrepaid.observe(0, 0)
+    assert unrepaid.decide(chain_shape(4), make_generator(0), behind=7, remaining=999) == 0
+    assert unrepaid.record() is first
+    nothing_behind = CostSwitch(replace(DEAR, c_catch=0.05, accept=(0.3,) * 4), 4, plan="mean")
+    assert nothing_behind.decide(chain_shape(4), make_generator(0), behind=1,
+                                 remaining=1000) == 1
+    assert nothing_behind.record().probe and not nothing_behind.record().rest
+
+
 def test_before_the_first_draft_a_probe_starts_a_drafter_only_where_the_start_is_repaid():
     """DEAR plans plain at the prior and opens with a probe. A drafter 6 tokens behind at
     c_catch 0.05 (0.25 steps to catch up): where the calibration saw a_1 = 0.9 the start is

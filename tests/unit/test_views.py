@@ -711,7 +711,7 @@ def test_a_held_round_says_the_drafter_s_catch_up_would_not_be_repaid():
     t = replace(t, rounds=(RoundTrace(0, switch=replace(_switch_plan(0, 1.0), rest=True)),))
     assert round_panel.extras_markdown(t, 0).startswith(
         "**Cost switch** (profile `measured`): a plain target step for the rest of the run: at "
-        "the prior's acceptance no depth pays, no probe would pay for itself either")
+        "the prior's acceptance no depth pays, no probe can start")
 
 
 def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
