@@ -14,7 +14,7 @@ import torch
 from engine.contract.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 from engine.core.config import RunConfig
 from engine.core.eos import eos_ids
-from engine.core.sampling import Chooser, TorchChooser, Warp, make_generator
+from engine.core.sampling import Chooser, TorchChooser, Warp, make_generator, top_probs
 from engine.drafters.base import Drafter
 from engine.execution.cached_model import CachedModel, Scored
 from engine.methods.base import Method, RoundVerdict
@@ -216,12 +216,13 @@ class Decoder:
 def _top_slices(scored: Scored, v: RoundVerdict) -> tuple[TopK, ...]:
     """Target top-k at each committed position of beam 0's parent row."""
     row = int(v.rows[0])
-    path = v.path_nodes[0].tolist()
-    logits = [scored.root_logits[row]] + [scored.node_logits[row, n] for n in path]  # (V,) each
-    out = []
-    for lg in logits[: v.path_tokens.shape[1] + v.new_tokens.shape[1]]:
-        probs = torch.softmax(lg.float(), dim=-1)
-        val, idx = torch.topk(probs, min(TOPK, probs.shape[-1]))
-        out.append(TopK(tuple(idx.tolist()), tuple(round(x, 6) for x in val.tolist())))
-    return tuple(out)
-
+    count = v.path_tokens.shape[1] + v.new_tokens.shape[1]
+    if count == 0:
+        return ()
+    path = v.path_nodes[0, : count - 1]  # (count - 1,) the accepted nodes
+    logits = scored.root_logits[row][None]  # (1, V)
+    if count > 1:
+        logits = torch.cat([logits, scored.node_logits[row, path]])  # (count, V)
+    ids, probs = top_probs(logits, TOPK)  # (count, k) each
+    return tuple(TopK(tuple(i), tuple(round(x, 6) for x in p))
+                 for i, p in zip(ids.tolist(), probs.tolist()))

@@ -28,3 +28,27 @@ def test_every_methods_trace_imports_back_equal(pair, method):
                             temperature=1.0 if method in SAMPLING_ONLY else 0.0, **params)
     text = trace.to_json()
     assert parse_trace(text).to_json() == text
+
+
+@pytest.mark.parametrize("method", ["greedy", "sd"])
+def test_each_committed_tokens_top_slice_is_the_targets_softmax_there(method):
+    """RoundTrace.p_top holds, at each committed position of beam 0, the ten most likely
+    tokens of the target's law there: the softmax of a plain forward over the prompt and the
+    tokens before it (a vocabulary of 2,048 takes the two-level search of top_probs)."""
+    import torch
+
+    pair = tiny_pair(vocab_size=2048)
+    prompt = [3, 4, 5]
+    trace = engine.generate(pair, prompt, method, max_new_tokens=12, seed=1, temperature=0.0)
+    tokens = [c.token_id for r in trace.rounds for c in r.committed]
+    slices = [t for r in trace.rounds for t in r.p_top]
+    assert len(slices) == len(tokens) == 12
+    assert method == "greedy" or max(r.accepted for r in trace.rounds) > 0  # slices past a
+    # drafted node's accepted path read node logits
+    with torch.no_grad():
+        logits = pair.target(torch.tensor([prompt + tokens])).logits[0]  # (L, V)
+    for i, top in enumerate(slices):
+        val, ids = torch.topk(torch.softmax(logits[len(prompt) - 1 + i].float(), -1), 10)
+        assert top.token_ids == tuple(ids.tolist()), i
+        assert top.token_ids[0] == tokens[i]
+        assert torch.allclose(torch.tensor(top.probs), val, atol=1e-5), i

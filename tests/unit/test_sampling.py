@@ -15,6 +15,7 @@ from engine.core.sampling import (
     argmax,
     first_max,
     make_generator,
+    top_probs,
 )
 
 
@@ -132,3 +133,61 @@ def test_first_max_is_torch_argmax_of_a_vector_on_ties_nan_and_a_tail(dtype):
     signed = torch.full((TWO_LEVEL + 5,), -1.0, dtype=dtype)
     signed[700], signed[200] = 0.0, -0.0  # equal maxima: the first, in another block
     assert first_max(signed) == int(torch.argmax(signed)) == 200
+
+
+def _softmax_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    val, ids = torch.topk(torch.softmax(x.float(), dim=-1), k, dim=-1)
+    return ids, val
+
+
+@pytest.mark.parametrize("n", [TWO_LEVEL + 5, 49_152, 49_152 + 77, 10 * BLOCK, 11 * BLOCK + 3])
+def test_top_probs_are_the_softmax_top_k_without_sorting_the_vocabulary(n):
+    """top_probs reads only the k blocks with the largest maxima and the tail: its ids and
+    probabilities are torch.topk(softmax)'s on rows whose largest entries crowd one block,
+    sit in the tail, or spread one per block (where it has k blocks; shorter rows take the
+    softmax). A rule reading only the k - 1 best blocks misses an entry of the spread rows."""
+    gen = torch.Generator().manual_seed(5)
+    k = 10
+    rows = []
+    for trial in range(12):
+        x = torch.randn(n, generator=gen) * 3
+        if trial % 4 == 1:  # the top entries crowd one block
+            x[BLOCK * 3: BLOCK * 3 + 12] = torch.linspace(20, 30, 12)
+        if trial % 4 == 2 and n % BLOCK:  # the tail holds the largest
+            x[-1] = 40.0
+        if trial % 4 == 3 and n >= k * BLOCK:  # one top entry per block, the least in block 0
+            x[torch.arange(k) * BLOCK + 7] = 25.0 + torch.arange(k, dtype=torch.float32)
+        rows.append(x)
+    x = torch.stack(rows)  # (12, n)
+    ids, probs = top_probs(x, k)
+    want_ids, want = _softmax_top(x, k)
+    assert torch.equal(ids, want_ids)
+    assert torch.allclose(probs, want, rtol=1e-5, atol=1e-7)
+    if n >= k * BLOCK:
+        spread = x[3::4, : n // BLOCK * BLOCK].reshape(3, -1, BLOCK)  # (3, B, BLOCK)
+        fewer = spread.amax(2).topk(k - 1, dim=1).indices  # the k - 1 best blocks
+        assert not bool((fewer == 0).any())  # miss block 0's entry, the k-th largest
+        assert bool((ids[3::4] == 7).any(dim=1).all())  # which top_probs lists
+
+
+def test_top_probs_of_short_odd_or_masked_rows_take_the_softmax():
+    """A vocabulary shorter than the two-level search's, fewer blocks than k, a row with a
+    NaN, a row of -inf and a half-precision row: the softmax's top-k (NaN where it is NaN)."""
+    gen = torch.Generator().manual_seed(6)
+    small = torch.randn(2, 50, generator=gen)
+    for x, k in [(small, 10), (small, 80), (torch.randn(1, TWO_LEVEL, generator=gen), 10),
+                 (torch.randn(3, 5 * BLOCK + 9, generator=gen), 10),
+                 (torch.randn(2, 2 * TWO_LEVEL, generator=gen).half(), 10)]:
+        ids, probs = top_probs(x, k)
+        want_ids, want = _softmax_top(x, min(k, x.shape[-1]))
+        assert torch.equal(ids, want_ids) and torch.allclose(probs, want)
+        assert probs.dtype == torch.float32
+    masked = torch.randn(2, 2 * TWO_LEVEL, generator=gen)
+    masked[0, 5] = float("nan")
+    masked[1] = float("-inf")
+    ids, probs = top_probs(masked, 10)
+    assert bool(torch.isnan(probs).all())  # the softmax of either row is NaN everywhere
+    masked[1, 1000:] = torch.randn(2 * TWO_LEVEL - 1000, generator=gen)  # -inf in some blocks
+    ids, probs = top_probs(masked[1:], 10)
+    want_ids, want = _softmax_top(masked[1:], 10)
+    assert torch.equal(ids, want_ids) and torch.allclose(probs, want)
