@@ -217,6 +217,8 @@ def switch_figure(trace: RunTrace, index: int) -> go.Figure:
     probed = f", {probes} probe{'s' if probes != 1 else ''}" if probes else ""
     held = sum(1 for r in rounds if r.switch.held)
     probed += f", {held} held for the drafter's catch-up" if held else ""
+    copies = sum(1 for r in rounds if r.switch.context == "lookup")
+    probed += f", {copies} in the lookup's context" if copies else ""
     profile = rounds[-1].switch.profile if rounds else "?"
     deepest = max([r.switch.depth for r in rounds] + [r.drafted for r in rounds] + [1])
     _mark_round(fig, index)

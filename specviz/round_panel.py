@@ -178,6 +178,14 @@ def gate_markdown(gate: GateRecord | None) -> str:
             f"q = {least} < {c}, so the round is a plain target step")
 
 
+CONTEXTS = {  # the cost switch's contexts (SwitchPlan.context): what each means
+    "lookup": ("Context `lookup`: the committed text ends in a suffix that occurred before, "
+               "so the drafts copy what followed it (no drafter forward while they recur)"),
+    "feature": ("Context `feature`: no recurring suffix, so the feature drafter's model "
+                "drafts"),
+}
+
+
 def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
     """The cost switch's plan: the chosen depth, its predicted gain, every option."""
     if rec is None:
@@ -208,6 +216,9 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
             f"{_num(rec.predicted_gain)}x tokens per target-step time of a plain step; "
             f"drafted {drafted}. Acceptance drawn per depth: "
             f"`{', '.join(_num(a) for a in rec.drawn)}`")
+    if rec.context is not None:
+        head += "\n\n" + CONTEXTS.get(rec.context, f"Context `{rec.context}`") + (
+            ": the switch planned this round with this context's own acceptance posterior")
     rows = [{"depth": o.depth, "expected tokens": o.expected_tokens,
              "cost (plain steps)": o.cost, "gain": o.gain,
              "chosen": "✔" if o.depth == d else ""} for o in rec.options]

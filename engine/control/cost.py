@@ -72,10 +72,24 @@ its own catches up through that layer alone, but c_catch is measured on its firs
 also runs the shared layers over the prompt (work the target's forward then skips): there it
 prices the start high, an upper bound.
 
-Exactness: D* depends on past rounds' outcomes, the profile and the side draws, never on
-the current round's target scores, so a verification rule that is exact for any draft tree
-chosen before the target is consulted stays exact (tests/model/test_sampling_exactness.py and
-the generate()-identity tests run with the switch on).
+Contexts: a drafter that mixes sources can say, before a round drafts, which one its root
+takes. The hybrid ``ngram+feature`` does (``HybridRunner.root_lookup``): where the committed
+tokens end in a suffix that occurred before, the round's drafts are the lookup's copies, run
+no drafter forward while their suffixes recur, and pass far more often (compiled
+``embedded-q4:a8``, 60 tuning prompts, chains of 4 with the switch off: 2.0 accepted tokens
+a round from a lookup root against 0.7 from the feature drafter's). One posterior over both
+learns their mixture, so a few failed model drafts turned the plan plain through the copies
+too. The controller (engine.control.cost_controller) keeps one switch per context: each
+learns its own acceptance, probes and rests on its own; the round's plan records its context
+(``SwitchPlan.context``). A lookup root prices no catch-up (``behind`` 1): its feeds defer
+the model's forwards. The context is a function of the committed tokens, so it too is known
+before the target is consulted.
+
+Exactness: D* depends on past rounds' outcomes, the profile, the side draws and the
+committed tokens (a context), never on the current round's target scores, so a verification
+rule that is exact for any draft tree chosen before the target is consulted stays exact
+(tests/model/test_sampling_exactness.py and the generate()-identity tests run with the switch
+on).
 """
 
 from __future__ import annotations
@@ -112,9 +126,12 @@ class CostProfile:
     # prompt; a plain stretch leaves its tokens behind)
     accept: tuple[float, ...] = ()  # a_d, d = 1.., that the calibration decode saw (its
     # switch off): what a catch-up is judged at before a run has drafted; (): unknown
+    c_lookup: float | None = None  # one draft call a lookup covers (no drafter forward),
+    # in plain steps: a drafter mixing a lookup with a model prices its lookup context's
+    # calls at this (engine.control.cost_controller); None: no lookup
 
     def __post_init__(self) -> None:
-        if self.c_draft < 0 or self.c_catch < 0:
+        if self.c_draft < 0 or self.c_catch < 0 or (self.c_lookup or 0.0) < 0:
             raise ValueError(f"c_draft and c_catch must be >= 0, got {self.c_draft}, "
                              f"{self.c_catch}")
         if not self.verify or self.verify[0][0] != 0:
@@ -134,7 +151,7 @@ class CostProfile:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "c_draft": self.c_draft, "c_round": self.c_round,
-                "c_catch": self.c_catch, "accept": list(self.accept),
+                "c_catch": self.c_catch, "accept": list(self.accept), "c_lookup": self.c_lookup,
                 "verify": [list(p) for p in self.verify], "source": self.source}
 
     @classmethod
@@ -142,7 +159,8 @@ class CostProfile:
         return cls(str(d["name"]), float(d["c_draft"]),
                    tuple((int(n), float(c)) for n, c in d["verify"]), str(d.get("source", "")),
                    float(d.get("c_round", 0.0)), float(d.get("c_catch", 0.0)),
-                   tuple(float(a) for a in d.get("accept", ())))
+                   tuple(float(a) for a in d.get("accept", ())),
+                   None if d.get("c_lookup") is None else float(d["c_lookup"]))
 
 
 @dataclass(frozen=True)
@@ -327,12 +345,12 @@ class CostSwitch:
 
     def __init__(self, profile: CostProfile, depth: int, *, alpha0: float = 1.0,
                  beta0: float = 1.0, discount: float = 0.9, plan: str = "mean",
-                 probe_after: int = PROBE_AFTER):
+                 probe_after: int = PROBE_AFTER, context: str | None = None):
         if plan not in PLANS:
             raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
         if probe_after < 0:
             raise ValueError(f"probe_after must be >= 0, got {probe_after}")
-        self.profile, self.plan_kind = profile, plan
+        self.profile, self.plan_kind, self.context = profile, plan, context
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
         self.decision: SwitchPlan | None = None
         self.probe_after = probe_after
@@ -355,7 +373,7 @@ class CostSwitch:
             self._never[shape] = None if best else SwitchPlan(
                 depth=0, predicted_gain=1.0, options=options,
                 drawn=(1.0,) * shape.depth, profile=self.profile.name,
-                posterior=self.posterior.record(), never=True)
+                posterior=self.posterior.record(), never=True, context=self.context)
         return self._never[shape] is None
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
@@ -394,7 +412,7 @@ class CostSwitch:
             predicted_gain=options[1].gain if probe else 1.0 if held else gain,
             options=options, drawn=tuple(round(a, 4) for a in drawn),
             profile=self.profile.name, posterior=before, probe=probe,
-            catch_up=round(catch, 4), held=held,
+            catch_up=round(catch, 4), held=held, context=self.context,
             rest=self.plan_kind == "mean" and not self.drafted
             and (held or (best == 0 and not may_probe)))
         if self.decision.rest:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from engine.contract.records import SwitchPlan
+from engine.contract.trace import SOURCE_LOOKUP as LOOKUP
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, CostSwitch, Shape
 from engine.control.recorder import Features, RoundRecorder
@@ -30,17 +32,33 @@ class CostController(RoundRecorder):
 
     def __init__(self, config: ControlConfig) -> None:
         self.config = config
-        self.switch: CostSwitch | None = None
+        self.profile: CostProfile | None = None
+        self.switches: dict[str | None, CostSwitch] = {}  # one per context (plan's)
+        self.switch: CostSwitch | None = None  # the round's
         self.shape: Shape | None = None
         self.planned = config.cap
         self.decided = False  # plan() ran this round
-        self._rest_state = None  # the record of every round while the switch rests
+        self._rest_states: dict[str | None, Any] = {}  # per context: the record of every
+        # round while its switch rests
         super().__init__()
 
     def attach(self, profile: CostProfile) -> None:
         """Use `profile` from now on (a run attaches the profile it resolved once)."""
-        self.switch = CostSwitch(profile, self.config.cap, discount=self.config.discount,
-                                 plan=self.config.plan)
+        self.profile, self.switches = profile, {}
+        self.switch = self._switch(None)
+
+    def _switch(self, context: str | None) -> CostSwitch:
+        """The switch of `context`, made at its first round: each context learns its own
+        acceptance, probes and rests on its own (engine.control.cost, contexts); the lookup's
+        prices its draft calls at the profile's c_lookup where measured."""
+        if context not in self.switches:
+            profile = self.profile
+            if context == LOOKUP and profile.c_lookup is not None:  # its calls run no forward
+                profile = replace(profile, c_draft=profile.c_lookup)
+            self.switches[context] = CostSwitch(
+                profile, self.config.cap, discount=self.config.discount,
+                plan=self.config.plan, context=context)
+        return self.switches[context]
 
     def begin_round(self) -> None:
         super().begin_round()
@@ -49,11 +67,14 @@ class CostController(RoundRecorder):
             self.switch.decision = None
 
     def plan(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
-             remaining: int | None = None) -> int:
+             remaining: int | None = None, context: str | None = None) -> int:
         """This round's depth in 0..shape.depth (call after begin_round, before drafting);
-        `behind` and `remaining` as :meth:`CostSwitch.decide` takes them."""
-        if self.switch is None:
+        `behind` and `remaining` as :meth:`CostSwitch.decide` takes them; `context`: the
+        round's context where the drafter tells two apart (its switch plans the round)."""
+        if self.profile is None:
             raise ValueError("the cost controller needs a cost profile (attach one)")
+        self.switch = self._switch(context)
+        self._before = self._params()  # the posterior this round plans with: its context's
         self.planned = self.switch.decide(shape, rng, behind=behind, remaining=remaining)
         self.decided = True
         return self.planned
@@ -85,9 +106,10 @@ class CostController(RoundRecorder):
             and self.switch.decision.rest
         if not rest:
             return super().state()
-        if self._rest_state is None:
-            self._rest_state = super().state()
-        return self._rest_state
+        context = self.switch.context
+        if context not in self._rest_states:
+            self._rest_states[context] = super().state()
+        return self._rest_states[context]
 
     def can_draft(self, shape: Shape) -> bool:
         return self.switch is None or self.switch.can_draft(shape)

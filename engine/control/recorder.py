@@ -49,8 +49,10 @@ class Controller(Protocol):
     def attach(self, profile: CostProfile) -> None:
         """Plan with `profile` from now on."""
 
-    def plan(self, shape: Shape, rng: torch.Generator | Chooser) -> int:
-        """This round's depth in 0..shape.depth (0: a plain target step)."""
+    def plan(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
+             remaining: int | None = None, context: str | None = None) -> int:
+        """This round's depth in 0..shape.depth (0: a plain target step): the drafter's
+        uncached tokens, the tokens left and the round's context (None: one context)."""
 
     def plan_record(self) -> SwitchPlan | None:
         """The round's plan (None: plan() did not run this round)."""

@@ -74,6 +74,11 @@ class DrafterBase:
     def assistant(self) -> nn.Module | None:
         return None
 
+    def lookup_call_s(self, ids: list[int]) -> float | None:
+        """Seconds of one draft call its lookup covers (no model forward) after the context
+        `ids`, for a drafter that mixes a lookup with a model; None: no lookup."""
+        return None
+
 
 class ModelDrafter(DrafterBase):
     """A separate draft model q (sharing the target's vocabulary)."""

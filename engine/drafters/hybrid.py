@@ -24,10 +24,13 @@ feeds are replayed): the cost model's c_draft is its mean per call.
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 from torch import nn
 
-from engine.core.forest import PAD
+from engine.core.forest import PAD, ROOT
 from engine.drafters.base import (
     DraftArgs,
     DrafterBase,
@@ -41,6 +44,7 @@ from engine.drafters.ngram import Laws, NGramDrafter, NGramRunner, ngram_drafter
 from engine.execution.cached_model import Scored
 
 HYBRID_SPECS = ("ngram+feature", "n-gram+feature", "ngram+eagle")
+SUFFIX = 8  # tokens repeated at the end of the context lookup_call_s times
 
 
 def as_float(logits: torch.Tensor) -> torch.Tensor:
@@ -97,6 +101,24 @@ class HybridDrafter(DrafterBase):
     def runner(self) -> HybridRunner:
         return HybridRunner(self.ngram.runner(), self.feature.runner(), lazy=self.lazy)
 
+    def lookup_call_s(self, ids: list[int], repeats: int = 7) -> float:
+        """Seconds of one draft call the lookup covers: a round's root and one node fed to
+        the n-gram runner after `ids` with its first SUFFIX tokens repeated (a context whose
+        suffix recurs), per call, the median of `repeats` rounds. A covered call runs no
+        feature forward (its feed is deferred), so this is what a lookup-rooted round's
+        calls cost while their suffixes recur."""
+        context = list(ids) + list(ids[:SUFFIX])
+        runner = self.ngram.runner()
+        times = []
+        for _ in range(repeats):
+            runner.start(torch.tensor([context]))
+            t0 = time.perf_counter()
+            root = runner.feed()
+            token = int(torch.argmax(root.root_logits[0]))
+            runner.feed(torch.tensor([[token]]), torch.tensor([[ROOT]]))
+            times.append((time.perf_counter() - t0) / 2)
+        return statistics.median(times)
+
     @torch.no_grad()
     def context_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) float32 hybrid logits after every prefix: the
@@ -145,6 +167,13 @@ class HybridRunner:
         lookup's law; the others took the feature drafter's (a method records it per drafted
         node: NodeTrace.source)."""
         return self.ngram.laws
+
+    def root_lookup(self) -> bool:
+        """Whether the round's root takes the lookup's law on every row (the committed
+        tokens end in a recurring suffix), known before the round's first feed: a round
+        drafted from there runs no feature forward while its nodes' suffixes recur, and its
+        drafts are copies (engine.control.cost: the switch's contexts)."""
+        return all(self.ngram.root_has())
 
     @property
     def behind(self) -> int:

@@ -157,6 +157,8 @@ class NGramRunner:
         self.arrays: list[np.ndarray] = []  # self.rows as arrays (filled by _context)
         self.nodes: list[list[tuple[int, int]]] = [[] for _ in self.rows]  # (token, parent)
         self.laws = _no_laws(len(self.rows))  # the last feed's
+        self._roots: list[tuple[np.ndarray, np.ndarray]] | None = None  # each row's root
+        # law (followers, probabilities), once read this round (root_has, the first feed)
 
     behind = 0  # its rows are read without forwards: nothing to catch up
 
@@ -187,10 +189,22 @@ class NGramRunner:
             return self.arrays[row]
         return np.concatenate([self.arrays[row], np.asarray(path[::-1], dtype=np.int64)])
 
+    def root_has(self) -> list[bool]:
+        """Whether the lookup proposes at each row's root (the committed tokens end in a
+        recurring suffix), read before the round's first feed, which reuses the laws."""
+        if self._roots is None:
+            self._roots = [ngram_law(self._context(r, ROOT), self.max_n, self.min_n)
+                           for r in range(self.width)]
+        return [bool(tokens.size) for tokens, _ in self._roots]
+
     def _write_law(self, out: torch.Tensor, row: int, node: int) -> bool:
         """Write log q after a node (ROOT: after the committed tokens) into ``out`` (V,),
         which holds the dtype's minimum; whether the lookup proposes there."""
-        tokens, probs = ngram_law(self._context(row, node), self.max_n, self.min_n)
+        if node == ROOT:
+            self.root_has()
+            tokens, probs = self._roots[row]
+        else:
+            tokens, probs = ngram_law(self._context(row, node), self.max_n, self.min_n)
         if tokens.size:
             out[torch.from_numpy(tokens)] = torch.from_numpy(np.log(probs)).float()
         return bool(tokens.size)

@@ -141,9 +141,12 @@ class TreeSpeculation(SingleStart):
         self.controller.begin_round()  # first: a round with no room to draft plans nothing
         if budget < 1 or levels == []:
             return empty_forest(1)
-        if self.controller.plans:  # the cost switch
+        if self.controller.plans:  # the cost switch, in the root's context
+            lookup = _root_lookup(ctx)
+            context = None if lookup is None else SOURCE_LOOKUP if lookup else SOURCE_FEATURE
             planned = self.controller.plan(self._shape(budget, levels), ctx.side,
-                                           behind=ctx.draft_behind, remaining=ctx.remaining)
+                                           behind=1 if lookup else ctx.draft_behind,
+                                           remaining=ctx.remaining, context=context)
             if planned == 0:
                 return empty_forest(1)  # a plain target step
             if self.cfg.dynamic:
@@ -425,6 +428,17 @@ def _lookup_at(ctx: RunState, nodes: list[int], root: bool = False) -> dict[int,
     if root:
         return {ROOT: bool(laws.root[0])} if laws.root is not None else None
     return dict(zip(nodes, laws.nodes[0].tolist()))
+
+
+def _root_lookup(ctx: RunState) -> bool | None:
+    """Whether the round's root will take the lookup's law, for a drafter that mixes a
+    lookup with a model (None for a drafter of one source, or one not started). A round
+    drafted from a lookup root defers the model's forwards while its suffixes recur, so the
+    switch prices no catch-up there (``behind`` 1)."""
+    runner = ctx.draft_if_started
+    if runner is None or runner.lookup_laws is None:
+        return None
+    return runner.root_lookup()
 
 
 def _remap(t: TestRecord, group: list[int], depth: int) -> TestRecord:

@@ -97,7 +97,7 @@ def cost_profile(pair: ModelPair, method: str, full: Mapping[str, Any], name: st
     off = _switch_off(full)
     return profile.measured(pair, method, off, width, lambda: list(Run(
         pair, ids, settings_of(pair, method, {**off, "max_new_tokens": CALIBRATION_STEPS + 1}),
-        priced=False)), lambda: calibrate(pair, width), prompt_tokens=len(ids))
+        priced=False)), lambda: calibrate(pair, width), prompt_tokens=len(ids), prompt_ids=ids)
 
 
 class Run:

@@ -19,7 +19,9 @@ one plain round P of the engine at that width (its forward, verify and commit):
   the median round's rest, its first call's extra included; the forward curve's extras
   scaled to the decode's own (:func:`round_costs`); c_catch: the decode's first call, which
   read the whole prompt, past a later first call, per prompt token (:func:`catch_cost`);
-  accept: the acceptance per depth the decode saw (:func:`calibrated_accept`).
+  accept: the acceptance per depth the decode saw (:func:`calibrated_accept`); c_lookup, for
+  a drafter that mixes a lookup with a model: one call the lookup covers, timed after the
+  decode's context (``Drafter.lookup_call_s``).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
 a run on the same pair and a trace says which costs its decisions used.
@@ -165,13 +167,15 @@ def _forward_s(target: torch.nn.Module, vocab: int, width: int,
 
 def measured(pair, method: str, params: dict[str, Any], width: int,
              decode: Callable[[], list], plain_s: Callable[[], float],
-             prompt_tokens: int = 0) -> CostProfile:
+             prompt_tokens: int = 0, prompt_ids: list[int] | None = None) -> CostProfile:
     """This machine's profile for `method` (see module docstring); ``decode()`` runs the
     method with its switch off and returns its rounds (RoundTrace); ``plain_s()`` measures
     one plain round of the engine (forward, verify and commit) at this width, in seconds,
     just before the decode (not the pair's latest plain run: a process's first run is
     cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms); ``prompt_tokens``
-    the decode's prompt length (c_catch: :func:`catch_cost`; 0: not priced). The decode runs
+    the decode's prompt length (c_catch: :func:`catch_cost`; 0: not priced); ``prompt_ids``
+    its prompt, where the drafter prices a lookup's call after it and the decode's tokens
+    (c_lookup: ``Drafter.lookup_call_s`` over P). The decode runs
     twice and the first is thrown away: a cold first decode's rounds shrank from 2.9 P to
     1.4 P over its first ten rounds, pricing every drafted round too high. Measured once per
     pair and key (``pair.calibration.profiles``), and not at all where the machine class's
@@ -198,8 +202,11 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
         fresh = round_costs(base, ratios, plain, rounds,
                             f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
                             f"{mode} steps", pair.calibration.forward_s.get(width))
+        lookup = None if prompt_ids is None else pair.drafter.lookup_call_s(
+            list(prompt_ids) + [c.token_id for r in every for c in r.committed])
         fresh = replace(fresh, c_catch=catch_cost(every, prompt_tokens, plain),
-                        accept=calibrated_accept(every))
+                        accept=calibrated_accept(every),
+                        c_lookup=None if lookup is None else round(lookup / plain, 4))
         kept = kept + [fresh]
         deferred = static_kv.POLICY.deferrals - deferrals
         if stored_key and not deferred:  # kept unless a step ran static for want of its

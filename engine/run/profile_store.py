@@ -163,9 +163,9 @@ def add(key: str, profile: CostProfile, device: str = "cpu") -> list[CostProfile
 
 def median(profiles: list[CostProfile]) -> CostProfile:
     """The elementwise median of measurements of one entry: each c_verify(n), c_draft,
-    c_round, c_catch and calibrated acceptance the median of theirs, over the measurements at
-    the newest one's node counts. Every input's c_verify is non-decreasing in n, so the
-    median's is too (an order statistic of non-decreasing sequences)."""
+    c_round, c_catch, c_lookup and calibrated acceptance the median of theirs, over the
+    measurements at the newest one's node counts. Every input's c_verify is non-decreasing
+    in n, so the median's is too (an order statistic of non-decreasing sequences)."""
     nodes = [n for n, _ in profiles[-1].verify]
     profiles = [p for p in profiles if [n for n, _ in p.verify] == nodes]
     if len(profiles) == 1:
@@ -179,7 +179,13 @@ def median(profiles: list[CostProfile]) -> CostProfile:
         f"(engine.run.profile_store)",
         round(statistics.median(p.c_round for p in profiles), 4),
         round(statistics.median(p.c_catch for p in profiles), 4),
-        _median_accept([p.accept for p in profiles]))
+        _median_accept([p.accept for p in profiles]), _median_lookup(profiles))
+
+
+def _median_lookup(profiles: list[CostProfile]) -> float | None:
+    """The median c_lookup of the measurements that priced a lookup (None: none did)."""
+    seen = [p.c_lookup for p in profiles if p.c_lookup is not None]
+    return round(statistics.median(seen), 4) if seen else None
 
 
 def _median_accept(accepts: list[tuple[float, ...]]) -> tuple[float, ...]:

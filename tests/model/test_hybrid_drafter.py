@@ -295,3 +295,58 @@ def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(monkeypatch
     assert layer
     with layout_for(model, SMALL_ROWS):  # packed at every machine's rule
         assert all(packed_active(m) for m in layer)
+
+
+def test_the_lookup_says_whether_a_root_recurs_before_the_rounds_first_feed():
+    """NGramRunner.root_has reads the root's law before the feed (the cost switch's context)
+    and the round's first feed returns that same law; a commit forgets it."""
+    pair = tiny_pair(draft="ngram+feature")
+    runner, target = pair.drafter.runner(), CachedModel(pair.target)
+    prompt = torch.tensor([[3, 4, 5, 6, 3, 4]])  # "3 4" recurs
+    runner.start(prompt)
+    target.start(prompt)
+    assert runner.ngram.root_has() == [True] and runner.root_lookup()
+    fresh = pair.drafter.ngram.runner()
+    fresh.start(prompt)
+    torch.testing.assert_close(runner.feed().root_logits, fresh.feed().root_logits)
+    runner.commit(torch.tensor([0]), torch.zeros((1, 0), dtype=torch.long),
+                  torch.zeros((1, 0), dtype=torch.long), torch.tensor([[9]]),
+                  target=target.feed())
+    assert runner.ngram.root_has() == [False] and not runner.root_lookup()  # "4 9" is new
+
+
+@pytest.mark.parametrize("method,params", [("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2"})])
+def test_the_cost_switch_plans_each_round_in_its_roots_context(method, params):
+    """With the hybrid drafter the switch's plan names the round's context: "lookup" where
+    the committed tokens end in a recurring suffix (the round's root takes the lookup's
+    law), else "feature"; a drafted round's first node came from that context's law, and
+    the tokens are greedy generate()'s."""
+    pair = tiny_pair(draft="ngram+feature")
+    seen = set()
+    for prompt in REPEATING:
+        trace = engine.generate(pair, prompt, method, max_new_tokens=20, switch="cost",
+                                **params)
+        assert list(trace.token_ids) == _ref(pair, prompt, 20), (method, prompt)
+        done = list(trace.prompt_ids)
+        for r in trace.rounds:
+            if r.switch is not None and not r.switch.never:
+                toks, _ = ngram_law(np.array(done))
+                want = "lookup" if toks.size else "feature"
+                assert r.switch.context == want, (prompt, r.index)
+                firsts = [n.source for n in r.nodes if n.parent == ROOT and n.source]
+                assert all(s == want for s in firsts), (prompt, r.index)
+                seen.add(want)
+            done += [c.token_id for c in r.committed]
+    assert seen == {"lookup", "feature"}
+
+
+def test_only_a_drafter_with_a_lookup_prices_a_lookup_call():
+    """The hybrid times a call its lookup covers (no feature forward: the feature runner is
+    never fed); a drafter of one source has no lookup to price."""
+    pair = tiny_pair(draft="ngram+feature")
+    fed = []
+    pair.drafter.feature.runner = lambda: fed.append(1)  # any feature runner would show
+    seconds = pair.drafter.lookup_call_s([3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    assert 0 < seconds < 0.5 and not fed
+    assert tiny_pair(draft="ngram").drafter.lookup_call_s([3, 4, 5]) is None
+    assert tiny_pair().drafter.lookup_call_s([3, 4, 5]) is None

@@ -43,7 +43,7 @@ def test_profile_rejects_points_without_zero_or_out_of_order():
 
 def test_profile_round_trips_through_json():
     assert CostProfile.from_json(json.loads(json.dumps(FLAT.to_json()))) == FLAT
-    catching = replace(FLAT, c_catch=0.02, accept=(0.6, 0.4))
+    catching = replace(FLAT, c_catch=0.02, accept=(0.6, 0.4), c_lookup=0.015)
     assert CostProfile.from_json(json.loads(json.dumps(catching.to_json()))) == catching
     with pytest.raises(ValueError):
         replace(FLAT, c_catch=-0.01)
@@ -783,3 +783,85 @@ def test_a_measured_profile_prices_the_catch_up_and_keeps_the_calibration_s_acce
     full, _ = api.run_params(pair, "sd", {"switch": "cost"})
     assert api.cost_profile(pair, "sd", full, profile.MEASURED) is prof
     assert seen["prompt_tokens"] == len(api.calibration_ids(pair)) > 1
+
+
+def test_each_context_plans_with_its_own_posterior_probes_and_rest():
+    """Where the drafter tells two contexts apart (the hybrid: the lookup's root or the
+    feature drafter's), the controller keeps one switch per context: a context's rounds
+    move its posterior alone, its plan records its context and the posterior it planned at
+    (ControllerState.before), and a context that rests leaves the other planning."""
+    ctl = CostController(control_config(switch="cost", discount=1.0))
+    ctl.attach(CHEAP)
+    gen = make_generator(0)
+
+    def round_(context, accepted=None):
+        ctl.begin_round()
+        depth = ctl.plan(chain_shape(4), gen, context=context, remaining=100)
+        drafted = depth
+        ctl.observe(drafted, drafted if accepted is None else min(accepted, drafted))
+        return depth, ctl.state(), ctl.plan_record()
+
+    for _ in range(6):  # copies pass, model drafts fail
+        round_("lookup")
+        round_("feature", accepted=0)
+    lookup, feature = ctl.switches["lookup"], ctl.switches["feature"]
+    assert lookup.posterior.beta[0] == 1.0 and lookup.posterior.alpha[0] > 4  # no failure
+    assert feature.posterior.alpha[0] == 1.0 and feature.posterior.beta[0] > 1  # no pass
+    assert lookup.posterior.means()[0] > 0.8 > 0.3 > feature.posterior.means()[0]
+    planned_at = lookup.posterior.state()
+    depth, state, rec = round_("lookup")
+    assert rec.context == "lookup" and depth > 0 and state.before == planned_at
+    planned_at = feature.posterior.state()
+    depth, state, rec = round_("feature")
+    assert rec.context == "feature" and depth == 0 and state.before == planned_at
+    assert ctl.switches[None].decision is None  # attached, never planned
+    one = CostController(control_config(switch="cost", discount=1.0))
+    one.attach(CHEAP)
+    one.begin_round()
+    one.plan(chain_shape(4), gen, remaining=100)
+    assert one.plan_record().context is None and set(one.switches) == {None}
+
+
+def test_a_resting_context_leaves_the_other_context_drafting():
+    """A held start rests the feature context (a catch-up the run cannot repay), and the
+    record it reuses is its own; the lookup context, with nothing to catch up, still drafts
+    and records its own plan."""
+    ctl = CostController(control_config(switch="cost"))
+    ctl.attach(replace(CHEAP, c_catch=0.05))
+    gen = make_generator(0)
+    ctl.begin_round()
+    assert ctl.plan(chain_shape(4), gen, behind=100, remaining=20, context="feature") == 0
+    rested = ctl.state()
+    assert ctl.plan_record().rest and ctl.plan_record().context == "feature"
+    ctl.observe(0, 0)
+    ctl.begin_round()
+    assert ctl.plan(chain_shape(4), gen, behind=1, remaining=19, context="lookup") > 0
+    assert not ctl.plan_record().rest and ctl.plan_record().context == "lookup"
+    ctl.observe(ctl.planned, ctl.planned)
+    assert ctl.state() is not rested
+    ctl.begin_round()
+    assert ctl.plan(chain_shape(4), gen, behind=102, remaining=18, context="feature") == 0
+    ctl.observe(0, 0)
+    assert ctl.state() is rested
+
+
+def test_the_lookup_context_prices_its_calls_at_the_lookups_cost():
+    """A lookup-rooted round's calls run no drafter forward: its context plans with the
+    profile's c_lookup in place of c_draft (the other contexts, and every context of a
+    profile without c_lookup, with c_draft)."""
+    ctl = CostController(control_config(switch="cost"))
+    ctl.attach(replace(CHEAP, c_draft=0.3, c_lookup=0.01))
+    gen = make_generator(0)
+    costs = {}
+    for context in ("lookup", "feature", None):
+        ctl.begin_round()
+        ctl.plan(chain_shape(4), gen, remaining=100, context=context)
+        costs[context] = [o.cost for o in ctl.plan_record().options]
+    assert costs["lookup"][1:] == pytest.approx([1.11, 1.32, 1.48, 1.64])  # c_verify + 0.01 d
+    assert costs["feature"] == costs[None]
+    assert costs["feature"][1:] == pytest.approx([1.4, 1.9, 2.35, 2.8])
+    plain = CostController(control_config(switch="cost"))
+    plain.attach(replace(CHEAP, c_draft=0.3))
+    plain.begin_round()
+    plain.plan(chain_shape(4), gen, remaining=100, context="lookup")
+    assert [o.cost for o in plain.plan_record().options] == costs["feature"]

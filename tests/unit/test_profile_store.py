@@ -55,11 +55,14 @@ def _measure(pair, decode):
 
 def test_the_median_of_measurements_is_taken_cost_by_cost():
     a, b, c = _profile(0.5, 0.1, 0.2), _profile(0.1, 0.3, 0.0), _profile(0.3, 0.2, 0.4)
-    a, b, c = (replace(a, c_catch=0.05, accept=(0.4, 0.9)), replace(b, c_catch=0.01),
-               replace(c, c_catch=0.03, accept=(0.6, 0.7)))
+    a, b, c = (replace(a, c_catch=0.05, accept=(0.4, 0.9), c_lookup=0.02),
+               replace(b, c_catch=0.01), replace(c, c_catch=0.03, accept=(0.6, 0.7),
+                                                 c_lookup=0.01))
     m = profile_store.median([a, b, c])
     assert m.verify == c.verify and m.c_draft == 0.2 and m.c_round == 0.2
     assert m.c_catch == 0.03 and m.accept == (0.5, 0.8)  # of those that saw acceptances
+    assert m.c_lookup == 0.015  # of those that priced a lookup
+    assert profile_store.median([b, replace(b, c_draft=0.5)]).c_lookup is None
     assert all(x[1] <= y[1] for x, y in zip(m.verify, m.verify[1:]))
     assert "median of 3" in m.source
     assert profile_store.median([a]) is a

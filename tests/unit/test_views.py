@@ -827,3 +827,21 @@ def test_a_sampled_beam_runs_summary_says_why_its_text_has_more_accepted_tokens(
     assert said.startswith("acceptance 0 (0 of 1 drafted steps passed); the text's 1 accepted")
     strict = replace(t, token_origins=("target",))
     assert round_panel.acceptance_text(strict) == "acceptance 0 (0 of 1 drafted steps passed)"
+
+
+def test_a_round_planned_in_a_context_says_which_and_the_chart_counts_the_lookups():
+    """The hybrid drafter's rounds are planned in the lookup's context or the feature
+    drafter's: the panel says which and what it means, the chart counts the lookup's."""
+    lookup = replace(_switch_plan(2, 1.41), context="lookup")
+    feature = replace(_switch_plan(0, 1.0), context="feature")
+    rounds = (RoundTrace(0, drafted=2, accepted=2, switch=lookup), RoundTrace(1, switch=feature))
+    t = RunTrace("sd", {}, "t", "d", "cpu", "", (), rounds, (), "", (), RunSummary())
+    md = round_panel.extras_markdown(t, 0)
+    assert ("Context `lookup`: the committed text ends in a suffix that occurred before, so "
+            "the drafts copy what followed it") in md
+    assert "this context's own acceptance posterior" in md
+    assert "Context `feature`: no recurring suffix" in round_panel.extras_markdown(t, 1)
+    assert "Context" not in round_panel.extras_markdown(
+        replace(t, rounds=(RoundTrace(0, switch=_switch_plan(0, 1.0)),)), 0)
+    assert ("1 of 2 rounds planned plain, 1 in the lookup's context"
+            in charts.posterior_figure(t, 1).layout.title.text)
