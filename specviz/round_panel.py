@@ -196,18 +196,22 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
         what = ("a probe: every depth planned below a plain step (at the run's first plain "
                 "plan, or after a stretch of plain rounds), so it drafts to depth 1 to learn "
                 "its acceptance")
+    later = "every later round" if rec.context is None else \
+        f"every later round in the `{rec.context}` context (the other context plans its own)"
     if rec.held:
         what = (f"a plain target step: drafting to the best depth would pay this round, but "
                 f"the drafter must first read the committed tokens it has not cached "
                 f"({_num(rec.catch_up)} plain steps), more than the rest of the run would save"
-                + ("; nothing can change that before a draft, so every later round is held "
-                   "too (its catch-up only grows) and no drafter runs" if rec.rest else ""))
+                + (f"; nothing can change that before a draft, so {later} is held too (its "
+                   "catch-up only grows)" + (" and no drafter runs" if rec.context is None
+                                             else "") if rec.rest else ""))
     if rec.rest and not rec.held and not rec.never:
-        what = ("a plain target step for the rest of the run: at the prior's acceptance no "
-                "depth pays, no probe can start (one would cost more than it could teach, "
-                "probes are off, or the drafter's start would not be repaid), and without a "
-                "draft nothing moves the prior, so every later round is planned the same and "
-                "nothing is drafted")
+        what = ("a plain target step for the rest of the run" + (
+                "" if rec.context is None else f" in the `{rec.context}` context") +
+                ": at the prior's acceptance no depth pays, no probe can start (one would "
+                "cost more than it could teach, probes are off, or the drafter's start would "
+                f"not be repaid), and without a draft nothing moves the prior, so {later} is "
+                "planned the same" + (" and nothing is drafted" if rec.context is None else ""))
     if rec.never:
         what = ("a plain target step for the rest of the run: no depth would pay even if "
                 "every draft were accepted (the options below are priced at acceptance 1), "

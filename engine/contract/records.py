@@ -116,8 +116,8 @@ class SwitchPlan:
     held: bool = False  # a depth paid this round, but over the run's remaining tokens not
     # enough to repay that catch-up: a plain step
     rest: bool = False  # plain before any draft, held or at the prior with no probe possible:
-    # nothing can change the plan, every later round of the run reuses this record (its
-    # catch_up the first such round's)
+    # nothing can change the plan, every later round of the run (of its context, where the
+    # switch plans contexts apart) reuses this record (its catch_up the first such round's)
     context: str | None = None  # the round's context where the drafter tells two apart
     # (the hybrid's: "lookup" where the committed tokens end in a recurring suffix, else
     # "feature"): the switch plans each context with its own posterior; None: one context

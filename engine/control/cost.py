@@ -132,8 +132,8 @@ class CostProfile:
 
     def __post_init__(self) -> None:
         if self.c_draft < 0 or self.c_catch < 0 or (self.c_lookup or 0.0) < 0:
-            raise ValueError(f"c_draft and c_catch must be >= 0, got {self.c_draft}, "
-                             f"{self.c_catch}")
+            raise ValueError(f"c_draft, c_catch and c_lookup must be >= 0, got "
+                             f"{self.c_draft}, {self.c_catch}, {self.c_lookup}")
         if not self.verify or self.verify[0][0] != 0:
             raise ValueError("verify needs the point (0, c_verify(0)) first")
         if any(b[0] <= a[0] for a, b in zip(self.verify, self.verify[1:])):

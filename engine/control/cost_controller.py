@@ -44,7 +44,7 @@ class CostController(RoundRecorder):
 
     def attach(self, profile: CostProfile) -> None:
         """Use `profile` from now on (a run attaches the profile it resolved once)."""
-        self.profile, self.switches = profile, {}
+        self.profile, self.switches, self._rest_states = profile, {}, {}
         self.switch = self._switch(None)
 
     def _switch(self, context: str | None) -> CostSwitch:

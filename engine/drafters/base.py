@@ -59,6 +59,10 @@ class Drafter(Protocol):
         """A causal LM transformers' assisted generation can lend as ``assistant_model``
         (input ids in, logits out), or None."""
 
+    def lookup_call_s(self, ids: list[int]) -> float | None:
+        """Seconds of one draft call its lookup covers after the context `ids` (the cost
+        profile's c_lookup), for a drafter that mixes a lookup with a model; None: none."""
+
 
 class DrafterBase:
     """The defaults of every capability of :class:`Drafter`: no target parts needed, no

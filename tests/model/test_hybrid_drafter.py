@@ -19,6 +19,7 @@ from engine.run.specs import parse_model_spec
 from tests.conftest import tiny_pair
 from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
 from tests.model.test_token_methods import _ref
+from tests.profiles import MIXED
 from tests.stats import chi_square, exactness_size
 
 REPEATING = ([3, 4, 5, 6, 3, 4, 5, 7, 3, 4], [11, 12, 11, 12, 13, 11], [9, 8, 7])
@@ -322,10 +323,10 @@ def test_the_cost_switch_plans_each_round_in_its_roots_context(method, params):
     law), else "feature"; a drafted round's first node came from that context's law, and
     the tokens are greedy generate()'s."""
     pair = tiny_pair(draft="ngram+feature")
-    seen = set()
+    seen, drafted = set(), set()
     for prompt in REPEATING:
         trace = engine.generate(pair, prompt, method, max_new_tokens=20, switch="cost",
-                                **params)
+                                costs=MIXED.name, **params)  # both plain and drafted rounds
         assert list(trace.token_ids) == _ref(pair, prompt, 20), (method, prompt)
         done = list(trace.prompt_ids)
         for r in trace.rounds:
@@ -336,8 +337,10 @@ def test_the_cost_switch_plans_each_round_in_its_roots_context(method, params):
                 firsts = [n.source for n in r.nodes if n.parent == ROOT and n.source]
                 assert all(s == want for s in firsts), (prompt, r.index)
                 seen.add(want)
+                if firsts:
+                    drafted.add(want)
             done += [c.token_id for c in r.committed]
-    assert seen == {"lookup", "feature"}
+    assert seen == drafted == {"lookup", "feature"}  # both contexts drafted
 
 
 def test_only_a_drafter_with_a_lookup_prices_a_lookup_call():
@@ -350,3 +353,16 @@ def test_only_a_drafter_with_a_lookup_prices_a_lookup_call():
     assert 0 < seconds < 0.5 and not fed
     assert tiny_pair(draft="ngram").drafter.lookup_call_s([3, 4, 5]) is None
     assert tiny_pair().drafter.lookup_call_s([3, 4, 5]) is None
+
+
+def test_a_measured_profile_of_the_hybrid_prices_its_lookup_calls():
+    """The switch's measured profile holds c_lookup for a drafter with a lookup (a covered
+    call, far cheaper than a feature draft call) and none for a drafter of one source."""
+    hybrid = tiny_pair(draft="ngram+feature")
+    engine.generate(hybrid, REPEATING[0], "sd", max_new_tokens=4, switch="cost")
+    (profile,) = hybrid.calibration.profiles.values()
+    assert profile.c_lookup is not None and 0 < profile.c_lookup
+    single = tiny_pair()
+    engine.generate(single, REPEATING[0], "sd", max_new_tokens=4, switch="cost")
+    (profile,) = single.calibration.profiles.values()
+    assert profile.c_lookup is None

@@ -843,6 +843,11 @@ def test_a_resting_context_leaves_the_other_context_drafting():
     assert ctl.plan(chain_shape(4), gen, behind=102, remaining=18, context="feature") == 0
     ctl.observe(0, 0)
     assert ctl.state() is rested
+    ctl.attach(replace(CHEAP, c_catch=0.05))  # a new profile: nothing rests yet
+    ctl.begin_round()
+    ctl.plan(chain_shape(4), gen, behind=100, remaining=17, context="feature")
+    ctl.observe(0, 0)
+    assert ctl.plan_record().rest and ctl.state() is not rested
 
 
 def test_the_lookup_context_prices_its_calls_at_the_lookups_cost():

@@ -845,3 +845,17 @@ def test_a_round_planned_in_a_context_says_which_and_the_chart_counts_the_lookup
         replace(t, rounds=(RoundTrace(0, switch=_switch_plan(0, 1.0)),)), 0)
     assert ("1 of 2 rounds planned plain, 1 in the lookup's context"
             in charts.posterior_figure(t, 1).layout.title.text)
+
+
+def test_a_resting_context_says_its_rest_is_its_contexts_alone():
+    """Where the switch plans contexts apart, a rest (held or at the prior) holds its own
+    context's later rounds: the panel says so and does not claim that no drafter runs."""
+    for rec in (replace(_switch_plan(0, 1.0), rest=True, context="feature"),
+                replace(_switch_plan(0, 1.0), rest=True, held=True, catch_up=2.0,
+                        context="feature")):
+        t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, switch=rec),), (), "",
+                     (), RunSummary())
+        md = round_panel.extras_markdown(t, 0)
+        assert "every later round in the `feature` context (the other context plans its " \
+               "own)" in md
+        assert "no drafter runs" not in md and "nothing is drafted" not in md
