@@ -196,22 +196,28 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
         what = ("a probe: every depth planned below a plain step (at the run's first plain "
                 "plan, or after a stretch of plain rounds), so it drafts to depth 1 to learn "
                 "its acceptance")
-    later = "every later round" if rec.context is None else \
-        f"every later round in the `{rec.context}` context (the other context plans its own)"
+    # a rest holds every later round of the run, or of its context where the switch plans
+    # contexts apart (then the other context may still draft)
+    if rec.context is None:
+        later, where, held_end, rest_end = ("every later round", "", " and no drafter runs",
+                                            " and nothing is drafted")
+    else:
+        later = (f"every later round in the `{rec.context}` context (the other context plans "
+                 "its own)")
+        where, held_end, rest_end = f" in the `{rec.context}` context", "", ""
     if rec.held:
         what = (f"a plain target step: drafting to the best depth would pay this round, but "
                 f"the drafter must first read the committed tokens it has not cached "
-                f"({_num(rec.catch_up)} plain steps), more than the rest of the run would save"
-                + (f"; nothing can change that before a draft, so {later} is held too (its "
-                   "catch-up only grows)" + (" and no drafter runs" if rec.context is None
-                                             else "") if rec.rest else ""))
+                f"({_num(rec.catch_up)} plain steps), more than the rest of the run would save")
+        if rec.rest:
+            what += (f"; nothing can change that before a draft, so {later} is held too (its "
+                     f"catch-up only grows){held_end}")
     if rec.rest and not rec.held and not rec.never:
-        what = ("a plain target step for the rest of the run" + (
-                "" if rec.context is None else f" in the `{rec.context}` context") +
-                ": at the prior's acceptance no depth pays, no probe can start (one would "
-                "cost more than it could teach, probes are off, or the drafter's start would "
-                f"not be repaid), and without a draft nothing moves the prior, so {later} is "
-                "planned the same" + (" and nothing is drafted" if rec.context is None else ""))
+        what = (f"a plain target step for the rest of the run{where}: at the prior's "
+                "acceptance no depth pays, no probe can start (one would cost more than it "
+                "could teach, probes are off, or the drafter's start would not be repaid), "
+                f"and without a draft nothing moves the prior, so {later} is planned the "
+                f"same{rest_end}")
     if rec.never:
         what = ("a plain target step for the rest of the run: no depth would pay even if "
                 "every draft were accepted (the options below are priced at acceptance 1), "
