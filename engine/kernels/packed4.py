@@ -282,13 +282,23 @@ def _head_counts(model: nn.Module) -> dict[str, int]:
                                        or cfg.num_attention_heads)}
 
 
-def gguf_linears(model: nn.Module, path: str | Path) -> dict[str, Q4Blocks]:
-    """HF module name -> Q4Blocks for every nn.Linear of `model` (loaded from the GGUF at
-    `path`) that the GGUF holds as its own tensor, the LM head excepted (the engine reads its
-    weight); ConfigError (one line) for a linear tensor of a type other than Q4_1."""
-    from gguf import GGMLQuantizationType, GGUFReader
+def gguf_reader(source):
+    """A GGUFReader of `source` (a path, or a reader already open, returned as is): parsing
+    the embedded file's fields (its 49,152-entry vocabulary) takes seconds, so a caller
+    packing several parts of one model opens it once."""
+    from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    return source if isinstance(source, GGUFReader) else GGUFReader(str(source))
+
+
+def gguf_linears(model: nn.Module, path) -> dict[str, Q4Blocks]:
+    """HF module name -> Q4Blocks for every nn.Linear of `model` (loaded from the GGUF at
+    `path`, a path or a :func:`gguf_reader`) that the GGUF holds as its own tensor, the LM
+    head excepted (the engine reads its weight); ConfigError (one line) for a linear tensor
+    of a type other than Q4_1."""
+    from gguf import GGMLQuantizationType
+
+    reader = gguf_reader(path)
     tensors = {t.name: t for t in reader.tensors}
     processor = _processor(model, reader)
     names = _gguf_names(model, reader)
@@ -308,9 +318,10 @@ def gguf_linears(model: nn.Module, path: str | Path) -> dict[str, Q4Blocks]:
     return out
 
 
-def pack_linears(model: nn.Module, path: str | Path) -> int:
+def pack_linears(model: nn.Module, path) -> int:
     """Swap the nn.Linear layers of a stock transformers model, loaded (dequantised) from the
-    GGUF at `path`, for Packed4Linear of that GGUF's Q4_1 blocks; return how many."""
+    GGUF at `path` (a path or a :func:`gguf_reader`), for Packed4Linear of that GGUF's Q4_1
+    blocks; return how many."""
     found = gguf_linears(model, path)
     for hf_name, blocks in found.items():
         old = model.get_submodule(hf_name)
@@ -362,17 +373,18 @@ def quantize_linears(module: nn.Module, bits: int = 16) -> int:
     return len(found)
 
 
-def pack_head(model: nn.Module, path: str | Path) -> bool:
+def pack_head(model: nn.Module, path) -> bool:
     """Swap the LM head of a stock transformers model loaded (dequantised) from the GGUF at
-    `path` for a Packed8Linear when the GGUF holds it as Q8_0 (its own output tensor, or the
-    token embedding it is tied to) and its weight is that tensor dequantised; return whether
-    it did. The head keeps its fp32 weight as ``weight`` (tied, not copied)."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    `path` (a path or a :func:`gguf_reader`) for a Packed8Linear when the GGUF holds it as
+    Q8_0 (its own output tensor, or the token embedding it is tied to) and its weight is that
+    tensor dequantised; return whether it did. The head keeps its fp32 weight as ``weight``
+    (tied, not copied)."""
+    from gguf import GGMLQuantizationType
 
     head = model.get_output_embeddings()
     if type(head) is not nn.Linear or head.bias is not None:
         return False
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    tensors = {t.name: t for t in gguf_reader(path).tensors}
     t = tensors.get("output.weight") or tensors.get("token_embd.weight")
     if t is None or t.tensor_type != GGMLQuantizationType.Q8_0:
         return False

@@ -341,7 +341,13 @@ def packed_cache_file(folder: Path) -> Path:
 def _pack_embedded(model: torch.nn.Module, folder: Path) -> None:
     """Pack the dequantised embedded `model`'s linears and head from its cache file, else
     from the GGUF (then write the cache, dropping stale ones)."""
-    from engine.kernels.packed4 import load_packed, pack_head, pack_linears, save_packed
+    from engine.kernels.packed4 import (
+        gguf_reader,
+        load_packed,
+        pack_head,
+        pack_linears,
+        save_packed,
+    )
 
     cached = packed_cache_file(folder)
     if cached.exists():
@@ -351,8 +357,9 @@ def _pack_embedded(model: torch.nn.Module, folder: Path) -> None:
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file: repacked below
             LOG.warning("packed cache %s unusable (%s): packing from the GGUF", cached, e)
             cached.unlink(missing_ok=True)
-    pack_linears(model, embedded_gguf_dir() / EMBEDDED_GGUF)
-    pack_head(model, embedded_gguf_dir() / EMBEDDED_GGUF)
+    reader = gguf_reader(embedded_gguf_dir() / EMBEDDED_GGUF)  # parsed once for both
+    pack_linears(model, reader)
+    pack_head(model, reader)
     try:
         for stale in folder.glob("packed-*.safetensors"):
             if stale.name != cached.name:

@@ -4,6 +4,8 @@ on the packed model, refusals."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -379,8 +381,36 @@ def test_a_truncated_packed_cache_is_dropped_and_the_model_packed_from_the_gguf(
     cached.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{")  # a header cut short
     packed_from_gguf = []
     monkeypatch.setattr(models, "packed_cache_file", lambda folder: cached)
+    monkeypatch.setattr(packed4, "gguf_reader", lambda p: ("reader", p))
     monkeypatch.setattr(packed4, "pack_linears", lambda m, p: packed_from_gguf.append(p))
     monkeypatch.setattr(packed4, "pack_head", lambda m, p: True)
     monkeypatch.setattr(packed4, "save_packed", lambda m, p: p.write_bytes(b"new"))
     models._pack_embedded(_tiny(), tmp_path)
     assert len(packed_from_gguf) == 1 and cached.read_bytes() == b"new"
+
+
+def test_packing_the_embedded_model_parses_its_gguf_once_for_the_linears_and_the_head(
+        tmp_path, monkeypatch):
+    """Parsing the embedded GGUF's fields takes seconds: the layers and the head are packed
+    from one reader (engine.kernels.packed4.gguf_reader), which a reader passed in returns."""
+    from engine.run import models
+
+    opened, given = [], []
+    monkeypatch.setattr(models, "packed_cache_file", lambda folder: tmp_path / "packed-1.st")
+    monkeypatch.setattr(packed4, "gguf_reader", lambda p: opened.append(p) or object())
+    monkeypatch.setattr(packed4, "pack_linears", lambda m, p: given.append(p))
+    monkeypatch.setattr(packed4, "pack_head", lambda m, p: given.append(p))
+    monkeypatch.setattr(packed4, "save_packed", lambda m, p: None)
+    models._pack_embedded(_tiny(), tmp_path)
+    assert len(opened) == 1 and len(given) == 2 and given[0] is given[1]
+    assert not isinstance(given[0], (str, Path))
+
+
+def test_a_gguf_reader_passed_in_is_used_as_it_is(tmp_path):
+    from gguf import GGUFReader
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, _tiny())
+    reader = GGUFReader(str(path))
+    assert packed4.gguf_reader(reader) is reader
+    assert isinstance(packed4.gguf_reader(path), GGUFReader)
