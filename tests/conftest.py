@@ -12,7 +12,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # one thread, and no thread measurement (engine.kernels.threads): tiny models gain nothing from
-# OpenMP and lose a lot when the two pytest processes of make test share the cores
+# OpenMP and lose a lot when the two pytest workers of make test share the cores
 os.environ.setdefault("SPECVIZ_THREADS", "1")
 # a tune stored on this machine never changes what the tests run (engine.run.tuned)
 os.environ["SPECVIZ_TUNED"] = tempfile.mkdtemp(prefix="specviz-tuned-")
@@ -74,10 +74,26 @@ def fp32_pair():
 STATS_SUMMARY: list[str] = []  # sample sizes and powers of the statistical tests (tests/stats.py)
 
 
-@pytest.fixture(scope="session")
-def stats_summary() -> list[str]:
+class _StatsLines:
+    """A test's summary lines, kept as its report's user properties: a report reaches the
+    process that prints the summary, whether or not the tests ran in worker processes."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+
+    def append(self, line: str) -> None:
+        self.node.user_properties.append(("stats", line))
+
+
+@pytest.fixture
+def stats_summary(request) -> _StatsLines:
     """Lines a statistical test adds (its N and power); printed at the end of the run."""
-    return STATS_SUMMARY
+    return _StatsLines(request.node)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        STATS_SUMMARY.extend(v for k, v in report.user_properties if k == "stats")
 
 
 def pytest_terminal_summary(terminalreporter):
