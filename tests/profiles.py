@@ -33,6 +33,12 @@ HOPELESS = CostProfile("test-hopeless", 0.3, ((0, 1.0), (1, 1.95), (16, 16.95)),
                        "tests: no depth pays even at acceptance 1")
 profile.register(HOPELESS)
 
+# the model's draft calls lose even at acceptance 1 (a call costs 1.5 plain steps, more than
+# the token it may add), a lookup's cost almost nothing: only the lookup's rounds can draft
+LOOKUP_ONLY = CostProfile("test-lookup-only", 1.5, MIXED.verify,
+                          "tests: only a lookup's draft calls can pay", c_lookup=0.01)
+profile.register(LOOKUP_ONLY)
+
 # EDGE, and every committed token a drafter has not read costs 0.2 plain steps to catch up:
 # a 20-token prompt (3.8 steps) is repaid at the prior's gain 1.25 by 19 remaining tokens
 CATCHING = CostProfile("test-catching", EDGE.c_draft, EDGE.verify,

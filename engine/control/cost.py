@@ -41,8 +41,9 @@ Where no depth pays even at acceptance 1 (E_D = D + 1 <= C_D for every D of the 
 4-beam verify on a CPU prices depth 1 at about 2.3 plain rounds), no posterior can make the
 plan draft and no probe qualifies (it needs C_1 <= 1 + PROBE_BREAK_EVEN < 2), so the switch
 plans plain for good (``can_draft``): one record per shape, its options priced at acceptance
-1 and marked ``never``, with no draw and no fade. A run whose first plan says so starts no
-drafter (``Method.may_draft``) and its rounds are its baseline's (a beam method records no
+1 and marked ``never``, with no draw and no fade. A run whose first plan says so in every
+context (engine.control.cost_controller: a lookup's calls may pay where a model's cannot)
+starts no drafter (``Method.may_draft``) and its rounds are its baseline's (a beam method records no
 beam match for them).
 
 A drafter that has fallen behind pays to catch up before it drafts: at its start it reads

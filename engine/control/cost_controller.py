@@ -112,7 +112,13 @@ class CostController(RoundRecorder):
         return self._rest_states[context]
 
     def can_draft(self, shape: Shape) -> bool:
-        return self.switch is None or self.switch.can_draft(shape)
+        """Whether some context's switch could draft `shape` (engine.control.cost): a run
+        whose drafter prices a lookup (the profile's c_lookup) may draft its lookup's
+        rounds where the model's draft calls cost too much to ever pay."""
+        if self.switch is None:
+            return True
+        contexts = [None] + ([LOOKUP] if self.profile.c_lookup is not None else [])
+        return any(self._switch(c).can_draft(shape) for c in contexts)
 
     def plan_record(self) -> SwitchPlan | None:
         return None if self.switch is None else self.switch.record()

@@ -4,6 +4,8 @@ generate() with both branches used, and at temperature 1 sd keeps the target's l
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ from engine.run.specs import parse_model_spec
 from tests.conftest import tiny_pair
 from tests.laws import NEW, exact_law, position_probs, sample_counts, tiny_model
 from tests.model.test_token_methods import _ref
-from tests.profiles import MIXED
+from tests.profiles import LOOKUP_ONLY, MIXED
 from tests.stats import chi_square, exactness_size
 
 REPEATING = ([3, 4, 5, 6, 3, 4, 5, 7, 3, 4], [11, 12, 11, 12, 13, 11], [9, 8, 7])
@@ -341,6 +343,25 @@ def test_the_cost_switch_plans_each_round_in_its_roots_context(method, params):
                     drafted.add(want)
             done += [c.token_id for c in r.committed]
     assert seen == drafted == {"lookup", "feature"}  # both contexts drafted
+
+
+def test_where_only_the_lookups_calls_can_pay_the_run_drafts_its_lookups_rounds_alone():
+    """A profile whose model draft calls lose even at acceptance 1 plans the feature
+    context's rounds plain for good, but the lookup's calls (c_lookup) can pay: the run
+    starts its drafter, its lookup rounds draft, no feature round does, and the tokens are
+    greedy generate()'s."""
+    pair = tiny_pair(draft="ngram+feature")
+    contexts = collections.Counter()
+    for prompt in REPEATING:
+        trace = engine.generate(pair, prompt, "sd", max_new_tokens=20, switch="cost",
+                                costs=LOOKUP_ONLY.name, gamma=4)
+        assert list(trace.token_ids) == _ref(pair, prompt, 20), prompt
+        for r in trace.rounds:
+            if r.switch is not None:
+                kind = "never" if r.switch.never else "drafted" if r.drafted else "plain"
+                contexts[(r.switch.context, kind)] += 1
+    assert contexts[("lookup", "drafted")] > 0 and contexts[("feature", "never")] > 0
+    assert contexts[("feature", "drafted")] == contexts[("feature", "plain")] == 0
 
 
 def test_only_a_drafter_with_a_lookup_prices_a_lookup_call():
