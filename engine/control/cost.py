@@ -217,12 +217,19 @@ class DepthPosterior:
     A round that drafted D and accepted A tells: depths 1..A were reached and passed, depth
     A + 1 (if A < D) was reached and failed, deeper ones were not reached. Before adding a
     round, every count decays towards the prior by ``discount`` (1: no forgetting).
+
+    ``carry``: a depth no round has reached (its counts still the prior's) takes the mean of
+    the depth above it instead of the prior's, for drafts whose conditional acceptance does
+    not fall with depth (a lookup's copies: once a suffix recurs, its next token tends to
+    follow too). Without it a mean plan that stops at depth D never learns depth D + 1 and
+    prices it at the prior's 0.5.
     """
 
     depth: int
     alpha0: float = 1.0
     beta0: float = 1.0
     discount: float = 0.9
+    carry: bool = False
     alpha: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
     _state: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -251,7 +258,12 @@ class DepthPosterior:
         self.beta = [self.beta0 + g * (b - self.beta0) for b in self.beta]
 
     def means(self) -> list[float]:
-        return [a / (a + b) for a, b in zip(self.alpha, self.beta)]
+        means = [a / (a + b) for a, b in zip(self.alpha, self.beta)]
+        if self.carry:
+            for d in range(1, self.depth):
+                if self.alpha[d] == self.alpha0 and self.beta[d] == self.beta0:
+                    means[d] = means[d - 1]  # never reached: the depth above's mean
+        return means
 
     def draw(self, rng: torch.Generator | Chooser) -> list[float]:
         chooser = as_chooser(rng)
@@ -346,13 +358,14 @@ class CostSwitch:
 
     def __init__(self, profile: CostProfile, depth: int, *, alpha0: float = 1.0,
                  beta0: float = 1.0, discount: float = 0.9, plan: str = "mean",
-                 probe_after: int = PROBE_AFTER, context: str | None = None):
+                 probe_after: int = PROBE_AFTER, context: str | None = None,
+                 carry: bool = False):
         if plan not in PLANS:
             raise ValueError(f"plan must be one of {PLANS}, got {plan!r}")
         if probe_after < 0:
             raise ValueError(f"probe_after must be >= 0, got {probe_after}")
         self.profile, self.plan_kind, self.context = profile, plan, context
-        self.posterior = DepthPosterior(depth, alpha0, beta0, discount)
+        self.posterior = DepthPosterior(depth, alpha0, beta0, discount, carry=carry)
         self.decision: SwitchPlan | None = None
         self.probe_after = probe_after
         self.plain_run = 0  # plain rounds since the last drafted round or probe

@@ -50,14 +50,15 @@ class CostController(RoundRecorder):
     def _switch(self, context: str | None) -> CostSwitch:
         """The switch of `context`, made at its first round: each context learns its own
         acceptance, probes and rests on its own (engine.control.cost, contexts); the lookup's
-        prices its draft calls at the profile's c_lookup where measured."""
+        prices its draft calls at the profile's c_lookup where measured, and its unreached
+        depths take the mean of the depth above (DepthPosterior.carry)."""
         if context not in self.switches:
             profile = self.profile
             if context == LOOKUP and profile.c_lookup is not None:  # its calls run no forward
                 profile = replace(profile, c_draft=profile.c_lookup)
             self.switches[context] = CostSwitch(
                 profile, self.config.cap, discount=self.config.discount,
-                plan=self.config.plan, context=context)
+                plan=self.config.plan, context=context, carry=context == LOOKUP)
         return self.switches[context]
 
     def begin_round(self) -> None:

@@ -870,3 +870,36 @@ def test_the_lookup_context_prices_its_calls_at_the_lookups_cost():
     plain.begin_round()
     plain.plan(chain_shape(4), gen, remaining=100, context="lookup")
     assert [o.cost for o in plain.plan_record().options] == costs["feature"]
+
+
+def test_a_carried_posterior_prices_an_unreached_depth_at_the_mean_above_it():
+    """DepthPosterior(carry=True): a depth no round reached takes the mean of the depth
+    above it (a lookup's copies: the next token of a recurring suffix tends to follow too);
+    once reached, its own counts; without carry, the prior's 0.5."""
+    carried, plain = DepthPosterior(4, discount=1.0, carry=True), DepthPosterior(4, discount=1.0)
+    assert carried.means() == plain.means() == [0.5] * 4  # nothing reached: the prior
+    for post in (carried, plain):
+        for _ in range(3):
+            post.observe(2, 2)  # depths 1 and 2 passed three times: Beta(4, 1)
+    assert plain.means() == pytest.approx([0.8, 0.8, 0.5, 0.5])
+    assert carried.means() == pytest.approx([0.8, 0.8, 0.8, 0.8])
+    carried.observe(3, 2)  # depth 3 reached and failed: Beta(1, 2), carried to depth 4
+    assert carried.means() == pytest.approx([5 / 6, 5 / 6, 1 / 3, 1 / 3])
+
+
+def test_the_lookup_context_learns_depths_its_plans_had_not_reached():
+    """The lookup context's posterior carries (DepthPosterior.carry): where every copy
+    passes, its plan grows past the depth the prior would stop at; the feature context,
+    with the same record, stays where its prior's 0.5 at unreached depths holds it."""
+    ctl = CostController(control_config(switch="cost", discount=1.0))
+    ctl.attach(CHEAP)
+    gen = make_generator(0)
+    deepest = {}
+    for context in ("lookup", "feature"):
+        for _ in range(10):
+            ctl.begin_round()
+            depth = ctl.plan(chain_shape(8), gen, remaining=100, context=context)
+            ctl.observe(depth, depth)  # every draft passes
+            deepest[context] = max(deepest.get(context, 0), depth)
+    assert ctl.switches["lookup"].posterior.carry and not ctl.switches["feature"].posterior.carry
+    assert deepest["lookup"] > 3 > deepest["feature"]
