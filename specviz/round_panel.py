@@ -219,9 +219,10 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
                 f"and without a draft nothing moves the prior, so {later} is planned the "
                 f"same{rest_end}")
     if rec.never:
-        what = ("a plain target step for the rest of the run: no depth would pay even if "
-                "every draft were accepted (the options below are priced at acceptance 1), "
-                "so no drafter runs")
+        what = (f"a plain target step for the rest of the run{where}: no depth would pay even "
+                "if every draft were accepted (the options below are priced at acceptance 1), "
+                + ("so no drafter runs" if rec.context is None else
+                   f"so {later} is plain (its drafts cost more than they could add)"))
     head = (f"**Cost switch** (profile `{rec.profile}`): {what}, predicted "
             f"{_num(rec.predicted_gain)}x tokens per target-step time of a plain step; "
             f"drafted {drafted}. Acceptance drawn per depth: "

@@ -859,3 +859,18 @@ def test_a_resting_context_says_its_rest_is_its_contexts_alone():
         assert "every later round in the `feature` context (the other context plans its " \
                "own)" in md
         assert "no drafter runs" not in md and "nothing is drafted" not in md
+
+
+def test_a_never_round_in_a_context_leaves_the_other_context_drafting():
+    """A lookup's calls may pay where the model's never can (CostController.can_draft): a
+    "never" round of the feature context says its context alone is plain for good, not that
+    no drafter runs; without contexts it still says so."""
+    def md(context):
+        rec = replace(_switch_plan(0, 1.0), never=True, context=context)
+        t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, switch=rec),), (), "",
+                     (), RunSummary())
+        return round_panel.extras_markdown(t, 0)
+
+    assert "every later round in the `feature` context" in md("feature")
+    assert "no drafter runs" not in md("feature")
+    assert "so no drafter runs" in md(None) and "context (the other" not in md(None)
