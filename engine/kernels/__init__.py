@@ -1,6 +1,7 @@
 """The CPU numerics of packed targets: packed4.py (the GGUF's 4-bit layers), qmm.py and
 rowattn.py with their C sources and C++ ops (qmm.c, rowattn.c, ops.cpp, found beside them by
 path), eager_bits.py (the eager step's bits in a compiled one), attention.py (the engine's
-registered attention), layout.py (oneDNN-packed weights for few-token forwards) and threads.py
-(the thread rule). It imports only engine.core, whose import has fixed inductor's cache folder
+registered attention), layout.py (oneDNN-packed weights for few-token forwards), vocab.py with
+vocab.c (a round's vocabulary reads of a logits row in one call each) and threads.py (the thread
+rule). It imports only engine.core, whose import has fixed inductor's cache folder
 before any op here registers."""

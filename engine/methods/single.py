@@ -11,7 +11,8 @@ import torch
 from engine.contract.records import ControllerState, RoundExtras, SwitchPlan
 from engine.contract.trace import ORIGIN_TARGET, NodeTrace, TestRecord
 from engine.core.forest import Forest, empty_forest
-from engine.core.sampling import first_max, probs_from_logits
+from engine.core.sampling import probs_from_logits
+from engine.kernels.vocab import first_max
 from engine.methods.base import MethodSpec, RoundVerdict, RunState, register
 
 if TYPE_CHECKING:

@@ -41,9 +41,10 @@ from engine.control.cost import Shape, chain_shape, tree_shape
 from engine.core.config import ParamSpec, parse_k_config
 from engine.core.errors import ConfigError
 from engine.core.forest import ROOT, Forest, depths, empty_forest
-from engine.core.sampling import first_max, probs_from_logits
+from engine.core.sampling import probs_from_logits
 from engine.drafters.ngram import support
 from engine.execution.cached_model import Scored
+from engine.kernels.vocab import first_max
 from engine.methods import dynamic_tree
 from engine.methods.base import GAMMA, MethodSpec, RoundVerdict, RunState, register
 from engine.methods.single import SingleStart, finish_single, target_token

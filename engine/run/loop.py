@@ -14,9 +14,10 @@ import torch
 from engine.contract.trace import BeamTrace, CommittedToken, RoundTrace, TopK
 from engine.core.config import RunConfig
 from engine.core.eos import eos_ids
-from engine.core.sampling import Chooser, TorchChooser, Warp, make_generator, top_probs
+from engine.core.sampling import Chooser, TorchChooser, Warp, make_generator
 from engine.drafters.base import Drafter
 from engine.execution.cached_model import CachedModel, Scored
+from engine.kernels.vocab import top_probs
 from engine.methods.base import Method, RoundVerdict
 from engine.run.models import ModelPair
 
