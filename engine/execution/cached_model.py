@@ -370,10 +370,24 @@ class CachedModel:
                                    new_tokens.to(self.device)], dim=1)
             self._reset_round()
             return
+        t_all = self.tail.shape[1]
+        if (rows.shape[0] == 1 and self.width == 1 and self.pending_rows is None
+                and path_nodes.shape[1] == 0 and self.tail_fed == t_all):  # one row, every
+            # tail token fed, no node kept (a plain round): the general path below without
+            # its tensor operations, each of which costs 5-10x its warm time right after a
+            # forward (docs/benchmarks.md, "The round's vocabulary reads")
+            keep = self.base + t_all
+            if self.kv is not None:
+                self.kv.cache.written = keep
+            else:
+                self._truncate(keep)
+            self.base = keep
+            self.tail = new_tokens.to(self.device, self.tail.dtype)  # (1, a)
+            self._reset_round()
+            return
         rows = rows.to(self.device)
         self._apply_rows()
         path_nodes = (path_nodes if draft_path is None else draft_path).to(self.device)
-        t_all = self.tail.shape[1]
         unfed_tail = self.tail[rows, self.tail_fed :]  # (W', t_all - tail_fed)
         fed = (path_nodes < self.forest_fed).long()  # nodes whose KV is in the cache
         f = int(fed.cumprod(1).sum(1).min()) if path_nodes.shape[1] else 0

@@ -91,6 +91,32 @@ def test_a_chains_accepted_drafts_stay_where_they_are_and_a_trees_move(kv, monke
     torch.testing.assert_close(out.root_logits[0], ref, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("mode", ["dynamic", "static", "captured"])
+def test_a_plain_rounds_commit_keeps_the_fed_tail_and_the_new_token_waits(monkeypatch, mode):
+    """One row, nothing drafted (CachedModel.commit's plain-round path): the fed tail joins
+    the cached prefix, the round's token is the next tail, and the rounds after it (plain,
+    then a chain) score as sequential decoding."""
+    monkeypatch.setenv("SPECVIZ_KV", mode)
+    model = model_from_config(tiny_config("llama", vocab_size=50), seed=4)
+    prompt = [5, 7, 9]
+    cached = CachedModel(model)
+    cached.start(torch.tensor([prompt]))
+    empty = torch.zeros((1, 0), dtype=torch.long)
+    seq = list(prompt)
+    for tok in (12, 13):
+        out = cached.feed()
+        torch.testing.assert_close(out.root_logits[0], _sequential(model, seq), atol=1e-4, rtol=0)
+        cached.commit(torch.tensor([0]), empty, empty, torch.tensor([[tok]]))
+        assert cached.base == len(seq) and cached.tail.tolist() == [[tok]]
+        seq.append(tok)
+    cached.feed(torch.tensor([[20, 21]]), torch.tensor([[ROOT, 0]]))  # a chain, one kept
+    cached.commit(torch.tensor([0]), torch.tensor([[0]]), torch.tensor([[20]]),
+                  torch.tensor([[22]]))
+    out = cached.feed()
+    ref = _sequential(model, seq + [20, 22])
+    torch.testing.assert_close(out.root_logits[0], ref, atol=1e-4, rtol=0)
+
+
 TOKEN_METHODS = [("greedy", {}), ("sd", {"gamma": 3}), ("sd", {"controller": "beta_ts"}),
                  ("mcsd", {"k_config": "4x2x2"}), ("greedy_drafts", {"k_config": "3x2x2"})]
 
