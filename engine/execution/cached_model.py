@@ -158,6 +158,8 @@ class CachedModel:
         self.pending_rows: torch.Tensor | None = None  # (W,) cached row of each row: the
         # reorder of commits that fed nothing, applied at the next forward or gather
         self.cached_width = 1  # rows the cache holds while a reorder is pending
+        self.same = (0, 0)  # (slots, rows): rows [0, rows) hold the same keys and values in
+        # slots [0, slots) (a shared prompt's prefill copied to every row; static buffers)
         self._reset_round()
 
     # ----------------------------------------------------------------- state
@@ -182,6 +184,7 @@ class CachedModel:
         self.base = 0
         self.tail = ids.to(self.device)
         self.pending_rows = None
+        self.same = (0, 0)
         self._reset_round()
 
     def _lease(self, rows: int, length: int) -> None:
@@ -269,6 +272,7 @@ class CachedModel:
         self.round_par = None  # the nodes' parents start with the all-row forward below
         if self.kv is not None:
             static_kv.copy_row(self.kv, 0, slice(1, W), self.kv.cache.written)
+            self.same = (self.kv.cache.written, W)
         else:
             for layer in self.cache.layers:
                 if layer.keys is not None and layer.keys.numel():
@@ -475,7 +479,12 @@ class CachedModel:
             raise ValueError("a kept node's cache slot is outside the fed forest")
         if rows.shape[0] > self.kv.rows:
             self._grow(int(rows.shape[0]), written)
-        static_kv.gather(self.kv, width, rows, prefix, node_slots)
+        slots, same_rows = self.same
+        from_same = max(rows.tolist(), default=0) < same_rows  # every parent holds them
+        static_kv.gather(self.kv, width, rows, prefix, node_slots,
+                         same=min(slots, prefix) if from_same and rows.shape[0] <= same_rows
+                         else 0)  # a row that holds them already keeps its copy
+        self.same = (slots, int(rows.shape[0])) if from_same else (0, 0)
 
 
 WARM_PROMPT = 8  # tokens of the warm-up's dummy prompt: its prefill makes the bucket-8 step

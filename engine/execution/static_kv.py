@@ -596,9 +596,12 @@ class _EagerReplay:
             cache.rows, cache.view, cache.slots = saved
 
 
-def gather(kv: KVSet, W: int, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor) -> None:
+def gather(kv: KVSet, W: int, rows: torch.Tensor, prefix: int, node_slots: torch.Tensor,
+           same: int = 0) -> None:
     """Commit inside the buffers: every new row r keeps slots [0, prefix) of parent row
-    rows[r] followed by that row's node_slots[r] (W' = len(rows) <= buffer rows)."""
+    rows[r] followed by that row's node_slots[r] (W' = len(rows) <= buffer rows). ``same``:
+    slots [0, same) already hold the same values in every new row and its parent (a beam
+    run's shared prompt), so a reorder moves slots [same, prefix) only."""
     cache = kv.cache
     W2, f = node_slots.shape
     identity = W2 == W and bool((rows == torch.arange(W, device=rows.device)).all())
@@ -612,14 +615,17 @@ def gather(kv: KVSet, W: int, rows: torch.Tensor, prefix: int, node_slots: torch
                 idx = node_slots[:, None, :, None].expand(W, H, f, D)  # (W, H, f, D)
                 buf[:W, :, prefix:prefix + f] = buf[:W].gather(2, idx)
     elif not identity:
-        idx = torch.cat([torch.arange(prefix, device=rows.device).expand(W2, prefix),
-                         node_slots], dim=1)  # (W', prefix + f)
+        lo = min(same, prefix)
+        idx = torch.cat([torch.arange(lo, prefix, device=rows.device).expand(W2, prefix - lo),
+                         node_slots], dim=1)  # (W', prefix - lo + f)
+        flats: dict[tuple[int, int], torch.Tensor] = {}  # one index per buffer shape (H, S)
         for layer in cache.layers:
             for buf in (layer.keys, layer.values):
                 R, H, S, D = buf.shape
-                flat = flat_index(rows, idx, H, S)  # (W' * H * (prefix + f),)
-                moved = buf.view(R * H * S, D).index_select(0, flat)
-                buf[:W2, :, : prefix + f] = moved.view(W2, H, prefix + f, D)
+                if (H, S) not in flats:
+                    flats[H, S] = flat_index(rows, idx, H, S)  # (W' * H * (prefix - lo + f),)
+                moved = buf.view(R * H * S, D).index_select(0, flats[H, S])
+                buf[:W2, :, lo: prefix + f] = moved.view(W2, H, prefix - lo + f, D)
     cache.written = prefix + f
 
 

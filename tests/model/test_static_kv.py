@@ -117,6 +117,40 @@ def test_a_plain_rounds_commit_keeps_the_fed_tail_and_the_new_token_waits(monkey
     torch.testing.assert_close(out.root_logits[0], ref, atol=1e-4, rtol=0)
 
 
+def test_beam_rows_sharing_their_prompt_move_only_what_follows_it(kv, monkeypatch):
+    """Rows started on one prompt (its prefill copied to every row) hold the same prompt
+    slots, so a reorder moves the slots after it only; a reorder into more rows than shared
+    it moves whole rows and the new rows share it from then on. Every row then scores as
+    sequential decoding of its parent's tokens."""
+    model = model_from_config(tiny_config("llama", vocab_size=50), seed=4)
+    prompt = [5, 7, 9, 11]
+    cached = CachedModel(model)
+    cached.start(torch.tensor([prompt, prompt]))
+    moved = []
+    real = static_kv.gather
+    monkeypatch.setattr(static_kv, "gather",
+                        lambda *a, **k: moved.append(k.get("same", 0)) or real(*a, **k))
+    seqs = [list(prompt), list(prompt)]
+    empty = torch.zeros((2, 0), dtype=torch.long)
+    cached.feed()
+    cached.commit(torch.tensor([0, 0]), empty, empty, torch.tensor([[20], [21]]))
+    seqs = [seqs[0] + [20], seqs[0] + [21]]
+    for rows, new in (([1, 0, 1], [30, 31, 32]), ([2, 2, 0], [40, 41, 42]),
+                      ([1, 0, 2], [45, 46, 47])):
+        out = cached.feed()
+        for r, seq in enumerate(seqs):
+            torch.testing.assert_close(out.root_logits[r], _sequential(model, seq), atol=1e-4,
+                                       rtol=0)
+        W2 = len(rows)
+        cached.commit(torch.tensor(rows), torch.zeros((W2, 0), dtype=torch.long),
+                      torch.zeros((W2, 0), dtype=torch.long), torch.tensor([[t] for t in new]))
+        seqs = [seqs[p] + [t] for p, t in zip(rows, new)]
+    out = cached.feed()
+    for r, seq in enumerate(seqs):
+        torch.testing.assert_close(out.root_logits[r], _sequential(model, seq), atol=1e-4, rtol=0)
+    assert moved == [len(prompt), 0, len(prompt), len(prompt)]
+
+
 TOKEN_METHODS = [("greedy", {}), ("sd", {"gamma": 3}), ("sd", {"controller": "beta_ts"}),
                  ("mcsd", {"k_config": "4x2x2"}), ("greedy_drafts", {"k_config": "3x2x2"})]
 
