@@ -376,7 +376,8 @@ class CachedModel:
             return
         t_all = self.tail.shape[1]
         if (rows.shape[0] == 1 and self.width == 1 and self.pending_rows is None
-                and path_nodes.shape[1] == 0 and self.tail_fed == t_all):  # one row, every
+                and path_nodes.shape[1] == path_tokens.shape[1] == 0
+                and self.tail_fed == t_all):  # one row, every
             # tail token fed, no node kept (a plain round): the general path below without
             # its tensor operations, each of which costs 5-10x its warm time right after a
             # forward (docs/benchmarks.md, "The round's vocabulary reads")

@@ -52,7 +52,7 @@ def _takes(x: torch.Tensor) -> bool:
 def first_max(x: torch.Tensor) -> int:
     """``int(torch.argmax(x))`` of a vector x (n,): the first maximum, a NaN counting as the
     maximum (the kernel, else :func:`engine.core.sampling.first_max`)."""
-    lib = library() if x.dim() == 1 and _takes(x) else None
+    lib = library() if x.dim() == 1 and x.shape[0] > 0 and _takes(x) else None
     if lib is None:
         return sampling.first_max(x)
     return int(lib.vocab_argmax(x.data_ptr(), x.shape[0]))

@@ -51,6 +51,8 @@ def test_the_first_maximum_is_torch_argmaxs_index(lib, n):
     row[[n // 2, n - 1]] = NAN  # the first NaN counts as the maximum
     assert vocab.first_max(row) == n // 2 == int(torch.argmax(row))
     assert vocab.first_max(torch.full((n,), NEG)) == 0 == int(torch.argmax(torch.full((n,), NEG)))
+    with pytest.raises(IndexError):  # an empty vector has no maximum, as in torch.argmax
+        vocab.first_max(torch.zeros(0))
 
 
 @pytest.mark.parametrize("n,k", [(8, 8), (100, 10), (2_048, 10), (49_152, 10), (49_152 + 77, 5),
