@@ -62,69 +62,19 @@ def argmax(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tenso
     return torch.max(x, dim=dim, keepdim=keepdim).indices
 
 
-BLOCK = 128  # entries per block of the two-level search below
-TWO_LEVEL = 8 * BLOCK  # shorter vectors (a tiny vocabulary) take torch.argmax
-
-
-def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The whole blocks of a CPU vector x (n,) as (n // BLOCK, BLOCK) and where they end."""
-    full = x.shape[0] // BLOCK * BLOCK
-    return x[:full].reshape(-1, BLOCK), full  # a view where x is contiguous, else a copy
-
-
 def first_max(x: torch.Tensor) -> int:
     """``int(torch.argmax(x))`` of a vector x (n,): the first maximum, a NaN counting as the
-    maximum. On a CPU a long vector is searched in two levels: each block's maximum (one
-    vectorised pass that keeps no index), the first block holding the largest, the first
-    maximum inside it, then the tail past the whole blocks; a NaN propagates through the
-    block maxima, so the first NaN wins as it does in ``torch.argmax``. 49,152 float32
-    entries, one thread (AMD EPYC Zen 3): 25-28 against torch.argmax's 54-58 µs."""
-    if x.device.type != "cpu" or x.dim() != 1 or x.shape[0] < TWO_LEVEL:
-        return int(torch.argmax(x))
-    blocks, full = _blocks(x)  # (n // BLOCK, BLOCK)
-    b = int(torch.argmax(blocks.amax(dim=1)))
-    i = b * BLOCK + int(torch.argmax(blocks[b]))
-    if full == x.shape[0]:
-        return i
-    j = full + int(torch.argmax(x[full:]))
-    return i if bool(torch.isnan(x[i])) or bool(x[i] >= x[j]) else j
+    maximum (the torch answer of :func:`engine.kernels.vocab.first_max`, which reads a CPU
+    float32 row in one call)."""
+    return int(torch.argmax(x))
 
 
 def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k most likely entries of softmax(logits) per row, largest first: (ids, probs),
-    both (m, k), probs float32, for logits (m, V) (k clipped to V).
-
-    ``torch.topk(torch.softmax(x), k)``'s values (equal ids where no two logits tie; a tie
-    may list equal entries in another order), found without sorting the vocabulary: on a CPU
-    the k largest entries lie in the k blocks with the largest maxima (each of k other
-    blocks would hold a larger or equal entry), so the search reads each block's maximum in
-    one vectorised pass and sorts only those blocks and the tail; the normaliser is
-    sum(exp(x - max)). Rows whose maximum is not finite (a NaN, all -inf) take the softmax.
-    49,152 float32 logits, one thread (Intel Xeon, AVX512): about 45 against 140 µs a row.
-    """
-    x = logits.float()  # (m, V)
-    m, n = x.shape
-    k = min(k, n)
-    full = n // BLOCK * BLOCK
-    if x.device.type != "cpu" or full // BLOCK < k or n < TWO_LEVEL:
-        return _top_by_softmax(x, k)
-    blocks = x[:, :full].reshape(m, -1, BLOCK)  # (m, B, BLOCK)
-    best = blocks.amax(dim=2).topk(k, dim=1).indices  # (m, k) block ids
-    cand = torch.gather(blocks, 1, best[:, :, None].expand(-1, -1, BLOCK))  # (m, k, BLOCK)
-    cand = torch.cat([cand.reshape(m, -1), x[:, full:]], dim=1)  # (m, k BLOCK + tail)
-    val, pos = cand.topk(k, dim=1)  # (m, k), largest first
-    in_block = pos < k * BLOCK
-    ids = torch.where(in_block, best.gather(1, (pos // BLOCK).clamp(max=k - 1)) * BLOCK
-                      + pos % BLOCK, full + pos - k * BLOCK)  # (m, k)
-    top = val[:, :1]  # (m, 1) each row's maximum
-    if not bool(torch.isfinite(top).all()):
-        return _top_by_softmax(x, k)
-    z = (x - top).exp_().sum(dim=1, keepdim=True)  # (m, 1)
-    return ids, (val - top).exp_() / z
-
-
-def _top_by_softmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    val, ids = torch.topk(torch.softmax(x, dim=-1), k, dim=-1)  # (m, k)
+    both (m, k), probs float32, for logits (m, V) (k clipped to V): ``torch.topk`` of the
+    softmax (the torch answer of :func:`engine.kernels.vocab.top_probs`)."""
+    val, ids = torch.topk(torch.softmax(logits.float(), dim=-1), min(k, logits.shape[-1]),
+                          dim=-1)  # (m, k)
     return ids, val
 
 

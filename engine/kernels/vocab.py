@@ -2,8 +2,9 @@
 maximum (a temperature-0 verify's target token) and the k most likely tokens with their
 softmax probabilities (the trace's ``p_top`` slices). vocab.c has the computation.
 
-Why a kernel: torch's versions of these reads (:func:`engine.core.sampling.first_max` and
-:func:`engine.core.sampling.top_probs`) are a few and some twenty operator calls, and right
+Why a kernel: torch's versions of these reads (:func:`engine.core.sampling.first_max`,
+``torch.argmax``, and :func:`engine.core.sampling.top_probs`, a softmax and ``torch.topk``; a
+two-level block search in torch took some twenty operator calls for the top-k), and right
 after a target forward, which streams the weights through the caches, each call ran 5-10x its
 warm time: on the Intel Xeon a greedy round's top-10 slice took 0.8 ms and its argmax 0.2 ms
 of a 19 ms round (docs/benchmarks.md, "The round's vocabulary reads").

@@ -34,7 +34,7 @@ def test_every_methods_trace_imports_back_equal(pair, method):
 def test_each_committed_tokens_top_slice_is_the_targets_softmax_there(method):
     """RoundTrace.p_top holds, at each committed position of beam 0, the ten most likely
     tokens of the target's law there: the softmax of a plain forward over the prompt and the
-    tokens before it (a vocabulary of 2,048 takes the two-level search of top_probs)."""
+    tokens before it (a vocabulary of 2,048)."""
     import torch
 
     pair = tiny_pair(vocab_size=2048)
