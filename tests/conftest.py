@@ -6,6 +6,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections import Counter
 
 import pytest
 import torch
@@ -69,6 +70,16 @@ def fp32_pair():
     import engine
 
     return engine.load_pair("embedded", draft="early-exit", device="cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with statistical (``slow``) tests first, the most such tests first, the others
+    in collection order. make test hands whole files to two workers as each frees up
+    (scripts/test.sh); xdist's own order (most tests first) put the law files, a few tests of
+    30-50 s each, last, where one worker ran them while the other had nothing left."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    rank = {path: i for i, path in enumerate(sorted(slow, key=lambda p: (-slow[p], str(p))))}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))  # stable: a file's own order
 
 
 STATS_SUMMARY: list[str] = []  # sample sizes and powers of the statistical tests (tests/stats.py)
