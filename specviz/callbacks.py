@@ -25,7 +25,7 @@ from engine.analysis.timeline import timeline
 from engine.core.config import normalised
 from engine.core.errors import ConfigError, SpecvizError
 from engine.run.inputs import settle
-from engine.run.specs import pair_key
+from engine.run.specs import default_draft, pair_key
 from specviz import pairs, share_page, streaming, text_view, trace_file
 from specviz.hosting import HOST
 from specviz.limits import check_limits
@@ -202,6 +202,40 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
         yield _out(state)
 
     return run
+
+
+def make_generate(target0: str) -> Callable[..., str]:
+    """The API's ``/generate`` handler (no widget): one run whose settings are the pair's
+    tuned ones (what the page opens the method on) under the ``settings`` given, a JSON
+    object of parameter names and values (``{"gamma": 2}``), as ``engine generate``'s flags
+    layer; returns the run's trace as JSON. ``/run`` takes every widget's value instead, so a
+    call that passes only a prompt and a method gets the widgets' opening values there.
+    target0: the page's target, taken where none is given (its drafter: the target's own
+    default)."""
+
+    @guarded
+    def generate(prompt: str, method: str, settings: str = "{}", target: str = "",
+                 draft: str = "") -> str:
+        try:
+            given = json.loads(settings or "{}")
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"settings: not a JSON object ({e.msg})") from None
+        if not isinstance(given, dict):
+            raise ConfigError('settings: expected a JSON object such as {"gamma": 2}')
+        target = (target or "").strip() or target0
+        target, draft = pairs.check_pair_spec(target, (draft or "").strip()
+                                              or default_draft(target))
+        settled = settle(method, given, pairs.tuned_params(target, draft))
+        check_limits(prompt, settled)
+        head, rounds = None, []
+        for update in streaming.decode_stream(target, draft, prompt, settled):
+            rounds += update.rounds
+            head = update.head or head
+        if head is None:
+            raise gr.Error("the run produced no rounds", print_exception=False)
+        return replace(head, rounds=tuple(rounds)).to_json()
+
+    return generate
 
 
 # ---------------------------------------------------------------------- navigation

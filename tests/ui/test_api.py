@@ -332,6 +332,42 @@ def test_every_registered_method_runs_and_renders_without_ui_changes(client, met
 
 
 @pytest.mark.embedded
+def _generate(client, settings="{}", method="sd", target="", draft="", prompt="Say hi."):
+    return RunTrace.from_json(client.predict(prompt, method, settings, target, draft,
+                                             api_name="/generate"))
+
+
+def test_generate_runs_the_pairs_tuned_settings_under_the_ones_given(client):
+    """/run takes every widget's value, so an API call passing only a prompt and a method ran
+    the widgets' opening values, not the pair's tuned settings the page opens the method on;
+    /generate layers the settings given over the tuned ones, as `engine generate` does."""
+    tuned = _generate(client, '{"max_new_tokens": 2}', target="embedded")
+    assert tuned.params["switch"] == "cost" and "switch" in tuned.tuned_names  # the preset
+    assert tuned.params["max_new_tokens"] == 2 and 1 <= len(tuned.token_ids) <= 2
+    given = _generate(client, '{"max_new_tokens": 2, "switch": "off", "gamma": 2}',
+                      target="embedded")
+    assert (given.params["switch"], given.params["gamma"]) == ("off", 2)
+    assert "switch" not in given.tuned_names
+    plain = _generate(client, '{"max_new_tokens": 3}')  # the page's target: a tiny pair
+    default = {p.name: p.default for p in METHODS["sd"].all_params}  # with no tuned settings
+    assert plain.params["switch"] == default["switch"] == "off"
+    assert plain.tuned_names == () and len(plain.token_ids) == 3
+
+
+@pytest.mark.parametrize("settings, method, message", [
+    ("{oops", "sd", "settings: not a JSON object"),
+    ("[2]", "sd", "settings: expected a JSON object"),
+    ('{"gamma": 0}', "sd", "gamma must be >= 1"),
+    ('{"nope": 1}', "sd", "nope"),
+    ("{}", "nope", "unknown method 'nope'"),
+])
+def test_bad_generate_inputs_become_one_line_errors(client, settings, method, message):
+    with pytest.raises(AppError) as err:
+        _generate(client, settings, method)
+    text = str(err.value)
+    assert message in text and "\n" not in text and "Traceback" not in text
+
+
 def test_run_on_the_embedded_model(client):
     v = _run(client, target="embedded", prompt="Say hi.", p_gamma=2, p_max_new_tokens=4)
     assert "SmolLM2-135M-Instruct" in v["run_md"]
