@@ -204,38 +204,73 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
     return run
 
 
-def make_generate(target0: str) -> Callable[..., str]:
+def make_generate(target0: str, draft0: str) -> Callable[..., str]:
     """The API's ``/generate`` handler (no widget): one run whose settings are the pair's
     tuned ones (what the page opens the method on) under the ``settings`` given, a JSON
-    object of parameter names and values (``{"gamma": 2}``), as ``engine generate``'s flags
-    layer; returns the run's trace as JSON. ``/run`` takes every widget's value instead, so a
-    call that passes only a prompt and a method gets the widgets' opening values there.
-    target0: the page's target, taken where none is given (its drafter: the target's own
-    default)."""
+    object of parameter names and values (``{"gamma": 2}``; a dict from a client too), as
+    ``engine generate``'s flags layer; returns the run's trace as JSON. ``/run`` takes every
+    widget's value instead, so a call that passes only a prompt and a method gets the
+    widgets' opening values there. No target: the page's pair (target0, draft0); a target
+    and no draft: the host's preset pair of that target where custom models are off, else
+    the target's default drafter. A plain call: it runs to its end (at most the UI's token
+    cap) even if the caller leaves."""
 
     @guarded
     def generate(prompt: str, method: str, settings: str = "{}", target: str = "",
                  draft: str = "") -> str:
-        try:
-            given = json.loads(settings or "{}")
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"settings: not a JSON object ({e.msg})") from None
-        if not isinstance(given, dict):
-            raise ConfigError('settings: expected a JSON object such as {"gamma": 2}')
-        target = (target or "").strip() or target0
-        target, draft = pairs.check_pair_spec(target, (draft or "").strip()
-                                              or default_draft(target))
+        for name, value in (("prompt", prompt), ("method", method), ("target", target),
+                            ("draft", draft)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{name}: expected a string, got {type(value).__name__}")
+        given = _settings_object(settings)
+        target, draft = (target or "").strip(), (draft or "").strip()
+        if not target:
+            target, draft = target0, draft or draft0
+        elif not draft:
+            draft = _draft_of(target)
+        target, draft = pairs.check_pair_spec(target, draft)
         settled = settle(method, given, pairs.tuned_params(target, draft))
-        check_limits(prompt, settled)
+        check_limits(prompt or "", settled)
         head, rounds = None, []
         for update in streaming.decode_stream(target, draft, prompt, settled):
             rounds += update.rounds
-            head = update.head or head
+            if update.head is not None:
+                head = update.head if not update.note else \
+                    replace(update.head, stop_reason=update.note)
         if head is None:
             raise gr.Error("the run produced no rounds", print_exception=False)
         return replace(head, rounds=tuple(rounds)).to_json()
 
     return generate
+
+
+def _settings_object(settings: Any) -> dict[str, Any]:
+    """/generate's settings: a JSON object's text (or the object itself) -> a dict."""
+    if isinstance(settings, dict):
+        given = settings
+    elif settings is None or isinstance(settings, str):
+        try:
+            given = json.loads(settings or "{}")
+        except (json.JSONDecodeError, RecursionError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deep"
+            raise ConfigError(f"settings: not a JSON object ({why})") from None
+    else:
+        given = None
+    if not isinstance(given, dict):
+        raise ConfigError('settings: expected a JSON object such as {"gamma": 2}')
+    return given
+
+
+def _draft_of(target: str) -> str:
+    """The draft of a target given alone: where users may not type their own models, the
+    host's preset pair of that target (if it has one), else the target's default drafter."""
+    if not HOST.config.allow_custom_models:
+        key = pair_key(target, "")[0]
+        match = next((d for t, d in HOST.config.allowed_pairs() if pair_key(t, d)[0] == key),
+                     None)
+        if match is not None:
+            return match
+    return default_draft(target)
 
 
 # ---------------------------------------------------------------------- navigation

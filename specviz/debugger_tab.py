@@ -228,7 +228,8 @@ def wire(tab: DebuggerTab) -> None:
     run = c.run.click(cb.make_run(pool), inputs_kwargs=run_inputs, outputs=tab.outputs,
                       api_name="run", show_progress="minimal", show_progress_on=[o.run_md],
                       **MODEL)
-    gr.api(cb.make_generate(c.target.value), api_name="generate", **MODEL)  # API only
+    gr.api(cb.make_generate(c.target.value, c.draft.value), api_name="generate",
+           **MODEL)  # API only
     run.then(cb.export_trace, inputs_kwargs={"state": state}, outputs=c.download,
              api_name="export", **QUICK)
     run.then(cb.export_timeline, inputs_kwargs={"state": state}, outputs=c.timeline,

@@ -78,6 +78,8 @@ def _convert(kind: type, value: Any) -> Any:
                 return False
             raise ValueError(value)
         return bool(value)
+    if isinstance(value, bool) and kind in (int, float):  # JSON's true is no number
+        raise ValueError(value)
     if kind is int and isinstance(value, float) and not value.is_integer():
         raise ValueError(value)
     if kind is int and isinstance(value, str):
@@ -88,7 +90,7 @@ def _convert(kind: type, value: Any) -> Any:
 # Parameters every method takes.
 COMMON_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("max_new_tokens", int, 64, "tokens to generate at most", min=1, max=4096),
-    ParamSpec("seed", int, 0, "seed of the run's torch.Generator", min=0),
+    ParamSpec("seed", int, 0, "seed of the run's torch.Generator", min=0, max=2**63 - 1),
     ParamSpec("temperature", float, 0.0, "0 = greedy/argmax; > 0 = sampling", min=0.0, max=10.0),
     ParamSpec("top_k", int, 0, "keep the k most likely tokens (0 = off)", min=0),
     ParamSpec("top_p", float, 1.0, "nucleus mass in (0, 1]", min=0.0, max=1.0,

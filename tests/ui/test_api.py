@@ -331,12 +331,12 @@ def test_every_registered_method_runs_and_renders_without_ui_changes(client, met
             f"**Round {i}**")
 
 
-@pytest.mark.embedded
 def _generate(client, settings="{}", method="sd", target="", draft="", prompt="Say hi."):
     return RunTrace.from_json(client.predict(prompt, method, settings, target, draft,
                                              api_name="/generate"))
 
 
+@pytest.mark.embedded
 def test_generate_runs_the_pairs_tuned_settings_under_the_ones_given(client):
     """/run takes every widget's value, so an API call passing only a prompt and a method ran
     the widgets' opening values, not the pair's tuned settings the page opens the method on;
@@ -354,20 +354,27 @@ def test_generate_runs_the_pairs_tuned_settings_under_the_ones_given(client):
     assert plain.tuned_names == () and len(plain.token_ids) == 3
 
 
-@pytest.mark.parametrize("settings, method, message", [
-    ("{oops", "sd", "settings: not a JSON object"),
-    ("[2]", "sd", "settings: expected a JSON object"),
-    ('{"gamma": 0}', "sd", "gamma must be >= 1"),
-    ('{"nope": 1}', "sd", "nope"),
-    ("{}", "nope", "unknown method 'nope'"),
+@pytest.mark.parametrize("settings, method, prompt, message", [
+    ("{oops", "sd", "hi", "settings: not a JSON object"),
+    ("[2]", "sd", "hi", "settings: expected a JSON object"),
+    ('{"gamma": 0}', "sd", "hi", "gamma must be >= 1"),
+    ('{"nope": 1}', "sd", "hi", "unknown parameter 'nope'"),
+    ("{}", "nope", "hi", "unknown method 'nope'"),
+    ('{"max_new_tokens": 300}', "sd", "hi", "max_new_tokens must be <= 256 in the UI"),
+    ("{}", "sd", "x" * 2001, "the UI limit is 2000"),
+    ('{"seed": 1e30}', "sd", "hi", "seed must be <="),
+    ({"gamma": 0}, "sd", "hi", "gamma must be >= 1"),  # an object, not its text
+    ("{}", ["sd"], "hi", "method: expected a string, got list"),
 ])
-def test_bad_generate_inputs_become_one_line_errors(client, settings, method, message):
+def test_bad_generate_inputs_become_one_line_errors(client, settings, method, prompt, message):
+    """Each refused in one line, the app's caps (tokens, prompt) held as /run holds them."""
     with pytest.raises(AppError) as err:
-        _generate(client, settings, method)
+        _generate(client, settings, method, prompt=prompt)
     text = str(err.value)
     assert message in text and "\n" not in text and "Traceback" not in text
 
 
+@pytest.mark.embedded
 def test_run_on_the_embedded_model(client):
     v = _run(client, target="embedded", prompt="Say hi.", p_gamma=2, p_max_new_tokens=4)
     assert "SmolLM2-135M-Instruct" in v["run_md"]

@@ -54,3 +54,39 @@ def test_the_run_handler_refuses_a_typed_model_in_one_line(served):
     v = dict(zip(OUTPUTS, client.predict(prompt="hello", method="greedy", target=TINY,
                                          draft="", p_max_new_tokens=4, api_name="/run")))
     assert "4 tokens in" in v["run_md"]
+
+
+TINY3 = 'tiny:{"vocab_size": 64, "layers": 3}'  # the host's own pair: not the tiny preset's
+
+
+@pytest.fixture(scope="module")
+def served_ngram():
+    """A host whose pair is (TINY3, ngram), custom models off: no pair of TINY3 with its
+    default drafter (the early exit) is allowed."""
+    import specviz
+
+    hosting.configure(HostConfig(target=TINY3, draft="ngram", presets=("tiny",),
+                                 allow_custom_models=False))
+    demo = specviz.build_demo(TINY3, "ngram")
+    demo.queue()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1",
+                            server_port=free_port(), quiet=True, **specviz.launch_options())
+    try:
+        yield Client(url, verbose=False)
+    finally:
+        demo.close()
+        hosting.configure(HostConfig())
+
+
+def test_generate_runs_the_hosts_pair_where_no_target_or_draft_is_given(served_ngram):
+    """/generate with no target takes the page's pair, and a target without a draft the
+    host's pair of that target: with custom models off, the target's default drafter would
+    be refused."""
+    import json
+
+    for target in ("", TINY3):
+        trace = json.loads(served_ngram.predict("hello", "sd", '{"max_new_tokens": 3}', target,
+                                                "", api_name="/generate"))
+        assert trace["draft"].startswith("n-gram") and len(trace["token_ids"]) == 3
+    with pytest.raises(AppError, match="runs only its preset models"):
+        served_ngram.predict("hello", "sd", "{}", "gpt2", "", api_name="/generate")

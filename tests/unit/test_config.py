@@ -37,6 +37,9 @@ def test_bad_k_config_is_refused(bad):
     ("temperature", "nan", "temperature must be a finite number, got nan"),
     ("top_p", float("nan"), "top_p must be a finite number"),
     ("temperature", "inf", "temperature must be a finite number"),
+    ("seed", 10**30, "seed must be <= 9223372036854775807"),  # torch.Generator's overflow
+    ("max_new_tokens", True, "max_new_tokens: expected int, got True"),  # JSON's true
+    ("temperature", False, "temperature: expected float, got False"),
 ])
 def test_common_params_are_validated_with_one_line_messages(name, value, msg):
     with pytest.raises(ConfigError, match=msg):
