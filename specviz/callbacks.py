@@ -180,9 +180,7 @@ def make_run(pool: ParamPool) -> Callable[..., Iterator[tuple[Any, ...]]]:
                 rounds += update.rounds
                 if update.head is None:
                     continue
-                head = update.head
-                if update.note:
-                    head = replace(head, stop_reason=update.note)
+                head = update.stated_head
                 state = SessionState(trace=replace(head, rounds=tuple(rounds)),
                                      round=len(rounds) - 1, source="run",
                                      live=not update.final)
@@ -234,9 +232,7 @@ def make_generate(target0: str, draft0: str) -> Callable[..., str]:
         head, rounds = None, []
         for update in streaming.decode_stream(target, draft, prompt, settled):
             rounds += update.rounds
-            if update.head is not None:
-                head = update.head if not update.note else \
-                    replace(update.head, stop_reason=update.note)
+            head = update.stated_head or head
         if head is None:
             raise gr.Error("the run produced no rounds", print_exception=False)
         return replace(head, rounds=tuple(rounds)).to_json()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import engine
@@ -38,6 +38,14 @@ class Update:
     head: engine.RunTrace | None = None
     final: bool = False
     note: str = ""  # why the UI stopped the run early, if it did
+
+    @property
+    def stated_head(self) -> engine.RunTrace | None:
+        """The head with the UI's reason for stopping early as its stop reason (None: no
+        head in this update)."""
+        if self.head is None or not self.note:
+            return self.head
+        return replace(self.head, stop_reason=self.note)
 
 
 DONE = object()  # the last item a decode puts in its queue

@@ -354,6 +354,18 @@ def test_generate_runs_the_pairs_tuned_settings_under_the_ones_given(client):
     assert plain.tuned_names == () and len(plain.token_ids) == 3
 
 
+def test_a_run_the_ui_stops_early_says_why_in_run_and_generate(client, monkeypatch):
+    """Past the trace's node cap the UI stops a run; both handlers keep its reason as the
+    run's stop reason (/generate dropped it before the review fix)."""
+    from specviz import streaming
+
+    monkeypatch.setattr(streaming, "MAX_TRACE_NODES", 2)  # the app runs in this process
+    why = "stopped by the UI: more than 2 forest nodes"
+    trace = _generate(client, '{"max_new_tokens": 40, "gamma": 3}', prompt="hello world")
+    assert trace.stop_reason == why and len(trace.token_ids) < 40
+    assert why in _run(client, p_max_new_tokens=40)["run_md"]
+
+
 @pytest.mark.parametrize("settings, method, prompt, message", [
     ("{oops", "sd", "hi", "settings: not a JSON object"),
     ("[2]", "sd", "hi", "settings: expected a JSON object"),
