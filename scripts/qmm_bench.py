@@ -7,7 +7,7 @@ of rows (docs/benchmarks.md, "The 4-bit x 8-bit kernel").
 Random Q4_1 blocks of the model's shapes (30 layers of q / k / v / o / gate / up / down: 576
 and 1536 wide, 192-row k and v), 66 MB of 4-bit weights, more than the last-level cache: each
 pass streams its weights from memory, as a decode step does. The head is 49152 x 576 Q8_0 run
-as qmm runs it (one 4-bit weight of twice the inputs) and, for torch, as two int4 halves.
+as qmm runs it (its Q8_0 product, `qmm.pack8`) and, for torch, as two int4 halves.
 torch's kernel takes bf16 activations (its fast path); qmm takes fp32. One torch thread; the
 four products run in turn every repeat; medians of --reps.
 """
@@ -64,14 +64,17 @@ def main() -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     layers = [weight(n, k, gen) for _ in range(LAYERS) for n, k in LAYER]
-    head_q4 = weight(HEAD[0], 2 * HEAD[1], gen)  # qmm's head: twice the inputs
+    q8 = torch.randint(-128, 128, HEAD, generator=gen, dtype=torch.int8)  # (V, d)
+    d8 = (torch.rand(HEAD[0], HEAD[1] // 32, generator=gen) * 0.02).half()  # (V, d / 32)
+    qw8, dw8 = qmm.pack8(q8, d8)
+    head_q8 = {"n": HEAD[0], "k": HEAD[1], "qw": qw8, "dw": dw8, "mw": None}  # qmm's Q8_0
     head_halves = [weight(*HEAD, gen) for _ in range(2)]  # torch's: two int4 products
     print(f"qmm path: {qmm.path()}; {LAYERS * len(LAYER)} linears, one thread, "
           f"{time.strftime('%Y-%m-%d')}")
     print("| rows | linears: qmm ms | torch int4 ms | head: qmm ms | torch int4 ms |")
     print("|---|---|---|---|---|")
     for r in ROWS:
-        x = {k: torch.randn(r, k, generator=gen) for k in (576, 1152, 1536)}
+        x = {k: torch.randn(r, k, generator=gen) for k in (576, 1536)}
         xb = {k: v.bfloat16() for k, v in x.items()}
 
         def ours(ws):
@@ -83,7 +86,7 @@ def main() -> None:
                 torch.ops.aten._weight_int4pack_mm_for_cpu(xb[w["k"]], w["int4"], 32, w["sz"])
 
         cells = interleaved_ms([lambda: ours(layers), lambda: theirs(layers),
-                                lambda: ours([head_q4]), lambda: theirs(head_halves)],
+                                lambda: ours([head_q8]), lambda: theirs(head_halves)],
                                args.reps)
         print(f"| {r} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
 

@@ -175,13 +175,13 @@ def draft_prob_of_set(q: torch.Tensor, n: int, scheme: str, H) -> float:
 def qmm_error_bound(w_abs: torch.Tensor, x: torch.Tensor, group: int = 32,
                     levels: int = 32767) -> torch.Tensor:
     """|error| allowed per output of engine.kernels.qmm's product against the fp32 product
-    x W^T, given |W| (out, in) (for a Q8_0 weight run as two 4-bit halves, the sum of the
-    halves' magnitudes) and x (R, in):
+    x W^T, given |W| (out, in) and x (R, in):
 
     - the quantised activations: each x is rounded to a step dx = max|x| / levels of its
       block, so off by at most dx / 2 (widened by 2^-10 for the rounding of x / dx itself);
-    - fp32 rounding: the kernel's 2 fused multiply-adds a block and the reference's K-term
-      sum, each at most u = 2^-24 of the magnitudes summed, (|x| + dx) |W|^T.
+    - fp32 rounding: the kernel's 2 fused multiply-adds a block (a Q8_0 weight's: one, and
+      its integer's conversion to fp32) and the reference's K-term sum, each at most
+      u = 2^-24 of the magnitudes summed, (|x| + dx) |W|^T.
 
     -> (R, out)."""
     r, k = x.shape

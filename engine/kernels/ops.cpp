@@ -25,6 +25,10 @@ int qmm_q4(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16
 int qmm_q4_a8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
               const uint16_t *mw, float *y, int64_t N, int threads, int64_t period,
               int64_t live);
+int qmm_q8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+           float *y, int64_t N, int threads, int64_t period, int64_t live);
+int qmm_q8_a8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+              float *y, int64_t N, int threads, int64_t period, int64_t live);
 int rowattn(const float *q, const float *k, const float *v, const float *mask,
             const int64_t *strides, float *out, int64_t W, int64_t H, int64_t KV, int64_t Q,
             int64_t S, int64_t D, float scale);
@@ -38,22 +42,30 @@ extern "C" void qmm_op_set_padding(int64_t period, int64_t live) {
     padding_live = live;
 }
 
-// x (R, K) fp32 times the packed weight (N, K), activations quantised to `bits` -> (R, N) fp32
+// x (R, K) fp32 times the packed weight (N, K), activations quantised to `bits` -> (R, N) fp32;
+// the weight Q4_1 (qw, dw, mw: N K / 2 bytes) or, without mw, Q8_0 (N K bytes)
 static at::Tensor qmm_cpu(const at::Tensor &x, const at::Tensor &qw, const at::Tensor &dw,
-                          const at::Tensor &mw, int64_t n, int64_t bits) {
+                          const std::optional<at::Tensor> &mw, int64_t n, int64_t bits) {
+    const bool q8 = !mw.has_value();
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && (bits == 8 || bits == 16) &&
-                    x.size(1) % 32 == 0 && qw.numel() * 2 == n * x.size(1) &&
-                    qw.is_contiguous() && dw.is_contiguous() && mw.is_contiguous(),
+                    x.size(1) % 32 == 0 && qw.numel() * (q8 ? 1 : 2) == n * x.size(1) &&
+                    qw.is_contiguous() && dw.is_contiguous() && (q8 || mw->is_contiguous()),
                 "qmm: x ", x.sizes(), " ", x.scalar_type(), " at ", bits,
                 " bits does not fit a packed weight of ", n, " rows");
     const at::Tensor xc = x.contiguous();
     const int64_t r = xc.size(0), k = xc.size(1);
     at::Tensor y = at::empty({r, n}, xc.options());
-    const auto product = bits == 16 ? qmm_q4 : qmm_q4_a8;
-    const int rc = product(xc.data_ptr<float>(), r, k, static_cast<const uint8_t *>(qw.data_ptr()),
-                           static_cast<const uint16_t *>(dw.data_ptr()),
-                           static_cast<const uint16_t *>(mw.data_ptr()), y.data_ptr<float>(), n,
-                           at::get_num_threads(), padding_period, padding_live);
+    const auto *w = static_cast<const uint8_t *>(qw.data_ptr());
+    const auto *d = static_cast<const uint16_t *>(dw.data_ptr());
+    const int threads = at::get_num_threads();
+    const int rc =
+        q8 ? (bits == 16 ? qmm_q8 : qmm_q8_a8)(xc.data_ptr<float>(), r, k, w, d,
+                                               y.data_ptr<float>(), n, threads,
+                                               padding_period, padding_live)
+           : (bits == 16 ? qmm_q4 : qmm_q4_a8)(
+                 xc.data_ptr<float>(), r, k, w, d,
+                 static_cast<const uint16_t *>(mw->data_ptr()), y.data_ptr<float>(), n,
+                 threads, padding_period, padding_live);
     TORCH_CHECK(rc == 0, "qmm: no scratch memory for the activations");
     return y;
 }

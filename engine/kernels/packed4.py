@@ -23,15 +23,14 @@ projections). A linear tensor of another type is refused. Reading the GGUF and p
 loader's cache) and :func:`load_packed` swaps them into a fresh dequantised model.
 
 The LM head of the embedded model is tied to its Q8_0 input embedding (w = d * q per block of
-32, q in -128..127, d fp16). :func:`pack_head` runs it through the same kernel as one 4-bit
-weight of twice the inputs: q = 16 hi + lo with hi = floor(q / 16) in -8..7 and lo in 0..15,
-so w = 16 d (hi + 8) - 128 d + d lo; the first half packs hi + 8 with scale 16 d and offset
--128 d, the second lo with scale d and offset 0 (all exact in fp16), and
-:class:`Packed8Linear` feeds the kernel [x, x]. That streams one byte a weight, as Q8_0 does,
-where the fp32 head streamed four. The head keeps the fp32 weight it is tied to (the
-embedding's own tensor, no copy), which a drafter's shortlisted head and training read; its
-output is the packed product. The embedding and the norms stay as the dequantised model has
-them.
+32, q in -128..127, d fp16). :func:`pack_head` keeps it as :class:`Packed8Linear`: its blocks
+in qmm's Q8_0 layout (q's bytes and d), run by qmm's Q8_0 product (one integer dot product
+and one fused multiply-add a block, as llama.cpp's Q8_0 dot products): 34 bytes a block of 32
+streamed, as the file stores it, where the fp32 head streamed 128 (and the product of its two
+4-bit halves that ran it before, 40, with twice the integer work). The head keeps the fp32
+weight it is tied to (the embedding's own tensor, no copy), which a drafter's shortlisted
+head and training read; its output is the packed product. The embedding and the norms stay
+as the dequantised model has them.
 
 The kernel computes each output row from that row alone (tested: a product over R rows equals
 the R one-row products bit for bit), so a packed layer gives a token the same output in a
@@ -58,7 +57,6 @@ from engine.kernels import qmm
 GROUP = qmm.GROUP  # Q4_1's and Q8_0's block: input columns sharing one (d, m) / one d
 BLOCK_BYTES = 20  # Q4_1: d (fp16), m (fp16), 16 bytes of packed q
 Q8_BLOCK_BYTES = 34  # Q8_0: d (fp16), 32 int8 q
-Q_OFFSET = 8  # a Q8_0 weight's hi half is packed as hi + Q_OFFSET (0..15)
 ROW_MULTIPLE = qmm.TILE  # the kernel tiles output rows by 16
 
 
@@ -188,48 +186,34 @@ class Packed4Linear(nn.Module):
 
 
 class Packed8Linear(nn.Module):
-    """y = x W^T for a Q8_0 weight W = d q, run by qmm's kernel as one 4-bit weight of twice
-    the inputs (module docstring): q = 16 hi + lo, the hi half as hi + 8 with scale 16 d and
-    offset -128 d, the lo half with scale d and offset 0, fed [x, x]. ``weight`` is the fp32
-    weight the module was tied to (not copied): read by those who need the dense weight (a
-    shortlisted head, training), never by forward."""
+    """y = x W^T for a Q8_0 weight W = d q kept as its blocks in qmm's Q8_0 layout
+    (:func:`engine.kernels.qmm.pack8`: one byte a weight, one fp16 d a block), run by qmm's
+    Q8_0 product (module docstring). ``weight`` is the fp32 weight the module was tied to (not
+    copied): read by those who need the dense weight (a shortlisted head, training), never by
+    forward."""
 
     def __init__(self, blocks: Q8Blocks, weight: nn.Parameter):
         super().__init__()
         self.in_features, self.out_features = _packable_shape(blocks.name, blocks.q)
-        q = blocks.q.to(torch.int32)  # (out, in) in -128..127
-        hi = torch.div(q, 16, rounding_mode="floor")  # (out, in) in -8..7
-        lo = q - 16 * hi  # (out, in) in 0..15
-        d = blocks.d.float()  # (out, in / G)
-        halves = torch.cat([hi + Q_OFFSET, lo], dim=1).to(torch.uint8)  # (out, 2 in)
-        dw = torch.cat([16 * d, d], dim=1).to(torch.float16)  # (out, 2 in / G), exact
-        mw = torch.cat([-16 * Q_OFFSET * d, torch.zeros_like(d)], dim=1).to(torch.float16)
-        if not (torch.isfinite(dw).all() and torch.isfinite(mw).all()):
-            raise ConfigError(f"cannot pack {blocks.name}: its scales overflow fp16 x 128")
-        qw, dw, mw = qmm.pack(halves, dw, mw)
-        self.register_buffer("qw", qw)
-        self.register_buffer("dw", dw)
-        self.register_buffer("mw", mw)
+        qw, dw = qmm.pack8(blocks.q, blocks.d)
+        self.register_buffer("qw", qw)  # q's bytes, the kernel's Q8_0 layout
+        self.register_buffer("dw", dw)  # (out / 16, in / G, 16) fp16 bits: d
         self.weight = weight
         self.bits = 16  # the activations' width in the kernel (set_activation_bits)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"q8 group={GROUP} as two 4-bit halves, activations {self.bits} bits")
+                f"q8 group={GROUP}, activations {self.bits} bits")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()  # (R, in)
-        both = torch.cat([flat, flat], dim=1)  # (R, 2 in): the hi half's, the lo half's
-        y = qmm.matmul(both, self.qw, self.dw, self.mw, self.out_features,
-                       self.bits)  # (R, out)
+        y = qmm.matmul(flat, self.qw, self.dw, None, self.out_features, self.bits)  # (R, out)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., out)
 
     def blocks(self, name: str = "") -> Q8Blocks:
         """The Q8_0 weight this module holds (q and d exact)."""
-        k = self.in_features
-        halves, dw, _ = qmm.unpack(self.qw, self.dw, self.mw, self.out_features, 2 * k)
-        q = 16 * (halves[:, :k].to(torch.int32) - Q_OFFSET) + halves[:, k:]  # (out, in)
-        return Q8Blocks(name, q.to(torch.int8), dw[:, k // GROUP:].contiguous())
+        q, d = qmm.unpack8(self.qw, self.dw, self.out_features, self.in_features)
+        return Q8Blocks(name, q, d)
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight (out, in) = d * q: the GGUF's dequantised weight exactly."""
@@ -397,7 +381,8 @@ def pack_head(model: nn.Module, path) -> bool:
 
 
 PACKED_CLASSES = {"Packed4Linear": Packed4Linear, "Packed8Linear": Packed8Linear}
-BUFFERS = ("qw", "dw", "mw")  # a packed layer's kernel-layout buffers
+BUFFERS = {"Packed4Linear": ("qw", "dw", "mw"), "Packed8Linear": ("qw", "dw")}  # each class's
+# kernel-layout buffers
 
 
 def save_packed(model: nn.Module, path: str | Path) -> int:
@@ -409,7 +394,8 @@ def save_packed(model: nn.Module, path: str | Path) -> int:
     for name, m in model.named_modules():
         if isinstance(m, (Packed4Linear, Packed8Linear)):
             layers[name] = [type(m).__name__, m.in_features, m.out_features]
-            tensors.update({f"{name}.{b}": getattr(m, b).contiguous() for b in BUFFERS})
+            tensors.update({f"{name}.{b}": getattr(m, b).contiguous()
+                            for b in BUFFERS[type(m).__name__]})
             if getattr(m, "bias", None) is not None:
                 tensors[f"{name}.bias"] = m.bias.detach().contiguous()
     path = Path(path)
@@ -444,7 +430,7 @@ def load_packed(model: nn.Module, path: str | Path) -> int:
             new = PACKED_CLASSES[kind].__new__(PACKED_CLASSES[kind])
             nn.Module.__init__(new)
             new.in_features, new.out_features, new.bits = k, n, 16
-            for b in BUFFERS:
+            for b in BUFFERS[kind]:
                 new.register_buffer(b, f.get_tensor(f"{name}.{b}"))
             if kind == "Packed8Linear":
                 new.weight = old.weight  # tied, not copied (pack_head)

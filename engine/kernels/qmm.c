@@ -32,6 +32,19 @@
  * operations in the same order; the integers as 8-bit products on the same weight layout
  * (AVX512-VNNI's vpdpbusd, a group of 16 columns x 4 inputs an instruction; AVX2's
  * maddubs_epi16).
+ *
+ * qmm_q8 / qmm_q8_a8 take a Q8_0 weight (w = dw q, q in -128..127, one fp16 dw a block of 32:
+ * GGUF's Q8_0, the embedded model's LM head) against the same activations:
+ * y[r, n] = sum_b dot_b(r, n) * (dw[n, b] * dx[r, b]), one fused multiply-add a block, in block
+ * order, with dot_b = sum of q * qx an exact integer (|dot_b| <= 32 * 128 * 32767 < 2^31; at
+ * 16 bits it can pass 2^24, and its conversion to fp32 then rounds to nearest even, the same
+ * on every path). Layout (qmm.py `pack8`): for tile t and block b, 512 bytes: eight 64-byte
+ * vectors G_g, G_g's byte 4 c + e holding q[16 t + c][32 b + 4 g + e] (signed). AVX512-VNNI
+ * multiplies unsigned by signed bytes: it takes q + 128 (the byte's top bit flipped) against
+ * the signed activations and subtracts 128 times their block sum (an exact integer), and at 16
+ * bits takes the low activation bytes unsigned against q itself; AVX2 takes |q| against the
+ * activations carrying q's sign (maddubs_epi16, |pair| <= 2 * 128 * 127 < 2^15), or q widened
+ * to 16 bits (madd_epi16) at 16 bits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -149,6 +162,23 @@ static void quantize_rows8(const float *x, int64_t R, int64_t K, int8_t *qx, flo
         }
 }
 
+#if PATH == 512
+/* the integer each (row, block) of the activations adds to a Q8_0 product's AVX512 sums, to be
+ * taken away: the block's sum of the signed bytes that meet q + 128 (8 bits: qx; 16 bits: the
+ * high bytes, which quantize_rows writes after the low ones) */
+static void block_sums(const void *qx, int64_t R, int64_t K, int bits, int32_t *cs) {
+    const int64_t nb = K / GROUP;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *v = bits == 8 ? (const int8_t *)qx + r * K + b * GROUP
+                                        : (const int8_t *)qx + 2 * (r * K + b * GROUP) + GROUP;
+            int32_t sum = 0;
+            for (int k = 0; k < GROUP; k++) sum += v[k];
+            cs[r * nb + b] = sum;
+        }
+}
+#endif
+
 #if PATH == 512 || PATH == 256
 #ifndef AHEAD
 #define AHEAD 16
@@ -168,6 +198,15 @@ static inline __attribute__((always_inline)) void prefetch_block(
     _mm_prefetch(p + 192, _MM_HINT_T0);
     _mm_prefetch((const char *)(dw + (i + AHEAD) * 16), _MM_HINT_T0);
     _mm_prefetch((const char *)(mw + (i + AHEAD) * 16), _MM_HINT_T0);
+}
+
+/* the same for a Q8_0 weight (512 bytes a block), as many bytes ahead */
+static inline __attribute__((always_inline)) void prefetch_block8(
+    const uint8_t *qw, const uint16_t *dw, int64_t i) {
+    const char *p = (const char *)(qw + (i + AHEAD / 2) * 512);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) _mm_prefetch(p + 64 * k, _MM_HINT_T0);
+    _mm_prefetch((const char *)(dw + (i + AHEAD / 2) * 16), _MM_HINT_T0);
 }
 #endif
 
@@ -236,6 +275,64 @@ static inline __attribute__((always_inline)) void tile_512(
 }
 #define tile_rows(MR, ...) tile_512(MR, 16, __VA_ARGS__)
 #define tile_rows8(MR, ...) tile_512(MR, 8, __VA_ARGS__)
+
+/* MR rows against tile t of a Q8_0 weight (header): u = q + 128 (unsigned) against the signed
+ * activation bytes, less 128 times their block sum cs; at 16 bits 256 times that for the high
+ * bytes plus the low bytes (unsigned) against q (signed) */
+static inline __attribute__((always_inline)) void tile_q8_512(
+    int MR, int bits, const void *qx, const int32_t *cs, const float *dx, int64_t K,
+    const uint8_t *qw, const uint16_t *dw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP, width = bits == 8 ? 1 : 2; /* bytes an activation */
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = qw + (t * nb + b) * 512;
+        prefetch_block8(qw, dw, t * nb + b);
+        __m512i w[8], u[8]; /* group g: 16 columns x 4 inputs; q signed, u = q + 128 */
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            w[g] = _mm512_loadu_si512((const void *)(p + 64 * g));
+            u[g] = _mm512_xor_si512(w[g], flip);
+        }
+        const __m512 vdw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dw + (t * nb + b) * 16)));
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const int32_t *xp = (const int32_t *)((const char *)qx + (r * K + b * GROUP) * width);
+            const __m512i bias = _mm512_set1_epi32(128 * cs[r * nb + b]);
+            __m512i dot;
+            if (bits == 8) {
+                __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+#pragma GCC unroll 4
+                for (int g = 0; g < 8; g += 2) {
+                    s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(xp[g]));
+                    s1 = _mm512_dpbusd_epi32(s1, u[g + 1], _mm512_set1_epi32(xp[g + 1]));
+                }
+                dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
+            } else {
+                const int32_t *xh = xp + GROUP / 4;
+                __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
+#pragma GCC unroll 4
+                for (int g = 0; g < 8; g += 2) {
+                    h0 = _mm512_dpbusd_epi32(h0, u[g], _mm512_set1_epi32(xh[g]));
+                    h1 = _mm512_dpbusd_epi32(h1, u[g + 1], _mm512_set1_epi32(xh[g + 1]));
+                    l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xp[g]), w[g]);
+                    l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xp[g + 1]), w[g + 1]);
+                }
+                dot = _mm512_add_epi32(
+                    _mm512_slli_epi32(_mm512_sub_epi32(_mm512_add_epi32(h0, h1), bias), 8),
+                    _mm512_add_epi32(l0, l1));
+            }
+            const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(y + r * N + t * TILE, acc[r]);
+}
+#define tile_q8_rows(MR, ...) tile_q8_512(MR, 16, __VA_ARGS__)
+#define tile_q8_rows8(MR, ...) tile_q8_512(MR, 8, __VA_ARGS__)
 #endif
 
 #if PATH == 256
@@ -308,6 +405,63 @@ static inline __attribute__((always_inline)) void tile_avx2(
 }
 #define tile_rows(MR, ...) tile_avx2(MR, 16, __VA_ARGS__)
 #define tile_rows8(MR, ...) tile_avx2(MR, 8, __VA_ARGS__)
+
+/* MR rows against tile t of a Q8_0 weight (header), as two halves of 8 columns. 8 bits: |q|
+ * (unsigned) against the activations with q's sign (maddubs_epi16, no saturation), each group's
+ * pairs summed to 32 bits at once. 16 bits: a group's bytes e = 0, 2 and e = 1, 3 sign-extended
+ * to 16 bits, one madd_epi16 each against the activations in the header's order. */
+static inline __attribute__((always_inline)) void tile_q8_avx2(
+    int MR, int bits, const void *qx, const int32_t *cs, const float *dx, int64_t K,
+    const uint8_t *qw, const uint16_t *dw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP, width = bits == 8 ? 1 : 2; /* bytes an activation */
+    const __m256i ones = _mm256_set1_epi16(1);
+    (void)cs;
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = qw + (t * nb + b) * 512 + 32 * h;
+            if (h == 0) prefetch_block8(qw, dw, t * nb + b); /* h = 1 reads it from L1 */
+            __m256i w[16]; /* 8 bits: q and |q| of group g in w[g], w[8 + g]; 16 bits: group
+                            * g's bytes e = 0, 2 in w[2 g] and e = 1, 3 in w[2 g + 1] */
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i v = _mm256_loadu_si256((const void *)(p + 64 * g));
+                if (bits == 8) {
+                    w[g] = v;
+                    w[8 + g] = _mm256_sign_epi8(v, v);
+                } else {
+                    w[2 * g] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+                    w[2 * g + 1] = _mm256_srai_epi16(v, 8);
+                }
+            }
+            const __m256 vdw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dw + (t * nb + b) * 16 + 8 * h)));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) {
+                const int32_t *xp = (const int32_t *)((const char *)qx + (r * K + b * GROUP) * width);
+                __m256i dot = _mm256_setzero_si256();
+                if (bits == 8) {
+#pragma GCC unroll 8
+                    for (int g = 0; g < 8; g++) {
+                        const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(xp[g]), w[g]);
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(w[8 + g], sx), ones));
+                    }
+                } else {
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++)
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(w[i], _mm256_set1_epi32(xp[i])));
+                }
+                const __m256 scale = _mm256_mul_ps(vdw, _mm256_set1_ps(dx[r * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) _mm256_storeu_ps(y + r * N + t * TILE + 8 * h, acc[r]);
+    }
+}
+#define tile_q8_rows(MR, ...) tile_q8_avx2(MR, 16, __VA_ARGS__)
+#define tile_q8_rows8(MR, ...) tile_q8_avx2(MR, 8, __VA_ARGS__)
 #elif PATH == 0
 /* the plain C loops: column by column, the same integers and float operations in order;
  * 16 bits take a group's inputs in the header's order (e = 0, 2, 1, 3), 8 bits in input order */
@@ -341,6 +495,36 @@ static inline __attribute__((always_inline)) void tile_plain(
 }
 #define tile_rows(MR, ...) tile_plain(MR, 16, __VA_ARGS__)
 #define tile_rows8(MR, ...) tile_plain(MR, 8, __VA_ARGS__)
+
+/* a Q8_0 weight's plain loops (header), the activations in the order above */
+static inline __attribute__((always_inline)) void tile_q8_plain(
+    int MR, int bits, const void *qx, const int32_t *cs, const float *dx, int64_t K,
+    const uint8_t *qw, const uint16_t *dw, int64_t t, float *y, int64_t N) {
+    const int64_t nb = K / GROUP;
+    const int order[2][4] = {{0, 1, 2, 3}, {0, 2, 1, 3}};
+    const int *e = order[bits != 8];
+    (void)cs;
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < TILE; c++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const int8_t *p = (const int8_t *)(qw + (t * nb + b) * 512) + 4 * c;
+                const int64_t at = r * K + b * GROUP;
+                int32_t dot = 0;
+                for (int g = 0; g < 8; g++)
+                    for (int k = 0; k < 4; k++) {
+                        const int i = 4 * g + k;
+                        const int v = bits == 8 ? ((const int8_t *)qx)[at + i] : ((const int16_t *)qx)[at + i];
+                        dot += p[64 * g + e[k]] * v;
+                    }
+                const float scale = half_to_float(dw[(t * nb + b) * 16 + c]) * dx[r * nb + b];
+                acc = fmaf((float)dot, scale, acc);
+            }
+            y[r * N + t * TILE + c] = acc;
+        }
+}
+#define tile_q8_rows(MR, ...) tile_q8_plain(MR, 16, __VA_ARGS__)
+#define tile_q8_rows8(MR, ...) tile_q8_plain(MR, 8, __VA_ARGS__)
 #endif
 
 /* every tile t of y through `tile`: one thread in a plain loop (an OpenMP region costs about a
@@ -364,6 +548,16 @@ static inline __attribute__((always_inline)) void tile_plain(
                            const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, \
                            float *y, int64_t N, int threads) {                        \
         OVER_TILES(tile_rows8(MR, qx, dx, sx, K, qw, dw, mw, t, y, N))                \
+    }                                                                                  \
+    static void q8rows_##MR(const void *qx, const int32_t *cs, const float *dx,        \
+                            int64_t K, const uint8_t *qw, const uint16_t *dw, float *y, \
+                            int64_t N, int threads) {                                  \
+        OVER_TILES(tile_q8_rows(MR, qx, cs, dx, K, qw, dw, t, y, N))                  \
+    }                                                                                  \
+    static void q8rows8_##MR(const void *qx, const int32_t *cs, const float *dx,       \
+                             int64_t K, const uint8_t *qw, const uint16_t *dw, float *y, \
+                             int64_t N, int threads) {                                 \
+        OVER_TILES(tile_q8_rows8(MR, qx, cs, dx, K, qw, dw, t, y, N))                 \
     }
 ROWS(1)
 ROWS(2)
@@ -380,9 +574,16 @@ static const rows_fn ROWS_OF[9] = {0, rows_1, rows_2, rows_3, rows_4,
                                    rows_5, rows_6, rows_7, rows_8};
 static const rows_fn ROWS8_OF[9] = {0, rows8_1, rows8_2, rows8_3, rows8_4,
                                     rows8_5, rows8_6, rows8_7, rows8_8};
+typedef void (*q8rows_fn)(const void *, const int32_t *, const float *, int64_t,
+                          const uint8_t *, const uint16_t *, float *, int64_t, int);
+static const q8rows_fn Q8ROWS_OF[9] = {0, q8rows_1, q8rows_2, q8rows_3, q8rows_4,
+                                       q8rows_5, q8rows_6, q8rows_7, q8rows_8};
+static const q8rows_fn Q8ROWS8_OF[9] = {0, q8rows8_1, q8rows8_2, q8rows8_3, q8rows8_4,
+                                        q8rows8_5, q8rows8_6, q8rows8_7, q8rows8_8};
 
 /* y (R, N) fp32 = x (R, K) fp32 times the packed weight (N, K); K a multiple of 32, N of 16;
- * the activations quantised to `bits` (16 or 8) bits.
+ * the activations quantised to `bits` (16 or 8) bits; the weight Q4_1 (qw, dw, mw) or, where
+ * mw is NULL, Q8_0 (qw, dw in the Q8_0 layout).
  * The rows come in chunks of `period` (R a multiple of it), of which the first `live` are real
  * and the rest padding (a fixed-shape step's padded tokens): only real rows are computed, a
  * padding row's output is 0 (live >= period: every row is real). Returns 0, or -1 when the
@@ -397,11 +598,13 @@ static int product(const float *x, int64_t R, int64_t K, const uint8_t *qw, cons
     char *qx = malloc((size_t)(L * K + 1) * width);
     float *dx = malloc((size_t)(L * nb + 1) * sizeof(float));
     float *sx = malloc((size_t)(L * nb + 1) * sizeof(float));
+    int32_t *cs = mw ? NULL : malloc((size_t)(L * nb + 1) * sizeof(int32_t));
     float *out = live == period ? y : malloc((size_t)(L * N + 1) * sizeof(float));
-    if (!qx || !dx || !sx || !out) {
+    if (!qx || !dx || !sx || (!mw && !cs) || !out) {
         free(qx);
         free(dx);
         free(sx);
+        free(cs);
         if (out != y) free(out);
         return -1;
     }
@@ -413,10 +616,19 @@ static int product(const float *x, int64_t R, int64_t K, const uint8_t *qw, cons
             quantize_rows(x + c * period * K, live, K, (int16_t *)qx + c * live * K,
                           dx + c * live * nb, sx + c * live * nb);
     }
+#if PATH == 512
+    if (!mw) block_sums(qx, L, K, bits, cs);
+#endif
     for (int64_t r0 = 0; r0 < L; r0 += 8) {
         const int64_t mr = L - r0 < 8 ? L - r0 : 8;
-        (bits == 8 ? ROWS8_OF : ROWS_OF)[mr](qx + r0 * K * width, dx + r0 * nb, sx + r0 * nb, K,
-                                             qw, dw, mw, out + r0 * N, N, threads);
+        if (mw)
+            (bits == 8 ? ROWS8_OF : ROWS_OF)[mr](qx + r0 * K * width, dx + r0 * nb,
+                                                 sx + r0 * nb, K, qw, dw, mw, out + r0 * N, N,
+                                                 threads);
+        else
+            (bits == 8 ? Q8ROWS8_OF : Q8ROWS_OF)[mr](qx + r0 * K * width, cs + r0 * nb,
+                                                     dx + r0 * nb, K, qw, dw, out + r0 * N, N,
+                                                     threads);
     }
     if (out != y) { /* each chunk's real rows back in place, its padding rows 0 */
         for (int64_t c = 0; c < chunks; c++) {
@@ -428,6 +640,7 @@ static int product(const float *x, int64_t R, int64_t K, const uint8_t *qw, cons
     free(qx);
     free(dx);
     free(sx);
+    free(cs);
     return 0;
 }
 
@@ -442,6 +655,17 @@ int qmm_q4_a8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uin
               const uint16_t *mw, float *y, int64_t N, int threads, int64_t period,
               int64_t live) {
     return product(x, R, K, qw, dw, mw, y, N, threads, period, live, 8);
+}
+
+/* a Q8_0 weight's products, 16-bit and 8-bit activations */
+int qmm_q8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+           float *y, int64_t N, int threads, int64_t period, int64_t live) {
+    return product(x, R, K, qw, dw, NULL, y, N, threads, period, live, 16);
+}
+
+int qmm_q8_a8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
+              float *y, int64_t N, int threads, int64_t period, int64_t live) {
+    return product(x, R, K, qw, dw, NULL, y, N, threads, period, live, 8);
 }
 
 /* which path this build took: 512 (AVX512-VNNI), 256 (AVX2) or 0 (plain C) */

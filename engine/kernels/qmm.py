@@ -1,4 +1,5 @@
-"""4-bit weight x 16-bit (or 8-bit) activation products on the CPU: the packed target's kernel.
+"""4-bit weight x 16-bit (or 8-bit) activation products on the CPU: the packed target's kernel
+(and its 8-bit weight product for a Q8_0 weight: the embedded model's LM head, :func:`pack8`).
 
 The product (qmm.c's header has it in full): a weight kept in blocks of 32 input columns,
 w = dw q + mw with q in 0..15 and fp16 dw, mw (GGUF's Q4_1), against activations quantised
@@ -105,6 +106,27 @@ def unpack(qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor, n: int, k: int
     return q.contiguous(), untile(dw), untile(mw)
 
 
+def pack8(q: torch.Tensor, dw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's layout of a Q8_0 weight w = dw q (qmm.c header): q (N, K) int8, dw
+    (N, K / GROUP) fp16 -> qw (N / TILE * K / GROUP * 512,) uint8 (q's bytes) and dw
+    (N / TILE, K / GROUP, TILE) int16 bits."""
+    n, k = q.shape
+    nb = k // GROUP
+    w = q.view(n // TILE, TILE, nb, 8, 4)  # (t, c, b, g, e)
+    qw = w.permute(0, 2, 3, 1, 4).contiguous().view(torch.uint8).view(-1)  # (t * b * 512,)
+    d = dw.to(torch.float16).view(n // TILE, TILE, nb).permute(0, 2, 1)  # (t, b, c)
+    return qw, d.contiguous().view(torch.int16)
+
+
+def unpack8(qw: torch.Tensor, dw: torch.Tensor, n: int, k: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack8`: q (N, K) int8, dw (N, K / GROUP) fp16."""
+    nb = k // GROUP
+    w = qw.view(torch.int8).view(n // TILE, nb, 8, TILE, 4)  # (t, b, g, c, e)
+    q = w.permute(0, 3, 1, 2, 4).reshape(n, k)  # (t, c, b, g, e) -> (N, K)
+    return q.contiguous(), dw.view(torch.float16).permute(0, 2, 1).reshape(n, nb)
+
+
 def quantize(x: torch.Tensor, bits: int = 16
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (R, K) fp32 -> qx (R, K / G, G) fp32 integers in -L..L (L = LEVELS for 16 bits,
@@ -118,16 +140,26 @@ def quantize(x: torch.Tensor, bits: int = 16
     return qx, dx, dx * qx.sum(-1)
 
 
-def reference(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+def reference(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None,
               n: int, bits: int = 16) -> torch.Tensor:
     """The product of qmm.c computed in torch: x (R, K) fp32 -> (R, N) fp32, the activations
-    quantised to `bits`. Its integers are qmm.c's; its float steps are qmm.c's fused
-    multiply-adds, each formed in fp64 and rounded to fp32 (equal bits but for a rare double
-    rounding)."""
+    quantised to `bits`, the weight Q4_1 (qw, dw, mw) or, with mw None, Q8_0 (:func:`pack8`).
+    Its integers are qmm.c's (a Q8_0 block's converted to fp32 as the C cast does); its float
+    steps are qmm.c's fused multiply-adds, each formed in fp64 and rounded to fp32 (equal bits
+    but for a rare double rounding)."""
     r, k = x.shape
     nb = k // GROUP
-    q, d, m = unpack(qw, dw, mw, n, k)
     qx, dx, sx = quantize(x, bits)
+    if mw is None:  # Q8_0: dot_b * (dw dx), one step a block; |dot_b| < 2^31, exact in fp64
+        q, d = unpack8(qw, dw, n, k)
+        dot = torch.einsum("rbg,nbg->rnb", qx.double(),
+                           q.view(n, nb, GROUP).double()).float()  # (R, N, nb) rounded
+        scale = d.float()[None] * dx[:, None, :]  # (R, N, nb)
+        y = torch.zeros(r, n)  # (R, N)
+        for b in range(nb):
+            y = (y.double() + dot[..., b].double() * scale[..., b].double()).float()
+        return y
+    q, d, m = unpack(qw, dw, mw, n, k)
     qb = q.view(n, nb, GROUP).float()  # (N, nb, G)
     dot = torch.einsum("rbg,nbg->rnb", qx, qb)  # (R, N, nb): exact integers below 2^24
     scale = d.float()[None] * dx[:, None, :]  # (R, N, nb)
@@ -225,6 +257,9 @@ def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()
     for product in (lib.qmm_q4, lib.qmm_q4_a8):  # 16-bit and 8-bit activations
         product.argtypes = [p, i64, i64, p, p, p, p, i64, ctypes.c_int, i64, i64]
         product.restype = ctypes.c_int
+    for product in (lib.qmm_q8, lib.qmm_q8_a8):  # a Q8_0 weight's (no mw)
+        product.argtypes = [p, i64, i64, p, p, p, i64, ctypes.c_int, i64, i64]
+        product.restype = ctypes.c_int
     lib.qmm_path.restype = ctypes.c_int
     return lib
 
@@ -275,21 +310,33 @@ def padded_rows(period: int, live: int):
         _set_op_padding(*saved)
 
 
+def fits(x: torch.Tensor, qw: torch.Tensor, mw: torch.Tensor | None, n: int) -> bool:
+    """Whether x (R, K) fits a packed weight of n rows: qw holds N K / 2 bytes for Q4_1, N K
+    for Q8_0 (mw None)."""
+    k = x.shape[1]
+    return k % GROUP == 0 and qw.numel() * (1 if mw is None else 2) == n * k
+
+
 def run_with(lib: ctypes.CDLL, x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor,
-             mw: torch.Tensor, n: int, bits: int = 16) -> torch.Tensor:
-    """x (R, K) fp32 times the packed weight (N, K) by `lib`, the activations quantised to
-    `bits` -> (R, N) fp32 (ValueError for another dtype, width or bits: the library reads raw
-    memory)."""
+             mw: torch.Tensor | None, n: int, bits: int = 16) -> torch.Tensor:
+    """x (R, K) fp32 times the packed weight (N, K) by `lib` (Q4_1, or Q8_0 where mw is
+    None), the activations quantised to `bits` -> (R, N) fp32 (ValueError for another dtype,
+    width or bits: the library reads raw memory)."""
     x = x.contiguous()  # (R, K): a compiled graph may hand over any strides
     r, k = x.shape
-    if x.dtype != torch.float32 or k % GROUP or qw.numel() * 2 != n * k or bits not in BITS:
+    if x.dtype != torch.float32 or not fits(x, qw, mw, n) or bits not in BITS:
         raise ValueError(f"qmm: x {tuple(x.shape)} {x.dtype} at {bits} bits does not fit a "
-                         f"packed {n}x{qw.numel() * 2 // max(n, 1)} weight")
+                         f"packed weight of {n} rows and {qw.numel()} bytes")
     y = torch.empty(r, n)  # (R, N)
-    product = lib.qmm_q4 if bits == 16 else lib.qmm_q4_a8
-    if product(x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(),
-               y.data_ptr(), n, torch.get_num_threads(), _PADDING.period,
-               _PADDING.live) != 0:
+    if mw is None:
+        rc = (lib.qmm_q8 if bits == 16 else lib.qmm_q8_a8)(
+            x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), y.data_ptr(), n,
+            torch.get_num_threads(), _PADDING.period, _PADDING.live)
+    else:
+        rc = (lib.qmm_q4 if bits == 16 else lib.qmm_q4_a8)(
+            x.data_ptr(), r, k, qw.data_ptr(), dw.data_ptr(), mw.data_ptr(), y.data_ptr(), n,
+            torch.get_num_threads(), _PADDING.period, _PADDING.live)
+    if rc != 0:
         raise MemoryError("qmm: no scratch memory for the activations")
     return y
 
@@ -300,7 +347,7 @@ def path() -> str:
     return "torch" if lib is None else PATHS[lib.qmm_path()]
 
 
-def _run(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+def _run(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None,
          n: int, bits: int = 16) -> torch.Tensor:
     lib = library()
     return reference(x, qw, dw, mw, n, bits) if lib is None \
@@ -411,7 +458,7 @@ def native_op() -> ctypes.CDLL | None:
     return lib
 
 
-def _op_python(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+def _op_python(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None,
                n: int, bits: int = 16) -> torch.Tensor:
     """The op's Python kernel: it loads the C++ one (later calls on CPU tensors go there)
     and computes this call itself."""
@@ -425,7 +472,7 @@ def _op_python(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Te
 # backend (CompositeExplicitAutograd); the C++ one, once loaded, for CPU, which the
 # dispatcher takes first.
 _LIB = torch.library.Library("specviz", "DEF")
-_LIB.define("qmm(Tensor x, Tensor qw, Tensor dw, Tensor mw, int n, int bits=16) -> Tensor")
+_LIB.define("qmm(Tensor x, Tensor qw, Tensor dw, Tensor? mw, int n, int bits=16) -> Tensor")
 _LIB.impl("qmm", _op_python, "CompositeExplicitAutograd")
 
 
@@ -434,10 +481,11 @@ def _(x, qw, dw, mw, n, bits=16):
     return x.new_empty(x.shape[0], n)
 
 
-def matmul(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor,
+def matmul(x: torch.Tensor, qw: torch.Tensor, dw: torch.Tensor, mw: torch.Tensor | None,
            n: int, bits: int = 16) -> torch.Tensor:
-    """x (R, K) fp32 times the packed weight (N, K), the activations quantised to `bits`
-    (16, the packed target's, or 8) -> (R, N) fp32 (ValueError for another width)."""
+    """x (R, K) fp32 times the packed weight (N, K): Q4_1 (:func:`pack`), or Q8_0
+    (:func:`pack8`) where mw is None; the activations quantised to `bits` (16, the packed
+    target's, or 8) -> (R, N) fp32 (ValueError for another width)."""
     if bits not in BITS:
         raise ValueError(f"qmm: activations of {bits} bits (expected one of {BITS})")
     if torch.compiler.is_compiling():

@@ -57,15 +57,8 @@ def packed_head(tmp_path):
 
 
 def _bound(m: Packed4Linear | Packed8Linear, x: torch.Tensor) -> torch.Tensor:
-    """qmm_error_bound of m's weight: |W|, or a Q8_0 weight's two halves' magnitudes."""
-    b = m.blocks()
-    if isinstance(m, Packed4Linear):
-        return qmm_error_bound(b.dequantize().abs(), x, GROUP)  # (R, out)
-    n, k = b.q.shape
-    q = b.q.view(n, k // GROUP, GROUP).float()  # (out, in / G, G)
-    hi = torch.div(q, 16, rounding_mode="floor")  # (out, in / G, G)
-    halves = ((16 * hi).abs() + (q - 16 * hi).abs()) * b.d.float().abs()[..., None]
-    return qmm_error_bound(halves.view(n, k), x, GROUP)  # (R, out)
+    """qmm_error_bound of m's weight |W| (Q4_1 or Q8_0)."""
+    return qmm_error_bound(m.blocks().dequantize().abs(), x, GROUP)  # (R, out)
 
 
 def test_packing_q4_1_is_lossless(packed):
@@ -299,13 +292,19 @@ def test_a_shortlisted_head_over_a_packed_head_runs_its_rows_in_4_bits(packed_he
     assert (out[:, others] == torch.finfo(out.dtype).min).all()  # q is 0 off the shortlist
 
 
-def test_a_q8_0_head_whose_scales_overflow_fp16_times_128_is_refused_in_one_line():
+def test_a_q8_0_head_keeps_scales_fp16_holds_whatever_their_size():
+    """The Q8_0 layout stores d as the file does (the product of two 4-bit halves that ran the
+    head before needed 128 d in fp16 and refused d = 1000)."""
     from engine.kernels.packed4 import Q8Blocks
 
-    q = torch.ones(16, GROUP, dtype=torch.int8)  # (out, in)
-    d = torch.full((16, 1), 1000.0).half()  # -128 d = -128000: beyond fp16
-    with pytest.raises(ConfigError, match="cannot pack big: its scales overflow fp16 x 128"):
-        Packed8Linear(Q8Blocks("big", q, d), nn.Parameter(torch.zeros(16, GROUP)))
+    q = torch.randint(-128, 128, (16, GROUP), generator=torch.Generator().manual_seed(3),
+                      dtype=torch.int8)  # (out, in)
+    d = torch.full((16, 1), 1000.0).half()
+    head = Packed8Linear(Q8Blocks("big", q, d), nn.Parameter(torch.zeros(16, GROUP)))
+    assert torch.equal(head.blocks().q, q) and torch.equal(head.blocks().d, d)
+    x = torch.randn(3, GROUP, generator=torch.Generator().manual_seed(4))  # (3, in)
+    w = q.float() * 1000.0  # (16, in)
+    assert ((head(x) - x @ w.T).abs() <= _bound(head, x)).all()
 
 
 def test_quantize_linears_swaps_the_linears_inside_a_module_not_the_module_itself():
@@ -351,7 +350,7 @@ def test_saved_packed_layers_load_into_a_fresh_model_bit_for_bit(packed_head, tm
     for name, m in fresh.named_modules():
         if isinstance(m, (Packed4Linear, Packed8Linear)):
             assert type(m) is type(ours[name]), name
-            for b in packed4.BUFFERS:
+            for b in packed4.BUFFERS[type(m).__name__]:
                 assert torch.equal(getattr(m, b), getattr(ours[name], b)), (name, b)
     assert fresh.lm_head.weight is dense_head  # tied to the weight it replaced, not copied
     ids = torch.tensor([[1, 5, 9, 2, 7]])

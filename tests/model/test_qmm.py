@@ -1,6 +1,7 @@
-"""engine.kernels.qmm, the 4-bit x 16-bit kernel of the packed target: its layout round-trips,
-the C build equals the torch reference, every code path of qmm.c gives the same bits, a row's
-output depends on its row alone, and the op is fit for torch.compile."""
+"""engine.kernels.qmm, the 4-bit (Q4_1) and 8-bit (Q8_0) weight kernels of the packed target:
+their layouts round-trip, the C build equals the torch reference, every code path of qmm.c
+gives the same bits, a row's output depends on its row alone, and the op is fit for
+torch.compile."""
 
 from __future__ import annotations
 
@@ -32,6 +33,21 @@ def packed():
     return (q, dw, mw), qmm.pack(q, dw, mw)
 
 
+def _weight8(n: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)  # (N, K)
+    q[0, :qmm.GROUP], q[1, :qmm.GROUP] = -128, 127  # the range's ends, a block each
+    dw = (torch.rand(n, k // qmm.GROUP, generator=gen) * 0.02).half()  # (N, K / G)
+    return q, dw
+
+
+@pytest.fixture(scope="module")
+def packed8():
+    """A Q8_0 weight (48, 96) and its layout: (q, dw), (qw, dw, None) as matmul takes it."""
+    q, dw = _weight8(48, 96, seed=20)
+    return (q, dw), (*qmm.pack8(q, dw), None)
+
+
 def test_the_layout_round_trips(packed):
     (q, dw, mw), (qw, pdw, pmw) = packed
     back = qmm.unpack(qw, pdw, pmw, 48, 96)
@@ -44,6 +60,56 @@ def test_the_layout_puts_a_blocks_two_halves_in_one_bytes_nibbles(packed):
     assert int(qw[0]) == int(q[0, 0]) | int(q[0, 16]) << 4
     # column 1's first byte follows column 0's four
     assert int(qw[4]) == int(q[1, 0]) | int(q[1, 16]) << 4
+
+
+def test_the_q8_0_layout_round_trips_and_puts_four_inputs_of_a_column_in_one_word(packed8):
+    (q, dw), (qw, pdw, _) = packed8
+    back_q, back_d = qmm.unpack8(qw, pdw, 48, 96)
+    assert torch.equal(back_q, q) and torch.equal(back_d, dw)
+    b = qw.view(torch.int8)
+    # tile 0, block 0, group 0: column 0's inputs 0..3, then column 1's
+    assert b[:8].tolist() == q[0, :4].tolist() + q[1, :4].tolist()
+    assert b[64:68].tolist() == q[0, 4:8].tolist()  # group 1: inputs 4..7
+    assert b[512:516].tolist() == q[0, 32:36].tolist()  # block 1 of tile 0
+
+
+@pytest.mark.parametrize("bits", qmm.BITS)
+def test_the_q8_0_product_equals_the_torch_reference_and_the_weights_product(packed8, bits):
+    from tests.oracles import qmm_error_bound
+
+    (q, dw), (qw, pdw, _) = packed8
+    x = _x(11, 96, seed=21)
+    y = qmm.run_with(qmm.library(), x, qw, pdw, None, 48, bits)  # (11, 48)
+    assert torch.equal(y, qmm.reference(x, qw, pdw, None, 48, bits))
+    w = dw.float().repeat_interleave(qmm.GROUP, 1) * q.float()  # (48, 96) dequantised
+    err = (y.double() - x.double() @ w.double().T).abs()
+    levels = qmm.LEVELS8 if bits == 8 else qmm.LEVELS
+    assert (err <= qmm_error_bound(w.abs(), x, levels=levels)).all()
+    # the negative control: the bytes read as q + 128 (the AVX512 loop without its block
+    # sums taken away) break the bound
+    u = q.to(torch.int32) + 128  # (48, 96) in 0..255
+    wrong = x.double() @ (dw.double().repeat_interleave(qmm.GROUP, 1) * u.double()).T
+    assert not ((wrong - x.double() @ w.double().T).abs()
+                <= qmm_error_bound(w.abs(), x, levels=levels)).all()
+
+
+@pytest.mark.parametrize("bits", qmm.BITS)
+def test_the_q8_0_products_largest_sums_neither_saturate_nor_differ_from_the_reference(bits):
+    """q = -128 against activations at +-their largest: AVX2's 8-bit pairs at 2 x 128 x 127
+    (just under 2^15) and, at 16 bits, dot products of 32 x 128 x 32767 (past 2^24: rounded to
+    fp32 the same way on every path)."""
+    q = torch.full((32, 64), -128, dtype=torch.int8)  # (N, K)
+    q[16:] = 127
+    d = torch.full((32, 2), 0.01).half()
+    qw, dw = qmm.pack8(q, d)
+    x = torch.full((3, 64), 2.5)  # (3, K)
+    x[1] = -2.5
+    x[2, 32:] = -7.0
+    x[2, 33] = 6.99  # a block whose integers do not all round alike
+    y = qmm.matmul(x, qw, dw, None, 32, bits)  # (3, 32)
+    assert torch.equal(y, qmm.reference(x, qw, dw, None, 32, bits))
+    torch.testing.assert_close(y[:2, 0], x[:2].sum(1) * -128 * float(d[0, 0]), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("bits", qmm.BITS)
@@ -113,6 +179,9 @@ def test_a_wrong_activation_rounding_is_caught_by_the_reference_comparison(packe
     assert not torch.allclose(y, wrong, rtol=1e-6, atol=1e-6)
 
 
+_Q8 = (*qmm.pack8(*_weight8(48, 96, seed=22)), None)  # a Q8_0 weight for every code path
+
+
 @pytest.mark.parametrize("bits", qmm.BITS)
 @pytest.mark.parametrize("name,march,defines", [
     ("plain C", "native", ("QMM_PLAIN",)),
@@ -128,15 +197,16 @@ def test_every_code_path_gives_the_same_bits(packed, tmp_path, name, march, defi
     assert lib is not None
     assert qmm.PATHS[lib.qmm_path()] == {"plain C": "c", "AVX2": "avx2",
                                          "AVX512-VNNI": "avx512-vnni"}[name]
-    _, (qw, dw, mw) = packed
     x = _x(11, 96, seed=3)
-    assert torch.equal(qmm.run_with(lib, x, qw, dw, mw, 48, bits),
-                       qmm.run_with(qmm.library(), x, qw, dw, mw, 48, bits))
+    for weight in (packed[1], _Q8):  # the Q4_1 and the Q8_0 products
+        assert torch.equal(qmm.run_with(lib, x, *weight, 48, bits),
+                           qmm.run_with(qmm.library(), x, *weight, 48, bits))
 
 
 @pytest.mark.parametrize("bits", qmm.BITS)
-def test_rows_are_independent_across_the_8_row_tiles(packed, bits):
-    _, (qw, dw, mw) = packed
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_rows_are_independent_across_the_8_row_tiles(packed, packed8, bits, kind):
+    qw, dw, mw = (packed if kind == "q4" else packed8)[1]
     x = _x(19, 96, seed=4)
     y = qmm.matmul(x, qw, dw, mw, 48, bits)  # (19, 48): tiles of 8, 8 and 3 rows
     for i in range(19):
@@ -158,10 +228,11 @@ def test_threads_do_not_change_the_bits(packed, bits):
     assert torch.equal(one, two)
 
 
-def test_the_custom_op_passes_torchs_op_check(packed):
-    _, (qw, dw, mw) = packed
-    torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48))
-    torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48, 8))
+def test_the_custom_op_passes_torchs_op_check(packed, packed8):
+    for qw, dw, mw in (packed[1], packed8[1]):
+        torch.library.opcheck(torch.ops.specviz.qmm.default, (_x(3, 96, seed=6), qw, dw, mw, 48))
+        torch.library.opcheck(torch.ops.specviz.qmm.default,
+                              (_x(3, 96, seed=6), qw, dw, mw, 48, 8))
 
 
 def test_a_packed_layer_compiled_by_inductor_gives_the_eager_bits():
@@ -240,10 +311,12 @@ def test_an_input_that_does_not_fit_the_packed_weight_is_refused(packed):
         qmm.matmul(_x(2, 96, seed=10), qw, dw, mw, 48, 4)
 
 
-@pytest.mark.parametrize("period,live,bits", [(4, 1, 16), (4, 3, 16), (8, 5, 16), (2, 0, 16),
-                                             (4, 3, 8)])
-def test_padded_rows_are_skipped_and_real_rows_keep_their_bits(packed, period, live, bits):
-    _, (qw, dw, mw) = packed
+@pytest.mark.parametrize("period,live,bits,kind", [
+    (4, 1, 16, "q4"), (4, 3, 16, "q4"), (8, 5, 16, "q4"), (2, 0, 16, "q4"), (4, 3, 8, "q4"),
+    (4, 1, 8, "q8"), (8, 5, 16, "q8")])
+def test_padded_rows_are_skipped_and_real_rows_keep_their_bits(packed, packed8, period, live,
+                                                               bits, kind):
+    qw, dw, mw = (packed if kind == "q4" else packed8)[1]
     x = _x(5 * period, 96, seed=11)  # five chunks: a fixed-shape step of five beam rows (the
     # real rows of several chunks share the kernel's 8-row blocks)
     full = qmm.matmul(x, qw, dw, mw, 48, bits)  # (5 period, 48)
@@ -281,8 +354,9 @@ def test_padding_is_declared_per_thread_and_restored_on_exit(packed):
 
 
 @pytest.mark.parametrize("bits", qmm.BITS)
-def test_the_ops_cpp_kernel_gives_the_librarys_bits(packed, bits):
-    _, (qw, dw, mw) = packed
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_the_ops_cpp_kernel_gives_the_librarys_bits(packed, packed8, bits, kind):
+    qw, dw, mw = (packed if kind == "q4" else packed8)[1]
     x = _x(11, 96, seed=14)
     op = torch.ops.specviz.qmm.default
     first = op(x, qw, dw, mw, 48, bits)  # the Python kernel, which loads the C++ one
@@ -311,12 +385,16 @@ def test_the_ops_cpp_kernel_skips_the_padding_of_its_own_thread_only(packed):
     assert torch.equal(seen["other"], every) and every[1:4].any()
 
 
-def test_a_bad_input_to_the_ops_cpp_kernel_is_refused_in_one_line(packed):
+def test_a_bad_input_to_the_ops_cpp_kernel_is_refused_in_one_line(packed, packed8):
     _, (qw, dw, mw) = packed
     op = torch.ops.specviz.qmm.default
     op(_x(1, 96, seed=17), qw, dw, mw, 48)  # loaded
     with pytest.raises(RuntimeError, match="does not fit a packed weight of 48 rows"):
         op(_x(2, 64, seed=18), qw, dw, mw, 48)
+    with pytest.raises(RuntimeError, match="does not fit a packed weight of 48 rows"):
+        op(_x(2, 96, seed=18), qw, dw, None, 48)  # Q4_1 bytes read as a Q8_0 weight
+    with pytest.raises(ValueError, match="does not fit"):
+        qmm.run_with(qmm.library(), _x(2, 96, seed=18), *packed8[1][:2], mw, 48)
 
 
 def test_a_build_that_hangs_fails_or_cannot_start_falls_back_with_its_reason(monkeypatch,
