@@ -79,6 +79,7 @@ from engine.execution import step_store
 from engine.execution.placement import is_placed
 from engine.kernels import qmm
 from engine.kernels.packed4 import is_packed
+from engine.kernels.siblings import SiblingCSE
 
 LOG = logging.getLogger(__name__)
 Forward = Callable[[dict], torch.Tensor]  # inputs -> (W, q, d) last hidden states
@@ -538,8 +539,10 @@ class DecoderStep:
         return self.call(self.decoder, self.cache_kw, inputs)  # (W, q, d)
 
 
-COMPILE_OPTIONS = {"size_asserts": False}  # no check of every input's and product's strides
-# at each call (about a thousand a step of the embedded model; the shapes are fixed)
+COMPILE_OPTIONS = {"size_asserts": False,  # no check of every input's and product's strides
+                   # at each call (about a thousand a step of the embedded model; the shapes
+                   # are fixed)
+                   "post_grad_custom_post_pass": SiblingCSE()}  # sibling products run once
 
 
 def _compile(forward: Forward, cache: SlotCache) -> Forward:

@@ -53,6 +53,7 @@ from torch import nn
 
 from engine.core.errors import ConfigError
 from engine.kernels import qmm
+from engine.kernels.siblings import fuse_siblings
 
 GROUP = qmm.GROUP  # Q4_1's and Q8_0's block: input columns sharing one (d, m) / one d
 BLOCK_BYTES = 20  # Q4_1: d (fp16), m (fp16), 16 bytes of packed q
@@ -138,7 +139,11 @@ def _packable_shape(name: str, q: torch.Tensor) -> tuple[int, int]:
 
 class Packed4Linear(nn.Module):
     """y = x W^T (+ b) with W kept as its Q4_1 blocks in the layout of engine.kernels.qmm, run
-    by qmm's 4-bit x 16-bit kernel (module docstring)."""
+    by qmm's 4-bit x 16-bit kernel (module docstring). A layer in a set of siblings
+    (:mod:`engine.kernels.siblings`) takes its columns of their one product."""
+
+    siblings = None  # the SiblingProduct this layer's buffers are rows of, where it has one
+    sibling_start = 0  # its first column there
 
     def __init__(self, blocks: Q4Blocks, bias: torch.Tensor | None = None):
         super().__init__()
@@ -159,8 +164,12 @@ class Packed4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # (R, in)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        out = qmm.matmul(flat, self.qw, self.dw, self.mw, self.out_features,
-                         self.bits)  # (R, out)
+        if self.siblings is not None:  # its columns of the siblings' product
+            both = self.siblings.product(x, flat, self.bits)  # (R, n of the set)
+            out = both[:, self.sibling_start:self.sibling_start + self.out_features]  # (R, out)
+        else:
+            out = qmm.matmul(flat, self.qw, self.dw, self.mw, self.out_features,
+                             self.bits)  # (R, out)
         if x.dtype != torch.float32:
             out = out.to(x.dtype)
         out = out.view(*x.shape[:-1], self.out_features)  # (..., out)
@@ -343,7 +352,8 @@ def quantize_linears(module: nn.Module, bits: int = 16) -> int:
     Packed4Linear of its weight quantised to Q4_1 (:func:`quantize_q4_1`), its activations
     quantised to `bits`; return how many.
     For a drafter's own layers over a packed target: q's numerics are the drafter's to choose
-    (verification keeps the output p's), and a 4-bit layer streams an eighth of the bytes."""
+    (verification keeps the output p's), and a 4-bit layer streams an eighth of the bytes.
+    Sibling layers (:mod:`engine.kernels.siblings`) then share one product."""
     found = [(name, m) for name, m in module.named_modules()
              if type(m) is nn.Linear and m.in_features % GROUP == 0
              and m.out_features % ROW_MULTIPLE == 0]
@@ -354,6 +364,7 @@ def quantize_linears(module: nn.Module, bits: int = 16) -> int:
     for name, m in found:
         module.set_submodule(name, Packed4Linear(quantize_q4_1(m.weight, name), m.bias))
     set_activation_bits(module, bits)
+    fuse_siblings(module)
     return len(found)
 
 

@@ -312,6 +312,7 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     loaded model (the swapped-in layers too: a compiled step's stored key reads it); CPU only
     (engine.kernels.qmm, the kernel used here, is a CPU kernel)."""
     from engine.kernels.packed4 import set_activation_bits
+    from engine.kernels.siblings import fuse_siblings
 
     if device.type != "cpu" or device_map is not None:
         raise ConfigError("'embedded-q4' runs on the CPU only: use --device cpu and no "
@@ -320,6 +321,7 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     model, tok = _load_dir_or_hub(str(folder), dtype, None)
     _pack_embedded(model, folder)
     set_activation_bits(model, bits)
+    fuse_siblings(model)  # q / k / v and gate / up: one product each
     return model.eval(), tok, EMBEDDED_Q4_NAME if bits == 16 else EMBEDDED_Q4_A8_NAME
 
 

@@ -1,0 +1,149 @@
+"""Sibling products: the packed linears of a block that read one input run as one product.
+
+A stock decoder layer calls its attention's q, k and v projections on the same normed hidden
+state, and its MLP's gate and up projections on the same input: five of a layer's seven
+products, 150 of the embedded model's 210 calls a step, each paying its call, its activation
+quantisation and its own pass over the activations. :func:`fuse_siblings` stacks each set's
+Q4_1 tiles into one weight (qmm's layout is tile-major, so each member's buffers become row
+slices of the stacked ones: views, no copy kept) and points every member at a
+:class:`SiblingProduct`. A member's forward then takes its columns of the one product:
+
+- eagerly, the product is computed once per input: the group keeps its last input (the same
+  tensor object, unchanged since: its version counter), width and product, so the siblings
+  called after the first read it (an input it has not seen computes afresh: never a stale
+  product);
+- under ``torch.compile`` every member calls the op on the stacked weight (a traced graph
+  keeps no state between calls), and :class:`SiblingCSE`, an inductor pass over the
+  post-grad graph, merges those identical calls into one where nothing writes their inputs
+  in between.
+
+Every output column is qmm.c's product of its own weight row with the row's quantised
+activations, whatever else the product computes (the kernel's tiles are independent), so a
+member gives the bits it gave alone (tested). The stock modeling code is not touched: only
+which module computes a product changes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from engine.kernels import qmm
+
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # sets read one input
+
+
+class SiblingProduct:
+    """The stacked Q4_1 weight of sibling layers (qw, dw, mw in qmm's layout, ``n`` rows) and,
+    eagerly, the last product: (input, its version, bits, (R, n) output)."""
+
+    def __init__(self, layers: list[nn.Module]):
+        self.qw = torch.cat([m.qw for m in layers])  # (sum of out / 16 * in / G * 256,)
+        self.dw = torch.cat([m.dw for m in layers])  # (sum of out / 16, in / G, 16)
+        self.mw = torch.cat([m.mw for m in layers])
+        self.n = sum(m.out_features for m in layers)
+        self._last: tuple | None = None
+        start = 0
+        for m in layers:  # each member's buffers: its rows of the stacked ones (views)
+            tiles, size = m.out_features // qmm.TILE, m.qw.numel()
+            t0, q0 = start // qmm.TILE, start // qmm.TILE * (size // tiles)
+            m.qw, m.dw, m.mw = (self.qw[q0:q0 + size], self.dw[t0:t0 + tiles],
+                                self.mw[t0:t0 + tiles])
+            m.siblings, m.sibling_start = self, start
+            start += m.out_features
+
+    def product(self, x: torch.Tensor, flat: torch.Tensor, bits: int) -> torch.Tensor:
+        """(R, n): the stacked product of ``flat`` (x as (R, in)), computed once per input
+        eagerly (module docstring)."""
+        if torch.compiler.is_compiling():
+            return qmm.matmul(flat, self.qw, self.dw, self.mw, self.n, bits)
+        last = self._last  # one read: another thread may replace it
+        if last is not None and last[0] is x and last[1] == x._version and last[2] == bits:
+            return last[3]
+        y = qmm.matmul(flat, self.qw, self.dw, self.mw, self.n, bits)  # (R, n)
+        self._last = (x, x._version, bits, y)
+        return y
+
+
+def fuse_siblings(model: nn.Module) -> int:
+    """Point each set of SIBLINGS inside `model` that are Packed4Linear layers of one input
+    width, activation width and device, with no bias, at one :class:`SiblingProduct`; return
+    how many sets. Layers already in a set are left as they are."""
+    from engine.kernels.packed4 import Packed4Linear
+
+    fused = 0
+    for parent in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(parent, name, None) for name in names]
+            if not all(type(m) is Packed4Linear and m.bias is None
+                       and m.siblings is None for m in layers):
+                continue
+            if len({(m.in_features, m.bits, m.qw.device) for m in layers}) != 1:
+                continue
+            SiblingProduct(layers)
+            fused += 1
+    return fused
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose memory `node` views (itself where it is not a view)."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
+            node.args and isinstance(node.args[0], torch.fx.Node) and \
+            any(r.alias_info is not None for r in node.target._schema.returns):
+        node = node.args[0]
+    return node
+
+
+def _written(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The bases of the arguments `node` writes in place."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return []
+    out = []
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, torch.fx.Node):
+                out.append(_base(value))
+    return out
+
+
+class SiblingCSE(CustomGraphPass):
+    """Inductor's post-grad custom pass (``post_grad_custom_post_pass``): merges identical
+    ``specviz::qmm`` calls (the same argument nodes, none of whose memory is written between
+    them) and the identical views they read, so a traced layer's sibling products run once.
+    A CustomGraphPass: ``uuid`` keys inductor's cache, ``repr`` the step store's."""
+
+    VERSION = 1
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        views = {torch.ops.aten.view.default, torch.ops.aten.reshape.default,
+                 torch.ops.aten._unsafe_view.default}
+        op = torch.ops.specviz.qmm.default
+        writes: dict[torch.fx.Node, int] = {}  # base -> writes so far
+        seen: dict[tuple, tuple[torch.fx.Node, tuple]] = {}
+        for node in list(graph.nodes):
+            for base in _written(node):
+                writes[base] = writes.get(base, 0) + 1
+            if node.op != "call_function" or node.target not in views | {op}:
+                continue
+            key = (node.target, node.args, tuple(sorted(node.kwargs.items())))
+            try:
+                hash(key)
+            except TypeError:  # an argument FX keeps unhashable: left alone
+                continue
+            state = tuple(writes.get(_base(a), 0) for a in node.args
+                          if isinstance(a, torch.fx.Node))
+            first = seen.get(key)
+            if first is not None and (node.target is not op or first[1] == state):
+                node.replace_all_uses_with(first[0])
+                graph.erase_node(node)
+            else:
+                seen[key] = (node, state)
+
+    def uuid(self) -> str:
+        return f"specviz-sibling-cse-{self.VERSION}"
+
+    def __repr__(self) -> str:
+        return f"SiblingCSE({self.VERSION})"
