@@ -1,4 +1,5 @@
-"""The CPU numerics of packed targets: packed4.py (the GGUF's 4-bit layers), qmm.py and
+"""The CPU numerics of packed targets: packed4.py (the GGUF's 4-bit layers), siblings.py (a
+layer's sibling products run as one), qmm.py and
 rowattn.py with their C sources and C++ ops (qmm.c, rowattn.c, ops.cpp, found beside them by
 path), eager_bits.py (the eager step's bits in a compiled one), attention.py (the engine's
 registered attention), layout.py (oneDNN-packed weights for few-token forwards), vocab.py with

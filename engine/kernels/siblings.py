@@ -66,18 +66,22 @@ class SiblingProduct:
         return y
 
 
+def _free(m: nn.Module | None) -> bool:
+    """Whether `m` is a packed Q4_1 layer (engine.kernels.packed4's Packed4Linear: its
+    buffers qw, dw and mw, its ``siblings``) with no bias, not yet in a set."""
+    return m is not None and isinstance(getattr(m, "mw", None), torch.Tensor) and \
+        "siblings" in dir(type(m)) and m.siblings is None and getattr(m, "bias", 0) is None
+
+
 def fuse_siblings(model: nn.Module) -> int:
-    """Point each set of SIBLINGS inside `model` that are Packed4Linear layers of one input
+    """Point each set of SIBLINGS inside `model` that are packed Q4_1 layers of one input
     width, activation width and device, with no bias, at one :class:`SiblingProduct`; return
     how many sets. Layers already in a set are left as they are."""
-    from engine.kernels.packed4 import Packed4Linear
-
     fused = 0
     for parent in model.modules():
         for names in SIBLINGS:
             layers = [getattr(parent, name, None) for name in names]
-            if not all(type(m) is Packed4Linear and m.bias is None
-                       and m.siblings is None for m in layers):
+            if not all(_free(m) for m in layers):
                 continue
             if len({(m.in_features, m.bits, m.qw.device) for m in layers}) != 1:
                 continue
