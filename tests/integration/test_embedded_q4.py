@@ -90,7 +90,13 @@ def test_every_decoder_linear_and_the_head_are_packed(q4_pair):
     head = q4_pair.target.lm_head
     assert isinstance(head, Packed8Linear)
     assert head.weight is q4_pair.target.model.embed_tokens.weight  # still tied, not copied
+    assert head.qw.numel() == head.out_features * head.in_features  # Q8_0: a byte a weight
     assert "4-bit" in q4_pair.target_name
+    for layer in q4_pair.target.model.layers:  # q / k / v and gate / up: one product each
+        attn, mlp = layer.self_attn, layer.mlp
+        assert attn.q_proj.siblings is attn.k_proj.siblings is attn.v_proj.siblings is not None
+        assert mlp.gate_proj.siblings is mlp.up_proj.siblings is not None
+        assert attn.o_proj.siblings is None and mlp.down_proj.siblings is None
 
 
 def test_packed_head_dequantises_to_the_fp32_head_and_stays_within_its_bound(

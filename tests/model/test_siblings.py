@@ -147,3 +147,13 @@ def test_a_deep_copy_of_a_fused_layer_keeps_its_own_set():
     assert attn.q_proj.siblings is not model.model.layers[0].self_attn.q_proj.siblings
     x = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(6))
     assert torch.equal(attn.v_proj(x), model.model.layers[0].self_attn.v_proj(x))
+
+
+def test_a_stored_steps_key_tells_a_fused_model_from_one_without_sets():
+    """A stored compiled step traced with the sets merges their products; the step store's
+    key must not hand it to a model whose layers run alone (or the reverse)."""
+    from engine.execution.step_store import model_key
+
+    fused, alone = _packed_model(8, True), _packed_model(8, False)
+    assert model_key(fused.model) != model_key(alone.model)
+    assert model_key(fused.model) == model_key(_packed_model(8, True).model)
