@@ -164,9 +164,8 @@ class Packed4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # (R, in)
         if flat.dtype != torch.float32:
             flat = flat.float()
-        if self.siblings is not None:  # its columns of the siblings' product
-            both = self.siblings.product(x, flat, self.bits)  # (R, n of the set)
-            out = both[:, self.sibling_start:self.sibling_start + self.out_features]  # (R, out)
+        if self.siblings is not None and self.siblings.holds(self):  # its columns of the
+            out = self.siblings.columns(self, x, flat)  # siblings' one product: (R, out)
         else:
             out = qmm.matmul(flat, self.qw, self.dw, self.mw, self.out_features,
                              self.bits)  # (R, out)

@@ -293,6 +293,11 @@ def _set_op_padding(period: int, live: int) -> None:
         _OP.lib.qmm_op_set_padding(period, live)
 
 
+def padding() -> tuple[int, int]:
+    """This thread's declared padding: (period, live), (0, 0) where none is."""
+    return _PADDING.period, _PADDING.live
+
+
 @contextlib.contextmanager
 def padded_rows(period: int, live: int):
     """Within: the products this thread runs take rows in chunks of ``period`` (a fixed-shape

@@ -9,9 +9,9 @@ slices of the stacked ones: views, no copy kept) and points every member at a
 :class:`SiblingProduct`. A member's forward then takes its columns of the one product:
 
 - eagerly, the product is computed once per input: the group keeps its last input (the same
-  tensor object, unchanged since: its version counter), width and product, so the siblings
-  called after the first read it (an input it has not seen computes afresh: never a stale
-  product);
+  tensor object, unchanged since: its version counter; the same width, padding and weights)
+  and the columns its members have not taken, each member taking its own once (an input it
+  has not seen, or a member asking twice, computes afresh: never a stale or shared output);
 - under ``torch.compile`` every member calls the op on the stacked weight (a traced graph
   keeps no state between calls), and :class:`SiblingCSE`, an inductor pass over the
   post-grad graph, merges those identical calls into one where nothing writes their inputs
@@ -36,14 +36,15 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # sets re
 
 class SiblingProduct:
     """The stacked Q4_1 weight of sibling layers (qw, dw, mw in qmm's layout, ``n`` rows) and,
-    eagerly, the last product: (input, its version, bits, (R, n) output)."""
+    eagerly, the columns of the last product its members have not taken yet."""
 
     def __init__(self, layers: list[nn.Module]):
         self.qw = torch.cat([m.qw for m in layers])  # (sum of out / 16 * in / G * 256,)
         self.dw = torch.cat([m.dw for m in layers])  # (sum of out / 16, in / G, 16)
         self.mw = torch.cat([m.mw for m in layers])
         self.n = sum(m.out_features for m in layers)
-        self._last: tuple | None = None
+        self.spans: list[tuple[int, int]] = []  # (first column, width) of each member
+        self._last: tuple | None = None  # (input, its key, {first column: columns untaken})
         start = 0
         for m in layers:  # each member's buffers: its rows of the stacked ones (views)
             tiles, size = m.out_features // qmm.TILE, m.qw.numel()
@@ -51,19 +52,45 @@ class SiblingProduct:
             m.qw, m.dw, m.mw = (self.qw[q0:q0 + size], self.dw[t0:t0 + tiles],
                                 self.mw[t0:t0 + tiles])
             m.siblings, m.sibling_start = self, start
+            m._sibling_views = (m.qw, m.dw, m.mw)  # a buffer assigned anew leaves the set
+            self.spans.append((start, m.out_features))
             start += m.out_features
 
-    def product(self, x: torch.Tensor, flat: torch.Tensor, bits: int) -> torch.Tensor:
-        """(R, n): the stacked product of ``flat`` (x as (R, in)), computed once per input
-        eagerly (module docstring)."""
-        if torch.compiler.is_compiling():
-            return qmm.matmul(flat, self.qw, self.dw, self.mw, self.n, bits)
+    @staticmethod
+    def holds(m: nn.Module) -> bool:
+        """Whether member `m` still computes from the stack (its buffers are the views it was
+        given: a buffer assigned anew, e.g. ``load_state_dict(assign=True)``, is its own)."""
+        views = m._sibling_views
+        return m.qw is views[0] and m.dw is views[1] and m.mw is views[2]
+
+    def columns(self, m: nn.Module, x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """(R, out) member `m`'s columns of the stacked product of ``flat`` (x as (R, in)).
+        Eagerly each product serves each member once: a member takes its columns (a tensor of
+        its own where R > 1, disjoint views where R = 1), and a product is reused only for the
+        same input object with the same key (x's version, the activation width, this thread's
+        padding, the stacked weights' versions); an inference tensor, which keeps no version,
+        computes alone."""
+        a, w = m.sibling_start, m.out_features
+        if torch.compiler.is_compiling():  # merged by SiblingCSE
+            return qmm.matmul(flat, self.qw, self.dw, self.mw, self.n, m.bits)[:, a:a + w]
+        if x.is_inference():
+            return qmm.matmul(flat, m.qw, m.dw, m.mw, w, m.bits)  # (R, out)
+        key = (x._version, m.bits, qmm.padding(), self.qw._version, self.dw._version,
+               self.mw._version)
         last = self._last  # one read: another thread may replace it
-        if last is not None and last[0] is x and last[1] == x._version and last[2] == bits:
-            return last[3]
-        y = qmm.matmul(flat, self.qw, self.dw, self.mw, self.n, bits)  # (R, n)
-        self._last = (x, x._version, bits, y)
-        return y
+        out = None
+        if last is not None and last[0] is x and last[1] == key:
+            out = last[2].pop(a, None)
+            if not last[2] and self._last is last:
+                self._last = None  # every member served: the input and product let go
+        if out is None:
+            y = qmm.matmul(flat, self.qw, self.dw, self.mw, self.n, m.bits)  # (R, n)
+            many = y.shape[0] > 1
+            cols = {s: (y[:, s:s + n].contiguous() if many else y[:, s:s + n])
+                    for s, n in self.spans}  # (R, width) each
+            out = cols.pop(a)
+            self._last = (x, key, cols)
+        return out
 
 
 def _free(m: nn.Module | None) -> bool:

@@ -157,3 +157,39 @@ def test_a_stored_steps_key_tells_a_fused_model_from_one_without_sets():
     fused, alone = _packed_model(8, True), _packed_model(8, False)
     assert model_key(fused.model) != model_key(alone.model)
     assert model_key(fused.model) == model_key(_packed_model(8, True).model)
+
+
+def test_a_members_output_is_its_own_and_the_set_lets_go_once_every_member_took_it():
+    fused, alone = _packed_model(8, True), _packed_model(8, False)
+    f, u = fused.model.layers[0].self_attn, alone.model.layers[0].self_attn
+    x = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(7))
+    a = f.q_proj(x)
+    a.add_(1)  # the caller's own tensor: written in place
+    assert torch.equal(f.q_proj(x), u.q_proj(x))  # not the written one
+    k = f.k_proj(x)
+    assert k.is_contiguous() and torch.equal(k.view(-1), u.k_proj(x).view(-1))
+    f.v_proj(x)
+    assert f.q_proj.siblings._last is None  # every member served: nothing held
+
+
+def test_a_product_is_not_reused_across_padding_weights_or_inference_mode():
+    fused, alone = _packed_model(8, True), _packed_model(8, False)
+    f, u = fused.model.layers[0].self_attn, alone.model.layers[0].self_attn
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(8))  # 2 rows
+    with qmm.padded_rows(2, 1):  # the q product's second row is padding
+        f.q_proj(x)
+    assert torch.equal(f.k_proj(x), u.k_proj(x))  # computed afresh, every row real
+    f.q_proj(x)
+    state = {k: v * 0 + 1 for k, v in u.k_proj.state_dict().items()}  # other weights
+    f.k_proj.load_state_dict(state)  # written in place into the stack
+    u.k_proj.load_state_dict(state)
+    assert torch.equal(f.k_proj(x), u.k_proj(x))
+    f.v_proj.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
+    assert not f.v_proj.siblings.holds(f.v_proj)  # its own buffers now: it computes alone
+    u.v_proj.load_state_dict(state)
+    assert torch.equal(f.v_proj(x), u.v_proj(x))
+    with torch.inference_mode():
+        y = torch.randn(1, 2, 64, generator=torch.Generator().manual_seed(9))
+        assert torch.equal(fused(torch.tensor([[3, 4, 5]])).logits,
+                           alone(torch.tensor([[3, 4, 5]])).logits)
+        assert torch.equal(f.q_proj(y), u.q_proj(y))
