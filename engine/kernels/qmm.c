@@ -586,11 +586,12 @@ static const q8rows_fn Q8ROWS8_OF[9] = {0, q8rows8_1, q8rows8_2, q8rows8_3, q8ro
  * mw is NULL, Q8_0 (qw, dw in the Q8_0 layout).
  * The rows come in chunks of `period` (R a multiple of it), of which the first `live` are real
  * and the rest padding (a fixed-shape step's padded tokens): only real rows are computed, a
- * padding row's output is 0 (live >= period: every row is real). Returns 0, or -1 when the
- * scratch memory could not be had. */
+ * padding row's output is 0 (live >= period: every row is real). Returns 0 (at once for no
+ * rows), or -1 when the scratch memory could not be had. */
 static int product(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
                    const uint16_t *mw, float *y, int64_t N, int threads, int64_t period,
                    int64_t live, int bits) {
+    if (R <= 0) return 0; /* no rows: nothing to compute (y may be NULL) */
     if (period <= 0 || live < 0 || live >= period || R % period) period = live = R;
     const int64_t nb = K / GROUP, chunks = period ? R / period : 0, L = live * chunks;
     const int64_t width = bits == 8 ? 1 : 2; /* bytes an activation */

@@ -431,3 +431,12 @@ def test_a_build_that_hangs_fails_or_cannot_start_falls_back_with_its_reason(mon
         assert not qmm._build_op(tmp_path / "op.so")
     assert "ran past 300 s" in caplog.text and "ran past 600 s" in caplog.text
     assert list(tmp_path.iterdir()) == []  # no half-built library left behind
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_a_product_of_no_rows_is_an_empty_result_not_an_error(packed, packed8, kind):
+    qw, dw, mw = (packed if kind == "q4" else packed8)[1]
+    x = torch.zeros(0, 96)  # (0, K): its data pointer may be NULL
+    for bits in qmm.BITS:
+        assert qmm.run_with(qmm.library(), x, qw, dw, mw, 48, bits).shape == (0, 48)
+        assert torch.ops.specviz.qmm(x, qw, dw, mw, 48, bits).shape == (0, 48)
