@@ -363,7 +363,7 @@ def quantize_linears(module: nn.Module, bits: int = 16) -> int:
     for name, m in found:
         module.set_submodule(name, Packed4Linear(quantize_q4_1(m.weight, name), m.bias))
     set_activation_bits(module, bits)
-    fuse_siblings(module)
+    fuse_siblings(module, Packed4Linear)
     return len(found)
 
 

@@ -211,6 +211,37 @@ static inline __attribute__((always_inline)) void prefetch_block8(
 #endif
 
 #if PATH == 512
+/* one block's integer dot products for 16 columns (AVX512-VNNI), shared by both weight kinds:
+ * wu[g] the unsigned operand of group g's products with the signed activation bytes, ws[g] the
+ * signed operand of the 16-bit low bytes' products, bias what the unsigned weights' offset adds
+ * (0 for Q4_1, whose q is 0..15; 128 times the block sum for Q8_0's q + 128). 8 bits: the sum
+ * less bias; 16 bits (xp: the low bytes, then the high ones): 256 times that for the high bytes
+ * plus the low bytes' sum. */
+static inline __attribute__((always_inline)) __m512i block_dot_512(
+    int bits, const __m512i *wu, const __m512i *ws, const int32_t *xp, __m512i bias) {
+    if (bits == 8) {
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+#pragma GCC unroll 4
+        for (int g = 0; g < 8; g += 2) {
+            s0 = _mm512_dpbusd_epi32(s0, wu[g], _mm512_set1_epi32(xp[g]));
+            s1 = _mm512_dpbusd_epi32(s1, wu[g + 1], _mm512_set1_epi32(xp[g + 1]));
+        }
+        return _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
+    }
+    const int32_t *xh = xp + GROUP / 4;
+    __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
+#pragma GCC unroll 4
+    for (int g = 0; g < 8; g += 2) {
+        h0 = _mm512_dpbusd_epi32(h0, wu[g], _mm512_set1_epi32(xh[g]));
+        h1 = _mm512_dpbusd_epi32(h1, wu[g + 1], _mm512_set1_epi32(xh[g + 1]));
+        l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xp[g]), ws[g]);
+        l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xp[g + 1]), ws[g + 1]);
+    }
+    return _mm512_add_epi32(
+        _mm512_slli_epi32(_mm512_sub_epi32(_mm512_add_epi32(h0, h1), bias), 8),
+        _mm512_add_epi32(l0, l1));
+}
+
 /* MR rows against tile t: acc[r] holds the tile's 16 columns; activations of `bits` bits (a
  * constant where it is inlined: one loop compiled per width). Group g's weights are 16 columns
  * x 4 inputs, one byte each: one 8-bit VNNI product (vpdpbusd, 4 inputs summed into each
@@ -243,28 +274,7 @@ static inline __attribute__((always_inline)) void tile_512(
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             const int32_t *xp = (const int32_t *)((const char *)qx + (r * K + b * GROUP) * width);
-            __m512i dot;
-            if (bits == 8) { /* xp[g]: group g's 4 inputs */
-                __m512i s0 = _mm512_setzero_si512(), s1 = s0;
-#pragma GCC unroll 4
-                for (int g = 0; g < 8; g += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(xp[g]));
-                    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(xp[g + 1]));
-                }
-                dot = _mm512_add_epi32(s0, s1);
-            } else { /* xp: the low bytes, then the high ones (quantize_rows) */
-                const int32_t *xh = xp + GROUP / 4;
-                __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
-#pragma GCC unroll 4
-                for (int g = 0; g < 8; g += 2) {
-                    h0 = _mm512_dpbusd_epi32(h0, w[g], _mm512_set1_epi32(xh[g]));
-                    h1 = _mm512_dpbusd_epi32(h1, w[g + 1], _mm512_set1_epi32(xh[g + 1]));
-                    l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xp[g]), w[g]);
-                    l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xp[g + 1]), w[g + 1]);
-                }
-                dot = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8),
-                                       _mm512_add_epi32(l0, l1));
-            }
+            const __m512i dot = block_dot_512(bits, w, w, xp, _mm512_setzero_si512());
             const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
             acc[r] = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
@@ -300,30 +310,8 @@ static inline __attribute__((always_inline)) void tile_q8_512(
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             const int32_t *xp = (const int32_t *)((const char *)qx + (r * K + b * GROUP) * width);
-            const __m512i bias = _mm512_set1_epi32(128 * cs[r * nb + b]);
-            __m512i dot;
-            if (bits == 8) {
-                __m512i s0 = _mm512_setzero_si512(), s1 = s0;
-#pragma GCC unroll 4
-                for (int g = 0; g < 8; g += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(xp[g]));
-                    s1 = _mm512_dpbusd_epi32(s1, u[g + 1], _mm512_set1_epi32(xp[g + 1]));
-                }
-                dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
-            } else {
-                const int32_t *xh = xp + GROUP / 4;
-                __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
-#pragma GCC unroll 4
-                for (int g = 0; g < 8; g += 2) {
-                    h0 = _mm512_dpbusd_epi32(h0, u[g], _mm512_set1_epi32(xh[g]));
-                    h1 = _mm512_dpbusd_epi32(h1, u[g + 1], _mm512_set1_epi32(xh[g + 1]));
-                    l0 = _mm512_dpbusd_epi32(l0, _mm512_set1_epi32(xp[g]), w[g]);
-                    l1 = _mm512_dpbusd_epi32(l1, _mm512_set1_epi32(xp[g + 1]), w[g + 1]);
-                }
-                dot = _mm512_add_epi32(
-                    _mm512_slli_epi32(_mm512_sub_epi32(_mm512_add_epi32(h0, h1), bias), 8),
-                    _mm512_add_epi32(l0, l1));
-            }
+            const __m512i dot = block_dot_512(bits, u, w, xp,
+                                              _mm512_set1_epi32(128 * cs[r * nb + b]));
             const __m512 scale = _mm512_mul_ps(vdw, _mm512_set1_ps(dx[r * nb + b]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
         }

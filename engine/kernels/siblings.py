@@ -93,22 +93,17 @@ class SiblingProduct:
         return out
 
 
-def _free(m: nn.Module | None) -> bool:
-    """Whether `m` is a packed Q4_1 layer (engine.kernels.packed4's Packed4Linear: its
-    buffers qw, dw and mw, its ``siblings``) with no bias, not yet in a set."""
-    return m is not None and isinstance(getattr(m, "mw", None), torch.Tensor) and \
-        "siblings" in dir(type(m)) and m.siblings is None and getattr(m, "bias", 0) is None
-
-
-def fuse_siblings(model: nn.Module) -> int:
-    """Point each set of SIBLINGS inside `model` that are packed Q4_1 layers of one input
-    width, activation width and device, with no bias, at one :class:`SiblingProduct`; return
-    how many sets. Layers already in a set are left as they are."""
+def fuse_siblings(model: nn.Module, layer_type: type) -> int:
+    """Point each set of SIBLINGS inside `model` that are `layer_type` layers (packed4's
+    Packed4Linear: its caller names it, as packed4 imports this module) of one input width,
+    activation width and device, with no bias and in no set yet, at one
+    :class:`SiblingProduct`; return how many sets."""
     fused = 0
     for parent in model.modules():
         for names in SIBLINGS:
-            layers = [getattr(parent, name, None) for name in names]
-            if not all(_free(m) for m in layers):
+            layers = [parent._modules.get(name) for name in names]  # its children
+            if not all(isinstance(m, layer_type) and m.bias is None and m.siblings is None
+                       for m in layers):
                 continue
             if len({(m.in_features, m.bits, m.qw.device) for m in layers}) != 1:
                 continue

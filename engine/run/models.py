@@ -311,7 +311,7 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     activations quantised to `bits` (16, or 8 for 'embedded-q4:a8'), in eval mode like every
     loaded model (the swapped-in layers too: a compiled step's stored key reads it); CPU only
     (engine.kernels.qmm, the kernel used here, is a CPU kernel)."""
-    from engine.kernels.packed4 import set_activation_bits
+    from engine.kernels.packed4 import Packed4Linear, set_activation_bits
     from engine.kernels.siblings import fuse_siblings
 
     if device.type != "cpu" or device_map is not None:
@@ -321,7 +321,7 @@ def _load_embedded_q4(device: torch.device, dtype: torch.dtype,
     model, tok = _load_dir_or_hub(str(folder), dtype, None)
     _pack_embedded(model, folder)
     set_activation_bits(model, bits)
-    fuse_siblings(model)  # q / k / v and gate / up: one product each
+    fuse_siblings(model, Packed4Linear)  # q / k / v and gate / up: one product each
     return model.eval(), tok, EMBEDDED_Q4_NAME if bits == 16 else EMBEDDED_Q4_A8_NAME
 
 
