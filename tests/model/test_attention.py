@@ -181,3 +181,18 @@ def test_only_a_model_on_sdpa_is_given_the_grouped_attention():
     model.config._attn_implementation = "eager"
     attention.use_engine_attention(model)
     assert model.config._attn_implementation == "eager"
+
+
+def test_a_copied_layers_own_config_is_given_the_engine_attention_too():
+    """A drafter's layer copied from the target (feature drafter, early exit's extra layer)
+    holds its own copy of the config: its attention reads that one, not the model's."""
+    import copy
+
+    model = _stock()
+    model.model.layers[0] = copy.deepcopy(model.model.layers[0])  # its config: a copy
+    copied = model.model.layers[0].self_attn.config
+    assert copied is not model.config and copied._attn_implementation == "sdpa"
+    attention.use_engine_attention(model)
+    assert model.config._attn_implementation == attention.NAME
+    assert copied._attn_implementation == attention.NAME
+    assert model.model.layers[1].self_attn.config is model.config
