@@ -1,5 +1,5 @@
 """The embedded model fp32 against 4-bit packed ('embedded-q4'): tokens/s of greedy and sd,
-where their tokens first differ, and their logit difference ("The embedded model 4-bit packed"
+where their tokens first differ, and their logit difference ("The embedded model run as shipped"
 in docs/benchmarks.md).
 
     SPECVIZ_THREADS=1 taskset -c 0 .venv/bin/python scripts/bench_embedded_q4.py \\

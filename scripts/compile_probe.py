@@ -9,7 +9,7 @@ of `model(token, past_key_values=StaticCache, cache_position=...)`, eager and co
 (``torch.compile(dynamic=False)``: one shape, compiled at the first step; inductor keeps its
 work on disk for later processes), interleaved; prints tokens/s min / median / max of each
 and whether the two greedy token sequences are equal. With ``--profile`` it also prints the
-compiled step's top operators (torch profiler). docs/benchmarks.md, "A compiled step".
+compiled step's top operators (torch profiler). docs/benchmarks.md, "Compiled steps on the CPU".
 """
 
 from __future__ import annotations

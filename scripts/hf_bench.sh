@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # transformers' own assisted generation against the engine's methods on the embedded model
-# (docs/benchmarks.md, "transformers' modes"): the held-out set (assets/heldout/heldout.jsonl,
-# never tuned on), one torch thread, 48 new tokens, each run interleaved with its matching
+# (docs/benchmarks.md, "transformers' own modes against the engine's"): the held-out set
+# (assets/heldout/heldout.jsonl, never tuned on), one torch thread, 48 new tokens, each run interleaved with its matching
 # generate() call; then the time split per round (scripts/time_split.py). About 25 minutes
 # on a 2-core CPU. Runs resume: delete bench-out/hf-* to measure afresh.
 set -euo pipefail

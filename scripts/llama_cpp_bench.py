@@ -1,5 +1,5 @@
 """llama.cpp's plain decode of the embedded GGUF beside the engine's greedy and sd, same prompts,
-same thread count, interleaved (docs/benchmarks.md, "The embedded model run as shipped").
+same thread count, interleaved (docs/benchmarks.md, "The default path against llama.cpp").
 
 llama-cpp-python lives in a side environment, outside the app and `make test` (building it
 natively takes minutes)::

@@ -6,7 +6,7 @@
 // dispatcher reaches them without Python, where the ops' Python kernels pass a Python
 // function, its checks and a ctypes call: for qmm about 12 % of a compiled one-row step on an
 // AVX512 Xeon (docs/benchmarks.md, "The op's kernel in C++"), for rowattn's 30 calls a step
-// some 3 % of a compiled `sd` run ("The ratio on the compiled path, looked at again").
+// some 3 % of a compiled `sd` run ("The op's kernel in C++").
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
