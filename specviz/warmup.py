@@ -175,12 +175,12 @@ def serve_compiled() -> bool:
 
 
 def warm_up(pair: engine.ModelPair) -> threading.Thread | None:
-    """Compile the pair's common step shapes (its target's and a token-input drafter's
+    """Compile the pair's common step shapes (its target's and its drafter model's
     runner) on the warm-up thread, in their own KV buffers, while the model thread serves
     runs eagerly (it never compiles: specviz.worker); the warm buffers go back to the pool at
     the end and later runs take them. The warm-up thread, or None where the pair runs
     eagerly."""
-    runners = [r for r in (CachedModel(pair.target), pair.drafter.runner())
+    runners = [r for r in (CachedModel(pair.target), pair.drafter.warm_runner())
                if isinstance(r, CachedModel) and warm_shapes(r)]
     if not runners:
         return None

@@ -63,6 +63,10 @@ class Drafter(Protocol):
         """Seconds of one draft call its lookup covers after the context `ids` (the cost
         profile's c_lookup), for a drafter that mixes a lookup with a model; None: none."""
 
+    def warm_runner(self):
+        """A new runner whose step shapes a warm-up makes ahead of the runs (the app's,
+        specviz.warmup): the runner of the model it runs (a mix: its model's alone)."""
+
 
 class DrafterBase:
     """The defaults of every capability of :class:`Drafter`: no target parts needed, no
@@ -82,6 +86,9 @@ class DrafterBase:
         """Seconds of one draft call its lookup covers (no model forward) after the context
         `ids`, for a drafter that mixes a lookup with a model; None: no lookup."""
         return None
+
+    def warm_runner(self):
+        return self.runner()
 
 
 class ModelDrafter(DrafterBase):

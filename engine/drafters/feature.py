@@ -38,6 +38,7 @@ on a file and refuses, in one line, one that is missing or made for another targ
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -49,13 +50,16 @@ from engine.core.paths import ASSETS
 from engine.core.weights import read_weight_file, same_target, save_tensors, target_fingerprint
 from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, TargetNeeds, register
 from engine.drafters.early_exit import ShortlistHead, _decoder, _stock_model, set_layer_index
-from engine.execution.cached_model import CachedModel, Scored
+from engine.execution import static_kv
+from engine.execution.cached_model import WARM_PROMPT, CachedModel, Scored, warm_prompt
 from engine.execution.placement import unhooked_copy
 from engine.kernels.packed4 import activation_bits, is_packed, quantize_linears
 
 FEATURE_DIR = ASSETS / "feature_drafter"
 FEATURE_FILE = "feature.safetensors"  # fc.*, layer.*, shortlist
 FEATURE_SPECS = ("feature", "eagle")
+WARM_NODES = (1, 2, 4)  # nodes a row of the warmed draft steps below the root: a chain's
+# level, a 2 x 2 tree's levels (buckets 1, 2 and 4); the warm prompt's tail makes bucket 8
 INIT_SEED = 0  # the untrained drafter's fc
 
 
@@ -314,6 +318,30 @@ class FeatureRunner(CachedModel):
             embeds = self.drafter.target.get_input_embeddings()(ids)  # (W, q, d)
             x = self.drafter.parts.inputs(embeds, torch.cat(prev, dim=1))  # (W, q, d)
         return {"inputs_embeds": x}
+
+    def warm_count(self) -> int:
+        return 1 + len(WARM_NODES)
+
+    def warm_feeds(self, width: int) -> Iterator[None]:
+        """A dummy round's forwards that make the drafter's common step shapes at ``width``
+        rows (yields after each): the WARM_PROMPT-token prompt fed as a round's tail over
+        zero features, then WARM_NODES nodes a row below the root (a chain's level, a
+        tree's levels of 2 and 4)."""
+        dev = self.device
+        with static_kv.compiling():
+            self.start(warm_prompt(width, dev))
+        self.history = FeatureHistory(torch.zeros((width, WARM_PROMPT, self.history.dim),
+                                                  device=dev, dtype=self.dtype))
+        with static_kv.compiling():
+            self.feed()
+        self.take_served()
+        yield
+        for n in WARM_NODES:
+            with static_kv.compiling():
+                self.feed(torch.zeros((width, n), dtype=torch.long, device=dev),
+                          torch.full((width, n), ROOT, device=dev))
+            self.take_served()
+            yield
 
     def commit(self, rows: torch.Tensor, path_nodes: torch.Tensor, path_tokens: torch.Tensor,
                new_tokens: torch.Tensor, target: Scored | None = None,

@@ -101,6 +101,10 @@ class HybridDrafter(DrafterBase):
     def runner(self) -> HybridRunner:
         return HybridRunner(self.ngram.runner(), self.feature.runner(), lazy=self.lazy)
 
+    def warm_runner(self) -> FeatureRunner:
+        """The feature drafter's runner (the lookup runs no steps)."""
+        return self.feature.runner()
+
     def lookup_call_s(self, ids: list[int], repeats: int = 7) -> float:
         """Seconds of one draft call the lookup covers: a round's root and one node fed to
         the n-gram runner after `ids` with its first SUFFIX tokens repeated (a context whose

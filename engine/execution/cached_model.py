@@ -130,8 +130,6 @@ class CachedModel:
         self.cache: DynamicCache | None = None
         self.mode = static_kv.kv_mode(self.device, model)  # dynamic / static / captured /
         # compiled
-        if self.mode == "compiled" and type(self)._inputs is not CachedModel._inputs:
-            self.mode = "static"  # embeddings fed (a feature drafter): not compiled
         if self.device.type == "cpu":
             attention.use_engine_attention(model)  # no K/V copy per query head; a packed
             # target: row-invariant attention (engine.kernels.attention)
@@ -338,6 +336,30 @@ class CachedModel:
         inputs_embeds instead)."""
         return {"input_ids": ids}
 
+    # ---------------------------------------------------------------- warm-up
+    def warm_count(self) -> int:
+        """Step shapes :meth:`warm_feeds` makes at one width."""
+        return len(WARM_NODES) + 1  # the prompt, then 1 + n tokens a row
+
+    def warm_feeds(self, width: int) -> Iterator[None]:
+        """A dummy run's forwards that make this runner's common step shapes at ``width``
+        rows (yields after each): the WARM_PROMPT-token prompt, then verify passes of 1 + n
+        tokens per row (n in WARM_NODES), each committing one token."""
+        dev = self.device
+        rows = torch.arange(width, device=dev)
+        empty = torch.zeros((width, 0), dtype=torch.long, device=dev)
+        with static_kv.compiling():
+            self.start(warm_prompt(width, dev))
+        for n in (0, *WARM_NODES):  # the first feed prefills the prompt
+            par = torch.arange(-1, n - 1, device=dev).expand(width, -1).clone()  # (W, n)
+            par[:, :1] = ROOT  # a chain
+            with static_kv.compiling():
+                self.feed(torch.zeros((width, n), dtype=torch.long, device=dev), par)
+            self.commit(rows, empty, empty, torch.zeros((width, 1), dtype=torch.long,
+                                                        device=dev))
+            self.take_served()
+            yield
+
     # ---------------------------------------------------------------- commit
     def commit(
         self,
@@ -496,11 +518,10 @@ WARM_NODES = (0, 1, 3, 15)  # chain nodes per row of the warmed verify steps: bu
 
 
 def warm_steps(runner: CachedModel, width: int = 1) -> int:
-    """Capture a runner's common step shapes before any run needs them: a plain step and
-    verify passes of 1 + n tokens per row (n in WARM_NODES) at ``width`` rows, over an
-    8-token dummy prompt; the captured steps stay in the model's pool for every later run.
-    Only on the captured path and for token inputs (a feature runner's embeddings capture on
-    first use). Returns the number of shapes the runner's KV set holds."""
+    """Capture a runner's common step shapes before any run needs them (its
+    :meth:`CachedModel.warm_feeds` at ``width`` rows); the captured steps stay in the model's
+    pool for every later run. Only on the captured path. Returns the number of shapes the
+    runner's KV set holds."""
     if runner.mode != "captured":
         return 0
     for _ in warming(runner, (width,)):
@@ -517,49 +538,33 @@ def warm_widths(runner: CachedModel) -> tuple[int, ...]:
 
 def warm_shapes(runner: CachedModel) -> int:
     """How many step shapes :func:`warming` makes for this runner by default (0: none)."""
-    if runner.mode not in ("captured", "compiled") or \
-            type(runner)._inputs is not CachedModel._inputs:
+    if runner.mode not in ("captured", "compiled"):
         return 0
-    return (len(WARM_NODES) + 1) * len(warm_widths(runner))  # the prompt, 1 + n tokens a row
+    return runner.warm_count() * len(warm_widths(runner))
 
 
 def warming(runner: CachedModel, widths: tuple[int, ...] | None = None) -> Iterator[int]:
     """Make a runner's common step shapes, one at a time (a generator: yields after each,
     the number made so far, so a caller can follow it): for each width in ``widths``
-    (default :func:`warm_widths`), the WARM_PROMPT-token prompt of a dummy run at that many
-    rows, then verify passes of 1 + n tokens per row (n in WARM_NODES). Captured (CUDA) or
-    compiled (CPU; compiled here even where this thread defers compiles), the steps stay in
-    the model's pool for every later run; the runner's buffers go back to the pool after
-    each width. Nothing for other paths or embedding inputs."""
+    (default :func:`warm_widths`), the runner's :meth:`CachedModel.warm_feeds` at that many
+    rows. Captured (CUDA) or compiled (CPU; compiled here even where this thread defers
+    compiles), the steps stay in the model's pool for every later run; the runner's buffers
+    go back to the pool after each width. Nothing for other paths."""
     if not warm_shapes(runner):
         return
     done = 0
     for width in widths or warm_widths(runner):
-        for _ in _warming(runner, width):
+        for _ in runner.warm_feeds(width):
             done += 1
             yield done
+        if runner.mode == "compiled":
+            runner.close()  # its compiled steps stay with the buffers, in the pool
 
 
-def _warming(runner: CachedModel, width: int) -> Iterator[None]:
-    """One width's shapes of :func:`warming` (yields after each)."""
-    dev = runner.device
-    rows = torch.arange(width, device=dev)
-    empty = torch.zeros((width, 0), dtype=torch.long, device=dev)
-    prompt = torch.arange(width, device=dev)[:, None].expand(width, WARM_PROMPT)  # (W, 8):
-    # rows differ, so the prompt's step has W rows (one shared prompt prefills one row)
-    with static_kv.compiling():
-        runner.start(prompt.contiguous())
-    for n in (0, *WARM_NODES):  # the first feed prefills the prompt
-        par = torch.arange(-1, n - 1, device=dev).expand(width, -1).clone()  # (W, n) chain
-        par[:, :1] = ROOT
-        with static_kv.compiling():
-            runner.feed(torch.zeros((width, n), dtype=torch.long, device=dev), par)  # (W, n)
-        runner.commit(rows, empty, empty, torch.zeros((width, 1), dtype=torch.long,
-                                                      device=dev))
-        runner.take_served()
-        yield
-    if runner.mode == "compiled":
-        runner.close()  # its compiled steps stay with the buffers, in the pool
+def warm_prompt(width: int, device: torch.device) -> torch.Tensor:
+    """(W, WARM_PROMPT) the warm-up's dummy prompt: rows differ, so the prompt's step has W
+    rows (one shared prompt prefills one row)."""
+    return torch.arange(width, device=device)[:, None].expand(width, WARM_PROMPT).contiguous()
 
 
 def _take(x: torch.Tensor, flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -25,8 +25,8 @@ measured rule):
   loads it (the first in about 3.5 s, most of it torch's one-time set-up; later ones in well
   under a second). The mode is chosen (``SPECVIZ_KV=compiled``, or ``POLICY.packed``: the
   app, and bench, bench-set and tune through :func:`serving_compiled`), never a one-shot
-  generate's default, and a model fed embeddings (a feature drafter) runs it static. A packed
-  target's compiled step multiplies through qmm's op and attends through rowattn's, both
+  generate's default; a model fed embeddings (a feature drafter) compiles its steps too. A
+  packed target's compiled step multiplies through qmm's op and attends through rowattn's, both
   opaque to inductor, and what inductor fuses around them stays within one token's row, so a
   token's bits do not depend on the step's shape; its RMSNorms and
   rotary cos / sin are traced as ops too (:mod:`engine.kernels.eager_bits`), so what inductor

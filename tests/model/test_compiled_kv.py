@@ -1,8 +1,9 @@
 """The compiled path (``SPECVIZ_KV=compiled``, engine.execution.static_kv): on a CPU the captured
 path's fixed-shape steps compiled by inductor. Its runs equal generate() at temperature 0 and
 draw the dynamic path's tokens under the same seed on a tiny model; forwards of more tokens
-than a compiled step takes, and a drafter fed embeddings, run on the static path; a step
-attends a power-of-two view of its buffer that grows with the run."""
+than a compiled step takes run on the static path; a drafter fed embeddings compiles its steps
+too, and a warm-up makes its common shapes; a step attends a power-of-two view of its buffer
+that grows with the run."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_greedy_token_methods_equal_generate_on_the_compiled_path(compiled, meth
         long_prompt = len(prompt) > static_kv.COMPILED_MAX_TOKENS  # its forward runs static
         assert paths.get("target:static", 0) == int(long_prompt)
         assert paths.get("target:compiled", 0) == len(trace.rounds) - long_prompt
-        assert not any(k.startswith("draft:compiled") for k in paths)  # embeddings fed: static
+        if method != "greedy":  # the feature drafter, fed embeddings, compiles its steps too
+            assert paths.get("draft:compiled", 0) > 0, (method, paths)
 
 
 def test_sampled_runs_draw_the_dynamic_paths_tokens_under_the_same_seed(monkeypatch):
@@ -298,6 +300,33 @@ def test_a_deferring_thread_runs_a_shape_not_made_yet_static_until_a_warm_up_mak
     beams = engine.generate(pair, prompt, "beam", max_new_tokens=8)  # 4 rows after the
     # prompt, which prefills one row (a shape not warmed: it runs static)
     assert [r.step_paths for r in beams.rounds[1:]] == [("target:compiled",)] * 7
+
+
+def test_a_warm_up_makes_the_feature_drafters_shapes_which_a_deferring_thread_then_takes(
+        compiled, monkeypatch):
+    """The feature drafter's runner (fed embeddings) warms its common shapes: the prompt's
+    tail (bucket 8) and 1, 2 and 4 nodes a row, at one row and four. A thread that defers
+    compiles then drafts on compiled steps from the first fed round on, with the same
+    tokens as before the warm-up."""
+    from engine.drafters.feature import FeatureRunner
+    from engine.execution.cached_model import warm_shapes, warming
+
+    pair = tiny_pair(draft="feature")
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    monkeypatch.setattr(static_kv.POLICY, "deferred", True)
+    cold = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3, controller="fixed")
+    assert "draft:compiled" not in cold.stats.step_paths
+    runner = pair.drafter.warm_runner()
+    assert isinstance(runner, FeatureRunner) and runner.mode == "compiled"
+    assert list(warming(runner)) == list(range(1, warm_shapes(runner) + 1)) == \
+        list(range(1, 9))  # 4 shapes at 1 row, 4 at 4
+    keys = {k for s in static_kv.pool_sets(pair.drafter.model) for k in s.graphs}
+    assert {(k[0], k[1], k[2]) for k in keys} == {
+        (w, b, "inputs_embeds") for w in (1, 4) for b in (1, 2, 4, 8)}
+    warm = engine.generate(pair, prompt, "sd", max_new_tokens=16, gamma=3, controller="fixed")
+    paths = warm.stats.step_paths
+    assert paths.get("draft:compiled", 0) > 0 and "draft:static" not in paths, paths
+    assert list(warm.token_ids) == list(cold.token_ids)
 
 
 def test_without_the_processs_ask_a_packed_model_runs_eagerly(monkeypatch):

@@ -387,3 +387,11 @@ def test_a_measured_profile_of_the_hybrid_prices_its_lookup_calls():
     engine.generate(single, REPEATING[0], "sd", max_new_tokens=4, switch="cost")
     (profile,) = single.calibration.profiles.values()
     assert profile.c_lookup is None
+
+
+def test_the_hybrids_warm_up_makes_its_feature_drafters_steps_the_lookup_runs_none():
+    from engine.drafters.feature import FeatureRunner
+
+    pair = tiny_pair(draft="ngram+feature")
+    runner = pair.drafter.warm_runner()
+    assert isinstance(runner, FeatureRunner) and runner.model is pair.drafter.feature.model
