@@ -3,7 +3,7 @@ the same kind of machine plans with the same costs.
 
 A measured profile (engine.run.profile) is a few hundred timed forwards and two calibration
 decodes: seconds of the first Run of a method, and noisy on a shared machine (one process
-priced ``mcsd``'s 2x2 tree out where another drafted it at tau 1.6: docs/benchmarks.md). Here
+priced ``mcsd``'s 2x2 tree out where another drafted it at tau 1.33: docs/benchmarks.md). Here
 each measurement of a pair loaded from specs is appended to its entry, up to KEEP of them; a
 process plans with the elementwise median of the entry's measurements, and once KEEP are
 stored it measures nothing more. Two processes on one machine then make the same decisions
