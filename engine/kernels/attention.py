@@ -185,20 +185,24 @@ AttentionMaskInterface.register(ROWS_NAME, sdpa_mask)
 
 def use_engine_attention(model: torch.nn.Module) -> None:
     """Give a CPU model whose attention is transformers' ``sdpa`` (or :data:`NAME`) the
-    engine's: :data:`ROWS_NAME` for a packed target where rowattn's kernel builds, else
-    :data:`NAME` (see the module docstring). Other implementations stay. Every config the
-    model's modules hold is set, not the model's alone: a layer copied from the target (a
-    feature drafter's, an early exit's extra one) keeps its own copy, which its attention
-    reads (left on sdpa, a compiled drafter step attended all 1,024 slots of its buffer:
-    1.04 ms a step against 0.28, Intel Xeon)."""
-    configs = {id(c): c for c in (model.config, *(getattr(m, "config", None)
-                                                  for m in model.modules()))
-               if hasattr(c, "_attn_implementation")}
-    chosen = None
-    for cfg in configs.values():
-        if cfg._attn_implementation in ("sdpa", NAME, ROWS_NAME):  # chosen afresh (a
-            # drafter's copy of a packed target's config may hold unpacked layers)
-            if chosen is None:
-                rows = is_packed(model) and rowattn.library() is not None
-                chosen = ROWS_NAME if rows else NAME
-            cfg._attn_implementation = chosen
+    engine's: :data:`ROWS_NAME` for packed layers where rowattn's kernel builds, else
+    :data:`NAME` (see the module docstring). Other implementations stay. The model's config
+    takes the model's choice; a decoder layer whose attention holds a config of its own (a
+    layer copied from the target: a feature drafter's, an early exit's extra one) takes its
+    layer's, as its attention reads it (left on sdpa, a compiled drafter step attended all
+    1,024 slots of its buffer: 1.04 ms a step against 0.28, Intel Xeon). A layer shared with
+    the target holds the target's config and takes the target's choice; no other module's
+    config is touched (a drafter's rotary embedding, shared, holds the target's)."""
+    _choose(model.config, model)
+    for layer in getattr(getattr(model, "model", None), "layers", ()):
+        cfg = getattr(getattr(layer, "self_attn", None), "config", None)
+        if cfg is not None and cfg is not model.config:
+            _choose(cfg, layer)
+
+
+def _choose(cfg, module: torch.nn.Module) -> None:
+    """Set ``cfg``'s attention to the engine's for ``module``'s layers (chosen afresh: a
+    drafter's copy of a packed target's config may hold unpacked layers)."""
+    if cfg._attn_implementation in ("sdpa", NAME, ROWS_NAME):
+        rows = is_packed(module) and rowattn.library() is not None
+        cfg._attn_implementation = ROWS_NAME if rows else NAME

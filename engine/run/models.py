@@ -472,8 +472,9 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
         early_exit_layers: layers of the early-exit drafter (default: about a quarter); the
             N of 'early-exit:N' when the draft spec gives it (both: equal, else ConfigError).
         warm: on the captured path (CUDA), capture the one-row step shapes of the target and
-            a token-input drafter now (engine.execution.cached_model.warm_steps); False leaves
-            them to the first run (ZeroGPU loads in a process that never runs a step).
+            its drafter's model now (engine.execution.cached_model.warm_steps; the drafter's
+            ``warm_runner``); False leaves them to the first run (ZeroGPU loads in a process
+            that never runs a step).
     """
     if target is None:
         target = default_target(device if requested_map(device_map) is None else "cuda")
@@ -502,7 +503,7 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
             use_engine_attention(model)  # before any forward, generate()'s included: a
             # packed target's attention is row-invariant (engine.kernels.attention)
     if warm and kv_mode(dev, tmodel) == "captured":  # the common step shapes captured now
-        for runner in (CachedModel(tmodel), drafter.runner()):
+        for runner in (CachedModel(tmodel), drafter.warm_runner()):
             if isinstance(runner, CachedModel):
                 warm_steps(runner)
     return ModelPair(tmodel, drafter, tok or dtok, dev, tname, drafter.name, tuned, key=key)

@@ -196,3 +196,25 @@ def test_a_copied_layers_own_config_is_given_the_engine_attention_too():
     assert model.config._attn_implementation == attention.NAME
     assert copied._attn_implementation == attention.NAME
     assert model.model.layers[1].self_attn.config is model.config
+
+
+def test_a_drafters_unpacked_layer_leaves_a_packed_targets_attention_as_the_target_chose():
+    """An untrained feature drafter over a packed target copies (and unpacks) the target's last
+    layer and shares its rotary embedding, which holds the target's config: the drafter's
+    layer takes the grouped attention, the target keeps rowattn."""
+    from engine.drafters.feature import FeatureDrafter
+    from engine.execution.cached_model import CachedModel
+    from engine.kernels import rowattn
+    from engine.kernels.packed4 import is_packed, quantize_linears
+
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
+    quantize_linears(pair.target.model, 8)
+    assert rowattn.library() is not None  # the kernel builds here (a C++ compiler)
+    CachedModel(pair.target)
+    assert pair.target.config._attn_implementation == attention.ROWS_NAME
+    drafter = FeatureDrafter(pair.target)
+    layer = drafter.model.model.layers[0]
+    assert not is_packed(layer) and drafter.model.model.rotary_emb.config is pair.target.config
+    CachedModel(drafter.model)
+    assert pair.target.config._attn_implementation == attention.ROWS_NAME
+    assert layer.self_attn.config._attn_implementation == attention.NAME

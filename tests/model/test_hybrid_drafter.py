@@ -389,9 +389,13 @@ def test_a_measured_profile_of_the_hybrid_prices_its_lookup_calls():
     assert profile.c_lookup is None
 
 
-def test_the_hybrids_warm_up_makes_its_feature_drafters_steps_the_lookup_runs_none():
+def test_the_hybrids_warm_up_makes_its_feature_drafters_steps_the_lookup_runs_none(
+        monkeypatch):
     from engine.drafters.feature import FeatureRunner
+    from engine.execution.cached_model import warm_shapes
 
+    monkeypatch.setenv("SPECVIZ_KV", "compiled")
     pair = tiny_pair(draft="ngram+feature")
     runner = pair.drafter.warm_runner()
     assert isinstance(runner, FeatureRunner) and runner.model is pair.drafter.feature.model
+    assert runner.mode == "compiled" and warm_shapes(runner) == 8  # 4 at 1 row, 4 at 4
