@@ -340,6 +340,10 @@ class KVSet:
 
 
 _POOL: WeakKeyDictionary = WeakKeyDictionary()  # model -> list[KVSet]
+_POOL_LOCK = threading.RLock()  # a lease picks and marks a set as one step: the app's warm-up
+# thread leases beside the model thread and may pause inside a lease (specviz.warmup); a set
+# one thread picked and another then took would hold two runs' keys and values. Reentrant: a
+# holder's finalizer (release) may run in a collection inside a lease
 
 
 def _kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
@@ -362,16 +366,18 @@ def _new_set(model: torch.nn.Module, rows: int, slots: int) -> KVSet:
 def lease(model: torch.nn.Module, rows: int, length: int, owner: object,
           minimum: int = MIN_SLOTS) -> KVSet:
     """A free KV set of ``model`` with ``rows`` rows and room for ``length`` slots per row,
-    held until ``owner`` is collected or :func:`release` (the pool keeps it for later runs)."""
-    sets = _POOL.setdefault(model, [])
+    held until ``owner`` is collected or :func:`release` (the pool keeps it for later runs).
+    Thread-safe: two threads never hold one set."""
     need = slots_for(length, minimum)
-    free = [s for s in sets if not s.busy and s.rows == rows and s.slots >= need]
-    kv = min(free, key=lambda s: (s.slots, -len(s.graphs))) if free else \
-        _new_set(model, rows, need)  # the smallest; of those the one with most steps made
-    if not free:  # a new, larger set supersedes the smaller free ones of the same rows
-        sets[:] = [s for s in sets if s.busy or s.rows != rows or s.slots >= need]
-        sets.append(kv)
-    kv.busy = True
+    with _POOL_LOCK:
+        sets = _POOL.setdefault(model, [])
+        free = [s for s in sets if not s.busy and s.rows == rows and s.slots >= need]
+        kv = min(free, key=lambda s: (s.slots, -len(s.graphs))) if free else \
+            _new_set(model, rows, need)  # the smallest; of those the one with most steps made
+        if not free:  # a new, larger set supersedes the smaller free ones of the same rows
+            sets[:] = [s for s in sets if s.busy or s.rows != rows or s.slots >= need]
+            sets.append(kv)
+        kv.busy = True
     kv.cache.written = 0
     kv.holder = weakref.finalize(owner, release, kv)
     return kv
@@ -379,10 +385,11 @@ def lease(model: torch.nn.Module, rows: int, length: int, owner: object,
 
 def release(kv: KVSet) -> None:
     """Give a set back to the pool (its holder's finalizer is dropped)."""
-    if kv.holder is not None:
-        kv.holder.detach()
-        kv.holder = None
-    kv.busy = False
+    with _POOL_LOCK:
+        if kv.holder is not None:
+            kv.holder.detach()
+            kv.holder = None
+        kv.busy = False
 
 
 def pool_sets(model: torch.nn.Module) -> list[KVSet]:

@@ -221,6 +221,34 @@ def test_a_larger_free_set_supersedes_the_smaller_ones_of_its_rows(kv):
     assert static_kv.pool_sets(model) == [big] and big.slots == 4096
 
 
+def test_two_threads_never_lease_one_kv_set(monkeypatch):
+    """The app's warm-up thread leases buffers beside the model thread (and may pause inside
+    a lease while a Run goes on): a set one thread has picked is never handed to another."""
+    import threading
+
+    model = model_from_config(tiny_config("llama", vocab_size=64, layers=2), seed=5)
+    owner = CachedModel(model)
+    static_kv.release(static_kv.lease(model, 1, 10, owner))  # one free set in the pool
+    picking, go = threading.Event(), threading.Event()
+    warm = threading.Thread(name="warm-up")
+
+    def slow_min(*args, **kw):  # the warm-up thread pauses after finding the free set
+        if threading.current_thread() is warm:
+            picking.set()
+            go.wait(10)
+        return min(*args, **kw)
+
+    monkeypatch.setattr(static_kv, "min", slow_min, raising=False)
+    got = {}
+    warm.run = lambda: got.setdefault("warm", static_kv.lease(model, 1, 10, owner))
+    warm.start()
+    assert picking.wait(10)
+    threading.Timer(0.3, go.set).start()  # the paused thread goes on a moment later
+    mine = static_kv.lease(model, 1, 10, owner)  # meanwhile: the model thread's lease
+    warm.join(10)
+    assert got["warm"] is not mine and got["warm"].busy and mine.busy
+
+
 def test_a_shape_that_fails_to_capture_runs_eager_and_says_why(monkeypatch, caplog):
     monkeypatch.setenv("SPECVIZ_KV", "captured")
 
