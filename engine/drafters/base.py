@@ -63,7 +63,7 @@ class Drafter(Protocol):
         """Seconds of one draft call its lookup covers after the context `ids` (the cost
         profile's c_lookup), for a drafter that mixes a lookup with a model; None: none."""
 
-    def warm_runner(self):
+    def warm_runner(self) -> CachedModel:
         """A new runner whose step shapes a warm-up makes ahead of the runs (the app's,
         specviz.warmup): the runner of the model it runs (a mix: its model's alone)."""
 
@@ -87,7 +87,7 @@ class DrafterBase:
         `ids`, for a drafter that mixes a lookup with a model; None: no lookup."""
         return None
 
-    def warm_runner(self):
+    def warm_runner(self) -> CachedModel:
         return self.runner()
 
 

@@ -187,8 +187,8 @@ static void block_sums(const void *qx, int64_t R, int64_t K, int bits, int32_t *
  * the tile ends), asked into the cache while block i is computed. One thread streams a step's
  * weights from memory, and its hardware prefetchers alone keep too few lines in flight: on an
  * AVX512 Xeon this took a pass over the model's 210 products from 5.14 to 4.51 ms at one row
- * and from 12.94 to 9.17 at eight (docs/benchmarks.md, "The weight stream prefetched"). A prefetch never faults, so past the
- * weight's end it is harmless. */
+ * and from 12.94 to 9.17 at eight (docs/benchmarks.md, "The weight stream prefetched"). A
+ * prefetch never faults, so past the weight's end it is harmless. */
 static inline __attribute__((always_inline)) void prefetch_block(
     const uint8_t *qw, const uint16_t *dw, const uint16_t *mw, int64_t i) {
     const char *p = (const char *)(qw + (i + AHEAD) * 256);
