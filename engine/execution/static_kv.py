@@ -550,6 +550,19 @@ COMPILE_OPTIONS = {"size_asserts": False,  # no check of every input's and produ
                    # at each call (about a thousand a step of the embedded model; the shapes
                    # are fixed)
                    "post_grad_custom_post_pass": SiblingCSE()}  # sibling products run once
+# a packed model's CPU step in C++ end to end: inductor writes the step's wrapper (which calls
+# its ~340 kernels and custom ops, 1.3 ms of a 4.8 ms one-row step as Python) as C++, compiled
+# apart from the kernels at -O1 (about 8 s more a shape than the Python wrapper's 46)
+CPP_WRAPPER = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+
+
+def compile_options(model: torch.nn.Module | None, device: torch.device) -> dict:
+    """Inductor's options for a step of ``model`` on ``device``: COMPILE_OPTIONS, with
+    CPP_WRAPPER for a packed model on a CPU (the unpacked models' steps are few kernels of
+    much work each; a CUDA step is captured as a graph, so its wrapper runs once)."""
+    if device.type == "cpu" and model is not None and is_packed(model):
+        return {**COMPILE_OPTIONS, **CPP_WRAPPER}
+    return COMPILE_OPTIONS
 
 
 def _compile(forward: Forward, cache: SlotCache) -> Forward:
@@ -567,12 +580,13 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     for layer in cache.layers:
         torch._dynamo.mark_static_address(layer.keys)
         torch._dynamo.mark_static_address(layer.values)
+    options = compile_options(getattr(forward, "decoder", None), cache.layers[0].keys.device)
     in_memory = torch.compile(forward, dynamic=False, fullgraph=True, options={  # fullgraph:
         # a graph break would compile the model's inner frames on code objects every model
         # shares (cached_model.own_decoder_call separates the step's own), so it fails the
         # capture instead and the shape runs eager
         "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-        **COMPILE_OPTIONS})
+        **options})
     if not isinstance(forward, DecoderStep) or cache.layers[0].keys.device.type != "cpu":
         return in_memory  # the step store keeps CPU steps (a CUDA step is captured anyway)
     chosen: list[Forward] = []
@@ -581,7 +595,7 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
         if not chosen:  # the first call: the capture's, on its static inputs
             stored = step_store.load_or_compile(
                 forward.call, forward.decoder, forward.cache_kw, cache, inputs, forward,
-                COMPILE_OPTIONS, exact=is_packed(forward.decoder))
+                options, exact=is_packed(forward.decoder))
             chosen.append(stored or in_memory)
         return chosen[0](inputs)
 

@@ -63,12 +63,24 @@ def test_a_compiled_model_leases_the_static_paths_buffers(compiled):
 
 
 def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled, monkeypatch):
+    """... with its wrapper in C++ on a CPU (static_kv.CPP_WRAPPER), where the plain model's
+    steps keep inductor's Python wrapper."""
     from engine.kernels import qmm
     from engine.kernels.packed4 import quantize_linears
 
+    options = []  # inductor's options of every step compiled (in memory or for the store)
+    real_compile = torch.compile
+
+    def compile_spy(fn, **kw):
+        options.append(kw.get("options") or {})
+        return real_compile(fn, **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
     plain = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # two layers: quick to compile
     prompt = [3, 4, 5, 6, 3, 4, 5]
     engine.generate(plain, prompt, "sd", max_new_tokens=16, gamma=4, controller="fixed")
+    assert options and not any(o.get("cpp_wrapper") for o in options)
+    options.clear()
     pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # the same shapes, packed below:
     # its steps must not replay the plain model's graphs
     assert quantize_linears(pair.target.model) == 2 * 7  # every linear of its layers
@@ -86,6 +98,8 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
     assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
     assert (8, 5) in declared  # 1 + 4 fed tokens padded to a step of 8: 3 rows skipped
     assert trace.stats.step_paths.get("target:compiled", 0) == len(trace.rounds)
+    assert options and all(o.get("cpp_wrapper") and o.get("cpp_wrapper_build_separate")
+                           for o in options)
 
 
 @pytest.mark.parametrize("bits,rows", [(16, 1), (8, 1), (8, 2)])
