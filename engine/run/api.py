@@ -264,15 +264,13 @@ def plain_step_s(pair: ModelPair, width: int) -> float:
 def calibrate(pair: ModelPair, width: int = 1) -> float:
     """Measure a plain step: the engine's greedy (W = 1) or beam search (W = K) decode of
     CALIBRATION_STEPS tokens on the calibration prompt; median of its rounds after the
-    prefill (and of their forwards: ``pair.calibration.forward_s``)."""
+    prefill."""
     ids = calibration_ids(pair)
     method, kw = ("greedy", {}) if width == 1 else ("beam", {"beams": width})
     rounds = list(start(pair, ids, method, max_new_tokens=CALIBRATION_STEPS, **kw))
     later = rounds[1:] or rounds
     seconds = statistics.median(costs.round_seconds(r) for r in later)
     pair.calibration.step_s[width] = seconds
-    pair.calibration.forward_s[width] = statistics.median(r.timings.get("score", 0.0)
-                                                          for r in later)
     return seconds
 
 

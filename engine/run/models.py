@@ -385,10 +385,6 @@ class Calibration:
     # width W -> seconds of one plain target step (the cost model's unit), from the pair's
     # latest plain run or a calibration decode (engine.run.api.plain_step_s)
     step_s: dict[int, float] = field(default_factory=dict)
-    # width W -> seconds of that step's target forward (its score phase), from the latest
-    # calibration decode (engine.run.api.calibrate): what a measured profile scales the timed
-    # forwards' extras against (engine.run.profile.round_costs)
-    forward_s: dict[int, float] = field(default_factory=dict)
     # width W -> (seconds of a plain target forward, (n, c_verify(n)) for n drafted nodes per
     # row), from timed target forwards (engine.run.profile.verify_points)
     verify: dict[int, VerifyPoints] = field(default_factory=dict)

@@ -16,8 +16,8 @@ one plain round P of the engine at that width (its forward, verify and commit):
 - c_draft: a short decode of the method with its switch off (``decode``, supplied by the
   caller: the engine's own run, run twice, the first to warm up): the median over its
   rounds of a round's propose seconds past its first draft call per later call; c_round:
-  the median round's rest, its first call's extra included; the forward curve's extras
-  scaled to the decode's own (:func:`round_costs`); c_catch: the decode's first call, which
+  the median round's rest, its first call's extra and its forward's time past the timed
+  curve included (:func:`round_costs`); c_catch: the decode's first call, which
   read the whole prompt, past a later first call, per prompt token (:func:`catch_cost`);
   accept: the acceptance per depth the decode saw (:func:`calibrated_accept`); c_lookup, for
   a drafter that mixes a lookup with a model: one call the lookup covers, timed after the
@@ -201,7 +201,7 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
         rounds = every[1:]
         fresh = round_costs(base, ratios, plain, rounds,
                             f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
-                            f"{mode} steps", pair.calibration.forward_s.get(width))
+                            f"{mode} steps")
         lookup = None if prompt_ids is None else pair.drafter.lookup_call_s(
             list(prompt_ids) + [c.token_id for r in every for c in r.committed])
         fresh = replace(fresh, c_catch=catch_cost(every, prompt_tokens, plain),
@@ -219,24 +219,15 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     return memo[key]
 
 
-K_RANGE = (0.5, 2.5)  # the scale of the timed forwards' extras to the rounds' own (round_costs)
-
-
 def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: float,
-                rounds: list, source: str = "",
-                plain_forward_s: float | None = None) -> CostProfile:
+                rounds: list, source: str = "") -> CostProfile:
     """Costs in plain *rounds* P (``plain_s``, a whole plain round of the engine at this
     width: the unit the switch's E_0 / C_0 = 1 assumes; ``base`` only where it is not
     positive), so that c_round + calls x c_draft + c_verify(n) is a drafted round's whole
     time over P:
 
-    - c_verify(n) = 1 + k (f(n) - f(0)) / P, f(n) = base x ratio the timed forward with n
-      drafted nodes per row: a plain round plus the extra forward. k scales the timed extras
-      to the calibration rounds' own: the sum of their score seconds less a plain round's
-      forward (``plain_forward_s``) over the sum of f(nodes) - f(0) (a run's forward sees a
-      longer context than the timed one and returns what its drafter reads: on the embedded
-      model's compiled path k was 0.9-1.3); 1 where ``plain_forward_s`` is unknown or no
-      round drafted; within K_RANGE;
+    - c_verify(n) = 1 + (f(n) - f(0)) / P, f(n) = base x ratio the timed forward with n
+      drafted nodes per row: a plain round plus the extra rows' forward, timed back to back;
     - c_draft = the median over the rounds of two or more calls of their propose seconds
       past the first call (``RoundTrace.draft_seconds``) per later call, over P. A round's
       first call also catches the drafter up on what the last round committed and costs
@@ -244,19 +235,16 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
       a second call, or kept no call times (an older trace): the median round's propose
       seconds per draft call;
     - c_round = the rest of what the median round costs beyond c_verify(nodes) P and calls x
-      c_draft P (its first call's extra, the verify rule, the commit, a method's own caches),
-      over P (a median: one round slowed by the machine does not set every plan's price).
+      c_draft P (its first call's extra, the verify rule, the commit, a method's own caches,
+      and what its forward takes beyond the timed one's: on the embedded model's compiled
+      path a drafted round's forward ran 1.2-1.9 ms (0.2-0.3 P) slower than the timed curve
+      at one node as at three, a price per round, not per node: counted per node, it priced
+      depth 1 a third too cheap), over P (a median: one round slowed by the machine does not
+      set every plan's price).
     """
     plain = plain_s if plain_s > 0 else base
-    timed = CostProfile(MEASURED, 0.0, ratios)  # f(n) / f(0)
     nodes = [_nodes(r) for r in rounds]
-    k = 1.0
-    extra = sum((timed.c_verify(n) - 1.0) * base for n in nodes if n > 0)
-    if plain_forward_s is not None and extra > 0:
-        real = sum(r.timings.get("score", 0.0) - plain_forward_s
-                   for r, n in zip(rounds, nodes) if n > 0)
-        k = min(max(real / extra, K_RANGE[0]), K_RANGE[1])
-    points = tuple((n, round(1.0 + k * (r - 1.0) * base / plain, 4)) for n, r in ratios)
+    points = tuple((n, round(1.0 + (r - 1.0) * base / plain, 4)) for n, r in ratios)
     curve = CostProfile(MEASURED, 0.0, points)
     later = [(r.timings.get("propose", 0.0) - r.draft_seconds[0]) / (r.draft_calls - 1)
              for r in rounds if r.draft_calls > 1 and len(r.draft_seconds) == r.draft_calls]

@@ -276,11 +276,12 @@ def test_measured_costs_make_a_drafted_round_its_time_over_a_plain_round():
     assert empty.c_draft == 0.0 and empty.c_round == 0.0
 
 
-def test_measured_costs_price_a_round_s_later_draft_calls_and_scale_the_timed_forwards():
-    """round_costs with each call timed and a plain round's forward known: c_draft is a later
-    call's price (0.01 s), the first call's extra (0.02 - 0.01) goes to c_round, and the timed
-    forward's extras (f(2) - f(0) = 0.02 s) are scaled to the rounds' own (score 0.125 s less
-    the plain round's forward 0.095 s = 0.03 s: k = 1.5), so every round's time is still
+def test_measured_costs_price_later_draft_calls_and_a_drafted_forwards_excess_per_round():
+    """round_costs with each call timed: c_draft is a later call's price (0.01 s), the first
+    call's extra (0.02 - 0.01) goes to c_round; the timed forward's extras (f(2) - f(0) =
+    0.02 s) price the nodes, and what the rounds' forward took beyond them (score 0.125 s,
+    where a plain round's forward takes 0.1 s: 0.005 s more than the curve's) is a drafted
+    round's, in c_round, so a round of one node pays it too. Every round's time is still
     c_round + calls x c_draft + c_verify(nodes) over P."""
     from engine.contract.trace import NodeTrace, RoundTrace
     from engine.run.profile import round_costs
@@ -291,20 +292,16 @@ def test_measured_costs_price_a_round_s_later_draft_calls_and_scale_the_timed_fo
     rounds = [RoundTrace(i, nodes=nodes, draft_calls=2, draft_seconds=(0.02, 0.01),
                          timings={"propose": 0.03, "score": 0.125, "verify": 0.015,
                                   "commit": 0.005}) for i in range(3)]
-    prof = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.095)
+    prof = round_costs(0.1, ((0, 1.0), (1, 1.1), (2, 1.2)), 0.11, rounds)
     assert prof.c_draft == pytest.approx(0.01 / 0.11, abs=1e-4)
-    assert prof.c_verify(2) == pytest.approx(1 + 1.5 * 0.02 / 0.11, abs=1e-4)
+    assert prof.c_verify(2) == pytest.approx(1 + 0.02 / 0.11, abs=1e-4)  # the timed curve
+    assert prof.c_verify(1) == pytest.approx(1 + 0.01 / 0.11, abs=1e-4)
     assert prof.c_round + 2 * prof.c_draft + prof.c_verify(2) == \
         pytest.approx(0.175 / 0.11, abs=1e-3)
-    assert prof.c_round == pytest.approx((0.175 - 0.11 - 0.03 - 0.02) / 0.11, abs=1e-3)
-    # the first call's extra (0.01 s) is in c_round, so depth 1 costs it too
-    assert prof.c_round * 0.11 >= 0.01 - 1e-4
-    wild = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.0)
-    assert wild.c_verify(2) == pytest.approx(1 + 2.5 * 0.02 / 0.11, abs=1e-4)  # k capped
-    tame = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds, plain_forward_s=0.124)
-    assert tame.c_verify(2) == pytest.approx(1 + 0.5 * 0.02 / 0.11, abs=1e-4)  # and floored
-    unscaled = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.11, rounds)
-    assert unscaled.c_verify(2) == pytest.approx(1 + 0.02 / 0.11, abs=1e-4)  # no plain forward
+    assert prof.c_round == pytest.approx((0.175 - 0.13 - 0.02) / 0.11, abs=1e-3)
+    # c_round: the first call's extra (0.01 s), the forward's excess (0.005 s) and the
+    # verify and commit past a plain round's (0.01 s), so depth 1 costs them too
+    assert prof.c_round * 0.11 == pytest.approx(0.01 + 0.005 + 0.01, abs=1e-4)
     slow_timed = round_costs(0.1, ((0, 1.0), (2, 1.2)), 0.09, rounds)  # the timed forward
     assert slow_timed.c_verify(2) == pytest.approx(1 + 0.02 / 0.09, abs=1e-4)  # is not the
     # unit: a plain round is, even where it is the shorter
