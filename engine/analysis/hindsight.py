@@ -129,8 +129,8 @@ def measured_costs(pair: ModelPair, trace: RunTrace, name: str) -> tuple[CostPro
     drafting = [r for r in trace.rounds[1:] if r.draft_calls]
     if drafting and METHODS[trace.method].uses_draft:
         base, ratios = profiles.verify_points(pair, 1)
-        # no plain forward given: the timed forwards are not scaled to the trace's rounds,
-        # which may come from another machine
+        # this machine's timed curve prices the nodes; what the trace's forwards took past it
+        # (the trace may come from another machine) lands in c_round
         return profiles.monotone(profiles.round_costs(
             base, ratios, plain_s, drafting,
             "this machine; c_draft from the trace's rounds")), plain_s

@@ -562,7 +562,7 @@ def compile_options(model: torch.nn.Module | None, device: torch.device) -> dict
     much work each; a CUDA step is captured as a graph, so its wrapper runs once)."""
     if device.type == "cpu" and model is not None and is_packed(model):
         return {**COMPILE_OPTIONS, **CPP_WRAPPER}
-    return COMPILE_OPTIONS
+    return dict(COMPILE_OPTIONS)
 
 
 def _compile(forward: Forward, cache: SlotCache) -> Forward:

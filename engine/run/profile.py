@@ -237,9 +237,9 @@ def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: flo
     - c_round = the rest of what the median round costs beyond c_verify(nodes) P and calls x
       c_draft P (its first call's extra, the verify rule, the commit, a method's own caches,
       and what its forward takes beyond the timed one's: on the embedded model's compiled
-      path a drafted round's forward ran 1.2-1.9 ms (0.2-0.3 P) slower than the timed curve
-      at one node as at three, a price per round, not per node: counted per node, it priced
-      depth 1 a third too cheap), over P (a median: one round slowed by the machine does not
+      path a drafted round's forward ran 1.9 ms past the timed curve at one node and 2.7 at
+      three (0.25-0.36 P), a price per round, not per node: counted per node, it priced depth
+      1 a fifth too cheap), over P (a median: one round slowed by the machine does not
       set every plan's price).
     """
     plain = plain_s if plain_s > 0 else base

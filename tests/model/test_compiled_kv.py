@@ -71,9 +71,9 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
     options = []  # inductor's options of every step compiled (in memory or for the store)
     real_compile = torch.compile
 
-    def compile_spy(fn, **kw):
+    def compile_spy(*args, **kw):
         options.append(kw.get("options") or {})
-        return real_compile(fn, **kw)
+        return real_compile(*args, **kw)
 
     monkeypatch.setattr(torch, "compile", compile_spy)
     plain = tiny_pair(layers=2, early_exit_layers=1, seed=3)  # two layers: quick to compile
