@@ -580,7 +580,8 @@ def _compile(forward: Forward, cache: SlotCache) -> Forward:
     for layer in cache.layers:
         torch._dynamo.mark_static_address(layer.keys)
         torch._dynamo.mark_static_address(layer.values)
-    options = compile_options(getattr(forward, "decoder", None), cache.layers[0].keys.device)
+    options = compile_options(forward.decoder if isinstance(forward, DecoderStep) else None,
+                              cache.layers[0].keys.device)
     in_memory = torch.compile(forward, dynamic=False, fullgraph=True, options={  # fullgraph:
         # a graph break would compile the model's inner frames on code objects every model
         # shares (cached_model.own_decoder_call separates the step's own), so it fails the
