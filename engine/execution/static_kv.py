@@ -112,10 +112,13 @@ class CompilePolicy:
     compiling on the spot (the app's model thread, so no Run waits for a compile: its
     warm-up compiles under :func:`compiling`), and its ops' Python kernels never build the
     C++ ones (``qmm.BUILDS``); the bits are the same either way for a packed model
-    (engine.kernels.eager_bits)."""
+    (engine.kernels.eager_bits). ``cpp_wrapper``: a packed model's CPU steps get inductor's
+    C++ wrapper (:data:`CPP_WRAPPER`); False once one failed to build here (a compiler
+    without Python's headers, say): later shapes take the Python wrapper at once."""
 
     def __init__(self) -> None:
         self.packed = False
+        self.cpp_wrapper = True
         self._local = threading.local()
         self._made = 0
         self._lock = threading.Lock()
@@ -509,11 +512,10 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
     saved = (cache.rows, cache.view, cache.slots)
     cache.rows, cache.view, cache.slots = W, view, slots
     try:
-        step = _compile(forward, cache) if compiled else forward  # compiled: inductor's
-        # kernels (the first call compiles), replayed on a CPU, captured on CUDA
-        if dev.type != "cuda":
-            replay = _EagerReplay(step, inputs, cache, (W, view, slots))
+        if dev.type != "cuda":  # compiled: inductor's kernels (the first call compiles)
+            replay = _cpu_step(forward, cache, inputs, (W, view, slots), compiled)
             return _Graph(replay, inputs, slots, replay.out)
+        step = _compile(forward, cache) if compiled else forward  # captured on CUDA
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
@@ -530,6 +532,29 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
         raise
     finally:
         cache.rows, cache.view, cache.slots = saved
+
+
+def _cpu_step(forward: Forward, cache: SlotCache, inputs: dict, state: tuple,
+              compiled: bool) -> "_EagerReplay":
+    """The replay of one CPU step shape (compiled: its first call compiles it). Where a
+    packed model's step fails with the C++ wrapper and builds with the Python one, every
+    later shape of the process takes the Python one at once (``POLICY.cpp_wrapper``: a
+    compiler without Python's headers, say); failing with both, it raises the first error."""
+    try:
+        return _EagerReplay(_compile(forward, cache) if compiled else forward, inputs, cache,
+                            state)
+    except Exception as e:  # noqa: BLE001 - the Python wrapper next, else the caller's
+        if not (compiled and _cpp_wrapped(forward, cache.layers[0].keys.device)):
+            raise
+        POLICY.cpp_wrapper = False
+        try:
+            replay = _EagerReplay(_compile(forward, cache), inputs, cache, state)
+        except Exception:  # noqa: BLE001 - not the wrapper's failure
+            POLICY.cpp_wrapper = True
+            raise e from None
+        LOG.warning("the C++ step wrapper did not build here, steps compile with the Python "
+                    "one: %s: %s", type(e).__name__, (str(e).splitlines() or [""])[0][:200])
+        return replay
 
 
 @dataclass(frozen=True, eq=False)
@@ -560,9 +585,15 @@ def compile_options(model: torch.nn.Module | None, device: torch.device) -> dict
     """Inductor's options for a step of ``model`` on ``device``: COMPILE_OPTIONS, with
     CPP_WRAPPER for a packed model on a CPU (the unpacked models' steps are few kernels of
     much work each; a CUDA step is captured as a graph, so its wrapper runs once)."""
-    if device.type == "cpu" and model is not None and is_packed(model):
+    if device.type == "cpu" and model is not None and is_packed(model) and POLICY.cpp_wrapper:
         return {**COMPILE_OPTIONS, **CPP_WRAPPER}
     return dict(COMPILE_OPTIONS)
+
+
+def _cpp_wrapped(forward: Forward, device: torch.device) -> bool:
+    """Whether `forward`'s compiled step takes the C++ wrapper (compile_options)."""
+    decoder = forward.decoder if isinstance(forward, DecoderStep) else None
+    return bool(compile_options(decoder, device).get("cpp_wrapper"))
 
 
 def _compile(forward: Forward, cache: SlotCache) -> Forward:

@@ -102,6 +102,39 @@ def test_a_packed_target_skips_padded_tokens_and_compiles_its_own_steps(compiled
                            for o in options)
 
 
+def test_where_the_cpp_wrapper_fails_to_build_a_packed_step_compiles_with_the_python_one(
+        compiled, monkeypatch, caplog):
+    """A host whose compiler builds inductor's kernels but not its C++ wrapper (no Python
+    headers, say): the shape compiles with the Python wrapper instead of running static,
+    and later shapes skip the C++ one (it fails once, logged once)."""
+    from engine.kernels.packed4 import quantize_linears
+
+    monkeypatch.setattr(static_kv, "CPP_WRAPPER", {**static_kv.CPP_WRAPPER,
+                                                   "no_such_option": True})  # inductor
+    # refuses the options: every compile with the C++ wrapper fails
+    monkeypatch.setattr(static_kv.POLICY, "cpp_wrapper", True)
+    options = []
+    real_compile = torch.compile
+
+    def compile_spy(*args, **kw):
+        options.append(kw.get("options") or {})
+        return real_compile(*args, **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    pair = tiny_pair(layers=2, early_exit_layers=1, seed=3)
+    quantize_linears(pair.target.model)
+    prompt = [3, 4, 5, 6, 3, 4, 5]
+    ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=4)
+    with caplog.at_level("WARNING", logger=static_kv.LOG.name):
+        trace = engine.generate(pair, prompt, "greedy", max_new_tokens=4)
+    assert list(trace.token_ids) == ref[0, len(prompt):].tolist()
+    assert trace.stats.step_paths == {"target:compiled": len(trace.rounds)}  # none static
+    assert static_kv.POLICY.cpp_wrapper is False
+    tried = [o for o in options if o.get("cpp_wrapper")]
+    assert len(tried) == 1 and len(options) >= 3  # the failed try, then every shape without
+    assert sum("C++ step wrapper did not build" in r.message for r in caplog.records) == 1
+
+
 @pytest.mark.parametrize("bits,rows", [(16, 1), (8, 1), (8, 2)])
 def test_a_packed_targets_compiled_step_gives_a_token_the_same_bits_alone_or_in_a_chain(
         compiled, bits, rows):
