@@ -9,7 +9,6 @@ last round is in.
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from dataclasses import replace
@@ -33,6 +32,7 @@ from engine.run.inputs import (  # noqa: F401  (re-exported: the API's names)
     run_params,
     settings_of,
     settle,
+    token_text,
     tokenizer_of,
 )
 from engine.run.loop import Decoder
@@ -57,14 +57,11 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool, full: dict[str, An
                           "loop: use engine.start or engine.generate")
     ids = encode_prompt(pair, prompt, raw)
     check_length(pair, len(ids), full["max_new_tokens"])
-    tok = tokenizer_of(pair)
     built = METHODS[method].make(full)
     wanted = built.costs_wanted()
     if wanted is not None and priced:
         built.use_costs(cost_profile(pair, method, full, wanted))
-    decoder = Decoder(pair, ids, built, RunConfig.from_params(full),
-                      decode=functools.lru_cache(maxsize=4096)(lambda i: tok.decode([i])))
-    # (a round names each drafted and committed token: one tokenizer call per distinct id)
+    decoder = Decoder(pair, ids, built, RunConfig.from_params(full), decode=token_text(pair))
     return decoder, ids
 
 
@@ -204,7 +201,7 @@ class Run:
             stop_reason=self.stop_reason,
             token_origins=tuple(o for o, _ in origins),
             token_rounds=tuple(r for _, r in origins),
-            prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),
+            prompt_text=tuple(map(token_text(self.pair), self.prompt_ids)),
             tuned_names=self.tuned_names,
         )
 

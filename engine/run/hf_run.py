@@ -38,7 +38,7 @@ from engine.methods import METHODS
 from engine.methods.eesd import drafter_for
 from engine.methods.hf import HfMode
 from engine.run import costs
-from engine.run.inputs import Settings, check_length, encode_prompt, tokenizer_of
+from engine.run.inputs import Settings, check_length, encode_prompt, token_text, tokenizer_of
 
 STOP_REASONS = {"length": "max_new_tokens", "eos": "eos"}  # the recorder's -> the engine's
 CANCELLED = "cancelled"
@@ -239,7 +239,7 @@ class HfRun:
             stop_reason=self.stop_reason,
             token_origins=tuple(c.origin for c in committed),
             token_rounds=tuple(r.index for r in rounds for _ in r.committed),
-            prompt_text=tuple(tok.decode([i]) for i in self.prompt_ids),
+            prompt_text=tuple(map(token_text(self.pair), self.prompt_ids)),
             tuned_names=self.tuned_names)
 
 

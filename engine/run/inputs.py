@@ -6,7 +6,7 @@ the app and every job pass on as they are."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from engine.core.config import ParamSpec, layered, validate_params
 from engine.core.errors import ConfigError
@@ -30,6 +30,21 @@ class IdTokenizer:
 
 def tokenizer_of(pair: ModelPair):
     return pair.tokenizer or IdTokenizer(pair.vocab_size)
+
+
+def token_text(pair: ModelPair) -> Callable[[int], str]:
+    """id -> the token's text, as the pair's tokenizer decodes it alone: a round names each
+    drafted and committed token; each id's text is decoded once per pair
+    (``pair.token_texts``; the app's sessions share it, each entry written whole)."""
+    texts, tok = pair.token_texts, tokenizer_of(pair)
+
+    def text(i: int) -> str:
+        s = texts.get(i)
+        if s is None:
+            s = texts[i] = tok.decode([i])
+        return s
+
+    return text
 
 
 def encode_prompt(pair: ModelPair, prompt: str | list[int], raw: bool = False) -> list[int]:

@@ -418,6 +418,10 @@ class ModelPair:
     # own layer count (early_exit_layers). The stored cost profiles' key
     # (engine.run.profile_store)
     key: tuple | None = None
+    # token id -> its text as the tokenizer decodes it alone, filled as runs name tokens
+    # (engine.run.api.token_text): one tokenizer call per id for the pair's life, where a
+    # call costs about 55 us (Intel Xeon) of a 10 ms round
+    token_texts: dict[int, str] = field(default_factory=dict)
 
     @property
     def device_name(self) -> str:
