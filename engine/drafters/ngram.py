@@ -27,6 +27,7 @@ from engine.core.errors import ConfigError
 from engine.core.forest import ROOT
 from engine.drafters.base import DraftArgs, DrafterBase, DrafterKind, positive_int, register
 from engine.execution.cached_model import Scored
+from engine.kernels import ngram as kernel
 
 NGRAM_SPECS = ("ngram", "n-gram", "prompt-lookup", "prompt_lookup")
 MAX_N = 4  # longest suffix looked up
@@ -45,8 +46,16 @@ def ngram_law(context: np.ndarray, max_n: int = MAX_N, min_n: int = MIN_N,
         length in [min_n, max_n] occurred earlier with a follower. Probabilities are the
         followers' counts over the occurrences of the longest recurring suffix, with a
         RECENCY tie-break (a follower's weight is count + RECENCY * (1 + its latest
-        occurrence's index) / L), normalised.
+        occurrence's index) / L), normalised. ngram.c reads it in one call where it is built
+        (engine.kernels.ngram), else :func:`ngram_law_numpy`.
     """
+    read = kernel.law(context, max_n, min_n, RECENCY)
+    return read if read is not None else ngram_law_numpy(context, max_n, min_n)
+
+
+def ngram_law_numpy(context: np.ndarray, max_n: int = MAX_N, min_n: int = MIN_N,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ngram_law` in numpy (where ngram.c is not built)."""
     L = len(context)
     top = min(max_n, L - 1)
     none = np.zeros(0, dtype=np.int64), np.zeros(0)

@@ -9,12 +9,13 @@ import torch
 
 from engine.core.errors import ConfigError
 from engine.core.forest import PAD, ROOT
-from engine.drafters.ngram import RECENCY, NGramDrafter, ngram_law, support
+from engine.drafters.ngram import RECENCY, NGramDrafter, ngram_law, ngram_law_numpy, support
+from engine.kernels import ngram as kernel
 from engine.run.specs import parse_model_spec
 
 
-def law(ctx, **kw):
-    tokens, probs = ngram_law(np.array(ctx), **kw)
+def law(ctx, read=ngram_law, **kw):
+    tokens, probs = read(np.array(ctx), **kw)
     return dict(zip(tokens.tolist(), probs.tolist()))
 
 
@@ -64,15 +65,33 @@ def _law_by_definition(ctx: np.ndarray, max_n: int, min_n: int):
     return {}
 
 
-def test_the_law_equals_its_definition_on_random_contexts():
+@pytest.mark.parametrize("read", [ngram_law, ngram_law_numpy], ids=["kernel", "numpy"])
+def test_the_law_equals_its_definition_on_random_contexts(read):
     rng = np.random.default_rng(0)
     for _ in range(3000):
         ctx = rng.integers(0, int(rng.integers(1, 5)), int(rng.integers(0, 40)))
         for max_n, min_n in ((4, 2), (4, 1), (3, 3), (1, 1), (6, 2)):
-            got = law(ctx, max_n=max_n, min_n=min_n)
+            got = law(ctx, read, max_n=max_n, min_n=min_n)
             want = _law_by_definition(ctx, max_n, min_n)
             assert got.keys() == want.keys()
             assert all(got[t] == pytest.approx(want[t], rel=1e-12) for t in want)
+
+
+def test_the_kernels_law_is_numpys_bit_for_bit():
+    """ngram.c (built here: a C compiler is part of the set-up) gives the numpy version's
+    followers and the same float64 probabilities, on short contexts and on long repetitive
+    ones whose followers number in the hundreds (numpy's pairwise sum past 8 and 128)."""
+    assert kernel.library() is not None
+    rng = np.random.default_rng(1)
+    sizes = [(int(rng.integers(1, 12)), int(rng.integers(0, 80))) for _ in range(4000)]
+    sizes += [(3, 600), (2, 1500), (40, 2000), (1, 700)]
+    for vocab, length in sizes:
+        ctx = rng.integers(0, vocab, length).astype(np.int64)
+        for max_n, min_n in ((4, 2), (3, 1), (6, 3), (1, 1)):
+            got = kernel.law(ctx, max_n, min_n, RECENCY)
+            want = ngram_law_numpy(ctx, max_n, min_n)
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (
+                ctx.tolist(), max_n, min_n)
 
 
 def test_support_counts_the_logits_above_the_dtype_minimum():
