@@ -537,20 +537,24 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
 def _cpu_step(forward: Forward, cache: SlotCache, inputs: dict, state: tuple,
               compiled: bool) -> "_EagerReplay":
     """The replay of one CPU step shape (compiled: its first call compiles it). Where a
-    packed model's step fails with the C++ wrapper and builds with the Python one, every
-    later shape of the process takes the Python one at once (``POLICY.cpp_wrapper``: a
-    compiler without Python's headers, say); failing with both, it raises the first error."""
+    packed model's step fails with the C++ wrapper (the step store's ahead-of-time compile,
+    then the in-memory one: both logged) and builds with the Python one, every later shape
+    of the process takes the Python one at once (``POLICY.cpp_wrapper``: a compiler without
+    Python's headers, say); failing with both, it raises the first error and the policy stays
+    as it was."""
+    cpp = compiled and _cpp_wrapped(forward, cache.layers[0].keys.device)
     try:
         return _EagerReplay(_compile(forward, cache) if compiled else forward, inputs, cache,
                             state)
     except Exception as e:  # noqa: BLE001 - the Python wrapper next, else the caller's
-        if not (compiled and _cpp_wrapped(forward, cache.layers[0].keys.device)):
+        if not cpp:
             raise
-        POLICY.cpp_wrapper = False
+        saved, POLICY.cpp_wrapper = POLICY.cpp_wrapper, False
         try:
             replay = _EagerReplay(_compile(forward, cache), inputs, cache, state)
-        except Exception:  # noqa: BLE001 - not the wrapper's failure
-            POLICY.cpp_wrapper = True
+        except Exception as second:  # noqa: BLE001 - not the wrapper's failure
+            POLICY.cpp_wrapper = saved
+            LOG.debug("the step failed with the Python wrapper too: %s", second)
             raise e from None
         LOG.warning("the C++ step wrapper did not build here, steps compile with the Python "
                     "one: %s: %s", type(e).__name__, (str(e).splitlines() or [""])[0][:200])
