@@ -35,7 +35,10 @@ def tokenizer_of(pair: ModelPair):
 def token_text(pair: ModelPair) -> Callable[[int], str]:
     """id -> the token's text, as the pair's tokenizer decodes it alone: a round names each
     drafted and committed token; each id's text is decoded once per pair
-    (``pair.token_texts``; the app's sessions share it, each entry written whole)."""
+    (``pair.token_texts``; the app's sessions share it, each entry written whole; a pair
+    given another tokenizer starts anew)."""
+    if pair.token_texts_of is not pair.tokenizer:
+        pair.token_texts, pair.token_texts_of = {}, pair.tokenizer
     texts, tok = pair.token_texts, tokenizer_of(pair)
 
     def text(i: int) -> str:

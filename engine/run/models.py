@@ -422,6 +422,7 @@ class ModelPair:
     # (engine.run.api.token_text): one tokenizer call per id for the pair's life, where a
     # call costs about 55 us (Intel Xeon) of a 10 ms round
     token_texts: dict[int, str] = field(default_factory=dict)
+    token_texts_of: object | None = None  # the tokenizer that decoded them (a new one: anew)
 
     @property
     def device_name(self) -> str:

@@ -319,3 +319,6 @@ def test_a_pairs_runs_decode_each_token_id_alone_once():
     Counting.calls.clear()
     again = engine.generate(pair, prompt, "sd", max_new_tokens=12, gamma=3)
     assert again.token_ids == first.token_ids and Counting.calls == []
+    pair.tokenizer = Counting(pair.vocab_size)  # another tokenizer: its own texts
+    engine.generate(pair, prompt, "sd", max_new_tokens=12, gamma=3)
+    assert set(prompt) <= set(Counting.calls)

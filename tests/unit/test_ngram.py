@@ -79,14 +79,19 @@ def test_the_law_equals_its_definition_on_random_contexts(read):
 
 def test_the_kernels_law_is_numpys_bit_for_bit():
     """ngram.c (built here: a C compiler is part of the set-up) gives the numpy version's
-    followers and the same float64 probabilities, on short contexts and on long repetitive
-    ones whose followers number in the hundreds (numpy's pairwise sum past 8 and 128)."""
+    followers and the same float64 probabilities, on short random contexts, long repetitive
+    ones, and ones whose distinct followers number 9 to 300 (numpy's pairwise sum past 8
+    and past 128 terms)."""
     assert kernel.library() is not None
     rng = np.random.default_rng(1)
-    sizes = [(int(rng.integers(1, 12)), int(rng.integers(0, 80))) for _ in range(4000)]
-    sizes += [(3, 600), (2, 1500), (40, 2000), (1, 700)]
-    for vocab, length in sizes:
-        ctx = rng.integers(0, vocab, length).astype(np.int64)
+    contexts = [rng.integers(0, int(rng.integers(1, 12)), int(rng.integers(0, 80)))
+                for _ in range(4000)]
+    contexts += [rng.integers(0, v, n) for v, n in ((3, 600), (2, 1500), (40, 2000), (1, 700))]
+    for k in (9, 100, 129, 300):  # 0 f1 0 f2 ... 0 fk 0: k distinct followers of 0
+        contexts.append(np.array([t for f in range(1, k + 1) for t in (0, f)] + [0]))
+    assert len(kernel.law(contexts[-1], 1, 1, RECENCY)[0]) == 300
+    for ctx in contexts:
+        ctx = ctx.astype(np.int64)
         for max_n, min_n in ((4, 2), (3, 1), (6, 3), (1, 1)):
             got = kernel.law(ctx, max_n, min_n, RECENCY)
             want = ngram_law_numpy(ctx, max_n, min_n)
