@@ -32,7 +32,7 @@ def test_compiled_is_asked_for_on_a_cpu_and_on_cuda_where_its_steps_are_captured
 @pytest.mark.parametrize("method,params", [("greedy", {}), ("sd", {"gamma": 3}),
                                            ("mcsd", {"k_config": "2x2"})])
 def test_greedy_token_methods_equal_generate_on_the_compiled_path(compiled, method, params):
-    pair = tiny_pair(draft="feature")
+    pair = tiny_pair(draft="feature", layers=2, early_exit_layers=1)  # two layers: quick
     for prompt in ([3, 4, 5, 6, 3, 4, 5], [11, 12, 13, 14, 15] * 4):
         trace = engine.generate(pair, prompt, method, max_new_tokens=20, **params)
         ref = pair.target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)
