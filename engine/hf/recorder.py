@@ -259,14 +259,17 @@ class Recording:
 
 @contextmanager
 def record(model: torch.nn.Module, tokenizer: Any = None,
-           on_round: Callable[[RoundTrace], None] | None = None) -> Iterator[Recording]:
+           on_round: Callable[[RoundTrace], None] | None = None,
+           decode: Callable[[int], str] | None = None) -> Iterator[Recording]:
     """Within the block, every assisted ``model.generate(...)`` call is recorded round by round
     (``rec.trace()``: the last run's RunTrace). The model is left as it was on exit. One
     recorder per model at a time.
 
     on_round: called, on generate()'s thread, with each round as soon as it is complete (its
     commit time is known when the next round starts, or generate() returns and the
-    recording is closed): the rounds of the final trace, while generate() runs."""
+    recording is closed): the rounds of the final trace, while generate() runs.
+    decode: id -> the token's text (default: the tokenizer's decode of the id alone; a
+    pair's runs pass its kept texts, engine.run.inputs.token_text)."""
     original = getattr(type(model), SEAM, None)
     if not callable(original):
         raise ConfigError(f"this transformers has no {SEAM} on {type(model).__name__}: the "
@@ -276,8 +279,10 @@ def record(model: torch.nn.Module, tokenizer: Any = None,
         raise ConfigError("this model is already being recorded (one recorder at a time)")
     rec = Recording()
 
-    def decode(i: int) -> str:
+    def decode_alone(i: int) -> str:
         return tokenizer.decode([i]) if tokenizer is not None else f"<{i}>"
+
+    decode = decode or decode_alone
 
     def seam(*args: Any, **kwargs: Any) -> Any:
         generator = original(model, *args, **kwargs)

@@ -175,7 +175,8 @@ class HfRun:
         cuda = [pair.device] if pair.device.type == "cuda" else []
         stop = StoppingCriteriaList([CancelCriterion(self._cancel)])
         try:
-            with record(pair.target, tok, on_round=self._queue.put) as rec, \
+            with record(pair.target, tok, on_round=self._queue.put,
+                        decode=token_text(pair)) as rec, \
                     torch.random.fork_rng(devices=cuda), torch.no_grad():
                 torch.manual_seed(self.params["seed"])
                 _sync(pair.device)

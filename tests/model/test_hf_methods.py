@@ -169,3 +169,30 @@ def test_bad_settings_are_one_line_before_any_model_work(pair, params, message):
 def test_the_round_loop_refuses_a_transformers_mode_in_one_line(pair):
     with pytest.raises(ConfigError, match="runs in transformers' own generate"):
         make_decoder(pair, PROMPT, "hf_prompt_lookup")
+
+
+def test_a_recorded_run_names_its_tokens_from_the_pairs_kept_texts(pair):
+    """transformers' assisted run, recorded round by round, names its tokens through the
+    pair's kept texts (engine.run.inputs.token_text): a second run decodes no id again."""
+    from engine.run.inputs import IdTokenizer
+
+    class Counting(IdTokenizer):
+        calls: list[int] = []
+
+        def decode(self, ids):
+            if len(ids) == 1:
+                self.calls.append(int(ids[0]))
+            return super().decode(ids)
+
+    saved = pair.tokenizer
+    pair.tokenizer = Counting(pair.vocab_size)
+    try:
+        first = engine.generate(pair, PROMPT, "hf_assisted", max_new_tokens=12)
+        assert first.rounds and sorted(Counting.calls) == sorted(set(Counting.calls))
+        named = {n.token_id for r in first.rounds for n in r.nodes}
+        assert named <= set(Counting.calls)
+        Counting.calls.clear()
+        again = engine.generate(pair, PROMPT, "hf_assisted", max_new_tokens=12)
+        assert again.token_ids == first.token_ids and Counting.calls == []
+    finally:
+        pair.tokenizer = saved
