@@ -40,6 +40,23 @@ def tiny_pair(family="llama", vocab_size=64, layers=4, draft=None, early_exit_la
                             early_exit_layers=early_exit_layers)
 
 
+def counting_tokenizer(vocab_size: int):
+    """An IdTokenizer that lists in ``calls`` each id it decodes alone."""
+    from engine.run.inputs import IdTokenizer
+
+    class Counting(IdTokenizer):
+        def __init__(self, size: int):
+            super().__init__(size)
+            self.calls: list[int] = []
+
+        def decode(self, ids):
+            if len(ids) == 1:
+                self.calls.append(int(ids[0]))
+            return super().decode(ids)
+
+    return Counting(vocab_size)
+
+
 def perturbed_exit_layer(target, n_layers, seed=0, scale=0.05):
     """An early-exit extra layer that differs from the target's last one (a stand-in for a
     trained Transformer^e): its init plus scale * N(0, 1) noise from a seeded generator."""

@@ -18,6 +18,7 @@ from engine.contract.trace import ACCEPTED, BONUS, RESAMPLED
 from engine.core.errors import ConfigError
 from engine.run.api import make_decoder
 from engine.run.hf_run import HfRun, assistant_of
+from tests.conftest import counting_tokenizer
 
 TINY = {"vocab_size": 64, "layers": 2, "initializer_range": 0.3, "seed": 1}
 PROMPT = [5, 9, 14, 5, 9, 14, 5, 9, 22, 31]  # repeats, so prompt lookup finds matches
@@ -174,25 +175,14 @@ def test_the_round_loop_refuses_a_transformers_mode_in_one_line(pair):
 def test_a_recorded_run_names_its_tokens_from_the_pairs_kept_texts(pair):
     """transformers' assisted run, recorded round by round, names its tokens through the
     pair's kept texts (engine.run.inputs.token_text): a second run decodes no id again."""
-    from engine.run.inputs import IdTokenizer
-
-    class Counting(IdTokenizer):
-        calls: list[int] = []
-
-        def decode(self, ids):
-            if len(ids) == 1:
-                self.calls.append(int(ids[0]))
-            return super().decode(ids)
-
     saved = pair.tokenizer
-    pair.tokenizer = Counting(pair.vocab_size)
+    tok = pair.tokenizer = counting_tokenizer(pair.vocab_size)
     try:
         first = engine.generate(pair, PROMPT, "hf_assisted", max_new_tokens=12)
-        assert first.rounds and sorted(Counting.calls) == sorted(set(Counting.calls))
-        named = {n.token_id for r in first.rounds for n in r.nodes}
-        assert named <= set(Counting.calls)
-        Counting.calls.clear()
+        assert first.rounds and sorted(tok.calls) == sorted(set(tok.calls))
+        assert {n.token_id for r in first.rounds for n in r.nodes} <= set(tok.calls)
+        tok.calls.clear()
         again = engine.generate(pair, PROMPT, "hf_assisted", max_new_tokens=12)
-        assert again.token_ids == first.token_ids and Counting.calls == []
+        assert again.token_ids == first.token_ids and tok.calls == []
     finally:
         pair.tokenizer = saved

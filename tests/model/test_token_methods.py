@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import engine
-from tests.conftest import tiny_pair
+from tests.conftest import counting_tokenizer, tiny_pair
 from tests.profiles import DEAR, FREE, MIXED
 
 METHODS = [
@@ -298,27 +298,17 @@ def test_a_pairs_runs_decode_each_token_id_alone_once():
     """A round names every drafted and committed token, and a trace its prompt's: the pair
     keeps each id's text, so the tokenizer decodes an id alone once for all runs (a call
     costs about 55 us of a 10 ms round on the embedded model)."""
-    from engine.run.inputs import IdTokenizer
-
-    class Counting(IdTokenizer):
-        calls: list[int] = []
-
-        def decode(self, ids):
-            if len(ids) == 1:
-                self.calls.append(int(ids[0]))
-            return super().decode(ids)
-
     pair = tiny_pair()
-    pair.tokenizer = Counting(pair.vocab_size)
+    tok = pair.tokenizer = counting_tokenizer(pair.vocab_size)
     prompt = [3, 4, 5, 6, 3, 4, 5]
     first = engine.generate(pair, prompt, "sd", max_new_tokens=12, gamma=3)
-    assert sorted(Counting.calls) == sorted(set(Counting.calls))  # no id twice
+    assert sorted(tok.calls) == sorted(set(tok.calls))  # no id twice
     named = {n.token_id for r in first.rounds for n in r.nodes}
-    assert named | set(prompt) | set(first.token_ids) <= set(Counting.calls)
+    assert named | set(prompt) | set(first.token_ids) <= set(tok.calls)
     assert first.prompt_text == tuple(f"<{i}>" for i in prompt)
-    Counting.calls.clear()
+    tok.calls.clear()
     again = engine.generate(pair, prompt, "sd", max_new_tokens=12, gamma=3)
-    assert again.token_ids == first.token_ids and Counting.calls == []
-    pair.tokenizer = Counting(pair.vocab_size)  # another tokenizer: its own texts
+    assert again.token_ids == first.token_ids and tok.calls == []
+    other = pair.tokenizer = counting_tokenizer(pair.vocab_size)  # its own texts
     engine.generate(pair, prompt, "sd", max_new_tokens=12, gamma=3)
-    assert set(prompt) <= set(Counting.calls)
+    assert set(prompt) <= set(other.calls)
