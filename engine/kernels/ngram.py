@@ -29,13 +29,9 @@ SOURCE = Path(__file__).with_name("ngram.c")
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     """ngram.c built for this machine and loaded; None where no C compiler builds it."""
-    lib = qmm.compile_native(SOURCE, qmm.native_path(SOURCE))
-    if lib is None:
-        return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.ngram_law.argtypes = [p, i64, i64, i64, ctypes.c_double, p, p, p]
-    lib.ngram_law.restype = i64
-    return lib
+    return qmm.declared(qmm.compile_native(SOURCE, qmm.native_path(SOURCE)),
+                        ngram_law=([p, i64, i64, i64, ctypes.c_double, p, p, p], i64))
 
 
 def law(context: np.ndarray, max_n: int, min_n: int, recency: float

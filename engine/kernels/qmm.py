@@ -189,7 +189,7 @@ def compile_native(source: Path, out: Path, march: str = "native",
                    defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The C file `source` built into the shared library `out` for `march` (with -D
     `defines`) and loaded; None (and a log line) where it does not build. Atomic: several
-    processes may build at once. (qmm.c's builder, also engine/kernels/rowattn.py's.)"""
+    processes may build at once. (qmm.c's builder, also rowattn.c's, vocab.c's and ngram.c's.)"""
     cc = _cc()
     if cc is None:
         log.warning("no C compiler: %s is not built (qmm runs its torch reference, slow; the "
@@ -244,6 +244,17 @@ def native_path(source: Path) -> Path:
     key = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS), str(_cc()),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"{source.stem}-{key}.so"
+
+
+def declared(lib: ctypes.CDLL | None, **signatures: tuple[list, object]) -> ctypes.CDLL | None:
+    """`lib` with each named C function's (argtypes, restype) set, for ctypes; None stays
+    None (a library that did not build)."""
+    if lib is None:
+        return None
+    for name, (args, result) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    return lib
 
 
 def build(out: Path, march: str = "native", defines: tuple[str, ...] = ()

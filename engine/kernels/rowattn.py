@@ -38,13 +38,9 @@ def compile_at(out: Path, march: str = "native", defines: tuple[str, ...] = ()
                ) -> ctypes.CDLL | None:
     """rowattn.c built into `out` for `march` (with -D `defines`) and loaded (None where it
     does not build)."""
-    lib = qmm.compile_native(SOURCE, out, march, defines)
-    if lib is None:
-        return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.rowattn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float]
-    lib.rowattn.restype = ctypes.c_int
-    return lib
+    return qmm.declared(qmm.compile_native(SOURCE, out, march, defines), rowattn=(
+        [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float], ctypes.c_int))
 
 
 @functools.lru_cache(maxsize=1)

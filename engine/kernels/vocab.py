@@ -35,15 +35,10 @@ MAX_K = 64  # the most entries vocab_top keeps a row (vocab.c)
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     """vocab.c built for this machine and loaded; None where no C compiler builds it."""
-    lib = qmm.compile_native(SOURCE, qmm.native_path(SOURCE))
-    if lib is None:
-        return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.vocab_argmax.argtypes = [p, i64]
-    lib.vocab_argmax.restype = i64
-    lib.vocab_top.argtypes = [p, i64, i64, i64, i64, p, p]
-    lib.vocab_top.restype = ctypes.c_int
-    return lib
+    return qmm.declared(qmm.compile_native(SOURCE, qmm.native_path(SOURCE)),
+                        vocab_argmax=([p, i64], i64),
+                        vocab_top=([p, i64, i64, i64, i64, p, p], ctypes.c_int))
 
 
 def _takes(x: torch.Tensor) -> bool:
