@@ -77,7 +77,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from engine.core.errors import ConfigError
 from engine.execution import step_store
 from engine.execution.placement import is_placed
-from engine.kernels import qmm
+from engine.kernels import attention, qmm
 from engine.kernels.packed4 import is_packed
 from engine.kernels.siblings import SiblingCSE
 
@@ -305,8 +305,8 @@ class SlotCache(Cache):
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
         keys, values = layer.keys[: self.rows], layer.values[: self.rows]  # (W, H, S, D)
-        keys.index_copy_(2, self.slots, key_states)
-        values.index_copy_(2, self.slots, value_states)
+        keys.index_copy_(2, self.slots, key_states.to(keys.dtype))  # fp16 buffers: rounded to
+        values.index_copy_(2, self.slots, value_states.to(values.dtype))  # nearest, ties even
         return keys[:, :, : self.view], values[:, :, : self.view]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -336,6 +336,7 @@ class KVSet:
     # asked for (run static meanwhile)
     busy: bool = False
     holder: weakref.finalize | None = None  # releases it when its holder is collected
+    dtype: torch.dtype = torch.float32  # the model's (its steps' masks): a buffer may be fp16
 
     @property
     def rows(self) -> int:
@@ -358,12 +359,17 @@ def _kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
 
 
 def _new_set(model: torch.nn.Module, rows: int, slots: int) -> KVSet:
+    """Buffers for every layer: in the model's dtype, or fp16 for a layer of a packed target
+    whose attention (rowattn) reads its keys and values as half (attention.kv_dtype)."""
     n, heads, dim = _kv_shape(model)
     p = next(model.parameters())
-    layers = [_SlotLayer(torch.zeros((rows, heads, slots, dim), dtype=p.dtype, device=p.device),
-                         torch.zeros((rows, heads, slots, dim), dtype=p.dtype, device=p.device))
-              for _ in range(n)]  # (R, H, S, D) each
-    return KVSet(SlotCache(layers), slots)
+    decoder = getattr(getattr(model, "model", None), "layers", None)
+    dtypes = [attention.kv_dtype(decoder[i], p.dtype) if decoder is not None and i < len(decoder)
+              else p.dtype for i in range(n)]
+    layers = [_SlotLayer(torch.zeros((rows, heads, slots, dim), dtype=dt, device=p.device),
+                         torch.zeros((rows, heads, slots, dim), dtype=dt, device=p.device))
+              for dt in dtypes]  # (R, H, S, D) each
+    return KVSet(SlotCache(layers), slots, dtype=p.dtype)
 
 
 def lease(model: torch.nn.Module, rows: int, length: int, owner: object,
@@ -503,7 +509,8 @@ def _capture(kv: KVSet, forward: Forward, sample: torch.Tensor, W: int, b: int,
     (default: all). Raises what the capture raised (the stream is synchronised first)."""
     cache, dev = kv.cache, sample.device
     view = kv.slots if view is None else view
-    dtype = cache.layers[0].keys.dtype
+    dtype = kv.dtype  # the mask's: the model's, not an fp16 buffer's (whose lowest value
+    # rowattn would not take as hidden)
     shape = (W, b) if name == "input_ids" else (W, b, int(sample.shape[-1]))
     inputs = {name: torch.zeros(shape, dtype=sample.dtype, device=dev),
               "position_ids": torch.zeros((W, b), dtype=torch.long, device=dev),

@@ -106,10 +106,13 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 def _kernel_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
-    """What rowattn's kernel takes, eager or traced: fp32 on the CPU, no dropout or gradients,
-    key/value heads dividing the query heads, a 4D mask or none, no option of _UNSUPPORTED."""
-    return (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype
-            == torch.float32 and not dropout and not torch.is_grad_enabled()
+    """What rowattn's kernel takes, eager or traced: an fp32 query and fp32 or fp16 keys and
+    values (a packed target's static buffers, :func:`kv_dtype`) on the CPU, no dropout or
+    gradients, key/value heads dividing the query heads, a 4D mask or none, no option of
+    _UNSUPPORTED."""
+    return (query.device.type == "cpu" and query.dtype == torch.float32
+            and key.dtype == value.dtype and key.dtype in rowattn.KV_DTYPES
+            and not dropout and not torch.is_grad_enabled()
             and query.shape[1] % key.shape[1] == 0 and (mask is None or mask.dim() == 4)
             and all(kwargs.get(k) is None for k in _UNSUPPORTED))
 
@@ -124,7 +127,8 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     first slot for several rows, every slot for one), key/value heads dividing the query heads
     and none of the options in _UNSUPPORTED; traced by torch.compile, the same kernel through
     the op ``specviz::rowattn`` for an fp32 CPU forward without gradients or dropout, a float
-    4D mask of one head and the same conditions; else :func:`grouped_attention`."""
+    4D mask of one head and the same conditions; else :func:`grouped_attention` (over the
+    keys and values rounded to half where the query is fp32, as the kernel reads them)."""
     mask = attention_mask
     fits = _kernel_fits(query, key, value, mask, dropout, kwargs)
     if torch.compiler.is_compiling():  # first: a traced forward never reaches the library
@@ -132,6 +136,7 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
         if fits and mask is not None and mask.shape[1] == 1 and mask.is_floating_point():
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             return torch.ops.specviz.rowattn(query, key, value, mask, scale), None
+        key, value = _as_read(query, key, value)
         return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
                                  scaling=scaling, **kwargs)
     lib = rowattn.library()
@@ -148,8 +153,29 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
             return rowattn.attend(lib, query, key, value, mask, scale), None  # (W, q, H, D)
         except RuntimeError:  # a mask of another shape (per head, say): torch's attention
             pass
+    key, value = _as_read(query, key, value)
     return grouped_attention(module, query, key, value, attention_mask, dropout=dropout,
                              scaling=scaling, **kwargs)
+
+
+def _as_read(query: torch.Tensor, key: torch.Tensor,
+             value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values as rowattn reads them, for torch's attention where the kernel does not
+    fit: rounded to half, in the query's fp32 (fp16 buffers included); other dtypes as
+    they are."""
+    if query.dtype == torch.float32 and key.dtype in rowattn.KV_DTYPES:
+        return key.half().float(), value.half().float()
+    return key, value
+
+
+def kv_dtype(layer: torch.nn.Module, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a decoder layer's preallocated keys and values (engine.execution.static_kv)
+    for a model of parameters in ``dtype``: fp16 where the layer attends by :data:`ROWS_NAME`
+    (rowattn reads its keys and values as half anyway: the same bits, half the bytes a step
+    reads), else ``dtype``."""
+    cfg = getattr(getattr(layer, "self_attn", None), "config", None)
+    rows = getattr(cfg, "_attn_implementation", None) == ROWS_NAME
+    return torch.float16 if rows and dtype == torch.float32 else dtype
 
 
 _LAST_BOOL: tuple = (None, -1, None)  # (weakref to a bool mask, its version, additive form)

@@ -29,9 +29,9 @@ int qmm_q8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16
            float *y, int64_t N, int threads, int64_t period, int64_t live);
 int qmm_q8_a8(const float *x, int64_t R, int64_t K, const uint8_t *qw, const uint16_t *dw,
               float *y, int64_t N, int threads, int64_t period, int64_t live);
-int rowattn(const float *q, const float *k, const float *v, const float *mask,
+int rowattn(const float *q, const void *k, const void *v, const float *mask,
             const int64_t *strides, float *out, int64_t W, int64_t H, int64_t KV, int64_t Q,
-            int64_t S, int64_t D, float scale);
+            int64_t S, int64_t D, float scale, int half);
 }
 
 // this thread's padding (qmm.py `padded_rows`, which sets it here too once this is loaded)
@@ -70,8 +70,9 @@ static at::Tensor qmm_cpu(const at::Tensor &x, const at::Tensor &qw, const at::T
     return y;
 }
 
-// rowattn.py `attend` without Python: query (W, H, Q, D), key / value (W, KV, S, D) fp32 on the
-// CPU (any strides, the last dimension made contiguous), an additive fp32 mask broadcasting to
+// rowattn.py `attend` without Python: query (W, H, Q, D) fp32, key / value (W, KV, S, D) both fp16
+// or both fp32 (read rounded to half), on the CPU (any strides, the last dimension made
+// contiguous), an additive fp32 mask broadcasting to
 // (W, 1, Q, S) (a longer last dimension cut to S) -> (W, Q, H, D) fp32
 static at::Tensor rowattn_cpu(const at::Tensor &query, const at::Tensor &key,
                               const at::Tensor &value, const at::Tensor &mask, double scale) {
@@ -85,10 +86,12 @@ static at::Tensor rowattn_cpu(const at::Tensor &query, const at::Tensor &key,
     const int64_t KV = k.size(1), S = k.size(2);
     TORCH_CHECK(k.size(0) == W && k.size(3) == D && v.sizes() == k.sizes() && KV != 0 &&
                     H % KV == 0 && q.is_cpu() && k.is_cpu() && v.is_cpu() && mask.is_cpu() &&
-                    q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                    v.scalar_type() == at::kFloat,
+                    q.scalar_type() == at::kFloat &&
+                    (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) &&
+                    v.scalar_type() == k.scalar_type(),
                 "rowattn: query ", query.sizes(), ", key ", key.sizes(), ", value ",
-                value.sizes(), " do not fit (fp32 on the CPU)");
+                value.sizes(), " do not fit (an fp32 query, fp16 or fp32 keys and values, on "
+                "the CPU)");
     TORCH_CHECK(mask.dim() == 4 && mask.size(1) == 1 && mask.size(3) >= S, "rowattn: a mask ",
                 mask.sizes(), " for ", W, " x ", Q, " rows over ", S, " slots");
     at::Tensor m = mask.size(3) == S ? mask : mask.narrow(3, 0, S);
@@ -99,9 +102,9 @@ static at::Tensor rowattn_cpu(const at::Tensor &query, const at::Tensor &key,
     const at::Tensor *parts[4] = {&q, &k, &v, &m};
     for (int t = 0; t < 4; t++)
         for (int d = 0; d < 4; d++) strides[4 * t + d] = parts[t]->stride(d);
-    const int rc = rowattn(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                           m.data_ptr<float>(), strides, out.data_ptr<float>(), W, H, KV, Q, S,
-                           D, static_cast<float>(scale));
+    const int rc = rowattn(q.data_ptr<float>(), k.data_ptr(), v.data_ptr(), m.data_ptr<float>(),
+                           strides, out.data_ptr<float>(), W, H, KV, Q, S, D,
+                           static_cast<float>(scale), k.scalar_type() == at::kHalf);
     TORCH_CHECK(rc == 0, "rowattn: no scratch memory");
     return out;
 }

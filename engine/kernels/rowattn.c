@@ -3,6 +3,11 @@
  * engine/kernels/rowattn.py builds this file (engine/kernels/qmm.py's builder) and calls it for the
  * eager forwards of a packed CPU target (engine/kernels/attention.py).
  *
+ * Keys and values are IEEE half precision: stored so (a static buffer of fp16 slots: half the
+ * bytes each step reads), or fp32 rounded to half (to nearest, ties to even) as they are read,
+ * so that an fp32 cache (generate()'s) and an fp16 one give the same bits; every product and sum
+ * is fp32 (llama.cpp's default cache type, f16, with fp32 arithmetic).
+ *
  * For query row i of head h (key/value head g = h / (H / KV)), over the slots j whose mask
  * value is not hidden (-inf or the lowest finite float, as the engine's masks write it):
  *   s_j = dot(q, k_j) * scale + mask[i, j];  m = max_j s_j;  e_j = exp_neg(s_j - m);
@@ -18,8 +23,9 @@
  * from L1 after the first head, and a value row is loaded once for all of them; each head's
  * operations stay its own. exp_neg is a
  * polynomial of float operations (below). The AVX2 path and the plain C path (-DROWATTN_PLAIN,
- * or a machine without AVX2 and FMA) do these operations in this order, so they give the same
- * bits (tests/model/test_rowattn.py).
+ * or a machine without AVX2, FMA and F16C) do these operations in this order, and round to half
+ * alike (F16C's conversions; half_bits and half_value below), so they give the same bits
+ * (tests/model/test_rowattn.py).
  */
 #include <float.h>
 #include <math.h>
@@ -27,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if !defined(ROWATTN_PLAIN) && defined(__AVX2__) && defined(__FMA__)
+#if !defined(ROWATTN_PLAIN) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define VECTOR 1
 #include <immintrin.h>
 #else
@@ -65,9 +71,56 @@ static inline float tree8(const float *l) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-static inline float dot(const float *a, const float *b, int64_t D) {
+/* fp32 -> IEEE half bits, rounded to nearest, ties to even: F16C's vcvtps2ph with
+ * _MM_FROUND_TO_NEAREST_INT for every non-NaN input (compared over all 2^32 patterns); a NaN
+ * gives the quiet NaN 0x7e00 with its sign (F16C keeps part of its payload: a NaN either way).
+ * Finite values at or above 65520 round to infinity. */
+static inline uint16_t half_bits(float x) {
+    union { float f; uint32_t u; } v = {.f = x};
+    const uint32_t sign = (v.u >> 16) & 0x8000u;
+    v.u &= 0x7fffffffu;
+    uint16_t h;
+    if (v.u >= 0x47800000u) { /* 2^16 and up: infinity, or NaN */
+        h = v.u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (v.u < 0x38800000u) { /* below 2^-14: a subnormal half or zero; adding 0.5 puts
+                                      * the half's last bit at the float's (rounding as the
+                                      * addition does: to nearest, ties to even) */
+        union { uint32_t u; float f; } magic = {.u = 126u << 23};
+        v.f += magic.f;
+        h = (uint16_t)(v.u - magic.u);
+    } else { /* normal: rebias the exponent, round on the 13 bits dropped */
+        const uint32_t odd = (v.u >> 13) & 1u;
+        v.u += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+        h = (uint16_t)(v.u >> 13);
+    }
+    return (uint16_t)(h | sign);
+}
+
+/* IEEE half bits -> fp32 (exact) */
+static inline float half_value(uint16_t h) {
+    union { uint32_t u; float f; } o;
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    if (em >= 0x7c00u) { /* infinity or NaN (quieted, as F16C's vcvtph2ps does) */
+        o.u = sign | 0x7f800000u | ((em & 0x3ffu) << 13) | (em > 0x7c00u ? 0x400000u : 0u);
+    } else if (em >= 0x0400u) { /* normal */
+        o.u = sign | ((em << 13) + ((uint32_t)(127 - 15) << 23));
+    } else { /* subnormal or zero: em x 2^-24, exact */
+        o.f = (float)em * 5.9604644775390625e-08f;
+        o.u |= sign;
+    }
+    return o.f;
+}
+
+/* element i of a key or value row as the kernel reads it: an fp16 slot, or an fp32 one
+ * rounded to half */
+static inline float kv_at(const void *row, int64_t i, int half) {
+    return half ? half_value(((const uint16_t *)row)[i])
+                : half_value(half_bits(((const float *)row)[i]));
+}
+
+static inline float dot(const float *a, const void *b, int64_t D, int half) {
     float l[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t d = 0; d < D; d++) l[d & 7] = fmaf(a[d], b[d], l[d & 7]);
+    for (int64_t d = 0; d < D; d++) l[d & 7] = fmaf(a[d], kv_at(b, d, half), l[d & 7]);
     return tree8(l);
 }
 
@@ -91,14 +144,23 @@ static inline __m256 exp_neg8(__m256 x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(FLOOR), _CMP_LT_OQ), y);
 }
 
-/* the dot products of q with 8 consecutive slots' keys, as dot() forms each */
-static inline __m256 dot8_slots(const float *q, const float *k, int64_t kstride, int64_t D) {
+/* elements i..i+7 of a key or value row, as kv_at reads each */
+static inline __m256 kv8(const void *row, int64_t i, int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps((const float *)row + i),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* the dot products of q with 8 consecutive slots' keys (k: the first slot's row, kstride
+ * elements apart), as dot() forms each */
+static inline __m256 dot8_slots(const float *q, const void *k, int64_t kstride, int64_t D,
+                                int half) {
     __m256 a[8];
     for (int s = 0; s < 8; s++) a[s] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d);
         for (int s = 0; s < 8; s++)
-            a[s] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + s * kstride + d), a[s]);
+            a[s] = _mm256_fmadd_ps(qv, kv8(k, s * kstride + d, half), a[s]);
     }
     const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
     const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
@@ -110,15 +172,20 @@ static inline __m256 dot8_slots(const float *q, const float *k, int64_t kstride,
 
 #define BATCH 3 /* query heads of one key/value head taken together (their registers fit) */
 
+/* element i of a key or value buffer: its address (half: 2 bytes an element, else 4) */
+static inline const void *kv_ptr(const void *base, int64_t i, int half) {
+    return half ? (const void *)((const uint16_t *)base + i) : (const void *)((const float *)base + i);
+}
+
 /* Query row i (mask row mr, visible slots 0..n-1, a prefix or not) of the HB query heads qr[0..HB)
  * that share the key/value head kb / vb, into o[hh] (each D floats). The heads are taken
  * together: a block of 8 keys is scored for each head in turn (from L1 after the first), and a
  * value row, loaded once, is summed into every head's accumulators; each head's operations and
  * their order are those of the header. e: HB scratch rows of S + 8 floats. */
 static inline __attribute__((always_inline)) void row_heads(
-    int HB, const float *const *qr, const float *kb, int64_t kst, const float *vb, int64_t vst,
+    int HB, const float *const *qr, const void *kb, int64_t kst, const void *vb, int64_t vst,
     const float *mr, int64_t n, int prefix, float *const *o, float *e, int64_t S, int64_t D,
-    float scale, int vec) {
+    float scale, int vec, int half) {
     float m[BATCH], sum[BATCH];
     float *eh[BATCH];
     for (int hh = 0; hh < HB; hh++) m[hh] = -INFINITY, eh[hh] = e + hh * (S + 8);
@@ -133,7 +200,8 @@ static inline __attribute__((always_inline)) void row_heads(
             const __m256 add = _mm256_loadu_ps(mr + j);
             const __m256 hidden = _mm256_cmp_ps(add, _mm256_set1_ps(-FLT_MAX), _CMP_LE_OQ);
             for (int hh = 0; hh < HB; hh++) { /* the 8 slots' keys: from L1 after the first */
-                __m256 sc = _mm256_mul_ps(dot8_slots(qr[hh], kb + j * kst, kst, D), _mm256_set1_ps(scale));
+                __m256 sc = _mm256_mul_ps(dot8_slots(qr[hh], kv_ptr(kb, j * kst, half), kst, D, half),
+                                          _mm256_set1_ps(scale));
                 sc = _mm256_add_ps(sc, add); /* a hidden slot: -inf, whatever its key holds */
                 sc = _mm256_blendv_ps(sc, _mm256_set1_ps(-INFINITY), hidden);
                 _mm256_storeu_ps(eh[hh] + j, sc);
@@ -150,7 +218,8 @@ static inline __attribute__((always_inline)) void row_heads(
 #endif
     for (int hh = 0; hh < HB; hh++)
         for (int64_t jj = j; jj < n; jj++) {
-            const float sc = HIDDEN(mr[jj]) ? -INFINITY : dot(qr[hh], kb + jj * kst, D) * scale + mr[jj];
+            const float sc = HIDDEN(mr[jj]) ? -INFINITY
+                                            : dot(qr[hh], kv_ptr(kb, jj * kst, half), D, half) * scale + mr[jj];
             eh[hh][jj] = sc;
             m[hh] = sc > m[hh] ? sc : m[hh];
         }
@@ -194,9 +263,9 @@ static inline __attribute__((always_inline)) void row_heads(
                 for (int c = 0; c < 4; c++) va[hh][c] = _mm256_setzero_ps();
             for (int64_t jj = 0; jj < n; jj++) {
                 if (!prefix && HIDDEN(mr[jj])) continue;
-                const float *vr = vb + jj * vst + 8 * c0;
+                const void *vr = kv_ptr(vb, jj * vst + 8 * c0, half);
                 for (int c = 0; c < nc; c++) {
-                    const __m256 v = _mm256_loadu_ps(vr + 8 * c);
+                    const __m256 v = kv8(vr, 8 * c, half);
                     for (int hh = 0; hh < HB; hh++)
                         va[hh][c] = _mm256_fmadd_ps(_mm256_set1_ps(eh[hh][jj]), v, va[hh][c]);
                 }
@@ -216,8 +285,8 @@ static inline __attribute__((always_inline)) void row_heads(
             for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
             for (int64_t jj = 0; jj < n; jj++) {
                 if (!prefix && HIDDEN(mr[jj])) continue;
-                const float *vr = vb + jj * vst;
-                for (int64_t d = 0; d < D; d++) acc[d] = fmaf(eh[hh][jj], vr[d], acc[d]);
+                const void *vr = kv_ptr(vb, jj * vst, half);
+                for (int64_t d = 0; d < D; d++) acc[d] = fmaf(eh[hh][jj], kv_at(vr, d, half), acc[d]);
             }
             for (int64_t d = 0; d < D; d++) o[hh][d] = acc[d] / sum[hh];
         }
@@ -227,9 +296,9 @@ static inline __attribute__((always_inline)) void row_heads(
 }
 
 static inline __attribute__((always_inline)) int rowattn_d(
-    const float *query, const int64_t *qs, const float *key, const int64_t *ks,
-    const float *value, const int64_t *vs, const float *mask, const int64_t *ms, float *out,
-    int64_t W, int64_t H, int64_t KV, int64_t Q, int64_t S, int64_t D, float scale) {
+    const float *query, const int64_t *qs, const void *key, const int64_t *ks,
+    const void *value, const int64_t *vs, const float *mask, const int64_t *ms, float *out,
+    int64_t W, int64_t H, int64_t KV, int64_t Q, int64_t S, int64_t D, float scale, int half) {
     float *e = malloc((size_t)(BATCH * (S + 8) + D + 8) * sizeof(float)); /* scores, then an
                                                                            * accumulator */
     int64_t *ends = malloc((size_t)(Q + 1) * sizeof(int64_t)); /* per query row: 1 + its last
@@ -259,8 +328,8 @@ static inline __attribute__((always_inline)) int rowattn_d(
             prefix[i] = n_seen == last + 1;
         }
         for (int64_t g = 0; g < KV; g++) {
-            const float *kb = key + w * ks[0] + g * ks[1];
-            const float *vb = value + w * vs[0] + g * vs[1];
+            const void *kb = kv_ptr(key, w * ks[0] + g * ks[1], half);
+            const void *vb = kv_ptr(value, w * vs[0] + g * vs[1], half);
             for (int64_t i = 0; i < Q; i++) {
                 const float *mr = mask + w * ms[0] + i * ms[2];
                 for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += BATCH) {
@@ -278,13 +347,13 @@ static inline __attribute__((always_inline)) int rowattn_d(
                     /* the batch's size a constant in each call: its accumulators in registers */
                     if (HB == 3)
                         row_heads(3, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e, S, D,
-                                  scale, vec);
+                                  scale, vec, half);
                     else if (HB == 2)
                         row_heads(2, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e, S, D,
-                                  scale, vec);
+                                  scale, vec, half);
                     else
                         row_heads(1, qr, kb, ks[2], vb, vs[2], mr, ends[i], prefix[i], o, e, S, D,
-                                  scale, vec);
+                                  scale, vec, half);
                 }
             }
         }
@@ -295,15 +364,22 @@ static inline __attribute__((always_inline)) int rowattn_d(
     return 0;
 }
 
-/* query (W, H, Q, D), key and value (W, KV, S, D), mask (W, 1, Q, S) additive; `strides`: the
- * four element strides of each, in that order (each last one 1; the mask's first and third may
- * be 0: one mask for every beam row or every query row);
+/* query (W, H, Q, D) fp32, key and value (W, KV, S, D): fp16 (IEEE half bits) where `half`, else
+ * fp32 (read rounded to half), mask (W, 1, Q, S) additive fp32; `strides`: the four element
+ * strides of each, in that order (each last one 1; the mask's first and third may be 0: one
+ * mask for every beam row or every query row);
  * out (W, Q, H, D) contiguous. Returns 0, or -1 when the scratch memory could not be had. */
-int rowattn(const float *query, const float *key, const float *value, const float *mask,
+int rowattn(const float *query, const void *key, const void *value, const float *mask,
             const int64_t *strides, float *out, int64_t W, int64_t H, int64_t KV, int64_t Q,
-            int64_t S, int64_t D, float scale) {
+            int64_t S, int64_t D, float scale, int half) {
     const int64_t *qs = strides, *ks = strides + 4, *vs = strides + 8, *ms = strides + 12;
-    if (D == 64) /* the common head size, its loops unrolled (the same operations) */
-        return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, 64, scale);
-    return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, D, scale);
+    /* each variant a constant in its call: the common head size's loops unrolled, the element
+     * type's loads chosen at compile time (the same operations) */
+    if (D == 64 && half)
+        return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, 64, scale, 1);
+    if (D == 64)
+        return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, 64, scale, 0);
+    if (half)
+        return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, D, scale, 1);
+    return rowattn_d(query, qs, key, ks, value, vs, mask, ms, out, W, H, KV, Q, S, D, scale, 0);
 }

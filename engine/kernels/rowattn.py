@@ -1,5 +1,9 @@
 """Row-invariant attention on the CPU: each output row is a function of its own query and of
-the slots its mask lets it see, computed in a fixed order (rowattn.c's header has it in full).
+the slots its mask lets it see, computed in a fixed order (rowattn.c's header has it in full),
+its keys and values read as IEEE half precision: stored so (a compiled or static step's buffers,
+engine/execution/static_kv.py: half the bytes a step reads), or fp32 rounded to half as they are
+read (generate()'s cache), the same bits either way; the arithmetic is fp32 (llama.cpp's default
+cache type, f16).
 
 Why: with `qmm` (engine/kernels/qmm.py) a packed target's linear products already give a row the
 same bits whatever else the forward holds; torch's attention kernels do not (a verify forward
@@ -40,7 +44,8 @@ def compile_at(out: Path, march: str = "native", defines: tuple[str, ...] = ()
     does not build)."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     return qmm.declared(qmm.compile_native(SOURCE, out, march, defines), rowattn=(
-        [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float], ctypes.c_int))
+        [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int],
+        ctypes.c_int))
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,6 +68,7 @@ def visible(Q: int, S: int, causal: bool) -> torch.Tensor:
 
 
 _STRIDES = ctypes.c_int64 * 16
+KV_DTYPES = (torch.float16, torch.float32)  # what the kernel reads keys and values from
 
 
 def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -71,7 +77,8 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     h // (H / KV)) by `lib`.
 
     Args:
-        query: (W, H, Q, D) fp32; key, value: (W, KV, S, D) fp32 (any strides; the last
+        query: (W, H, Q, D) fp32; key, value: (W, KV, S, D), both fp16 or both fp32 (read
+            rounded to half: the same bits as their fp16 copies; any strides, the last
             dimension is made contiguous); mask: additive fp32 that broadcasts to (W, 1, Q, S)
             (-inf or the lowest finite float: hidden; a longer last dimension is cut to S, as
             sdpa's callers do; another shape raises RuntimeError).
@@ -89,9 +96,10 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     f32 = torch.float32
     if (key.shape[0] != W or DK != D or value.shape != key.shape or KV == 0 or H % KV
             or not (query.is_cpu and key.is_cpu and value.is_cpu and mask.is_cpu)
-            or query.dtype != f32 or key.dtype != f32 or value.dtype != f32):
+            or query.dtype != f32 or key.dtype not in KV_DTYPES or value.dtype != key.dtype):
         raise RuntimeError(f"rowattn: query {tuple(query.shape)}, key {tuple(key.shape)}, "
-                           f"value {tuple(value.shape)} do not fit (fp32 on the CPU)")
+                           f"value {tuple(value.shape)} do not fit (an fp32 query, fp16 or "
+                           "fp32 keys and values, on the CPU)")
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] < S:
         raise RuntimeError(f"rowattn: a mask {tuple(mask.shape)} for {W} x {Q} rows over {S} "
                            "slots")
@@ -104,7 +112,8 @@ def attend(lib: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     out = torch.empty(W, Q, H, D, dtype=f32, device="cpu")  # (W, Q, H, D)
     strides = _STRIDES(*query.stride(), *key.stride(), *value.stride(), *mask.stride())
     done = lib.rowattn(query.data_ptr(), key.data_ptr(), value.data_ptr(), mask.data_ptr(),
-                       strides, out.data_ptr(), W, H, KV, Q, S, D, scale)
+                       strides, out.data_ptr(), W, H, KV, Q, S, D, scale,
+                       int(key.dtype == torch.float16))
     if done != 0:
         raise MemoryError("rowattn: no scratch memory")
     return out
@@ -136,8 +145,10 @@ def _(query, key, value, mask, scale):
 
 def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """The same attention in float64 (rows that see no slot give 0): (W, Q, H, D) fp64."""
+    """The same attention in float64 over the keys and values rounded to half, as the kernel
+    reads them (rows that see no slot give 0): (W, Q, H, D) fp64."""
     H, KV = query.shape[1], key.shape[1]
+    key, value = key.half(), value.half()  # (W, KV, S, D) each
     mask = torch.where(mask <= torch.finfo(torch.float32).min, float("-inf"),
                        mask.double())  # (W or 1, 1, Q, S): the lowest float hides too
     k = key.double().repeat_interleave(H // KV, 1)  # (W, H, S, D)

@@ -81,11 +81,12 @@ def test_the_lowest_float_hides_a_slot_as_minus_infinity_does(lib):
                        rowattn.attend(lib, query, key, value, mask, 0.125))
 
 
-def test_it_equals_torchs_attention_to_float_rounding(lib):
+def test_it_equals_torchs_attention_over_half_keys_and_values_to_float_rounding(lib):
     query, key, value = _inputs(1, 9, 3, 5, 70, 64, seed=1)
     mask = _tree_mask(1, 5, 70)
     sdpa = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, enable_gqa=True).transpose(1, 2)  # (W, Q, H, D)
+        query, key.half().float(), value.half().float(), attn_mask=mask,
+        enable_gqa=True).transpose(1, 2)  # (W, Q, H, D)
     torch.testing.assert_close(rowattn.attend(lib, query, key, value, mask, 64 ** -0.5), sdpa,
                                rtol=1e-5, atol=1e-5)
 
@@ -100,10 +101,55 @@ def test_every_code_path_gives_the_same_bits(lib, tmp_path, name, march, defines
     other = rowattn.compile_at(tmp_path / "rowattn.so", march=march, defines=defines)
     assert other is not None, name
     for W, H, KV, Q, S, D in ((1, 9, 3, 5, 61, 64), (2, 6, 2, 4, 30, 12)):
-        query, key, value = _inputs(W, H, KV, Q, S, D, seed=2)
-        for mask in (_tree_mask(W, Q, S), _tree_mask(1, Q, S).clamp(min=-3.4028234663852886e38)):
-            assert torch.equal(rowattn.attend(other, query, key, value, mask, 0.125),
-                               rowattn.attend(lib, query, key, value, mask, 0.125)), (name, D)
+        query, _, _ = _inputs(W, H, KV, Q, S, D, seed=2)
+        both, value = _halfway_inputs(W, KV, S, D, seed=5)
+        for key, val in ((both[0], value), (both[0].half(), value.half())):
+            for mask in (_tree_mask(W, Q, S),
+                         _tree_mask(1, Q, S).clamp(min=-3.4028234663852886e38)):
+                assert torch.equal(rowattn.attend(other, query, key, val, mask, 0.125),
+                                   rowattn.attend(lib, query, key, val, mask, 0.125)), (name, D)
+
+
+def _halfway_inputs(W: int, KV: int, S: int, D: int, seed: int):
+    """Keys and values whose roundings to half are the hard cases: ties between two halves
+    (to even), values just above and just below a tie, subnormal halves, values just under
+    the smallest normal half (some round up to it), just under 65520 (rounds to the largest
+    finite half, 65504), zeros of both signs, and plain normal values."""
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randint(0, 0x7bff, (2, W, KV, S, D), generator=gen, dtype=torch.int32)
+    lo = h.to(torch.int16).view(torch.float16).float()  # (2, W, KV, S, D) exact halves
+    hi = (h + 1).to(torch.int16).view(torch.float16).float()
+    pick = torch.randint(0, 7, lo.shape, generator=gen)
+    mid = (lo + hi) / 2  # a tie (exact in fp32 below 2^15)
+    x = torch.where(pick == 0, mid, lo)
+    x = torch.where(pick == 1, torch.nextafter(mid, hi), x)  # just above a tie: rounds up
+    x = torch.where(pick == 2, torch.nextafter(mid, lo), x)  # just below: rounds down
+    x = torch.where(pick == 3, torch.rand(lo.shape, generator=gen) * 6.2e-5, x)  # subnormal
+    # halves and the values under 2^-14 (6.1035e-5) that round up to the smallest normal
+    x = torch.where(pick == 4, torch.randn(lo.shape, generator=gen), x)
+    x = x * torch.where(torch.rand(lo.shape, generator=gen) < 0.5, -1.0, 1.0)
+    x[..., 0, 0] = torch.tensor([65504.0, -0.0])[:, None, None].expand(2, W, KV)
+    x[1, ..., 1, 0] = 65519.996  # the largest float under 65520: rounds to 65504
+    x[1, ..., 1, 1] = 2.0 ** -14 - 2.0 ** -25  # a tie between the largest subnormal half
+    x[1, ..., 1, 2] = 2.0 ** -14 - 2.0 ** -26  # and 2^-14 (to even: 2^-14), and above it
+    return (x / 1024).contiguous(), x[1].contiguous()  # keys scaled down: finite scores
+
+
+def test_fp32_keys_and_values_give_the_bits_of_their_half_copies(lib):
+    """generate()'s cache holds fp32, a compiled step's buffers fp16: the kernel reads the
+    former rounded to half (to nearest, ties to even) as torch's conversion rounds, so both
+    give the same bits, in the vector loops and the scalar tails alike."""
+    for W, H, KV, Q, S, D in ((1, 9, 3, 5, 61, 64), (2, 6, 2, 4, 30, 12), (1, 2, 1, 2, 11, 264)):
+        query, _, _ = _inputs(W, H, KV, Q, S, D, seed=3)
+        both, value = _halfway_inputs(W, KV, S, D, seed=4)
+        key = both[0]
+        mask = _tree_mask(W, Q, S)
+        fp32 = rowattn.attend(lib, query, key, value, mask, 0.125)
+        fp16 = rowattn.attend(lib, query, key.half(), value.half(), mask, 0.125)
+        assert torch.isfinite(fp32).all()
+        assert torch.equal(fp32, fp16), (W, H, KV, Q, S, D)
+        exact = rowattn.attend(lib, query, key.half().float(), value.half().float(), mask, 0.125)
+        assert torch.equal(fp32, exact)  # rounding a half again changes nothing
 
 
 def test_a_row_depends_on_its_query_and_visible_slots_alone(lib):
@@ -289,6 +335,64 @@ def test_only_a_packed_target_is_given_the_row_attention(tmp_path):
     assert stock.config._attn_implementation == attention.NAME
 
 
+@pytest.mark.parametrize("kv", ["static", "captured", "dynamic"])  # captured on a CPU: the
+def test_a_packed_targets_static_buffers_hold_half_and_its_run_keeps_generates_tokens(  # steps
+
+        tmp_path, monkeypatch, kv):
+    """A packed target's static keys and values are fp16 (rowattn reads them as half anyway),
+    a stock model's keep its dtype; the run's tokens are generate()'s, whose cache holds fp32."""
+    from engine.execution import static_kv
+
+    monkeypatch.setenv("SPECVIZ_KV", kv)
+    model = _packed_tiny(tmp_path)
+    pair = engine.load_pair(target=model, draft="", device="cpu")
+    prompt = [3, 17, 5, 9, 41, 2]
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                             min_new_tokens=12)[0, len(prompt):].tolist()
+    assert list(engine.generate(pair, prompt, "greedy", max_new_tokens=12).token_ids) == ref
+    sets = static_kv.pool_sets(model)
+    if kv != "dynamic":
+        assert sets and {layer.keys.dtype for s in sets for layer in s.cache.layers} == {
+            torch.float16}
+        # the fixed-shape steps' masks stay fp32: an fp16 mask's lowest value (-65504) is no
+        # hidden slot to rowattn, which would attend the whole view (the same bits, 4x the time)
+        masks = [g.inputs["attention_mask"] for s in sets for g in s.graphs.values() if g]
+        assert {m.dtype for m in masks} == ({torch.float32} if kv == "captured" else set())
+        stock = model_from_config(tiny_config("llama", vocab_size=64, layers=2), seed=0)
+        stock_pair = engine.load_pair(target=stock, draft="", device="cpu")
+        engine.generate(stock_pair, prompt, "greedy", max_new_tokens=4)
+        assert {layer.values.dtype for s in static_kv.pool_sets(stock)
+                for layer in s.cache.layers} == {torch.float32}
+    else:
+        assert not sets  # the eager runner's own cache: fp32, read as half
+
+
+def test_fp16_buffers_and_an_fp32_cache_give_a_packed_target_the_same_logits(tmp_path,
+                                                                               monkeypatch):
+    """The fixed-shape steps over fp16 buffers (captured: on a CPU run eagerly) and the eager
+    runner over its fp32 cache give every token's logits the same bits."""
+    from engine.core.forest import ROOT
+    from engine.execution.cached_model import CachedModel
+
+    model = _packed_tiny(tmp_path)
+    engine.load_pair(target=model, draft="", device="cpu")
+    prompt = torch.tensor([[3, 17, 5, 9, 41, 2, 33, 12]])
+    got = {}
+    for kv in ("dynamic", "captured"):
+        monkeypatch.setenv("SPECVIZ_KV", kv)
+        runner = CachedModel(model)
+        runner.start(prompt)
+        got[kv] = [runner.feed(torch.tensor([[7, 19, 23]]), torch.tensor([[ROOT, 0, 1]]))]
+        runner.commit(torch.arange(1), torch.tensor([[0, 1]]), torch.tensor([[7, 19]]),
+                      torch.tensor([[4]]))
+        got[kv].append(runner.feed(torch.tensor([[5, 6]]), torch.tensor([[ROOT, ROOT]])))
+        assert runner.served[-1] == ("padded" if kv == "captured" else "dynamic")
+    for a, b in zip(got["dynamic"], got["captured"]):
+        assert torch.equal(a.root_logits, b.root_logits)
+        assert torch.equal(a.node_logits, b.node_logits)
+
+
 def test_gradients_and_other_dtypes_leave_the_kernel_for_torchs_attention(lib):
     query, key, value = _inputs(1, 4, 2, 3, 16, 16, seed=5)
     mask = _tree_mask(1, 3, 16)
@@ -315,9 +419,11 @@ class _Layer(torch.nn.Module):
 
 
 def _sdpa(query, key, value, mask, **kw):
+    """transformers' sdpa over the keys and values rounded to half (as rowattn reads them)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    return sdpa_attention_forward(_Layer(query.shape[1] // key.shape[1]), query, key, value,
-                                  mask, scaling=0.25, **kw)[0]
+    return sdpa_attention_forward(_Layer(query.shape[1] // key.shape[1]), query,
+                                  key.half().float(), value.half().float(), mask, scaling=0.25,
+                                  **kw)[0]
 
 
 def _spy(monkeypatch) -> list:
@@ -358,12 +464,16 @@ def test_masks_of_other_shapes_broadcast_or_go_to_torchs_attention(lib, monkeypa
         rowattn.attend(lib, query, key, value, per_head, 0.25)
 
 
-def test_a_draft_trees_nodes_get_the_bits_of_the_chains_they_stand_for(tmp_path):
+@pytest.mark.parametrize("kv", ["dynamic", "static"])  # fp32 cache / fp16 buffers
+def test_a_draft_trees_nodes_get_the_bits_of_the_chains_they_stand_for(tmp_path, monkeypatch,
+                                                                       kv):
     """Through the engine's runner and its masks: siblings and a grandchild fed as one forest
-    equal the same tokens fed as chains."""
+    equal the same tokens fed as chains (a node's hidden siblings sit before it: its visible
+    slots are no prefix), on the eager path and on the static one's fixed-shape steps."""
     from engine.core.forest import ROOT
     from engine.execution.cached_model import CachedModel
 
+    monkeypatch.setenv("SPECVIZ_KV", kv)
     model = _packed_tiny(tmp_path)
     engine.load_pair(target=model, draft="", device="cpu")
     prompt = torch.tensor([[3, 17, 5, 9, 41, 2]])
@@ -379,3 +489,4 @@ def test_a_draft_trees_nodes_get_the_bits_of_the_chains_they_stand_for(tmp_path)
         assert torch.equal(got.root_logits, one.root_logits)
         assert torch.equal(got.node_logits[0, n], one.node_logits[0, 0]), n
     assert torch.equal(got.node_logits[0, 8], one.node_logits[0, 1])
+    assert tree.served[-1] == kv
