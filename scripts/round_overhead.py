@@ -7,7 +7,7 @@ verified path, the share accepted).
     SPECVIZ_THREADS=1 taskset -c 1 .venv/bin/python scripts/round_overhead.py \\
         [--target embedded-q4] [--prompts 3] [--repeats 2] [--methods greedy,sd,mcsd] \\
         [--prompts-file assets/sets/specbench_mini.jsonl] [--preset] [--warm-all] \\
-        [--out overhead.json]
+        [--kv-dtype fp32] [--out overhead.json]
 
 The first --prompts prompts of --prompts-file (default the held-out set,
 assets/heldout/heldout.jsonl; pass a tuning set such as specbench_mini to tune on it), chat
@@ -137,9 +137,16 @@ def main() -> None:
     ap.add_argument("--warm-all", action="store_true",
                     help="warm up on every prompt, not the first only (compiled steps)")
     ap.add_argument("--profile", default="", help="cProfile one method's runs into this file")
+    ap.add_argument("--kv-dtype", choices=("fp16", "fp32"), default="fp16",
+                    help="a packed target's static key/value buffers: fp16 (the engine's) or "
+                    "fp32 (read rounded to half: the same bits, twice the bytes read and a "
+                    "conversion more; not the code before 2026-12-06, whose kernel read fp32)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.kv_dtype == "fp32":
+        from engine.kernels import attention
+        attention.kv_dtype = lambda layer, dtype: dtype
     lines = (ROOT / args.prompts_file).read_text().splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines[: args.prompts]]
     methods = args.methods.split(",")
@@ -167,6 +174,7 @@ def main() -> None:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").dump_stats(args.profile)
     out = {"target": args.target, "cpu": _cpu(), "threads": torch.get_num_threads(),
+           "kv_dtype": args.kv_dtype,
            "params": params, "methods": {m: summary(runs[m]) for m in methods},
            "tokens": {m: [r["tokens"] for r in runs[m][: len(prompts)]] for m in methods}}
     for m in methods:
