@@ -14,7 +14,7 @@ pytestmark = pytest.mark.embedded
 K, TOL = 4, 1e-4
 # (prompt, raw, max_new_tokens): a chat question that stops at EOS, a raw continuation that
 # runs to max_new_tokens
-PROMPTS = [("What is the capital of France?", False, 40), ("The three primary colors are",
+PROMPTS = [("What is the capital of Italy?", False, 40), ("The three primary colors are",
                                                           True, 12)]
 
 

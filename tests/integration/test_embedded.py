@@ -15,7 +15,8 @@ import engine
 pytestmark = pytest.mark.embedded
 
 PROMPTS = [
-    "What is the capital of France?",  # stops at EOS well before the limit
+    "What is the capital of Italy?",  # stops at EOS well before the limit (France's flips to
+    # a runaway answer at a 0.013 logit tie under the fp16 cache: the first token, "The" or "L")
     "Write a haiku about autumn leaves.",
     "List three uses of a paperclip.",
 ]
