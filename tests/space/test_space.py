@@ -7,21 +7,20 @@ compile them in the background (tests/ui/test_model_thread.py tests that warm-up
 core the suite does not spend twice.
 
 A Space installs only ``pip install -r requirements.txt``. The app runs in the suite's own
-environment (requirements-dev.txt: requirements.txt plus the test tools), under ``python -X
-importtime``, which logs every module the process imports, at start and during the Run; each
-one must be the standard library's, the repository's, or a module of a distribution that
-requirements.txt installs (its lines, then each installed distribution's own requirements,
-markers evaluated), at a version its line allows. The suite built a fresh environment from
-requirements.txt alone before (2026-12-07): 60-80 s of a 2-core machine's suite on each clean
-machine, for what these two checks see, save a requirement pip cannot install alone (setup.sh
-installs requirements.txt through requirements-dev.txt, so it fails there first).
+environment (requirements-dev.txt: requirements.txt plus the test tools), and a thread beside it
+writes the file of every module the process holds (``sys.modules``, at start and during the
+Run); each file in site-packages must belong to a distribution that requirements.txt installs
+(its lines, then each installed distribution's own requirements, markers and extras followed),
+at a version its line allows. The suite built a fresh environment from requirements.txt alone
+before (2026-12-07): 60-80 s of a 2-core machine's suite on each clean machine, for what these
+checks see, save a requirement pip cannot install alone (setup.sh installs requirements.txt
+through requirements-dev.txt, so it fails there first).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -76,40 +75,71 @@ def installed_closure(reqs: list[Requirement]) -> dict[str, Requirement]:
     return seen
 
 
-def imported_top_levels(importtime_log: str) -> set[str]:
-    """The top-level names of the modules a `python -X importtime` process logged."""
-    names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)\s*$", importtime_log,
-                       re.MULTILINE)
-    return {name.split(".")[0] for name in names}
+# app.py run as __main__, with a thread that writes {module: file} of sys.modules to argv[1]
+# every half second (imports that failed are not there; a namespace package has no file)
+WATCHED = """
+import json, os, runpy, sys, threading, time
+out = sys.argv.pop(1)
+def watch():
+    while True:
+        time.sleep(0.5)
+        files = {n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}
+        with open(out + ".tmp", "w") as f:
+            json.dump(files, f)
+        os.replace(out + ".tmp", out)
+threading.Thread(target=watch, daemon=True).start()
+sys.argv[0] = "app.py"
+runpy.run_path("app.py", run_name="__main__")
+"""
 
 
-def distributions_outside(modules: set[str], closure: dict[str, Requirement],
-                          local: set[str]) -> dict[str, set[str]]:
-    """module -> the distributions providing it, for each module of modules that is installed
-    here (an import tried and failed is logged too: an optional one) and is neither the
-    standard library's, nor local, nor a module of a distribution in closure."""
-    providers = metadata.packages_distributions()
+def installed_files() -> dict[str, str]:
+    """Each installed file (its normalised path) -> its distribution's canonical name."""
+    owner = {}
+    for dist in metadata.distributions():
+        name = canonicalize_name(dist.metadata["Name"])
+        for f in dist.files or []:
+            owner[os.path.normpath(dist.locate_file(f))] = name
+    return owner
+
+
+def modules_outside(loaded: dict[str, str | None], closure: dict[str, Requirement],
+                    site: Path) -> dict[str, str]:
+    """module -> the distribution its file belongs to ("?": none), for each loaded module
+    whose file lies in site (site-packages) and is not a file of a distribution in closure."""
+    owner = installed_files()
+    allowed = set(closure) | VENV_OWN
+    site_dir = os.path.normpath(site) + os.sep
     outside = {}
-    for module in modules - set(sys.stdlib_module_names) - local:
-        if importlib.util.find_spec(module) is None:
-            continue
-        dists = {canonicalize_name(d) for d in providers.get(module, [])}
-        if not dists & (set(closure) | VENV_OWN):
-            outside[module] = dists
+    for module, file in loaded.items():
+        path = os.path.normpath(file) if file else ""
+        if not path.startswith(site_dir):
+            continue  # the standard library's, the app's own, built in, or a namespace
+        if owner.get(path) not in allowed:
+            outside[module] = owner.get(path, "?")
     return outside
 
 
 def test_the_closure_follows_requirements_their_extras_and_markers():
     """The closure walk: requests brings in its dependencies, a marker false here drops one,
-    a module no listed distribution provides (pytest, from requirements-dev.txt) is named as
-    outside, and an import that failed (an optional one) is not."""
+    and a loaded module of a distribution outside it (pytest, from requirements-dev.txt) is
+    named, a standard or local module is not."""
+    import json
+
+    import _pytest
+    import requests
+    import urllib3
+
+    import engine
+
     closure = installed_closure([Requirement("requests"),
                                  Requirement('numpy; python_version < "3"')])
     assert {"requests", "urllib3", "idna", "certifi"} <= set(closure)
     assert "numpy" not in closure
-    outside = distributions_outside({"requests", "urllib3", "json", "pytest", "engine",
-                                     "no_such_module"}, closure, local={"engine"})
-    assert outside == {"pytest": {"pytest"}}
+    loaded = {m.__name__: m.__file__ for m in (requests, urllib3, json, _pytest, engine)}
+    loaded["backports"] = None  # a namespace package
+    site = Path(requests.__file__).parents[1]
+    assert modules_outside(loaded, closure, site) == {"_pytest": "pytest"}
 
 
 def test_requirements_txt_covers_the_suites_own_environment_at_allowed_versions():
@@ -147,14 +177,14 @@ def test_a_space_serves_the_app_and_runs_the_default_pair_on_requirements_txt_al
     from gradio_client import Client
 
     app_dir = copy_repo(tmp_path / "space")
-    port, log = free_port(), tmp_path / "app.log"
+    port, log, modules_file = free_port(), tmp_path / "app.log", tmp_path / "modules.json"
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
            "HOME": str(tmp_path / "home"), "SPECVIZ_CACHE": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "GRADIO_SERVER_PORT": str(port),
            **SPACE_ENV}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-X", "importtime", "app.py"], cwd=app_dir,
-                                env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, "-c", WATCHED, str(modules_file)],
+                                cwd=app_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}/"
@@ -166,6 +196,8 @@ def test_a_space_serves_the_app_and_runs_the_default_pair_on_requirements_txt_al
                              api_name="/run")
         run_md = dict(zip(OUTPUTS, out))["run_md"]
         assert run_md.startswith("**sd**") and "8 tokens in" in run_md, run_md
+        time.sleep(1.5)  # the watcher's next write holds what the Run imported
+        loaded = json.loads(modules_file.read_text())
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -173,8 +205,8 @@ def test_a_space_serves_the_app_and_runs_the_default_pair_on_requirements_txt_al
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    modules = imported_top_levels(log.read_text())
-    assert {"gradio", "transformers", "torch", "engine", "specviz"} <= modules
-    local = {p.stem for p in app_dir.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
-    outside = distributions_outside(modules, installed_closure(requirements()), local)
-    assert not outside, f"imported, not installed by requirements.txt: {outside}"
+    assert {"gradio", "transformers", "torch", "engine", "specviz"} <= set(loaded)
+    site = Path(metadata.distribution("gradio").locate_file(""))
+    outside = modules_outside(loaded, installed_closure(requirements()), site)
+    by_dist = {d: sorted(m for m in outside if outside[m] == d)[:3] for d in set(outside.values())}
+    assert not outside, f"loaded, not installed by requirements.txt: {by_dist}"
