@@ -46,7 +46,6 @@ SPACE_ENV = {  # what a CPU Space's settings hold (README, "Host it on a Space")
     "SPECVIZ_KV": "dynamic",  # device's default target, embedded-q4:a8
 }
 START_S = 180  # imports, then the page; the model loads (and converts) on the first Run
-VENV_OWN = {"pip", "setuptools"}  # what `python -m venv` puts in every environment
 
 
 def requirements(path: Path = REPO / "requirements.txt") -> list[Requirement]:
@@ -55,11 +54,11 @@ def requirements(path: Path = REPO / "requirements.txt") -> list[Requirement]:
     return [Requirement(line) for line in lines if line]
 
 
-def installed_closure(reqs: list[Requirement]) -> dict[str, Requirement]:
-    """Every distribution that installing reqs installs, by canonical name, with the
-    requirement that brought it in: reqs, then each installed distribution's own
-    requirements (Requires-Dist), markers evaluated with the extras asked for."""
-    seen: dict[str, Requirement] = {}
+def installed_closure(reqs: list[Requirement]) -> dict[str, list[Requirement]]:
+    """Every distribution that installing reqs installs, by canonical name, with every
+    requirement on it: reqs, then each installed distribution's own requirements
+    (Requires-Dist), markers evaluated with the extras asked for."""
+    seen: dict[str, list[Requirement]] = {}
     done: set[tuple[str, str]] = set()  # (distribution, extra) whose requirements are in
     todo = [(r, "") for r in reqs]
     while todo:
@@ -67,7 +66,7 @@ def installed_closure(reqs: list[Requirement]) -> dict[str, Requirement]:
         if req.marker is not None and not req.marker.evaluate({"extra": extra}):
             continue
         name = canonicalize_name(req.name)
-        seen.setdefault(name, req)
+        seen.setdefault(name, []).append(req)
         for ex in ["", *sorted(req.extras)]:  # its base requirements, then each extra's
             if (name, ex) not in done:
                 done.add((name, ex))
@@ -75,18 +74,24 @@ def installed_closure(reqs: list[Requirement]) -> dict[str, Requirement]:
     return seen
 
 
-# app.py run as __main__, with a thread that writes {module: file} of sys.modules to argv[1]
-# every half second (imports that failed are not there; a namespace package has no file)
+# app.py run as __main__, with a thread that writes to argv[1], every half second, the time and
+# {module: file} of every module sys.modules has held so far (an import that failed is never
+# there; a namespace package has no file)
 WATCHED = """
-import json, os, runpy, sys, threading, time
+import json, os, runpy, sys, threading, time, traceback
 out = sys.argv.pop(1)
 def watch():
+    held = {}
     while True:
         time.sleep(0.5)
-        files = {n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}
-        with open(out + ".tmp", "w") as f:
-            json.dump(files, f)
-        os.replace(out + ".tmp", out)
+        try:
+            for n, m in list(sys.modules.items()):
+                held.setdefault(n, getattr(m, "__file__", None))
+            with open(out + ".tmp", "w") as f:
+                json.dump({"t": time.time(), "modules": held}, f, default=str)
+            os.replace(out + ".tmp", out)
+        except Exception:
+            traceback.print_exc()
 threading.Thread(target=watch, daemon=True).start()
 sys.argv[0] = "app.py"
 runpy.run_path("app.py", run_name="__main__")
@@ -103,12 +108,11 @@ def installed_files() -> dict[str, str]:
     return owner
 
 
-def modules_outside(loaded: dict[str, str | None], closure: dict[str, Requirement],
-                    site: Path) -> dict[str, str]:
+def modules_outside(loaded: dict[str, str | None], closure: dict, site: Path) -> dict[str, str]:
     """module -> the distribution its file belongs to ("?": none), for each loaded module
     whose file lies in site (site-packages) and is not a file of a distribution in closure."""
     owner = installed_files()
-    allowed = set(closure) | VENV_OWN
+    allowed = set(closure)
     site_dir = os.path.normpath(site) + os.sep
     outside = {}
     for module, file in loaded.items():
@@ -122,10 +126,9 @@ def modules_outside(loaded: dict[str, str | None], closure: dict[str, Requiremen
 
 def test_the_closure_follows_requirements_their_extras_and_markers():
     """The closure walk: requests brings in its dependencies, a marker false here drops one,
-    and a loaded module of a distribution outside it (pytest, from requirements-dev.txt) is
-    named, a standard or local module is not."""
-    import json
-
+    an extra brings in its own (safetensors[torch]: torch), and a loaded module of a
+    distribution outside it (pytest, from requirements-dev.txt) is named, a standard or local
+    module is not."""
     import _pytest
     import requests
     import urllib3
@@ -136,16 +139,23 @@ def test_the_closure_follows_requirements_their_extras_and_markers():
                                  Requirement('numpy; python_version < "3"')])
     assert {"requests", "urllib3", "idna", "certifi"} <= set(closure)
     assert "numpy" not in closure
+    assert "torch" in installed_closure([Requirement("safetensors[torch]")])
+    assert "torch" not in installed_closure([Requirement("safetensors")])
     loaded = {m.__name__: m.__file__ for m in (requests, urllib3, json, _pytest, engine)}
     loaded["backports"] = None  # a namespace package
     site = Path(requests.__file__).parents[1]
     assert modules_outside(loaded, closure, site) == {"_pytest": "pytest"}
 
 
-def test_requirements_txt_covers_the_suites_own_environment_at_allowed_versions():
-    for name, req in installed_closure(requirements()).items():
+def test_the_suites_environment_holds_versions_every_requirement_allows():
+    """Each distribution of requirements.txt's closure is installed here at a version that
+    each requirement on it allows (requirements.txt's own line and every other's)."""
+    closure = installed_closure(requirements())
+    assert "torch==2.13.0" in map(str, closure["torch"])  # the file's own line among them
+    for name, reqs in closure.items():
         version = metadata.version(name)
-        assert req.specifier.contains(version, prereleases=True), (name, version, str(req))
+        for req in reqs:
+            assert req.specifier.contains(version, prereleases=True), (name, version, str(req))
 
 
 def copy_repo(dest: Path) -> Path:
@@ -173,7 +183,8 @@ def wait_for_page(url: str, proc: subprocess.Popen, log: Path) -> int:
     raise AssertionError(f"no page after {START_S} s:\n{log.read_text()[-3000:]}")
 
 
-def test_a_space_serves_the_app_and_runs_the_default_pair_on_requirements_txt_alone(tmp_path):
+def test_a_space_serves_the_app_runs_the_default_pair_and_loads_only_requirements_txt(
+        tmp_path):
     from gradio_client import Client
 
     app_dir = copy_repo(tmp_path / "space")
@@ -196,8 +207,16 @@ def test_a_space_serves_the_app_and_runs_the_default_pair_on_requirements_txt_al
                              api_name="/run")
         run_md = dict(zip(OUTPUTS, out))["run_md"]
         assert run_md.startswith("**sd**") and "8 tokens in" in run_md, run_md
-        time.sleep(1.5)  # the watcher's next write holds what the Run imported
-        loaded = json.loads(modules_file.read_text())
+        ran = time.time()
+        held = {"t": 0.0}
+        for _ in range(40):  # the watcher's first write after the Run holds what it imported
+            time.sleep(0.25)
+            if modules_file.exists():
+                held = json.loads(modules_file.read_text())
+                if held["t"] > ran:
+                    break
+        assert held["t"] > ran, f"no list of modules after the Run:\n{log.read_text()[-3000:]}"
+        loaded = held["modules"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -207,6 +226,9 @@ def test_a_space_serves_the_app_and_runs_the_default_pair_on_requirements_txt_al
             proc.wait()
     assert {"gradio", "transformers", "torch", "engine", "specviz"} <= set(loaded)
     site = Path(metadata.distribution("gradio").locate_file(""))
+    in_site = [m for m, f in loaded.items() if f and os.path.normpath(f).startswith(
+        os.path.normpath(site) + os.sep)]
+    assert "gradio" in in_site and "torch" in in_site and len(in_site) > 500, len(in_site)
     outside = modules_outside(loaded, installed_closure(requirements()), site)
     by_dist = {d: sorted(m for m in outside if outside[m] == d)[:3] for d in set(outside.values())}
     assert not outside, f"loaded, not installed by requirements.txt: {by_dist}"
