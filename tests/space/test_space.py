@@ -8,13 +8,15 @@ core the suite does not spend twice.
 
 A Space installs only ``pip install -r requirements.txt``. The app runs in the suite's own
 environment (requirements-dev.txt: requirements.txt plus the test tools), and a thread beside it
-writes the file of every module the process holds (``sys.modules``, at start and during the
+writes the file of every module the process has held (``sys.modules``, at start and through the
 Run); each file in site-packages must belong to a distribution that requirements.txt installs
 (its lines, then each installed distribution's own requirements, markers and extras followed),
-at a version its line allows. The suite built a fresh environment from requirements.txt alone
-before (2026-12-07): 60-80 s of a 2-core machine's suite on each clean machine, for what these
-checks see, save a requirement pip cannot install alone (setup.sh installs requirements.txt
-through requirements-dev.txt, so it fails there first).
+installed at a version every requirement on it allows. Until 2026-12-07 the suite built a fresh
+environment from requirements.txt alone instead: 60-80 s of a 2-core machine's suite on each
+clean machine. What that saw and this does not: the versions pip picks for requirements.txt
+alone (here they are resolved beside the test tools), a venv's bundled pip installing the file
+(setup.sh's newest pip installs it, through requirements-dev.txt: a line pip cannot install
+fails there), and imports in the app's child processes (today only the C compiler).
 """
 
 from __future__ import annotations
