@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/python -m ruff check engine specviz tests app.py || exit 1
 # the repository's byte-code, once for every process of the run (where PYTHONDONTWRITEBYTECODE
-# is set, each would compile engine/ and specviz/ at import: about 0.7 s)
+# is set, each would compile engine/'s modules at import: 0.40 s against 0.17, Intel Xeon)
 .venv/bin/python -m compileall -q -j 0 engine specviz tests app.py > /dev/null || true
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=10 \
   -n 2 --dist loadfile --no-loadscope-reorder tests "$@"

@@ -110,20 +110,20 @@ def installed_files() -> dict[str, str]:
     return owner
 
 
+def in_site(loaded: dict[str, str | None], site: Path) -> dict[str, str]:
+    """module -> its normalised file, for each loaded module whose file lies in site
+    (site-packages; not the standard library's, the app's own, a built-in or a namespace)."""
+    site_dir = os.path.normpath(site) + os.sep
+    files = {m: os.path.normpath(f) for m, f in loaded.items() if f}
+    return {m: f for m, f in files.items() if f.startswith(site_dir)}
+
+
 def modules_outside(loaded: dict[str, str | None], closure: dict, site: Path) -> dict[str, str]:
     """module -> the distribution its file belongs to ("?": none), for each loaded module
-    whose file lies in site (site-packages) and is not a file of a distribution in closure."""
+    whose file lies in site and is not a file of a distribution in closure."""
     owner = installed_files()
-    allowed = set(closure)
-    site_dir = os.path.normpath(site) + os.sep
-    outside = {}
-    for module, file in loaded.items():
-        path = os.path.normpath(file) if file else ""
-        if not path.startswith(site_dir):
-            continue  # the standard library's, the app's own, built in, or a namespace
-        if owner.get(path) not in allowed:
-            outside[module] = owner.get(path, "?")
-    return outside
+    return {m: owner.get(f, "?") for m, f in in_site(loaded, site).items()
+            if owner.get(f) not in closure}
 
 
 def test_the_closure_follows_requirements_their_extras_and_markers():
@@ -228,9 +228,8 @@ def test_a_space_serves_the_app_runs_the_default_pair_and_loads_only_requirement
             proc.wait()
     assert {"gradio", "transformers", "torch", "engine", "specviz"} <= set(loaded)
     site = Path(metadata.distribution("gradio").locate_file(""))
-    in_site = [m for m, f in loaded.items() if f and os.path.normpath(f).startswith(
-        os.path.normpath(site) + os.sep)]
-    assert "gradio" in in_site and "torch" in in_site and len(in_site) > 500, len(in_site)
+    checked = in_site(loaded, site)
+    assert "gradio" in checked and "torch" in checked and len(checked) > 500, len(checked)
     outside = modules_outside(loaded, installed_closure(requirements()), site)
     by_dist = {d: sorted(m for m in outside if outside[m] == d)[:3] for d in set(outside.values())}
     assert not outside, f"loaded, not installed by requirements.txt: {by_dist}"
