@@ -23,9 +23,12 @@ step on seeded inputs of its shapes (:func:`probe`: distinct ids, positions and 
 must give its bits (a packed model: the compiled path's claim) or agree to float rounding; a
 step that disagrees or raises is deleted and the shape compiled afresh (the check is what
 makes a key that missed a setting safe: a mutation test shows the wrong tokens without it).
-A file that cannot be read is compiled afresh; a step that cannot be compiled ahead of time:
-one log line, and it is compiled in memory (a second compile); a store that cannot be
-written: one log line, and the step serves unsaved.
+A file starts with the texts its names digest (:func:`step_key`, one JSON line); a file whose
+line is not this step's (a digest's collision, a file copied or renamed) is deleted unrun: a
+step of other shapes would write outside the slots it is given, before any check could
+refuse it. A file that cannot be read is compiled afresh; a step that cannot be compiled
+ahead of time: one log line, and it is compiled in memory (a second compile); a store that
+cannot be written: one log line, and the step serves unsaved.
 
 Steps are kept in one folder per machine class, engine version, thread count and inductor
 environment; a new folder drops all but the KEEP_FOLDERS - 1 most recently made other step
@@ -96,6 +99,14 @@ def step_path(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor],
     root = store_dir()
     if root is None:
         return None
+    version, key = step_key(decoder, cache, inputs, options)
+    return root / _digest(version, 16) / f"{_digest(key, 24)}.step"
+
+
+def step_key(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor],
+             options: dict | None = None) -> tuple[str, str]:
+    """(version, key): the texts a step's folder and file names digest; a stored file
+    starts with both (one JSON line), and a file whose line differs is never run."""
     device = str(next(iter(inputs.values())).device)
     env = sorted((k, v) for k, v in os.environ.items()
                  if (k.startswith("TORCHINDUCTOR_") and k != "TORCHINDUCTOR_CACHE_DIR")
@@ -109,7 +120,7 @@ def step_path(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor],
     key = json.dumps([model_key(decoder), shape, buffers, len(cache.layers), cache.rows,
                       cache.view, int(cache.slots.numel()), torch.is_grad_enabled(),
                       torch.is_inference_mode_enabled(), repr(sorted((options or {}).items()))])
-    return root / _digest(version, 16) / f"{_digest(key, 24)}.step"
+    return version, key
 
 
 def probe(decoder: nn.Module, inputs: dict[str, torch.Tensor],
@@ -175,7 +186,8 @@ def load_or_compile(call: Callable, decoder: nn.Module, cache_kw: dict, cache: A
     path = step_path(decoder, cache, inputs, options)
     if path is None:
         return None
-    fn = _load(path, call)
+    record = json.dumps(step_key(decoder, cache, inputs, options)).encode()
+    fn = _load(path, call, record)
     if fn is not None:
         check = probe(decoder, inputs)
         try:
@@ -204,7 +216,7 @@ def load_or_compile(call: Callable, decoder: nn.Module, cache_kw: dict, cache: A
         path.parent.mkdir(parents=True, exist_ok=True)
         if new:
             _prune(path.parent)
-        fn.save_compiled_function(str(path))
+        _save(fn, path, record)
     except Exception as e:  # noqa: BLE001 - the step serves, unsaved
         LOG.warning("compiled step not saved to %s: %s: %s", path.parent, type(e).__name__,
                     (str(e).splitlines() or [""])[0][:200])
@@ -216,10 +228,32 @@ def _count(what: str) -> None:
         STATS[what] += 1
 
 
-def _load(path: Path, call: Callable):
-    """The stored step at path, or None (absent; unreadable: logged)."""
+def _save(fn: Any, path: Path, record: bytes) -> None:
+    """Write the step to path after its key line (a temporary file in the folder, renamed
+    into place: a reader never sees half a step)."""
+    tmp = path.with_name(f"tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    try:
+        fn.save_compiled_function(str(tmp))
+        body = tmp.read_bytes()
+        tmp.write_bytes(record + b"\n" + body)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load(path: Path, call: Callable, record: bytes):
+    """The stored step at path, or None: absent; unreadable, or stored for another key (a
+    digest's collision, a file copied or renamed): logged and deleted, never run (a step of
+    other shapes would read and write outside this cache's buffers)."""
     try:
         with open(path, "rb") as f:
+            line = f.readline().rstrip(b"\n")
+            if line != record:
+                LOG.warning("stored compiled step %s was stored for another step (its key "
+                            "line differs), compiled afresh", path.name)
+                _count("rejected")
+                path.unlink(missing_ok=True)
+                return None
             fn = torch.compiler.load_compiled_function(f, f_globals=call.__globals__)
     except FileNotFoundError:
         return None

@@ -99,8 +99,8 @@ def test_a_loaded_step_that_disagrees_with_the_eager_step_is_compiled_afresh(
 
 def test_a_damaged_step_file_is_compiled_afresh(store, use, caplog):
     copy = use(store)
-    for path in steps(copy):
-        path.write_bytes(b"not a compiled step")
+    for path in steps(copy):  # its key line kept: the body is what cannot be read
+        path.write_bytes(path.read_bytes().split(b"\n", 1)[0] + b"\nnot a compiled step")
     before = dict(step_store.STATS)
     with caplog.at_level(logging.WARNING, logger=step_store.LOG.name):
         ours, ref = greedy_run(model(seed=5))
@@ -180,13 +180,21 @@ def test_the_file_of_a_step_names_its_buffers_shape_and_grad_mode(monkeypatch, t
         assert path != step_store.step_path(decoder, cache(1024), inputs)
 
 
-def test_a_loaded_step_that_fails_its_check_is_compiled_afresh(monkeypatch, tmp_path, caplog):
-    """A file that holds another architecture's step (every shape sent to one file here)
-    raises or disagrees in its check: refused, deleted and compiled afresh."""
+def test_a_file_stored_for_another_step_is_refused_before_it_runs(monkeypatch, tmp_path,
+                                                                   caplog):
+    """A file that holds another step (another architecture and every other shape: each
+    shape sent to one file here, as a digest's collision or a copied file would) is refused
+    by its key line, never run: run on this cache, a step of other shapes would write
+    outside the slots it is given (it did, now and then, before the line was checked)."""
     monkeypatch.setenv("SPECVIZ_KV", "compiled")
     one = tmp_path / "one.step"
     monkeypatch.setattr(step_store, "step_path", lambda *a, **k: one)
     ours, ref = greedy_run(model(seed=3))
     assert ours == ref and one.exists()
+    ran = []
+    real = torch.compiler.load_compiled_function
+    monkeypatch.setattr(torch.compiler, "load_compiled_function",
+                        lambda *a, **k: ran.append(1) or real(*a, **k))
     refused_and_compiled_afresh(model(seed=3, num_key_value_heads=4), caplog,
-                                "compiled afresh")
+                                "was stored for another step")
+    assert not ran  # no stored step was even loaded
