@@ -247,7 +247,7 @@ def _load(path: Path, call: Callable, record: bytes):
     other shapes would read and write outside this cache's buffers)."""
     try:
         with open(path, "rb") as f:
-            line = f.readline().rstrip(b"\n")
+            line = f.readline(len(record) + 1).rstrip(b"\n")  # no more than a key
             if line != record:
                 LOG.warning("stored compiled step %s was stored for another step (its key "
                             "line differs), compiled afresh", path.name)
