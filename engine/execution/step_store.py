@@ -94,13 +94,14 @@ def model_key(decoder: nn.Module) -> str:
 
 
 def step_path(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor],
-              options: dict | None = None) -> Path | None:
-    """The file of this step shape, or None with the store off."""
+              options: dict | None = None, key: tuple[str, str] | None = None) -> Path | None:
+    """The file of this step shape, or None with the store off; ``key``: its
+    :func:`step_key`, where the caller has it."""
     root = store_dir()
     if root is None:
         return None
-    version, key = step_key(decoder, cache, inputs, options)
-    return root / _digest(version, 16) / f"{_digest(key, 24)}.step"
+    version, text = key or step_key(decoder, cache, inputs, options)
+    return root / _digest(version, 16) / f"{_digest(text, 24)}.step"
 
 
 def step_key(decoder: nn.Module, cache: Any, inputs: dict[str, torch.Tensor],
@@ -183,10 +184,13 @@ def load_or_compile(call: Callable, decoder: nn.Module, cache_kw: dict, cache: A
     (checked once against ``eager`` on ``inputs``: bit for bit where ``exact``) or compiled
     ahead of time and saved. None with the store off or where ahead-of-time compiling
     failed (the caller compiles in memory). ``options``: inductor's, as torch.compile's."""
-    path = step_path(decoder, cache, inputs, options)
+    if store_dir() is None:
+        return None
+    key = step_key(decoder, cache, inputs, options)
+    path = step_path(decoder, cache, inputs, options, key=key)
     if path is None:
         return None
-    record = json.dumps(step_key(decoder, cache, inputs, options)).encode()
+    record = json.dumps(key).encode()
     fn = _load(path, call, record)
     if fn is not None:
         check = probe(decoder, inputs)
