@@ -223,6 +223,14 @@ def switch_markdown(rec: SwitchPlan | None, drafted: int) -> str:
                 "if every draft were accepted (the options below are priced at acceptance 1), "
                 + ("so no drafter runs" if rec.context is None else
                    f"so {later} is plain (its drafts cost more than they could add)"))
+    if rec.guard == "timing":
+        what = ("a plain target step to time one: the switch planned a draft, and the timed "
+                "guard compares this context's drafted rounds with the run's plain rounds by "
+                "the clock before it lets more through")
+    elif rec.guard == "slower":
+        what = (f"a plain target step for the rest of the run{where}: the switch planned a "
+                "draft, but the timed guard found this context's drafted rounds committing "
+                "fewer tokens a second than the run's plain rounds")
     head = (f"**Cost switch** (profile `{rec.profile}`): {what}, predicted "
             f"{_num(rec.predicted_gain)}x tokens per target-step time of a plain step; "
             f"drafted {drafted}. Acceptance drawn per depth: "

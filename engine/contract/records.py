@@ -121,6 +121,9 @@ class SwitchPlan:
     context: str | None = None  # the round's context where the drafter tells two apart
     # (the hybrid's: "lookup" where the committed tokens end in a recurring suffix, else
     # "feature"): the switch plans each context with its own posterior; None: one context
+    guard: str = ""  # the timed guard (engine.control.guard) made a planned draft plain:
+    # "timing" (a plain round to time one) or "slower" (this context's drafted rounds ran
+    # fewer tokens a second than the run's plain ones: plain for the rest of the run); "": no
 
 
 @dataclass(frozen=True)

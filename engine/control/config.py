@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.control.cost import PLANS
+from engine.control.guard import GUARDS
 from engine.control.posterior import (
     BETA_RULES,
     THETA_HAT_RULES,
@@ -85,6 +86,10 @@ CONTROL_PARAMS: tuple[ParamSpec, ...] = (  # everyday: the kinds; advanced: cap,
               advanced=True),
     ParamSpec("plan", str, "mean", "cost controller: plan at the acceptance posterior's "
               "means or at a Thompson draw from it", choices=PLANS, advanced=True),
+    ParamSpec("guard", str, "off", "cost controller: 'timed' plans plain for the rest of the "
+              "run where its drafted rounds, timed in the run, commit fewer tokens a second "
+              "than its plain ones (a seed then does not reproduce a sampled run)",
+              choices=GUARDS, advanced=True),
 )
 
 
@@ -109,6 +114,7 @@ class ControlConfig:
     costs: str  # cost controller: cost profile name (engine.run.profile)
     discount: float  # cost controller: posterior kept per drafted round
     plan: str  # cost controller: one of PLANS (Thompson draw or posterior means)
+    guard: str  # cost controller: one of GUARDS (engine.control.guard)
 
 
     @property

@@ -434,9 +434,10 @@ class CostSwitch:
         return self.decision.depth
 
     def observe(self, drafted: int, accepted: int) -> None:
-        if self.decision is not None and (self.decision.never or self.decision.rest):
+        if self.decision is not None and (self.decision.never or self.decision.rest
+                                          or self.decision.guard):
             self.plain_run += 1  # nothing to learn and nothing to fade: the plan stays plain
-            return
+            return  # (or the timed guard set it aside: engine.control.guard)
         if drafted == 0:
             self.plain_run += 1
             if self.plan_kind == "mean":

@@ -11,6 +11,7 @@ from engine.contract.records import SwitchPlan
 from engine.contract.trace import SOURCE_LOOKUP as LOOKUP
 from engine.control.config import ControlConfig
 from engine.control.cost import CostProfile, CostSwitch, Shape
+from engine.control.guard import TimedGuard
 from engine.control.recorder import Features, RoundRecorder
 from engine.core.sampling import Chooser
 
@@ -20,10 +21,12 @@ class CostController(RoundRecorder):
     start of a round :meth:`plan` picks the depth D* (0: a plain target step) with the best
     expected tokens per cost from the acceptance posterior and the cost profile; drafting then
     stops at D*, at ``cap``, or earlier when the newest token's q falls under ``confidence``
-    (0: never). Decisions read the past, the profile, the chooser and the draft only."""
+    (0: never). With ``guard="timed"`` a drafted plan also passes the run's own clock
+    (engine.control.guard). Decisions read the past (its rounds' outcomes and, under the
+    guard, their seconds), the profile, the chooser and the draft only."""
 
     name = "cost"
-    reads = ("cap", "confidence", "costs", "discount", "plan")
+    reads = ("cap", "confidence", "costs", "discount", "guard", "plan")
     reads_confidence = True  # should_continue's features: the newest token's q (a float)
     plans = True
 
@@ -40,11 +43,16 @@ class CostController(RoundRecorder):
         self.decided = False  # plan() ran this round
         self._rest_states: dict[str | None, Any] = {}  # per context: the record of every
         # round while its switch rests
+        self.guard: TimedGuard | None = None  # guard="timed": the run's rounds by kind
+        self._last: tuple[str | None, bool, int] | None = None  # the planned round, once
+        # observed: (context, drafted, tokens committed), until its seconds come
         super().__init__()
 
     def attach(self, profile: CostProfile) -> None:
         """Use `profile` from now on (a run attaches the profile it resolved once)."""
         self.profile, self.switches, self._rest_states = profile, {}, {}
+        self.guard = TimedGuard() if self.config.guard == "timed" else None
+        self._last = None
         self.switch = self._switch(None)
 
     def _switch(self, context: str | None) -> CostSwitch:
@@ -68,15 +76,26 @@ class CostController(RoundRecorder):
             self.switch.decision = None
 
     def plan(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
-             remaining: int | None = None, context: str | None = None) -> int:
+             remaining: int | None = None, context: str | None = None,
+             seconds: float | None = None) -> int:
         """This round's depth in 0..shape.depth (call after begin_round, before drafting);
         `behind` and `remaining` as :meth:`CostSwitch.decide` takes them; `context`: the
-        round's context where the drafter tells two apart (its switch plans the round)."""
+        round's context where the drafter tells two apart (its switch plans the round);
+        `seconds`: the run's previous round's time (the timed guard's; None: not known)."""
         if self.profile is None:
             raise ValueError("the cost controller needs a cost profile (attach one)")
+        if self.guard is not None and self._last is not None and seconds is not None:
+            self.guard.add(*self._last, seconds)
+        self._last = None
         self.switch = self._switch(context)
         self._before = self._params()  # the posterior this round plans with: its context's
         self.planned = self.switch.decide(shape, rng, behind=behind, remaining=remaining)
+        if self.planned and self.guard is not None:
+            verdict = self.guard.verdict(context)
+            if verdict:
+                self.switch.decision = replace(self.switch.decision, depth=0,
+                                               predicted_gain=1.0, probe=False, guard=verdict)
+                self.planned = 0
         self.decided = True
         return self.planned
 
@@ -98,6 +117,8 @@ class CostController(RoundRecorder):
     def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
         if self.switch is not None:
             self.switch.observe(drafted, accepted)
+            if self.decided and self.switch.decision is not None:
+                self._last = (self.switch.context, self.switch.decision.depth > 0, accepted + 1)
         return {}
 
     def state(self):

@@ -54,6 +54,7 @@ class RunState(Protocol):
     finished_origins: dict  # a finished beam's token ids -> its origins
     round_index: int
     draft_calls: int  # draft forwards so far (draft_feed counts them)
+    last_round_s: float | None  # the previous round's seconds (the cost switch's timed guard)
     drafter: Drafter | None  # a method may set its own drafter in start()
 
     @property

@@ -147,7 +147,8 @@ class TreeSpeculation(SingleStart):
             context = None if lookup is None else SOURCE_LOOKUP if lookup else SOURCE_FEATURE
             planned = self.controller.plan(self._shape(budget, levels), ctx.side,
                                            behind=1 if lookup else ctx.draft_behind,
-                                           remaining=ctx.remaining, context=context)
+                                           remaining=ctx.remaining, context=context,
+                                           seconds=ctx.last_round_s)
             if planned == 0:
                 return empty_forest(1)  # a plain target step
             if self.cfg.dynamic:

@@ -66,8 +66,9 @@ def _decoder(pair: ModelPair, prompt, method: str, raw: bool, full: dict[str, An
 
 
 def _switch_off(full: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters of the same method with its cost switch off (a fixed-shape round)."""
-    off = {k: v for k, v in full.items() if k not in ("max_new_tokens", "seed")}
+    """The parameters of the same method with its cost switch off (a fixed-shape round); the
+    switch's guard goes too (a run with it or without plans with one profile)."""
+    off = {k: v for k, v in full.items() if k not in ("max_new_tokens", "seed", "guard")}
     if off.get("switch") == "cost":  # token methods: their controller is then "fixed"
         off["switch"] = "off"
     return off

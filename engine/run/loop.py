@@ -45,6 +45,7 @@ class RunContext:
     round_index: int = 0
     draft_calls: int = 0
     draft_seconds: list[float] = field(default_factory=list)  # the round's draft forwards
+    last_round_s: float | None = None  # the previous round's five steps (the timed guard's)
     drafter: Drafter | None = None  # a method may set its own drafter in start()
     _draft: CachedModel | None = None  # the drafter's cache once started (see draft)
 
@@ -170,6 +171,7 @@ class Decoder:
         t5 = time.perf_counter()
         t = {"propose": t1 - t0, "score": t2 - t1, "verify": t3 - t2, "commit": t4 - t3,
              "observe": t5 - t4}
+        ctx.last_round_s = t5 - t0
         return RoundTrace(
             index=ctx.round_index, nodes=verdict.nodes, tests=verdict.tests,
             beams_before=before,

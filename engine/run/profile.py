@@ -24,7 +24,8 @@ one plain round P of the engine at that width (its forward, verify and commit):
   decode's context (``Drafter.lookup_call_s``).
 
 The profile is fixed for the run and recorded in each round's decision, so a seed reproduces
-a run on the same pair and a trace says which costs its decisions used.
+a run on the same pair (unless the switch's timed guard is on: engine.control.guard) and a
+trace says which costs its decisions used.
 
 Stored profiles are rows of assets/cost_profiles.json: {"name", "c_draft": {method: c},
 "verify": {width: [[n, c], ...]}, "source"}; a method without its own c_draft takes

@@ -22,6 +22,7 @@ import pytest
 import engine
 import engine.methods.token as token_method
 import engine.verify.token as token_rules
+from engine.control import guard
 from tests.laws import exact_law, sample_counts, tiny_model
 from tests.profiles import MIXED
 from tests.stats import TV, chi_square, control_size, exactness_size, mixture_at_tv, tv
@@ -69,10 +70,18 @@ def pair_size(law, models):
     ("mcsd", {"k_config": "2x2x2", "controller": "beta_ts"}),  # depth cut by Beta-TS
     ("sd", {"controller": "confidence", "confidence": 0.3, "cap": 3}),  # cut by draft q
     ("sd", {"switch": "cost", "costs": MIXED.name, "confidence": 0.0, "plan": "thompson"}),
-    ("mcsd", {"k_config": "2x2", "switch": "cost", "costs": MIXED.name, "plan": "thompson"}),
+    ("mcsd", {"k_config": "2x2", "switch": "cost", "costs": MIXED.name, "plan": "thompson",
+              "guard": "timed"}),  # the guard's verdict scripted from the past, below
 ])
 def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair_size, runs,
-                                                                 method, params, stats_summary):
+                                                                 method, params, stats_summary,
+                                                                 monkeypatch):
+    if params.get("guard"):  # the timed guard judging after one drafted round, by what it
+        # committed (the adversarial case: a rejected draft sets drafting aside), so that its
+        # plain rounds fall inside a 3-token run; its own rates read the machine's clock
+        monkeypatch.setattr(guard, "MIN_DRAFTED", 1)
+        monkeypatch.setattr(guard.TimedGuard, "rates", lambda self, context: (
+            (self.drafted[context][0][0], 1.5) if self.drafted.get(context) else None))
     n, note = pair_size
     stats_summary.append(f"{method} {params}: {note}")
     memo = runs.setdefault((method, repr(params)), {})

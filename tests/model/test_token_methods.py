@@ -72,6 +72,30 @@ def test_a_switch_whose_prior_plans_plain_probes_and_keeps_greedy_generates_toke
     assert not later or later[0] >= 17
 
 
+@pytest.mark.parametrize("loses", [False, True])
+def test_the_timed_guards_plain_rounds_keep_greedy_generates_tokens(monkeypatch, loses):
+    """The guard times plain rounds amid drafted ones, and where the drafted rounds lose
+    plans plain for the rest of the run, else lets them draft (the rates it compares are
+    scripted here: the clock is the machine's); the tokens stay greedy generate()'s."""
+    from engine.control.guard import MIN_DRAFTED, MIN_PLAIN, TimedGuard
+
+    rates = (1.0, 2.0) if loses else (2.0, 1.0)  # (drafted, plain) tokens a second
+    monkeypatch.setattr(TimedGuard, "rates",
+                        lambda self, context: None if len(self.plain) < MIN_PLAIN else rates)
+    pair = tiny_pair(layers=2, early_exit_layers=1)
+    trace = engine.generate(pair, [3, 4, 5], "sd", switch="cost", costs=FREE.name,
+                            guard="timed", confidence=0.0, max_new_tokens=40)
+    assert list(trace.token_ids) == _ref(pair, [3, 4, 5], 40)
+    why = [r.switch.guard for r in trace.rounds if r.switch is not None]
+    first = why.index("timing")
+    assert first == MIN_DRAFTED and why[first:first + MIN_PLAIN] == ["timing"] * MIN_PLAIN
+    after = trace.rounds[first + MIN_PLAIN:-1]  # (the last round has no room to draft)
+    if loses:
+        assert after and all(r.switch.guard == "slower" and r.drafted == 0 for r in after)
+    else:
+        assert any(r.drafted for r in after)
+
+
 def test_the_ngram_drafter_accepts_a_copied_span_and_skips_rounds_without_a_match():
     """The tiny target repeats spans of its own output; a repeated span is drafted whole and
     accepted whole."""

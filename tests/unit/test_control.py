@@ -498,7 +498,7 @@ def test_fixed_and_heuristic_lengths_are_checked():
 NOT_DEFAULT = {  # a value other than the default for every controller parameter
     "cap": 3, "alpha0": 2.5, "beta0": 0.5, "update": "clean", "sigma_m": 0.3, "sigma_s": 0.2,
     "theta_hat0": 0.7, "theta_hat_rule": "paper", "theta_m": 0.8, "confidence": 0.6,
-    "costs": "h100", "discount": 0.7, "plan": "thompson",
+    "costs": "h100", "discount": 0.7, "plan": "thompson", "guard": "timed",
 }
 
 

@@ -693,6 +693,21 @@ def test_a_round_planned_plain_for_good_says_no_draft_could_pay():
                          "accepted")
 
 
+def test_a_round_the_timed_guard_made_plain_says_which_of_its_reasons():
+    md = {}
+    for why in ("timing", "slower"):
+        plan = replace(_switch_plan(0, 1.0), guard=why, context="feature")
+        t = RunTrace("sd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, switch=plan),),
+                     (), "", (), RunSummary())
+        md[why] = round_panel.extras_markdown(t, 0)
+    assert md["timing"].startswith("**Cost switch** (profile `measured`): a plain target "
+                                   "step to time one: the switch planned a draft")
+    assert md["slower"].startswith("**Cost switch** (profile `measured`): a plain target "
+                                   "step for the rest of the run in the `feature` context: "
+                                   "the switch planned a draft, but the timed guard found")
+    assert "| 0 | 1 | 1 | 1 | ✔ |" in md["slower"]  # what ran: the plain option
+
+
 def test_a_held_round_says_the_drafter_s_catch_up_would_not_be_repaid():
     held = replace(_switch_plan(0, 1.0), held=True, catch_up=2.72)
     t = RunTrace("eesd", {}, "t", "d", "cpu", "", (), (RoundTrace(0, switch=held),),
