@@ -46,6 +46,7 @@ class CostController(RoundRecorder):
         self.guard: TimedGuard | None = None  # guard="timed": the run's rounds by kind
         self._last: tuple[str | None, bool, int] | None = None  # the planned round, once
         # observed: (context, drafted, tokens committed), until its seconds come
+        self._catching_up = False  # the round's drafter had uncached tokens to read first
         super().__init__()
 
     def attach(self, profile: CostProfile) -> None:
@@ -90,6 +91,8 @@ class CostController(RoundRecorder):
         self.switch = self._switch(context)
         self._before = self._params()  # the posterior this round plans with: its context's
         self.planned = self.switch.decide(shape, rng, behind=behind, remaining=remaining)
+        self._catching_up = behind > 1  # a drafted round that first reads uncached tokens
+        # (the drafter's start, a plain stretch's tokens) is an investment: not timed
         if self.planned and self.guard is not None:
             verdict = self.guard.verdict(context)
             if verdict:
@@ -117,8 +120,9 @@ class CostController(RoundRecorder):
     def _update(self, drafted: int, accepted: int) -> dict[str, Any]:
         if self.switch is not None:
             self.switch.observe(drafted, accepted)
-            if self.decided and self.switch.decision is not None:
-                self._last = (self.switch.context, self.switch.decision.depth > 0, accepted + 1)
+            drafted_round = self.switch.decision is not None and self.switch.decision.depth > 0
+            if self.decided and not (drafted_round and self._catching_up):
+                self._last = (self.switch.context, drafted_round, accepted + 1)
         return {}
 
     def state(self):

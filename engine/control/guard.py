@@ -7,9 +7,12 @@ the cache, so the next forward reads them again; a machine whose speed drifts be
 profile's measurement and the run), a plan that predicts a gain can lose, and nothing in the
 plan sees it. The guard checks the plan against the run's own clock:
 
-- each round, the seconds it took (the loop's five steps, ``engine.run.loop``) and the tokens
-  it committed are kept by kind: plain (no draft planned) or drafted in a context (the
-  switch's: the hybrid's lookup and feature roots apart, None for a drafter of one source);
+- each round, the seconds it took (the loop's five steps, ``engine.run.loop``: the trace's
+  own bookkeeping after them is the same for every kind) and the tokens it committed are kept
+  by kind: plain (no draft planned) or drafted in a context (the switch's: the hybrid's lookup
+  and feature roots apart, None for a drafter of one source); a drafted round whose drafter
+  first read tokens it had not cached (its start, a plain stretch's tokens: an investment the
+  switch prices apart, engine.control.cost) is not kept;
 - once a context has ``MIN_DRAFTED`` drafted rounds and the run ``MIN_PLAIN`` plain ones,
   its rate (tokens over seconds, each round's seconds capped at ``CAP`` times its kind's
   median, so one stall of the machine does not decide) is compared with the plain rounds'

@@ -50,9 +50,11 @@ class Controller(Protocol):
         """Plan with `profile` from now on."""
 
     def plan(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
-             remaining: int | None = None, context: str | None = None) -> int:
+             remaining: int | None = None, context: str | None = None,
+             seconds: float | None = None) -> int:
         """This round's depth in 0..shape.depth (0: a plain target step): the drafter's
-        uncached tokens, the tokens left and the round's context (None: one context)."""
+        uncached tokens, the tokens left, the round's context (None: one context) and the
+        previous round's seconds (None: not known)."""
 
     def plan_record(self) -> SwitchPlan | None:
         """The round's plan (None: plan() did not run this round)."""

@@ -79,7 +79,6 @@ def test_sampling_method_matches_the_target_law_of_continuations(pair, law, pair
     if params.get("guard"):  # the timed guard judging after one drafted round, by what it
         # committed (the adversarial case: a rejected draft sets drafting aside), so that its
         # plain rounds fall inside a 3-token run; its own rates read the machine's clock
-        monkeypatch.setattr(guard, "MIN_DRAFTED", 1)
         monkeypatch.setattr(guard.TimedGuard, "rates", lambda self, context: (
             (self.drafted[context][0][0], 1.5) if self.drafted.get(context) else None))
     n, note = pair_size

@@ -88,7 +88,8 @@ def test_the_timed_guards_plain_rounds_keep_greedy_generates_tokens(monkeypatch,
     assert list(trace.token_ids) == _ref(pair, [3, 4, 5], 40)
     why = [r.switch.guard for r in trace.rounds if r.switch is not None]
     first = why.index("timing")
-    assert first == MIN_DRAFTED and why[first:first + MIN_PLAIN] == ["timing"] * MIN_PLAIN
+    assert first == 1 + MIN_DRAFTED  # round 0 starts the drafter (it reads the prompt): untimed
+    assert why[first:first + MIN_PLAIN] == ["timing"] * MIN_PLAIN
     after = trace.rounds[first + MIN_PLAIN:-1]  # (the last round has no room to draft)
     if loses:
         assert after and all(r.switch.guard == "slower" and r.drafted == 0 for r in after)

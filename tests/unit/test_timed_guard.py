@@ -68,11 +68,13 @@ def _controller(guard: str) -> CostController:
     return ctl
 
 
-def _round(ctl: CostController, seconds: float | None, context=None, accepted: int = 0):
+def _round(ctl: CostController, seconds: float | None, context=None, accepted: int = 0,
+           behind: int = 1):
     """One round of a chain: plan (given the previous round's seconds), draft what was
     planned, accept `accepted` of it; the depth planned and the switch's record."""
     ctl.begin_round()
-    depth = ctl.plan(chain_shape(3), make_generator(0), seconds=seconds, context=context)
+    depth = ctl.plan(chain_shape(3), make_generator(0), seconds=seconds, context=context,
+                     behind=behind)
     ctl.observe(depth, min(accepted, depth))
     return depth, ctl.plan_record()
 
@@ -91,6 +93,17 @@ def test_the_controller_plans_plain_once_its_drafted_rounds_run_slower_than_plai
     before = ctl.switch.posterior.state()
     _round(ctl, 0.010)
     assert ctl.switch.posterior.state() == before  # a guarded round teaches and fades nothing
+
+
+def test_a_drafted_round_that_first_caught_its_drafter_up_is_not_timed():
+    """Its seconds hold the drafter's read of uncached tokens (its start, a plain stretch's
+    tokens), an investment in the rounds after it: only the rounds after are judged."""
+    ctl = _controller("timed")
+    _round(ctl, None, behind=40)  # the drafter's start: the whole prompt read first
+    _round(ctl, 0.500)
+    assert ctl.guard.drafted == {} and ctl.guard.plain == []
+    _round(ctl, 0.025)
+    assert ctl.guard.drafted == {None: [(1, 0.025)]}
 
 
 def test_without_the_guard_the_same_rounds_keep_drafting():
