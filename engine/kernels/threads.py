@@ -1,13 +1,14 @@
-"""How many torch threads the engine's model work uses: one rule for the CLI, the app and
-the benchmarks.
+"""How many torch threads the engine's model work uses: one rule for the CLI, the app and the
+benchmarks.
 
-``SPECVIZ_THREADS`` wins when set. Otherwise the count is measured, not assumed: once a CPU
-pair is loaded, a plain target step runs under one thread and under every usable core,
-interleaved (:func:`fastest`, from ``engine.run.api.tune_threads``), and the faster count is
-kept for the process. Why measured: on a quiet 2-core Intel Xeon (embedded SmolLM2-135M,
-greedy, 200 tokens) one thread took 10.4 s and two 6.4 s (mcsd 5.9 s and 3.8 s), while on a
-2-core AMD EPYC one thread was the faster (48 tokens: 3.68 s against 3.81 s on the command line,
-3.7-4.1 s against 4.1-5.7 s inside the app). Benchmarks set ``SPECVIZ_THREADS=1`` and say so.
+``SPECVIZ_THREADS`` wins when set (``engine.load_pair`` applies it to a CPU pair, so a script of the
+Python API runs at the count its benchmark names). Otherwise the count is measured, not assumed:
+once a CPU pair is loaded, a plain target step runs under one thread and under every usable core,
+interleaved (:func:`fastest`, from ``engine.run.api.tune_threads``), and the faster count is kept
+for the process. Why measured: on a quiet 2-core Intel Xeon (embedded SmolLM2-135M, greedy, 200
+tokens) one thread took 10.4 s and two 6.4 s (mcsd 5.9 s and 3.8 s), while on a 2-core AMD EPYC one
+thread was the faster (48 tokens: 3.68 s against 3.81 s on the command line, 3.7-4.1 s against
+4.1-5.7 s inside the app). Benchmarks set ``SPECVIZ_THREADS=1`` and say so.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from engine.execution.placement import (
     resolve_map,
 )
 from engine.execution.static_kv import kv_mode
+from engine.kernels import threads
 from engine.kernels.attention import use_engine_attention
 from engine.kernels.layout import prepare
 from engine.run.specs import (
@@ -503,6 +504,8 @@ def load_pair(target=None, draft=None, device="auto", dtype="auto", device_map=N
             prepare(model)  # engine.kernels.layout: packed weights for few-token forwards
             use_engine_attention(model)  # before any forward, generate()'s included: a
             # packed target's attention is row-invariant (engine.kernels.attention)
+    if dev.type == "cpu":  # SPECVIZ_THREADS wins when set, for a script of the Python API too
+        threads.configure()  # (else the CLI and the app measure the count: tune_threads)
     if warm and kv_mode(dev, tmodel) == "captured":  # the common step shapes captured now
         for runner in (CachedModel(tmodel), drafter.warm_runner()):
             if isinstance(runner, CachedModel):

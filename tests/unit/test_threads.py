@@ -82,3 +82,19 @@ def test_tune_threads_measures_once_per_pair_into_its_calibration(monkeypatch):
         assert calls == [(1, 2), (1, 2)]  # a fresh pair measures afresh
     finally:
         torch.set_num_threads(1)
+
+
+def test_load_pair_applies_the_variable_for_a_script_of_the_python_api(monkeypatch):
+    from tests.conftest import tiny_pair
+
+    monkeypatch.setenv(threads.ENV, "2")
+    torch.set_num_threads(1)
+    try:
+        tiny_pair()
+        assert torch.get_num_threads() == 2
+        monkeypatch.delenv(threads.ENV)
+        torch.set_num_threads(1)
+        tiny_pair()
+        assert torch.get_num_threads() == 1  # unset: the count is left as it was
+    finally:
+        torch.set_num_threads(1)
