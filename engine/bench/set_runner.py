@@ -1,10 +1,11 @@
 """The set benchmark: every method against its plain decode over a prompt set, resumable.
 
 For each repeat, each prompt and each method, one interleaved pair of runs (the method, then
-the matching generate() call: engine/bench/interleaved.py's ``measure``) after a warm-up of
-every method (``warm_up``: one short run; on the compiled CPU path a whole run per prompt).
-Each finished (prompt id, method label, repeat) appends one JSON line to DIR/results.jsonl at
-once, so a stop (cancel, Ctrl-C, an error) keeps what is done.
+the matching generate() call: engine/bench/interleaved.py's ``measure``), the methods of a prompt
+in the plan's order rotated by the prompt's index and the repeat (``case_order``), after a
+warm-up of every method (``warm_up``: one short run; on the compiled CPU path a whole run per
+prompt). Each finished (prompt id, method label, repeat) appends one JSON line to
+DIR/results.jsonl at once, so a stop (cancel, Ctrl-C, an error) keeps what is done.
 DIR/run.json holds the arguments (the settings, a digest of the selected prompts, the models,
 device and dtype); a restart with the same arguments skips the rows already there and one
 with other arguments is refused. ``write_summary`` aggregates the rows
@@ -196,8 +197,8 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
     out = open_run_dir(out_dir, run_arguments(pair, plan), s.set_path)
     rows = read_results(out)
     done = {row_key(r) for r in rows}
-    todo = [(rep, p, c) for rep in range(s.repeats) for p in plan.prompts for c in plan.cases
-            if (p.id, c.label, rep) not in done]
+    todo = [(rep, p, c) for rep in range(s.repeats) for i, p in enumerate(plan.prompts)
+            for c in case_order(plan.cases, i + rep) if (p.id, c.label, rep) not in done]
     stop = cancelled or (lambda: False)
     if progress:
         progress(len(rows), plan.total, None)
@@ -230,6 +231,15 @@ def run_set(pair, plan: SetPlan, out_dir: str | Path, *, progress: Progress | No
         if progress:
             progress(len(rows), plan.total, row)
     return SetOutcome(out, tuple(rows), plan.total, True)
+
+
+def case_order(cases: tuple[Case, ...], turn: int) -> tuple[Case, ...]:
+    """The cases of one prompt in the order they run: the plan's order rotated by ``turn``
+    (the prompt's index plus the repeat), so that each case takes each place in turn. Two
+    arms running the same code differed by 3-5 % by their place in a fixed order (an A/A
+    check, docs/benchmarks.md); rotated, that bias spreads over every case alike."""
+    k = turn % len(cases) if cases else 0
+    return cases[k:] + cases[:k]
 
 
 def diagnosis_record(trace) -> dict:

@@ -81,10 +81,21 @@ def test_a_cancelled_run_keeps_its_rows_and_a_restart_runs_only_the_rest(tmp_pat
     assert second.finished and len(second.rows) == 8
     assert _lines(out)[:3] == kept  # the finished rows are not run again
     hello, abc = PROMPTS[0]["prompt"], PROMPTS[1]["prompt"]
-    assert measured == [(abc, "greedy", "0"), (hello, "sd:gamma=2", "1"), (hello, "greedy", "1"),
-                        (abc, "sd:gamma=2", "1"), (abc, "greedy", "1")]
+    assert measured == [(abc, "sd:gamma=2", "0"), (hello, "greedy", "1"),
+                        (hello, "sd:gamma=2", "1"), (abc, "sd:gamma=2", "1"), (abc, "greedy", "1")]
     keys = {(r["prompt_id"], r["case"], r["repeat"]) for r in second.rows}
     assert len(keys) == 8
+
+
+def test_each_case_takes_each_place_in_a_prompts_order_in_turn(tmp_path, pair):
+    plan = plan_set(_settings(_set(tmp_path), methods="sd:gamma=2,greedy,sd:gamma=1",
+                              limit=3))
+    run_set(pair, plan, tmp_path / "out")
+    rows = [json.loads(line) for line in _lines(tmp_path / "out")]
+    order = [[r["case"] for r in rows if r["prompt_id"] == p] for p in ("c1", "k1", "c2")]
+    assert order == [["sd:gamma=2", "greedy", "sd:gamma=1"],
+                     ["greedy", "sd:gamma=1", "sd:gamma=2"],
+                     ["sd:gamma=1", "sd:gamma=2", "greedy"]]
 
 
 def test_a_line_cut_short_by_a_stop_is_dropped_and_run_again(tmp_path, pair):
