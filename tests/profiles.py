@@ -33,6 +33,13 @@ HOPELESS = CostProfile("test-hopeless", 0.3, ((0, 1.0), (1, 1.95), (16, 16.95)),
                        "tests: no depth pays even at acceptance 1")
 profile.register(HOPELESS)
 
+# no depth pays at the prior's 0.5 and depth 1 costs more than a probe may lose (1.9 plain
+# steps), yet a deep chain would pay at acceptance 1: the mean plan rests from its first round,
+# and a run where every context does so starts no drafter
+RESTING = CostProfile("test-resting", 0.3, ((0, 1.0), (1, 1.6), (4, 2.2), (8, 3.0)),
+                      "tests: plain at the prior, no probe, not hopeless")
+profile.register(RESTING)
+
 # the model's draft calls lose even at acceptance 1 (a call costs 1.5 plain steps, more than
 # the token it may add), a lookup's cost almost nothing: only the lookup's rounds can draft
 LOOKUP_ONLY = CostProfile("test-lookup-only", 1.5, MIXED.verify,

@@ -41,10 +41,11 @@ Where no depth pays even at acceptance 1 (E_D = D + 1 <= C_D for every D of the 
 4-beam verify on a CPU prices depth 1 at about 2.3 plain rounds), no posterior can make the
 plan draft and no probe qualifies (it needs C_1 <= 1 + PROBE_BREAK_EVEN < 2), so the switch
 plans plain for good (``can_draft``): one record per shape, its options priced at acceptance
-1 and marked ``never``, with no draw and no fade. A run whose first plan says so in every
-context (engine.control.cost_controller: a lookup's calls may pay where a model's cannot)
-starts no drafter (``Method.may_draft``) and its rounds are its baseline's (a beam method records no
-beam match for them).
+1 and marked ``never``, with no draw and no fade. A run whose first plan is plain for good in
+every context, never or a rest from the first round (``rests_at_start``; below), starts no
+drafter and reads no context (engine.control.cost_controller: a lookup's calls may pay where a
+model's cannot; ``Method.may_draft``) and its rounds are its baseline's (a beam method records
+no beam match for them).
 
 A drafter that has fallen behind pays to catch up before it drafts: at its start it reads
 every committed token (the prompt; an early exit runs it through the target's first layers,
@@ -366,6 +367,7 @@ class CostSwitch:
             raise ValueError(f"probe_after must be >= 0, got {probe_after}")
         self.profile, self.plan_kind, self.context = profile, plan, context
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount, carry=carry)
+        self._prior = tuple(self.posterior.means())  # the acceptances a first plan reads
         self.decision: SwitchPlan | None = None
         self.probe_after = probe_after
         self.plain_run = 0  # plain rounds since the last drafted round or probe
@@ -389,6 +391,23 @@ class CostSwitch:
                 drawn=(1.0,) * shape.depth, profile=self.profile.name,
                 posterior=self.posterior.record(), never=True, context=self.context)
         return self._never[shape] is None
+
+    def rests_at_start(self, shape: Shape) -> bool:
+        """Whether this switch, before any draft, plans `shape` plain for good at its first
+        round whatever else that round holds: no acceptance pays (:meth:`can_draft`), or the
+        mean plan finds no depth paying at the prior's means with no probe that could pay
+        (depth 1 costing more than PROBE_BREAK_EVEN past a plain step), so it rests (module
+        docstring) and every later round takes that plan. A catch-up only adds to a plan's
+        cost, so it can make a round rest, never draft; where the answer would hang on one,
+        this says False."""
+        if not self.can_draft(shape):
+            return True
+        if self.plan_kind != "mean" or self.drafted:
+            return False
+        best, _, options = weigh(self._costs[shape], self._prior[: shape.depth])
+        may_probe = (self.probe_after > 0 and shape.depth >= 1
+                     and options[1].cost - 1 <= PROBE_BREAK_EVEN)
+        return best == 0 and not may_probe
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
                remaining: int | None = None) -> int:

@@ -138,13 +138,16 @@ class CostController(RoundRecorder):
         return self._rest_states[context]
 
     def can_draft(self, shape: Shape) -> bool:
-        """Whether some context's switch could draft `shape` (engine.control.cost): a run
-        whose drafter prices a lookup (the profile's c_lookup) may draft its lookup's
-        rounds where the model's draft calls cost too much to ever pay."""
+        """Whether some context's switch could draft `shape` in this run (engine.control.cost):
+        a run whose drafter prices a lookup (the profile's c_lookup) may draft its lookup's
+        rounds where the model's draft calls cost too much to ever pay; a run where every
+        context rests from its first plan (CostSwitch.rests_at_start: nothing pays at the
+        prior and no probe could) drafts nothing, so a method starts no drafter and reads no
+        context (a plain round then pays no lookup and no drafter commit)."""
         if self.switch is None:
             return True
         contexts = [None] + ([LOOKUP] if self.profile.c_lookup is not None else [])
-        return any(self._switch(c).can_draft(shape) for c in contexts)
+        return not all(self._switch(c).rests_at_start(shape) for c in contexts)
 
     def plan_record(self) -> SwitchPlan | None:
         return None if self.switch is None else self.switch.record()

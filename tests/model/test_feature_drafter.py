@@ -25,7 +25,7 @@ from engine.execution.cached_model import Scored
 from engine.run.specs import parse_model_spec
 from tests.conftest import near_perfect_feature_parts, tiny_pair
 from tests.model.test_token_methods import METHODS, _ref
-from tests.profiles import DEAR, FREE, HOPELESS
+from tests.profiles import DEAR, FREE, HOPELESS, RESTING
 
 PROMPTS = ([3, 4, 5, 6], [11, 12])
 
@@ -218,6 +218,22 @@ def test_a_switch_under_which_no_draft_can_pay_starts_no_drafter(method, params,
     engine.generate(pair, PROMPTS[0], method, switch="cost", costs=DEAR.name,
                     max_new_tokens=12, **params)
     assert started == [1]
+
+
+def test_a_switch_that_rests_from_its_first_plan_starts_no_drafter(monkeypatch):
+    """RESTING: no depth pays at the prior and no probe could, though a deep chain would pay
+    at acceptance 1 (not 'never'): every round is the first plan's rest, the feature drafter
+    is never started (no prefill, no commits, no context read) and the output is greedy's."""
+    pair = tiny_pair(layers=1, draft="feature")
+    started = []
+    runner = pair.drafter.runner
+    monkeypatch.setattr(pair.drafter, "runner", lambda: started.append(1) or runner())
+    trace = engine.generate(pair, PROMPTS[0], "sd", switch="cost", costs=RESTING.name,
+                            max_new_tokens=12)
+    assert list(trace.token_ids) == _ref(pair, PROMPTS[0], 12) and started == []
+    plans = [r.switch for r in trace.rounds[:-1]]
+    assert all(p.rest and not p.never and p.depth == 0 and p.context is None for p in plans)
+    assert all(p is plans[0] for p in plans)  # one record, reused
 
 
 def test_the_exactness_check_sizes_against_the_feature_drafters_law_with_true_features():

@@ -543,11 +543,12 @@ def test_a_depth_that_would_pay_at_acceptance_1_keeps_the_switch_planning():
 
 
 def test_can_draft_asks_every_depth_of_the_shape():
-    """Depth 1 loses at acceptance 1 here but depth 4 pays: the switch keeps planning."""
+    """Depth 1 loses at acceptance 1 here but depth 4 pays: the switch keeps planning (a
+    Thompson plan: a mean plan rests at this prior, test below)."""
     deep = CostProfile("deep", 0.0, ((0, 1.0), (1, 2.5), (4, 2.6), (16, 20.0)))
     assert CostSwitch(deep, 4).can_draft(chain_shape(4))
     assert not CostSwitch(deep, 4).can_draft(chain_shape(1))
-    ctl = CostController(control_config(switch="cost"))
+    ctl = CostController(control_config(switch="cost", plan="thompson"))
     assert ctl.can_draft(chain_shape(1))  # no profile attached yet: nothing rules it out
     ctl.attach(deep)
     assert ctl.can_draft(chain_shape(4)) and not ctl.can_draft(chain_shape(1))
@@ -653,6 +654,49 @@ def test_a_mean_plan_plain_at_the_prior_where_no_probe_can_start_rests():
     after_draft.observe(1, 0)
     assert after_draft.decide(chain_shape(4), make_generator(0), remaining=40) == 0
     assert not after_draft.record().rest
+
+
+@pytest.mark.parametrize("kind", ["mean", "thompson"])
+@pytest.mark.parametrize("prof", [COSTLY, DEAR, CHEAP, HOPELESS], ids=lambda p: p.name)
+def test_rests_at_start_says_whether_a_first_plan_is_plain_for_good(prof, kind):
+    """rests_at_start is what a fresh switch's first plan records, whatever the round's
+    catch-up: a rest or 'never' (COSTLY under the mean plan; HOPELESS under both), else not
+    (a probe or a draft: DEAR, CHEAP; a Thompson plan never rests). After a draft it is
+    False (the posterior has evidence of the run's own)."""
+    for depth in (1, 2, 4):
+        shape = chain_shape(depth)
+        says = CostSwitch(prof, 4, plan=kind).rests_at_start(shape)
+        for behind in (1, 50):
+            first = CostSwitch(replace(prof, c_catch=0.01), 4, plan=kind)
+            first.decide(shape, make_generator(0), behind=behind, remaining=60)
+            rec = first.record()
+            if says:
+                assert rec.depth == 0 and (rec.rest or rec.never), (depth, behind)
+        fresh = CostSwitch(prof, 4, plan=kind)
+        fresh.decide(shape, make_generator(0), remaining=60)
+        assert says == (fresh.record().rest or fresh.record().never), depth
+    expected = prof is HOPELESS or (prof is COSTLY and kind == "mean")
+    assert CostSwitch(prof, 4, plan=kind).rests_at_start(chain_shape(4)) == expected
+    drafted = CostSwitch(prof, 4, plan=kind)
+    drafted.observe(1, 0)
+    assert drafted.rests_at_start(chain_shape(4)) == (prof is HOPELESS)
+
+
+def test_a_controller_whose_every_context_rests_from_its_first_plan_may_not_draft():
+    """COSTLY rests at its first plan: a run planning with it drafts nothing, so the method
+    starts no drafter (can_draft False). Where the profile prices a lookup's calls cheaply
+    enough to probe, the lookup context may draft (True); so may a Thompson plan, and a
+    cheaper profile."""
+    def ctl(prof, **kw):
+        c = CostController(control_config(switch="cost", **kw))
+        c.attach(prof)
+        return c
+
+    assert not ctl(COSTLY).can_draft(chain_shape(4))
+    assert ctl(replace(COSTLY, c_lookup=0.01)).can_draft(chain_shape(4))
+    assert ctl(COSTLY, plan="thompson").can_draft(chain_shape(4))
+    assert ctl(CHEAP).can_draft(chain_shape(4)) and ctl(DEAR).can_draft(chain_shape(4))
+    assert not ctl(HOPELESS).can_draft(chain_shape(4))
 
 
 def test_a_plain_plan_whose_probe_would_start_an_unrepaid_drafter_rests():
