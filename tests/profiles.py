@@ -40,6 +40,12 @@ RESTING = CostProfile("test-resting", 0.3, ((0, 1.0), (1, 1.6), (4, 2.2), (8, 3.
                       "tests: plain at the prior, no probe, not hopeless")
 profile.register(RESTING)
 
+# a beam method's depth-1 round of 4 nodes a row: 1.9 plain steps, which acceptance 1 repays
+# (2 tokens) and the prior's 0.5 does not, with no probe (over 1.75): it rests from its first plan
+RESTING_BEAMS = CostProfile("test-resting-beams", 0.1, ((0, 1.0), (4, 1.8), (16, 4.0)),
+                            "tests: a beam round plain at the prior, no probe, not hopeless")
+profile.register(RESTING_BEAMS)
+
 # the model's draft calls lose even at acceptance 1 (a call costs 1.5 plain steps, more than
 # the token it may add), a lookup's cost almost nothing: only the lookup's rounds can draft
 LOOKUP_ONLY = CostProfile("test-lookup-only", 1.5, MIXED.verify,

@@ -146,8 +146,9 @@ class Method(Protocol):
 
     def may_draft(self, ctx: RunState) -> bool:
         """Whether a round of this run could draft (after start and use_costs): False for a
-        plain method, and where the cost switch plans plain for good at the run's first
-        shape (engine.control.cost.CostSwitch.can_draft); then the run starts no drafter."""
+        plain method, and where the cost switch plans plain for good from the run's first
+        plan (engine.control.cost.CostSwitch.rests_at_start: no depth can pay, or none pays at
+        the prior with no probe that could); then the run starts no drafter."""
 
 
 # The draft depth every drafting family takes, declared once (a method needing another

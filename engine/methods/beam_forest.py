@@ -313,7 +313,8 @@ class BeamStart:
         depth = min(self.gamma, ctx.remaining - 1)
         if self.switch is None or depth < 1:
             return depth >= 1
-        return self.switch.can_draft(self._shape(depth))
+        return not self.switch.rests_at_start(self._shape(depth))  # never, or a rest from
+        # its first plan: no round drafts (engine.control.cost)
 
     def note_levels(self, forest: Forest) -> Forest:
         """Remember how many nodes per row each depth of a drafted forest fed."""
