@@ -145,9 +145,13 @@ def test_strict_drafts_with_a_feature_drafter_first_after_plain_rounds(monkeypat
     assert strict.rounds[16].drafted == 1
 
 
-def test_strict_under_a_switch_no_draft_can_pay_runs_beam_search_with_no_drafter(monkeypatch):
-    """HOPELESS: no depth pays even at acceptance 1, so atspeed_strict never starts its
-    feature drafter and its rounds are beam search's, each recorded as plain for good."""
+@pytest.mark.parametrize("prof", [HOPELESS, RESTING_BEAMS], ids=lambda p: p.name)
+def test_strict_under_a_switch_plain_for_good_runs_beam_search_with_no_drafter(prof,
+                                                                               monkeypatch):
+    """HOPELESS: no depth pays even at acceptance 1 (each round 'never'); RESTING_BEAMS: a
+    depth-1 round pays at acceptance 1 but not at the prior and no probe qualifies (one rest
+    from the first round). Either way atspeed_strict never starts its feature drafter and its
+    rounds are beam search's, each recorded as plain for good."""
     target = tiny(0)
     pair = pair_of(target, "feature")
     set_generation(target)
@@ -156,32 +160,16 @@ def test_strict_under_a_switch_no_draft_can_pay_runs_beam_search_with_no_drafter
     monkeypatch.setattr(pair.drafter, "runner", lambda: started.append(1) or runner())
     ids, n = prompt(0), 12
     strict = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=4, gamma=1,
-                      switch="cost", costs=HOPELESS.name, max_new_tokens=n)
-    assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
-    assert started == [] and all(r.drafted == 0 for r in strict.rounds)
-    assert all(r.switch.never for r in strict.rounds[:-1])
-    assert not any(r.beam_steps for r in strict.rounds[:-1])  # beam search's rounds: no
-    # target top-K against drafts to record
-
-
-def test_strict_under_a_switch_resting_from_its_first_plan_starts_no_drafter(monkeypatch):
-    """RESTING_BEAMS: a depth-1 round pays at acceptance 1 but not at the prior, and no probe
-    qualifies: atspeed_strict rests from its first round, never starts its feature drafter,
-    and its rounds are beam search's, each recording that one rest."""
-    target = tiny(0)
-    pair = pair_of(target, "feature")
-    set_generation(target)
-    started = []
-    runner = pair.drafter.runner
-    monkeypatch.setattr(pair.drafter, "runner", lambda: started.append(1) or runner())
-    ids, n = prompt(0), 12
-    strict = generate(pair, ids, "atspeed_strict", beams=2, draft_beams=4, gamma=1,
-                      switch="cost", costs=RESTING_BEAMS.name, max_new_tokens=n)
+                      switch="cost", costs=prof.name, max_new_tokens=n)
     assert_same_beams(strict, hf_beams(target, ids, 2, n), None)
     assert started == [] and all(r.drafted == 0 for r in strict.rounds)
     plans = [r.switch for r in strict.rounds[:-1]]
-    assert all(p.rest and not p.never and p is plans[0] for p in plans)
-    assert not any(r.beam_steps for r in strict.rounds[:-1])
+    if prof is HOPELESS:
+        assert all(p.never for p in plans)
+    else:
+        assert all(p.rest and not p.never and p is plans[0] for p in plans)
+    assert not any(r.beam_steps for r in strict.rounds[:-1])  # beam search's rounds: no
+    # target top-K against drafts to record
 
 
 def test_strict_whose_drafter_start_a_short_run_cannot_repay_rests_as_beam_search():
