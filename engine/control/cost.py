@@ -42,10 +42,12 @@ Where no depth pays even at acceptance 1 (E_D = D + 1 <= C_D for every D of the 
 plan draft and no probe qualifies (it needs C_1 <= 1 + PROBE_BREAK_EVEN < 2), so the switch
 plans plain for good (``can_draft``): one record per shape, its options priced at acceptance
 1 and marked ``never``, with no draw and no fade. A run whose first plan is plain for good in
-every context, never or a rest from the first round (``rests_at_start``; below), starts no
-drafter and reads no context (engine.control.cost_controller: a lookup's calls may pay where a
-model's cannot; ``Method.may_draft``) and its rounds are its baseline's (a beam method records
-no beam match for them).
+every context whatever its catch-up, never or a rest at the prior with no probe that could
+start (``rests_at_start``; below), starts no drafter and reads no context
+(engine.control.cost_controller: a lookup's calls may pay where a model's cannot;
+``Method.may_draft``) and its rounds are its baseline's (a beam method records no beam match
+for them). A rest the catch-up alone holds (below) is not foreseen: a drafter that keeps the
+target's features is then started at the run's start, and never drafts.
 
 A drafter that has fallen behind pays to catch up before it drafts: at its start it reads
 every committed token (the prompt; an early exit runs it through the target's first layers,
@@ -396,10 +398,10 @@ class CostSwitch:
         """Whether this switch, before any draft, plans `shape` plain for good at its first
         round whatever else that round holds: no acceptance pays (:meth:`can_draft`), or the
         mean plan finds no depth paying at the prior's means with no probe that could pay
-        (depth 1 costing more than PROBE_BREAK_EVEN past a plain step), so it rests (module
-        docstring) and every later round takes that plan. A catch-up only adds to a plan's
-        cost, so it can make a round rest, never draft; where the answer would hang on one,
-        this says False."""
+        (probes off, or depth 1 costing more than PROBE_BREAK_EVEN past a plain step), so it
+        rests (module docstring) and every later round takes that plan. A catch-up only adds
+        to a plan's cost, so it can make a round rest, never draft; where the answer would
+        hang on one, this says False."""
         if not self.can_draft(shape):
             return True
         if self.plan_kind != "mean" or self.drafted:
