@@ -682,6 +682,16 @@ def test_rests_at_start_says_whether_a_first_plan_is_plain_for_good(prof, kind):
     assert drafted.rests_at_start(chain_shape(4)) == (prof is HOPELESS)
 
 
+def test_with_probes_off_a_plan_plain_at_the_prior_rests_from_the_start():
+    """DEAR plans plain at the prior and opens with a probe; with probes off nothing can move
+    its prior, so its first plan rests and rests_at_start says so."""
+    off = CostSwitch(DEAR, 4, plan="mean", probe_after=0)
+    assert off.rests_at_start(chain_shape(4))
+    assert off.decide(chain_shape(4), make_generator(0), remaining=40) == 0
+    assert off.record().rest and not off.record().probe
+    assert not CostSwitch(DEAR, 4, plan="mean").rests_at_start(chain_shape(4))
+
+
 def test_a_controller_whose_every_context_rests_from_its_first_plan_may_not_draft():
     """COSTLY rests at its first plan: a run planning with it drafts nothing, so the method
     starts no drafter (can_draft False). Where the profile prices a lookup's calls cheaply
