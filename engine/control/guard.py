@@ -2,10 +2,11 @@
 timed in this run, commit fewer tokens a second than its plain rounds.
 
 The switch plans with prices: a cost profile measured once (engine.run.profile) in units of
-one plain round. Where that price is off (a drafter's forward evicts the target's weights from
-the cache, so the next forward reads them again; a machine whose speed drifts between the
-profile's measurement and the run), a plan that predicts a gain can lose, and nothing in the
-plan sees it. The guard checks the plan against the run's own clock:
+one plain round. Where that price is off (a calibration on a noisy machine: c_round ranged
+0.28-0.99 over six calibrations in one process on the Intel Xeon, docs/benchmarks.md; a
+machine whose speed drifts between the profile's measurement and the run), a plan that
+predicts a gain can lose, and nothing in the plan sees it. The guard checks the plan against
+the run's own clock:
 
 - each round, the seconds it took (the loop's five steps, ``engine.run.loop``: the trace's
   own bookkeeping after them is the same for every kind) and the tokens it committed are kept
