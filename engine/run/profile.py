@@ -179,9 +179,13 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     (c_lookup: ``Drafter.lookup_call_s`` over P). The decode runs
     twice and the first is thrown away: a cold first decode's rounds shrank from 2.9 P to
     1.4 P over its first ten rounds, pricing every drafted round too high. Measured once per
-    pair and key (``pair.calibration.profiles``), and not at all where the machine class's
-    store keeps KEEP measurements of the entry: their elementwise median is the profile (a
-    fresh measurement joins the kept ones first; engine.run.profile_store)."""
+    pair and key (``pair.calibration.profiles``); where the machine class's store is on
+    (engine.run.profile_store), until it keeps KEEP measurements of the entry, each with its
+    own forwards, and the profile is their elementwise median: a process's first run plans
+    with a median of KEEP as later processes do (one measurement's c_round spread 0.28-0.99
+    over six back to back on the Intel Xeon, docs/benchmarks.md). A measurement across a
+    step that ran static for want of its compiled shape is used, not kept, and ends the
+    measuring; the store off, one measurement."""
     key = (method, width, tuple(sorted((k, repr(v)) for k, v in params.items())))
     memo = pair.calibration.profiles
     if key in memo:
@@ -193,31 +197,46 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     dev = str(pair.device)
     kept = [p for p in (profile_store.load(stored_key, dev) if stored_key else [])
             if tuple(n for n, _ in p.verify) == VERIFY_NODES]
-    if len(kept) < profile_store.KEEP:
+    source = f"{pair.device.type}, {torch.get_num_threads()} thread(s), {mode} steps"
+    wanted = profile_store.KEEP - len(kept) if stored_key else 1  # the store off: one
+    for attempt in range(max(wanted, 0)):
         deferrals = static_kv.POLICY.deferrals
-        base, ratios = verify_points(pair, width)
-        decode()  # warm-up: a process's first drafted rounds ran up to 2x the later ones'
-        plain = plain_s()
-        every = decode()
-        rounds = every[1:]
-        fresh = round_costs(base, ratios, plain, rounds,
-                            f"{pair.device.type}, {torch.get_num_threads()} thread(s), "
-                            f"{mode} steps")
-        lookup = None if prompt_ids is None else pair.drafter.lookup_call_s(
-            list(prompt_ids) + [c.token_id for r in every for c in r.committed])
-        fresh = replace(fresh, c_catch=catch_cost(every, prompt_tokens, plain),
-                        accept=calibrated_accept(every),
-                        c_lookup=None if lookup is None else round(lookup / plain, 4))
-        kept = kept + [fresh]
+        if attempt:  # each measurement times its own forwards
+            pair.calibration.verify.pop(width, None)
+        fresh = _measure_once(pair, width, decode, plain_s, prompt_tokens, prompt_ids, source,
+                              warm=attempt > 0)
         deferred = static_kv.POLICY.deferrals - deferrals
         if stored_key and not deferred:  # kept unless a step ran static for want of its
             # compiled shape (the app's thread defers compiles)
-            kept = profile_store.add(stored_key, fresh, dev)
-        elif stored_key:
+            mine = (kept + [fresh])[-profile_store.KEEP:]
+            stored = profile_store.add(stored_key, fresh, dev)
+            kept = stored if len(stored) >= len(mine) else mine  # (a store it cannot write
+            continue  # returns the fresh one alone)
+        kept = kept + [fresh]
+        if stored_key:
             LOG.info("the %s cost profile was measured across %d steps whose compiled shape "
                      "was not made yet: used, not kept", method, deferred)
+        break
     memo[key] = profile_store.median(kept)
     return memo[key]
+
+
+def _measure_once(pair, width: int, decode: Callable[[], list], plain_s: Callable[[], float],
+                  prompt_tokens: int, prompt_ids: list[int] | None, source: str,
+                  warm: bool = False) -> CostProfile:
+    """One measurement of :func:`measured`'s profile: the verify curve (once per pair unless
+    dropped), a warm-up decode (none where `warm`: one just ran), P, the timed decode."""
+    base, ratios = verify_points(pair, width)
+    if not warm:
+        decode()  # warm-up: a process's first drafted rounds ran up to 2x the later ones'
+    plain = plain_s()
+    every = decode()
+    fresh = round_costs(base, ratios, plain, every[1:], source)
+    lookup = None if prompt_ids is None else pair.drafter.lookup_call_s(
+        list(prompt_ids) + [c.token_id for r in every for c in r.committed])
+    return replace(fresh, c_catch=catch_cost(every, prompt_tokens, plain),
+                   accept=calibrated_accept(every),
+                   c_lookup=None if lookup is None else round(lookup / plain, 4))
 
 
 def round_costs(base: float, ratios: tuple[tuple[int, float], ...], plain_s: float,

@@ -5,9 +5,11 @@ A measured profile (engine.run.profile) is a few hundred timed forwards and two 
 decodes: seconds of the first Run of a method, and noisy on a shared machine (one process
 priced ``mcsd``'s 2x2 tree out where another drafted it at tau 1.33: docs/benchmarks.md). Here
 each measurement of a pair loaded from specs is appended to its entry, up to KEEP of them; a
-process plans with the elementwise median of the entry's measurements, and once KEEP are
-stored it measures nothing more. Two processes on one machine then make the same decisions
-for a seed, and a restarted app's first Runs skip the calibration.
+process plans with the elementwise median of the entry's measurements, measuring the missing
+ones at once where fewer than KEEP are stored (engine.run.profile.measured: a first process
+plans with a median too), and once KEEP are stored it measures nothing more. Two processes
+on one machine then make the same decisions for a seed, the first included, and a restarted
+app's first Runs skip the calibration.
 
 An entry's key is the pair's spec identity (engine.run.specs.pair_key) and model sizes, its
 device and dtype, the target's and the drafter's KV paths (dynamic, compiled, ...), torch's
