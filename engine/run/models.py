@@ -381,7 +381,8 @@ class Calibration:
     """What is measured about a loaded pair on this machine, kept with the pair, each entry
     measured once and then read back (a fresh pair measures afresh, except the cost
     switch's profiles of a pair loaded from specs, also kept per machine class on disk:
-    engine.run.profile_store). Empty until a run or a tool needs it."""
+    engine.run.profile_store, where a first process measures a profile, and its verify
+    curve, up to KEEP times). Empty until a run or a tool needs it."""
 
     # width W -> seconds of one plain target step (the cost model's unit), from the pair's
     # latest plain run or a calibration decode (engine.run.api.plain_step_s)

@@ -100,7 +100,8 @@ def stored(name: str, method: str, width: int) -> CostProfile:
 def verify_points(pair, width: int) -> tuple[float, tuple[tuple[int, float], ...]]:
     """(seconds of a plain forward, (n, c_verify(n)) points) on this machine for the pair's
     target at width W (measured once per pair: ``pair.calibration.verify``, unless a step
-    ran static for want of its compiled shape); the ratios are non-decreasing in n and at
+    ran static for want of its compiled shape; :func:`measured` drops it for each further
+    measurement it takes); the ratios are non-decreasing in n and at
     least 1."""
     memo = pair.calibration.verify
     if width in memo:
@@ -176,8 +177,8 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
     cold, and its rounds took 11.6-17.6 ms where warm ones take 11-12 ms); ``prompt_tokens``
     the decode's prompt length (c_catch: :func:`catch_cost`; 0: not priced); ``prompt_ids``
     its prompt, where the drafter prices a lookup's call after it and the decode's tokens
-    (c_lookup: ``Drafter.lookup_call_s`` over P). The decode runs
-    twice and the first is thrown away: a cold first decode's rounds shrank from 2.9 P to
+    (c_lookup: ``Drafter.lookup_call_s`` over P). A process's first measurement runs the
+    decode twice and throws the first away: a cold first decode's rounds shrank from 2.9 P to
     1.4 P over its first ten rounds, pricing every drafted round too high. Measured once per
     pair and key (``pair.calibration.profiles``); where the machine class's store is on
     (engine.run.profile_store), until it keeps KEEP measurements of the entry, each with its
@@ -207,11 +208,14 @@ def measured(pair, method: str, params: dict[str, Any], width: int,
                               warm=attempt > 0)
         deferred = static_kv.POLICY.deferrals - deferrals
         if stored_key and not deferred:  # kept unless a step ran static for want of its
-            # compiled shape (the app's thread defers compiles)
+            # compiled shape (the app's thread defers compiles); a store it cannot write
+            # returns the fresh one alone, and the process plans with its own then
             mine = (kept + [fresh])[-profile_store.KEEP:]
             stored = profile_store.add(stored_key, fresh, dev)
-            kept = stored if len(stored) >= len(mine) else mine  # (a store it cannot write
-            continue  # returns the fresh one alone)
+            kept = stored if len(stored) >= len(mine) else mine
+            if len(kept) >= profile_store.KEEP:  # (another process may have added some)
+                break
+            continue
         kept = kept + [fresh]
         if stored_key:
             LOG.info("the %s cost profile was measured across %d steps whose compiled shape "

@@ -186,4 +186,24 @@ def test_a_damaged_row_is_dropped_and_an_unwritable_store_leaves_the_run_measuri
     prof = _measure(engine.load_pair(TINY, "", device="cpu"), decode)
     # its own KEEP measurements (slopes 0.5, 0.1, 0.3): their median, though none was stored
     assert prof.c_verify(1) == 1.3 and calls["forwards"] == profile_store.KEEP
-    assert "not stored" in caplog.text
+    assert "median of 3" in prof.source and "not stored" in caplog.text
+
+
+def test_a_first_process_stops_measuring_once_another_filled_the_entry(store, timings,
+                                                                        monkeypatch):
+    """Two first processes at once: where the other stored the rest meanwhile, this one
+    measures no more and plans with the entry's median."""
+    calls, decode = timings
+    pair = engine.load_pair(TINY, "", device="cpu")
+    key = profile_store.entry_key(pair, "dynamic", "dynamic", "sd", 1, {"gamma": 2})
+    real_add = profile_store.add
+
+    def add_with_another(k, prof, device="cpu"):
+        real_add(k, _profile(0.9), device)  # the other process's measurements
+        real_add(k, _profile(0.7), device)
+        return real_add(k, prof, device)
+
+    monkeypatch.setattr(profile_store, "add", add_with_another)
+    prof = _measure(pair, decode)
+    assert calls["forwards"] == 1 and len(profile_store.load(key)) == profile_store.KEEP
+    assert prof.c_verify(1) == 1.7  # the median of 0.9, 0.7 and its own 0.5
