@@ -144,22 +144,27 @@ def test_a_client_that_leaves_mid_run_frees_the_model_slot(app_url, monkeypatch)
 def test_memory_stays_flat_over_repeated_runs_imports_and_steps(app_url):
     clients = _clients(app_url, 4)
 
-    def cycle(k: int) -> None:
-        c = clients[k % len(clients)]
-        c.predict(**_args(k, tokens=24), api_name="/run")
-        for _ in range(3):
-            c.predict(api_name="/step")
-        c.predict(api_name="/export")
-        c.predict(handle_file(str(DEMO_TRACE)), api_name="/import")
+    def cycles(i: int, n: int) -> None:
+        """Session i's n cycles, one after another: a session is one user, who waits for each
+        answer (two threads on one Client race its event stream's close: gradio_client cancels
+        an event submitted while the server closes the stream of the one before)."""
+        c = clients[i]
+        for k in range(i, i + n * len(clients), len(clients)):
+            c.predict(**_args(k, tokens=24), api_name="/run")
+            for _ in range(3):
+                c.predict(api_name="/step")
+            c.predict(api_name="/export")
+            c.predict(handle_file(str(DEMO_TRACE)), api_name="/import")
 
     def soak(n: int) -> None:
+        """n cycles of each of the 4 sessions, the sessions at once."""
         with ThreadPoolExecutor(len(clients)) as pool:
-            list(pool.map(cycle, range(n)))
+            list(pool.map(lambda i: cycles(i, n), range(len(clients))))
 
-    soak(4)  # warm: every session holds a trace, caches and code paths are warm
+    soak(1)  # warm: every session holds a trace, caches and code paths are warm
     rss, t0 = [_rss_mb()], time.perf_counter()
     for _ in range(2):
-        soak(8)
+        soak(2)
         gc.collect()
         rss.append(_rss_mb())
     soaked = time.perf_counter() - t0
