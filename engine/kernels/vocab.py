@@ -35,8 +35,14 @@ MAX_K = 64  # the most entries vocab_top keeps a row (vocab.c)
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     """vocab.c built for this machine and loaded; None where no C compiler builds it."""
+    return build(qmm.native_path(SOURCE))
+
+
+def build(out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """vocab.c built into `out` with -D `defines` (VOCAB_PLAIN: no AVX2 path, as on a machine
+    without it) and declared; None where it does not build."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    return qmm.declared(qmm.compile_native(SOURCE, qmm.native_path(SOURCE)),
+    return qmm.declared(qmm.compile_native(SOURCE, out, defines=defines),
                         vocab_argmax=([p, i64], i64),
                         vocab_top=([p, i64, i64, i64, i64, p, p], ctypes.c_int))
 
