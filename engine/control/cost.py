@@ -27,7 +27,13 @@ ends once the prior's optimism says drafting pays again; a Thompson draw explore
 Where even the prior plans plain (a profile that prices drafting high), the means would never
 draft again, so the switch probes: it drafts one depth-1 round, the cheapest that teaches a_1,
 where an acceptance a_1 of at most PROBE_BREAK_EVEN would pay for it (C_1 - 1 <= 0.75; a
-4-beam verify on a CPU pays only for near-certain drafts, and there a probe is a loss). It
+4-beam verify on a CPU pays only for near-certain drafts, and there a probe is a loss). In the
+hybrid drafter's feature context (its model's rounds, where no suffix recurs) the bar is
+FEATURE_BREAK_EVEN, 0.5, the prior's mean: that context drafts where its plan pays and does
+not probe past it. The feature drafter's depth-1 acceptance is about 0.43-0.50 on chat, so a
+probe that needs more mostly loses; where a verified row costs half a step (an AVX2-only CPU)
+its probes and the rounds they led to lost more than they gained (docs/benchmarks.md,
+"Probing the feature context"). It
 probes at the first round that plans plain before any drafted round (the opening probe: a
 plan at the prior alone rests on no evidence, and a measured profile that puts the prior
 near break-even, as a 2x2 tree's does on a CPU, flips between drafting and plain from one
@@ -106,6 +112,7 @@ from typing import Any
 import torch
 
 from engine.contract.records import DepthPosteriorState, SwitchOption, SwitchPlan
+from engine.contract.trace import SOURCE_FEATURE as FEATURE
 from engine.control.posterior import sample_beta
 from engine.core.sampling import Chooser, as_chooser
 
@@ -346,6 +353,7 @@ def repaid(catch: float, gain: float, remaining: int | None) -> bool:
 PLANS = ("mean", "thompson")
 PROBE_AFTER = 16  # plain rounds in a row before the mean plan probes with a depth-1 round
 PROBE_BREAK_EVEN = 0.75  # ... where a depth-1 acceptance of at most this would pay (C_1 - 1)
+FEATURE_BREAK_EVEN = 0.5  # ... in the hybrid's feature context (module docstring)
 OPENING_PROBE = True  # the first plain plan before any draft probes (module docstring)
 
 
@@ -368,6 +376,8 @@ class CostSwitch:
         if probe_after < 0:
             raise ValueError(f"probe_after must be >= 0, got {probe_after}")
         self.profile, self.plan_kind, self.context = profile, plan, context
+        self.break_even = FEATURE_BREAK_EVEN if context == FEATURE else PROBE_BREAK_EVEN  # the
+        # most C_1 - 1 a probe may cost (module docstring)
         self.posterior = DepthPosterior(depth, alpha0, beta0, discount, carry=carry)
         self._prior = tuple(self.posterior.means())  # the acceptances a first plan reads
         self.decision: SwitchPlan | None = None
@@ -398,7 +408,7 @@ class CostSwitch:
         """Whether this switch, before any draft, plans `shape` plain for good at its first
         round whatever else that round holds: no acceptance pays (:meth:`can_draft`), or the
         mean plan finds no depth paying at the prior's means with no probe that could pay
-        (probes off, or depth 1 costing more than PROBE_BREAK_EVEN past a plain step), so it
+        (probes off, or depth 1 costing more than its break-even past a plain step), so it
         rests (module docstring) and every later round takes that plan. A catch-up only adds
         to a plan's cost, so it can make a round rest, never draft; where the answer would
         hang on one, this says False."""
@@ -408,7 +418,7 @@ class CostSwitch:
             return False
         best, _, options = weigh(self._costs[shape], self._prior[: shape.depth])
         may_probe = (self.probe_after > 0 and shape.depth >= 1
-                     and options[1].cost - 1 <= PROBE_BREAK_EVEN)
+                     and options[1].cost - 1 <= self.break_even)
         return best == 0 and not may_probe
 
     def decide(self, shape: Shape, rng: torch.Generator | Chooser, *, behind: int = 1,
@@ -439,7 +449,7 @@ class CostSwitch:
         held = best > 0 and not repaid(catch, judged, remaining)
         share = catch / remaining if catch > 0 and remaining else 0.0  # spread over the run
         may_probe = (self.plan_kind == "mean" and self.probe_after > 0 and shape.depth >= 1
-                     and options[1].cost - 1 + share <= PROBE_BREAK_EVEN
+                     and options[1].cost - 1 + share <= self.break_even
                      and (self.drafted or repaid(catch, judged, remaining)))
         probe = may_probe and best == 0 and self.plain_run >= self.wait
         self.decision = SwitchPlan(

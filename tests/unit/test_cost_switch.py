@@ -494,6 +494,23 @@ def test_no_probe_where_only_a_near_certain_draft_would_pay():
         assert _probes_when_nothing_is_accepted(switch, 100) == probes, c1
 
 
+def test_the_feature_context_probes_only_where_a_typical_feature_acceptance_would_pay():
+    """The hybrid's feature context probes only where a_1 <= FEATURE_BREAK_EVEN (0.5), its
+    prior's mean, would pay for depth 1: not at C_1 = 1.6 or 1.7, where the lookup's context
+    and a drafter of one source still probe (PROBE_BREAK_EVEN, 0.75); where nothing can make
+    it probe, it rests from its first round (rests_at_start); where the prior pays (C_1 =
+    1.4) it drafts at once, as every context does."""
+    for c1, context, probes in ((1.6, "feature", []), (1.7, "feature", []),
+                                (1.6, "lookup", [0, 17, 50]), (1.7, None, [0, 17, 50])):
+        dear = CostProfile("dearer", 0.0, ((0, 1.0), (1, c1), (4, 3.0)))
+        switch = CostSwitch(dear, 4, plan="mean", probe_after=16, context=context)
+        assert switch.rests_at_start(chain_shape(4)) == (not probes), (c1, context)
+        assert _probes_when_nothing_is_accepted(switch, 100) == probes, (c1, context)
+    cheap = CostProfile("cheaper", 0.0, ((0, 1.0), (1, 1.4), (4, 3.0)))
+    switch = CostSwitch(cheap, 4, plan="mean", probe_after=16, context="feature")
+    assert switch.decide(chain_shape(4), make_generator(0)) == 1 and not switch.record().probe
+
+
 def test_thompson_plans_never_probe():
     switch = CostSwitch(DEAR, 4, plan="thompson", probe_after=1)
     gen = make_generator(0)
