@@ -26,22 +26,21 @@ means, every plain round decays the posterior towards its prior (mean 0.5), so a
 ends once the prior's optimism says drafting pays again; a Thompson draw explores by its spread.
 Where even the prior plans plain (a profile that prices drafting high), the means would never
 draft again, so the switch probes: it drafts one depth-1 round, the cheapest that teaches a_1,
-where an acceptance a_1 of at most PROBE_BREAK_EVEN would pay for it (C_1 - 1 <= 0.75; a
-4-beam verify on a CPU pays only for near-certain drafts, and there a probe is a loss). In the
-hybrid drafter's feature context (its model's rounds, where no suffix recurs) the bar is
-FEATURE_BREAK_EVEN, 0.5, the prior's mean: that context drafts where its plan pays and does
-not probe past it. The feature drafter's depth-1 acceptance is about 0.43-0.50 on chat, so a
-probe that needs more mostly loses; where a verified row costs half a step (an AVX2-only CPU)
-its probes and the rounds they led to lost more than they gained (docs/benchmarks.md,
-"Probing the feature context"). It
-probes at the first round that plans plain before any drafted round (the opening probe: a
-plan at the prior alone rests on no evidence, and a measured profile that puts the prior
-near break-even, as a 2x2 tree's does on a CPU, flips between drafting and plain from one
-process's measurement to the next), then after ``probe_after`` plain rounds in a row; each
-probe doubles the wait before the next one (probe_after, 2 probe_after, ...; a gate that
-refuses it included); a drafted round the plan chose resets it. Over R rounds at most
-1 + log2(1 + R / probe_after) probes run, each losing at most C_1 - 1 plain steps (it commits
-at least the target's own token).
+where an acceptance a_1 of at most PROBE_BREAK_EVEN would pay for it (C_1 - 1 <= 0.75; a 4-beam
+verify on a CPU pays only for near-certain drafts, and there a probe is a loss). In the hybrid
+drafter's feature context (its model's rounds, where no suffix recurs) the bar is
+FEATURE_BREAK_EVEN, 0.5, the prior's mean: that context drafts where its plan pays and does not
+probe past it. The feature drafter's depth-1 acceptance from a feature root is about 0.43
+(docs/derivations.md, Contexts), so a probe that needs more mostly loses; where a verified row
+costs half a step (an AVX2-only CPU) its probes and the rounds they led to lost more than they
+gained (docs/benchmarks.md, "Probing the feature context"). It probes at the first round that
+plans plain before any drafted round (the opening probe: a plan at the prior alone rests on no
+evidence, and a measured profile that puts the prior near break-even, as a 2x2 tree's does on a
+CPU, flips between drafting and plain from one process's measurement to the next), then after
+``probe_after`` plain rounds in a row; each probe doubles the wait before the next one
+(probe_after, 2 probe_after, ...; a gate that refuses it included); a drafted round the plan
+chose resets it. Over R rounds at most 1 + log2(1 + R / probe_after) probes run, each losing at
+most C_1 - 1 plain steps (it commits at least the target's own token).
 
 Where no depth pays even at acceptance 1 (E_D = D + 1 <= C_D for every D of the shape: a
 4-beam verify on a CPU prices depth 1 at about 2.3 plain rounds), no posterior can make the

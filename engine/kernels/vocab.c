@@ -100,8 +100,20 @@ static double z_sum(const float *v, int64_t n, float top) {
     _mm256_storeu_pd(part, _mm256_add_pd(_mm256_add_pd(za, zb), _mm256_add_pd(zc, zd)));
     z = (part[0] + part[1]) + (part[2] + part[3]);
 #endif
+#pragma omp simd reduction(+ : z)
     for (; i < n; i++) z += (double)exp_nonpos(v[i] - top);
     return z;
+}
+
+/* the n terms z_sum adds, exp_nonpos(v[i] - top), into out (n,): the same path, so a test can
+ * compare a build's terms bit for bit with the plain C build's */
+void vocab_exp_terms(const float *v, int64_t n, float top, float *out) {
+    int64_t i = 0;
+#ifdef VOCAB_AVX2
+    const __m256 t = _mm256_set1_ps(top);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(v + i, t));
+#endif
+    for (; i < n; i++) out[i] = exp_nonpos(v[i] - top);
 }
 
 int64_t vocab_argmax(const float *x, int64_t n) {

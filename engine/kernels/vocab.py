@@ -44,7 +44,8 @@ def build(out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     return qmm.declared(qmm.compile_native(SOURCE, out, defines=defines),
                         vocab_argmax=([p, i64], i64),
-                        vocab_top=([p, i64, i64, i64, i64, p, p], ctypes.c_int))
+                        vocab_top=([p, i64, i64, i64, i64, p, p], ctypes.c_int),
+                        vocab_exp_terms=([p, i64, ctypes.c_float, p], None))
 
 
 def _takes(x: torch.Tensor) -> bool:

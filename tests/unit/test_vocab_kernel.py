@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.core import sampling
-from engine.kernels import vocab
+from engine.kernels import qmm, vocab
 
 NAN, NEG = float("nan"), float("-inf")
 
@@ -106,12 +106,29 @@ def test_what_the_kernel_does_not_take_gets_the_torch_answer(lib, monkeypatch):
     assert vocab.first_max(x[6]) == sampling.first_max(x[6])
 
 
-def test_the_plain_c_path_gives_the_same_slices(lib, tmp_path, monkeypatch):
-    """vocab.c built without its AVX2 path (VOCAB_PLAIN: a machine without AVX2) takes each
-    exp term the same way: the same ids, probabilities within 1e-7 relative of the native
-    build's and 5e-7 of a float64 softmax, on rows whose lengths leave a scalar tail."""
+def _terms(lib, x: torch.Tensor, top: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    lib.vocab_exp_terms(x.data_ptr(), x.shape[0], top, out.data_ptr())
+    return out
+
+
+@pytest.mark.skipif("avx2" not in qmm._cpu_flags().split(),
+                    reason="no AVX2 here: the native build is the plain C path")
+def test_the_avx2_path_takes_each_exp_term_bit_for_bit_as_the_plain_c_path(lib, tmp_path,
+                                                                             monkeypatch):
+    """vocab.c built without its AVX2 path (VOCAB_PLAIN, as on a machine without AVX2): each
+    term exp(x_i - max) of z is the same float, bit for bit (no operation fused, the same
+    order), over the whole range the terms take and rows whose lengths leave a scalar tail;
+    the top-k slices have the same ids and probabilities within 1e-7 relative (z summed in
+    double in another order), both within 5e-7 of a float64 softmax."""
     plain = vocab.build(tmp_path / "vocab_plain.so", defines=("VOCAB_PLAIN",))
     assert plain is not None, "vocab.c did not build with VOCAB_PLAIN"
+    sweep = -torch.logspace(-8, 2.2, 200_003)  # (n,) 0 down to -158, past the -87 clamp
+    sweep[::7] = 0.0
+    for top in (0.0, 3.5, -20.0):
+        native = _terms(lib, sweep + top, top)
+        assert torch.equal(native, _terms(plain, sweep + top, top)), top
+        assert float(native.max()) <= 1.0 and float(native.min()) > 0.0
     for n in (13, 100, 49_152 + 77):
         x = _rows(n, seed=3 + n)
         k = min(10, n)
