@@ -143,7 +143,12 @@ class CostController(RoundRecorder):
         rounds where the model's draft calls cost too much to ever pay; a run where every
         context rests from its first plan (CostSwitch.rests_at_start: nothing pays at the
         prior and no probe could) drafts nothing, so a method starts no drafter and reads no
-        context (a plain round then pays no lookup and no drafter commit)."""
+        context (a plain round then pays no lookup and no drafter commit). The contexts asked
+        are None's (the rounds of a run whose drafter has not started plan there) and the
+        lookup's; the hybrid's feature context is priced as None's and probes under a bar
+        no laxer (FEATURE_BREAK_EVEN), so it rests wherever None's does. Only with c_lookup
+        above c_draft (never measured) may a run start a drafter that rests in both of its
+        contexts: a wasted start, nothing inexact."""
         if self.switch is None:
             return True
         contexts = [None] + ([LOOKUP] if self.profile.c_lookup is not None else [])

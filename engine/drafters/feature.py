@@ -353,8 +353,12 @@ class FeatureRunner(CachedModel):
             raise ValueError("a feature drafter commits with the target's Scored")
         rows = rows.to(self.device)
         committed_features(self.history, rows, self.length, target, path_nodes.to(self.device))
-        super().commit(rows, path_nodes[:, :0], path_tokens[:, :0],
-                       torch.cat([path_tokens.to(self.device), new_tokens.to(self.device)], 1))
+        if path_tokens.shape[1]:  # the path's tokens join the tail (a plain round has none:
+            # its arguments go on as they are, each tensor operation here costing several
+            # times its warm time right after the target's forward)
+            new_tokens = torch.cat([path_tokens.to(self.device), new_tokens.to(self.device)], 1)
+            path_nodes, path_tokens = path_nodes[:, :0], path_tokens[:, :0]
+        super().commit(rows, path_nodes, path_tokens, new_tokens)
 
 
 # ------------------------------------------------------------------------------ weights

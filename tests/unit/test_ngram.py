@@ -154,6 +154,36 @@ def test_runner_commit_reorders_rows_and_appends_the_kept_tokens():
     assert r.feed().root_logits.shape == (3, 10)  # a new round scores the roots again
 
 
+def test_root_has_is_the_root_laws_support_as_rows_grow_reorder_and_fork():
+    """root_has (read from each row's index of recurring n-grams, kept across commits) says
+    exactly where the law after the committed tokens proposes something (ngram_law's answer
+    on the row), over random rounds of growing rows, reorders and forks of one row into
+    several, with short rows (no suffix long enough yet) and min_n 1 to 3; the round's first
+    feed reports the same roots (laws.root)."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for max_n, min_n in ((4, 2), (4, 1), (3, 3), (2, 2)):
+        for _ in range(40):
+            vocab = int(rng.integers(2, 6))
+            width = int(rng.integers(1, 4))
+            r = NGramDrafter(vocab_size=vocab, max_n=max_n, min_n=min_n).runner()
+            r.start(torch.from_numpy(rng.integers(0, vocab, (width, int(rng.integers(0, 4))))))
+            for _ in range(12):
+                want = [bool(ngram_law(np.array(row, dtype=np.int64), max_n, min_n)[0].size)
+                        for row in r.rows]
+                assert r.root_has() == want, (r.rows, max_n, min_n)
+                r.feed()
+                assert r.laws.root.tolist() == want
+                checked += sum(want)
+                new_width = int(rng.integers(1, 4))
+                rows = torch.from_numpy(rng.integers(0, r.width, new_width))  # forks, drops
+                k = int(rng.integers(0, 3))
+                r.commit(rows, torch.zeros((new_width, k), dtype=torch.long),
+                         torch.from_numpy(rng.integers(0, vocab, (new_width, k))),
+                         torch.from_numpy(rng.integers(0, vocab, (new_width, 1))))
+    assert checked > 500  # most rounds had a recurring suffix somewhere: both answers seen
+
+
 def test_ngram_specs_parse_for_drafts_only():
     assert parse_model_spec("ngram", draft=True).kind == "ngram"
     spec = parse_model_spec("prompt-lookup:3", draft=True)
