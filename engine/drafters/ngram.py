@@ -152,8 +152,10 @@ class RecurringGrams:
     the row grows: whether the row's suffix of n tokens occurred earlier, which is whether
     the n-gram law after the row proposes anything (:func:`ngram_law` with min_n = n and
     max_n >= n: its longest match is at least n long exactly where this one is), in the
-    new tokens' time instead of a pass over the row. A round reads it at its root before
-    every plan, drafted or not (the cost switch's context, ``NGramRunner.root_has``)."""
+    new tokens' time instead of a pass over the row (the runner's start reads the prompt
+    once, about 0.45 us a token). A token method reads it before its plan where the drafter
+    mixes a lookup with a model (the cost switch's context, ``NGramRunner.root_has``), else
+    at the round's first feed."""
 
     __slots__ = ("n", "seen", "upto")
 
@@ -216,6 +218,8 @@ class NGramRunner:
         """ids: (W, L) committed token ids."""
         self.rows = [list(r) for r in ids.tolist()]
         self.grams = [RecurringGrams(self.min_n) for _ in self.rows]
+        for g, row in zip(self.grams, self.rows):  # the prompt indexed at the start: a
+            g.recurs(row)  # round's read adds its new tokens only (lookup_call_s times one)
         self._reset_round()
 
     def _context(self, row: int, node: int) -> np.ndarray:

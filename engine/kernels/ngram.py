@@ -1,12 +1,12 @@
 """The n-gram draft law (engine.drafters.ngram.ngram_law) in one compiled call: ngram.c.
 
 Why a kernel: the law is some thirty numpy calls on a context of a few hundred ids (42 us
-warm on the Intel Xeon, a 350-token context), and a round reads it at every drafted node
-and at a root whose suffix recurs (engine.drafters.ngram.RecurringGrams says which, before
-every plan), right after a target forward has streamed the weights through the caches, where
-each call runs several times its warm time: 94-112 us a call in ``sd``'s rounds (in-process
-wrappers, 8 tuning prompts; 34-38 us with the kernel, 7.5 us warm). ngram.c reads it in one
-pass and a sort of the followers.
+warm on the Intel Xeon, a 350-token context), and a round reads it at every drafted node and
+at a root whose suffix recurs (engine.drafters.ngram.RecurringGrams says which), right after
+a target forward has streamed the weights through the caches, where each call runs several
+times its warm time: 94-112 us a call in ``sd``'s rounds (in-process wrappers, 8 tuning
+prompts; 34-38 us with the kernel, 7.5 us warm). ngram.c reads it in one pass and a sort of
+the followers.
 
 ngram.c is built once per machine like vocab.c (:func:`engine.kernels.qmm.compile_native`) and
 called through ctypes; where it does not build, :func:`law` answers None and the drafter's

@@ -301,8 +301,9 @@ def test_the_hybrid_feature_layer_runs_through_packed_weights_on_cpu(monkeypatch
 
 
 def test_the_lookup_says_whether_a_root_recurs_before_the_rounds_first_feed():
-    """NGramRunner.root_has reads the root's law before the feed (the cost switch's context)
-    and the round's first feed returns that same law; a commit forgets it."""
+    """NGramRunner.root_has says before the feed whether the root's suffix recurs (the cost
+    switch's context), the round's first feed returns the law a fresh runner reads there,
+    and after a commit it answers for the new root."""
     pair = tiny_pair(draft="ngram+feature")
     runner, target = pair.drafter.runner(), CachedModel(pair.target)
     prompt = torch.tensor([[3, 4, 5, 6, 3, 4]])  # "3 4" recurs

@@ -184,6 +184,21 @@ def test_root_has_is_the_root_laws_support_as_rows_grow_reorder_and_fork():
     assert checked > 500  # most rounds had a recurring suffix somewhere: both answers seen
 
 
+def test_start_indexes_the_prompt_so_a_rounds_read_adds_only_its_new_tokens():
+    """The runner's start reads the prompt into each row's index (so a timed lookup, such as
+    HybridDrafter.lookup_call_s, and a run's first round pay no pass over the prompt); a
+    round's read then adds the n-grams its commit brought and answers for the new root."""
+    r = NGramDrafter(vocab_size=10).runner()
+    r.start(torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2]]))
+    g = r.grams[0]
+    assert g.upto == 7 and g.seen == {(1, 2), (2, 3), (3, 1), (2, 4), (4, 1)}  # ends 1..6
+    assert r.root_has() == [True]  # "1 2" ended at 1 and 4
+    empty = torch.zeros((1, 0), dtype=torch.long)
+    r.commit(torch.tensor([0]), empty, empty, torch.tensor([[5]]))
+    assert r.root_has() == [False] and g.upto == 8 and (1, 2) in g.seen  # "2 5" is new
+    assert r.grams[0] is g  # one row grows in place: its index goes on
+
+
 def test_ngram_specs_parse_for_drafts_only():
     assert parse_model_spec("ngram", draft=True).kind == "ngram"
     spec = parse_model_spec("prompt-lookup:3", draft=True)
