@@ -168,8 +168,9 @@ def plan(entries: list[str], common: dict[str, Any],
         key = _key(settings)
         settled.setdefault(key, settings)
         roles.setdefault(key, set()).add(role)
-        if title:
-            titles.setdefault(key, title)
+        if title and title not in titles.get(key, "").split(" = "):  # two entries that
+            # settle to one decode run once: its row carries both names ("sd = sd:gamma=4")
+            titles[key] = f"{titles[key]} = {title}" if key in titles else title
         return key
 
     chosen = {}
@@ -247,7 +248,9 @@ LEGEND = (
     f"rounds took (their ratio is the efficiency in the notes below). *{MEASURED} ×* is the "
     "whole run's tokens/s against its plain decode's, both run just now in this process: it "
     f"also counts round 0 (the prompt's prefill) and the time between rounds, so it sits "
-    f"below {ROUND_TIME} × when those weigh, and it moves with the machine's load. "
+    f"below {ROUND_TIME} × when those weigh, and it moves with the machine's load; a "
+    "transformers mode's (hf_*) time is its whole generate() call, set-up included, where "
+    "an engine run counts its rounds only. "
     "*H100 (projected)*: the speedup stored H100 costs (a 1.7B-sized random target, width "
     "1) would give at this run's tokens per round, a projection, not a measurement.")
 

@@ -24,7 +24,8 @@ from engine.analysis.diagnosis_views import (  # noqa: F401 (the Debugger's view
 from engine.analysis.hindsight import ReplayReport
 
 REPLAY_HEADERS = ["setting", "rounds", "tokens / round", "cost (plain rounds)",
-                  "predicted s", "speedup"]
+                  "predicted s", "replayed ×"]  # at the profile's costs: not the summary's
+# predicted or round-time × (the run's own costs), nor Compare's measured ×
 
 
 def replay_rows(r: ReplayReport) -> list[list]:
@@ -45,7 +46,7 @@ def replay_markdown(r: ReplayReport) -> str:
         " greedy ones)"
     head = (f"**Hindsight replay** ({kind}; costs: {r.profile}; {r.seconds:.1f} s): best "
             f"fixed length {r.best_fixed.label} {r.best_fixed.speedup:.2f}x, a clairvoyant "
-            f"length controller {r.bound.speedup:.2f}x, this run {r.own.speedup:.2f}x")
+            f"length controller {r.bound.speedup:.2f}x, this run replayed {r.own.speedup:.2f}x")
     if r.standing is None:
         head += "."
     elif r.standing < 0:

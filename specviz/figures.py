@@ -1,6 +1,9 @@
 """What a round drafted, accepted and committed, read once from its RoundTrace: the round
 header, the forest's title and the text's colours all say it with ``round_counts``, so they
-cannot disagree.
+cannot disagree. A beam method's round commits each live beam's tokens, and its record keeps
+beam 0's (row 0 after the round): the header says "beam 0 committed", and the text,
+which shows the run's final best hypothesis, can differ from it where that hypothesis came
+from another row (its colours are the hypothesis's own origins).
 
 A token method's round verifies one drafted path (or a tree of them): ``drafted`` and
 ``accepted`` count drafted tokens on the verified path(s), and the forest's accepted nodes are
@@ -62,7 +65,8 @@ class RoundCounts:
     def committed_phrase(self) -> str:
         """The round's committed tokens by origin, the text's colours (beam 0's tokens)."""
         parts = ", ".join(f"{n} {o}" for o, n in self.origins.items())
-        return f"committed {plural(self.committed, 'token')}" + (f" ({parts})" if parts else "")
+        return (("beam 0 " if self.steps else "") + f"committed {plural(self.committed, 'token')}"
+                + (f" ({parts})" if parts else ""))
 
 
 def round_counts(r: RoundTrace) -> RoundCounts:

@@ -406,7 +406,8 @@ def test_compare_plan_runs_each_decode_once_with_plain_decodes_and_baseline():
     assert "baseline" in narrow_beam[-1].role and narrow_beam[-1].method == "beam"
     variants, refs = compare.plan(["sd", "sd:gamma=1", "sd:gamma=4"], common)
     labels = [j.label for j in variants]
-    assert labels[:2] == ["sd", "sd:gamma=1"]  # gamma=4 is sd's default: the same decode
+    assert labels[:2] == ["sd = sd:gamma=4", "sd:gamma=1"]  # gamma=4 is sd's default: the
+    # same decode, run once, its row under both entries' names
     assert refs["sd:gamma=1"] == refs["sd"] and dict(variants[1].params)["gamma"] == 1
     narrow, refs = compare.plan(["atspeed_strict:beams=2"], common)
     assert dict(narrow[1].params)["beams"] == 2  # the plain decode has the run's own width
