@@ -55,7 +55,22 @@ def updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator[
     """Step the run to its end (or a cancel): an Update per round, with the run's head only
     now and then, since it is the one O(run) piece; the last one is ``final``."""
     nodes, last_head = 0, float("-inf")  # the first round shows at once
-    for r in run:
+    rounds = iter(run)
+    while True:
+        try:
+            r = next(rounds)
+        except StopIteration:
+            break
+        except Exception:  # the run failed mid-way: first the head of the rounds handed out
+            # (the last one may be up to HEAD_EVERY_S old, its summary behind the rounds the
+            # UI keeps), then the error
+            try:
+                head = run.trace(with_rounds=False)
+            except Exception:  # noqa: BLE001 - the run's own error is the one to show
+                head = None
+            if head is not None:
+                yield Update([], head)
+            raise
         if len(r.nodes) > MAX_FOREST_NODES:
             raise ConfigError(f"round {r.index} drafted {len(r.nodes)} nodes; the UI limit "
                               f"is {MAX_FOREST_NODES} (use a smaller tree)")
@@ -133,7 +148,7 @@ def decode_stream(target: str, draft: str, prompt: str,
                         yield batch
                     return
                 if isinstance(item, BaseException):
-                    if batch.rounds:
+                    if batch.rounds or batch.head is not None:
                         yield batch
                     raise item
                 merge(batch, item)

@@ -247,3 +247,42 @@ def test_the_worker_is_idle_only_with_no_unit_running_none_ready_and_no_handler_
         worker.call(lambda: None)
         assert worker.busy  # the model thread is idle, the handler is not done
     assert worker.idle.is_set()
+
+
+class _FailingRun:
+    """A run whose fourth round fails (an engine error mid-run); its head counts the rounds
+    it completed."""
+
+    done, own_thread = False, False
+
+    def __init__(self) -> None:
+        self.completed = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.completed == 3:
+            raise RuntimeError("out of memory")
+        self.completed += 1
+        return type("Round", (), {"index": self.completed - 1, "nodes": ()})()
+
+    def trace(self, with_rounds: bool = True):
+        return type("Head", (), {"rounds_done": self.completed})()
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_run_that_fails_mid_way_hands_the_head_of_every_round_it_handed_out(monkeypatch):
+    """Heads come at most every HEAD_EVERY_S, so the last one before a failure can count fewer
+    rounds than the UI keeps (its summary and exports then contradict their own rounds): the
+    failure first hands the head of the rounds so far, then the error."""
+    monkeypatch.setattr(streaming, "start_run", lambda *a: _FailingRun())
+    got = []
+    with pytest.raises(RuntimeError, match="out of memory"):
+        for update in streaming.decode_stream(TINY, "", "hi", settle("greedy")):
+            got.append(update)
+    assert sum(len(u.rounds) for u in got) == 3
+    heads = [u.head for u in got if u.head is not None]
+    assert heads and heads[-1].rounds_done == 3 and not any(u.final for u in got)
