@@ -28,7 +28,8 @@ TIMELINE_HEIGHT = 380
 GRID = torch.linspace(0.0025, 0.9975, 200, dtype=torch.float64)
 HISTORY = 6  # earlier posteriors drawn faded
 PHASES = (("propose", "draft (propose)", "#f2a65a"), ("score", "target forward (score)",
-          "#4e79a7"), ("verify", "verify", "#59a14f"), ("commit", "commit", "#b07aa1"))
+          "#4e79a7"), ("verify", "verify", "#59a14f"), ("commit", "commit", "#b07aa1"),
+          ("observe", "observe (controller)", "#9c755f"))  # every phase a round times
 
 
 def _ratio(a: float, b: float) -> float | None:

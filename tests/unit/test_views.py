@@ -890,3 +890,14 @@ def test_a_never_round_in_a_context_leaves_the_other_context_drafting():
     assert "every later round in the `feature` context" in md("feature")
     assert "no drafter runs" not in md("feature")
     assert "so no drafter runs" in md(None) and "context (the other" not in md(None)
+
+
+def test_the_compare_time_line_draws_every_phase_a_round_timed():
+    """Its engine-time axis is the rounds' recorded time, observe (the controller's update)
+    included: the bars of a run add up to the sum of its rounds' timings."""
+    trace = demo_state().trace
+    fig = charts.timeline_figure([("demo", trace)])
+    drawn = sum(sum(bar.x) for bar in fig.data)
+    timed = 1000.0 * sum(sum(r.timings.values()) for r in trace.rounds)
+    assert any(r.timings.get("observe", 0) > 0 for r in trace.rounds)
+    assert drawn == pytest.approx(timed, rel=1e-9)
