@@ -86,7 +86,8 @@ def settings_of(path: str, methods: list[str], categories: str, limit: float | N
 def row_cells(row: dict) -> list[str]:
     speed = row.get("speedup")
     return [row.get("prompt_id", ""), row.get("category", ""), row.get("case", ""),
-            "—" if speed is None else f"{speed:.2f}", f"{row.get('tau') or 0:.2f}",
+            "—" if speed is None else f"{speed:.2f}",
+            "—" if row.get("tau") is None else f"{row['tau']:.2f}",  # unknown, not 0
             f"{sum(row.get('accepted_depth') or [])} / {sum(row.get('drafted_depth') or [])}",
             {True: "yes", False: "NO", None: "n/a"}.get(row.get("identical"), "n/a")]
 

@@ -66,7 +66,8 @@ def best_so_far(trials: list[dict]) -> pd.DataFrame:
         most = max(len(v) for v in by.values())
         label, runs = max(((k, v) for k, v in by.items() if len(v) == most),
                           key=lambda kv: score(kv[1]) or 0.0)
-        rows.append([method, label, f"{score(runs) or 0:.2f}", str(most)])
+        best = score(runs)
+        rows.append([method, label, "—" if best is None else f"{best:.2f}", str(most)])
     return pd.DataFrame(rows, columns=BEST_HEAD)
 
 

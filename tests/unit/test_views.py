@@ -901,3 +901,15 @@ def test_the_compare_time_line_draws_every_phase_a_round_timed():
     timed = 1000.0 * sum(sum(r.timings.values()) for r in trace.rounds)
     assert any(r.timings.get("observe", 0) > 0 for r in trace.rounds)
     assert drawn == pytest.approx(timed, rel=1e-9)
+
+
+def test_a_bench_row_or_a_tuners_best_without_a_measure_shows_a_dash_not_zero():
+    from specviz import bench_tab, tune_tab
+
+    cells = bench_tab.row_cells({"prompt_id": "a", "case": "sd", "tau": None, "speedup": None})
+    assert cells[3] == cells[4] == "—"
+    assert bench_tab.row_cells({"tau": 1.5, "speedup": 2.0})[3:5] == ["2.00", "1.50"]
+    best = tune_tab.best_so_far([{"method": "sd", "label": "gamma=2", "speedup": None}])
+    assert best.iloc[0, 2] == "—"
+    best = tune_tab.best_so_far([{"method": "sd", "label": "gamma=2", "speedup": 1.2}])
+    assert best.iloc[0, 2] == "1.20"
