@@ -119,9 +119,11 @@ def _cell(v: Any) -> str:
         return f"{v:.3g}"
     if isinstance(v, list) and all(isinstance(x, (int, float)) for x in v):
         shown = ", ".join(f"{x:.3g}" for x in v[:6])
-        return "[" + shown + (", …" if len(v) > 6 else "") + "]"
-    if isinstance(v, (dict, list)):
-        return "…"
+        return "[" + shown + (f", … {len(v) - 6} more" if len(v) > 6 else "") + "]"
+    if isinstance(v, dict):  # nesting elided, its size said (the trace JSON holds it)
+        return f"{{{plural(len(v), 'key')}}}"
+    if isinstance(v, list):
+        return f"[{plural(len(v), 'item')}]"
     return str(v).replace("|", "\\|")
 
 

@@ -215,7 +215,7 @@ def test_lists_of_records_in_extras_become_tables():
     t = RunTrace("dsbd", {}, "t", "d", "cpu", "", (), (r,), (), "", (), RunSummary())
     md = round_panel.extras_markdown(t, 0)
     assert "| depth | alphas | chosen |\n|---|---|---|\n| 1 | [0.98, 0.41] | 2 |" in md
-    assert "**steps**\n\n| depth | accepted | nested |" in md and "| 1 | True | … |" in md
+    assert "**steps**\n\n| depth | accepted | nested |" in md and "| 1 | True | {1 key} |" in md
 
 
 def test_progress_figure_has_per_round_and_cumulative_series(trace):
@@ -913,3 +913,10 @@ def test_a_bench_row_or_a_tuners_best_without_a_measure_shows_a_dash_not_zero():
     assert best.iloc[0, 2] == "—"
     best = tune_tab.best_so_far([{"method": "sd", "label": "gamma=2", "speedup": 1.2}])
     assert best.iloc[0, 2] == "1.20"
+
+
+def test_an_extras_cell_says_what_it_leaves_out():
+    assert round_panel._cell([0.5] * 8) == "[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, … 2 more]"
+    assert round_panel._cell([0.5, 1]) == "[0.5, 1]"
+    assert round_panel._cell({"a": 1, "b": [2]}) == "{2 keys}"
+    assert round_panel._cell([[1], [2], [3]]) == "[3 items]"
