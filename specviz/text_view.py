@@ -22,7 +22,7 @@ ORIGIN_COLORS = {
     ORIGIN_BONUS: "#7fb3f5",
     ORIGIN_TARGET: "#c9a7f0",
 }
-ELLIPSIS = "… "
+ELLIPSIS = "… ({} prompt tokens before) "  # the hidden head of a long prompt, counted
 MAX_PROMPT_SHOWN = 24  # the chat template's system prompt is long: keep its tail
 
 
@@ -36,7 +36,7 @@ def _shown_prompt(trace: RunTrace, max_prompt: int) -> list[tuple[str, str | Non
     toks = _prompt_tokens(trace)
     head: list[tuple[str, str | None]] = []
     if len(toks) > max_prompt:
-        head = [(ELLIPSIS, None)]
+        head = [(ELLIPSIS.format(len(toks) - max_prompt), None)]
         toks = toks[-max_prompt:]
     return head + [(t, ORIGIN_PROMPT) for t in toks]
 

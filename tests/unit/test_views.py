@@ -180,7 +180,7 @@ def test_long_prompts_keep_their_tail_and_click_indices_follow():
                  token_origins=("target",), token_rounds=(0,),
                  prompt_text=tuple(str(i) for i in range(30)))
     segs = text_view.segments(t, max_prompt=5)
-    assert segs[0] == (text_view.ELLIPSIS, None) and segs[1] == ("25", "prompt")
+    assert segs[0] == ("… (25 prompt tokens before) ", None) and segs[1] == ("25", "prompt")
     assert text_view.round_at(t, 6, max_prompt=5) == 0
 
 
