@@ -54,9 +54,14 @@ def progress_figure(trace: RunTrace | None, index: int) -> go.Figure:
         return empty_figure("Charts appear as rounds arrive", PROGRESS_HEIGHT)
     rs = trace.rounds
     x = [r.index for r in rs]
+    beams = any(r.beam_steps or len(r.beams_before) > 1 for r in rs)  # a beam method's
+    # rounds count steps, and each records beam 0's tokens (the run's summary: its best)
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("acceptance (accepted / drafted)", "draft length",
-                                        "tau (tokens per target call)"))
+                        subplot_titles=(
+                            "acceptance (steps passed / drafted)" if beams
+                            else "acceptance (accepted / drafted)", "draft length",
+                            "tau (beam 0's tokens per target call)" if beams
+                            else "tau (tokens per target call)"))
     fig.add_bar(x=x, y=[_ratio(r.accepted, r.drafted) for r in rs], name="per round",
                 marker_color="#7fd18b", row=1, col=1)
     fig.add_scatter(x=x, y=_cumulative(rs, lambda r: r.accepted, lambda r: r.drafted),

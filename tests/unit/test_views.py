@@ -920,3 +920,13 @@ def test_an_extras_cell_says_what_it_leaves_out():
     assert round_panel._cell([0.5, 1]) == "[0.5, 1]"
     assert round_panel._cell({"a": 1, "b": [2]}) == "{2 keys}"
     assert round_panel._cell([[1], [2], [3]]) == "[3 items]"
+
+
+def test_a_beam_runs_charts_say_they_count_steps_and_beam_0s_tokens(trace):
+    beam = replace(trace, rounds=(_beam_round(),))
+    titles = [a.text for a in charts.progress_figure(beam, 0).layout.annotations]
+    assert "acceptance (steps passed / drafted)" in titles
+    assert "tau (beam 0's tokens per target call)" in titles
+    plain = replace(trace, rounds=(_baseline_round(),))
+    titles = [a.text for a in charts.progress_figure(plain, 0).layout.annotations]
+    assert {"acceptance (accepted / drafted)", "tau (tokens per target call)"} <= set(titles)
