@@ -228,8 +228,8 @@ def switch_figure(trace: RunTrace, index: int) -> go.Figure:
     profile = rounds[-1].switch.profile if rounds else "?"
     deepest = max([r.switch.depth for r in rounds] + [r.drafted for r in rounds] + [1])
     _mark_round(fig, index)
-    last = len(trace.rounds) - 1
-    probed += f" (to round {index} of {last})" if index < last else ""  # not the whole run's
+    if index < len(trace.rounds) - 1:  # the rounds so far, not the whole run's (as the
+        probed += f" (to round {index} of {len(trace.rounds)})"  # round header counts)
     fig.update_layout(title=dict(text=f"cost switch's plan ({profile} costs): {plain} of "
                                  f"{len(rounds)} rounds planned plain{probed}", font=dict(size=14),
                                  x=0.01),

@@ -83,7 +83,8 @@ class Job:
 
     settings: Settings
     roles: frozenset[str]
-    title: str = ""  # the entry as the user wrote it (e.g. "eesd:controller=cali_ts")
+    entries: tuple[str, ...] = ()  # the entries as the user wrote them (e.g.
+    # "eesd:controller=cali_ts"): two that settle to one decode share its row
 
     @property
     def method(self) -> str:
@@ -113,7 +114,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        return self.title or self.method
+        return " = ".join(self.entries) or self.method
 
     @property
     def role(self) -> str:
@@ -161,16 +162,16 @@ def plan(entries: list[str], common: dict[str, Any],
     tuned: method -> the pair's measured best parameters (its preset's params), used where
     an entry does not set a parameter itself (then the method's defaults)."""
     roles: dict[tuple, set[str]] = {}
-    titles: dict[tuple, str] = {}
+    titles: dict[tuple, list[str]] = {}
     settled: dict[tuple, Settings] = {}
 
     def add(settings: Settings, role: str, title: str = "") -> tuple:
         key = _key(settings)
         settled.setdefault(key, settings)
         roles.setdefault(key, set()).add(role)
-        if title and title not in titles.get(key, "").split(" = "):  # two entries that
-            # settle to one decode run once: its row carries both names ("sd = sd:gamma=4")
-            titles[key] = f"{titles[key]} = {title}" if key in titles else title
+        if title and title not in titles.get(key, []):  # two entries that settle to one
+            # decode run once: its row carries both names ("sd = sd:gamma=4")
+            titles.setdefault(key, []).append(title)
         return key
 
     chosen = {}
@@ -190,7 +191,8 @@ def plan(entries: list[str], common: dict[str, Any],
                                        **width}), "reference")
     if any(_is_beam(s.method) for s in chosen.values()):  # the time line's beam yardstick
         add(settle(baseline_of(), common), "baseline")
-    return [Job(settled[k], frozenset(r), titles.get(k, "")) for k, r in roles.items()], refs
+    return [Job(settled[k], frozenset(r), tuple(titles.get(k, ()))) for k, r in roles.items()], \
+        refs
 
 
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
@@ -302,7 +304,8 @@ def _ref_key(job: Job, refs: dict[str, tuple]) -> tuple | None:
     """The plain decode a job is measured against (itself for a plain decode)."""
     if not job.chosen:
         return job.key
-    return refs.get(job.title or job.method)
+    return refs.get(job.entries[0] if job.entries else job.method)  # (every entry of a
+    # shared row has the same plain decode)
 
 
 def verdict(job: Job, traces: dict[tuple, RunTrace], refs: dict[str, tuple],

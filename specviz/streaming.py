@@ -54,7 +54,7 @@ DONE = object()  # the last item a decode puts in its queue
 def updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator[Update]:
     """Step the run to its end (or a cancel): an Update per round, with the run's head only
     now and then, since it is the one O(run) piece; the last one is ``final``."""
-    nodes, last_head = 0, float("-inf")  # the first round shows at once
+    nodes, last_head, handed = 0, float("-inf"), 0  # the first round shows at once
     rounds = iter(run)
     while True:
         try:
@@ -64,8 +64,8 @@ def updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator[
         except Exception:  # the run failed mid-way: first the head of the rounds handed out
             # (the last one may be up to HEAD_EVERY_S old, its summary behind the rounds the
             # UI keeps), then the error
-            try:
-                head = run.trace(with_rounds=False)
+            try:  # (none before round 0: no head of an empty run replaces the page's)
+                head = run.trace(with_rounds=False) if handed else None
             except Exception:  # noqa: BLE001 - the run's own error is the one to show
                 head = None
             if head is not None:
@@ -74,7 +74,7 @@ def updates(run: engine.Run, cancel: threading.Event | None = None) -> Iterator[
         if len(r.nodes) > MAX_FOREST_NODES:
             raise ConfigError(f"round {r.index} drafted {len(r.nodes)} nodes; the UI limit "
                               f"is {MAX_FOREST_NODES} (use a smaller tree)")
-        nodes += len(r.nodes)
+        nodes, handed = nodes + len(r.nodes), handed + 1
         stop = nodes > MAX_TRACE_NODES and not run.done
         if run.done or stop or (cancel is not None and cancel.is_set()):
             note = f"stopped by the UI: more than {MAX_TRACE_NODES} forest nodes" if stop else ""

@@ -33,6 +33,8 @@ def test_a_run_is_replayed_on_its_pair_with_the_bound(client):
     _run(client)
     md, table = client.predict(api_name="/replay")
     assert md.startswith("**Hindsight replay** (exact") and "clairvoyant" in md
+    assert "this run replayed " in md and table["headers"][-1] == "replayed ×"  # a
+    # simulation at the header's costs, named apart from the summary's speedups
     rows = {row[0]: row[1:] for row in table["data"]}
     own = table["data"][0]
     assert own[0].startswith("this run: sd ") and "clairvoyant lengths" in rows

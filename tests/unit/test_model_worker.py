@@ -250,19 +250,20 @@ def test_the_worker_is_idle_only_with_no_unit_running_none_ready_and_no_handler_
 
 
 class _FailingRun:
-    """A run whose fourth round fails (an engine error mid-run); its head counts the rounds
-    it completed."""
+    """A run whose round ``fail_at`` fails (an engine error mid-run) once ``seen`` is set
+    (the handler has taken every round before it); its head counts the rounds it completed."""
 
     done, own_thread = False, False
 
-    def __init__(self) -> None:
-        self.completed = 0
+    def __init__(self, fail_at: int, seen: threading.Event) -> None:
+        self.completed, self.fail_at, self.seen = 0, fail_at, seen
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.completed == 3:
+        if self.completed == self.fail_at:
+            assert self.seen.wait(WAIT_S)
             raise RuntimeError("out of memory")
         self.completed += 1
         return type("Round", (), {"index": self.completed - 1, "nodes": ()})()
@@ -278,11 +279,28 @@ def test_a_run_that_fails_mid_way_hands_the_head_of_every_round_it_handed_out(mo
     """Heads come at most every HEAD_EVERY_S, so the last one before a failure can count fewer
     rounds than the UI keeps (its summary and exports then contradict their own rounds): the
     failure first hands the head of the rounds so far, then the error."""
-    monkeypatch.setattr(streaming, "start_run", lambda *a: _FailingRun())
+    seen = threading.Event()  # the failure waits until the handler holds the 3 rounds, so
+    # its head comes in an update of its own
+    monkeypatch.setattr(streaming, "start_run", lambda *a: _FailingRun(3, seen))
     got = []
     with pytest.raises(RuntimeError, match="out of memory"):
         for update in streaming.decode_stream(TINY, "", "hi", settle("greedy")):
             got.append(update)
+            if sum(len(u.rounds) for u in got) == 3:
+                seen.set()
     assert sum(len(u.rounds) for u in got) == 3
     heads = [u.head for u in got if u.head is not None]
     assert heads and heads[-1].rounds_done == 3 and not any(u.final for u in got)
+
+
+def test_a_run_that_fails_in_its_first_round_hands_no_head(monkeypatch):
+    """Nothing was handed out: no head of an empty run replaces what the page showed, only
+    the error."""
+    seen = threading.Event()
+    seen.set()
+    monkeypatch.setattr(streaming, "start_run", lambda *a: _FailingRun(0, seen))
+    got = []
+    with pytest.raises(RuntimeError, match="out of memory"):
+        for update in streaming.decode_stream(TINY, "", "hi", settle("greedy")):
+            got.append(update)
+    assert got == []

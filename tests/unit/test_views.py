@@ -407,7 +407,9 @@ def test_compare_plan_runs_each_decode_once_with_plain_decodes_and_baseline():
     variants, refs = compare.plan(["sd", "sd:gamma=1", "sd:gamma=4"], common)
     labels = [j.label for j in variants]
     assert labels[:2] == ["sd = sd:gamma=4", "sd:gamma=1"]  # gamma=4 is sd's default: the
-    # same decode, run once, its row under both entries' names
+    # same decode, run once, its row under both entries' names and measured against their
+    # plain decode
+    assert compare._ref_key(variants[0], refs) == refs["sd"] == refs["sd:gamma=4"] is not None
     assert refs["sd:gamma=1"] == refs["sd"] and dict(variants[1].params)["gamma"] == 1
     narrow, refs = compare.plan(["atspeed_strict:beams=2"], common)
     assert dict(narrow[1].params)["beams"] == 2  # the plain decode has the run's own width
@@ -742,6 +744,9 @@ def test_the_posterior_panel_charts_the_switchs_plans_when_a_switch_planned():
     assert list(_by_name(fig, "accepted").y) == [1, 0, 1]
     assert list(_by_name(fig, "predicted gain").y) == [1.41, 1.0, 1.5]
     assert "1 of 3 rounds planned plain" in fig.layout.title.text
+    assert "(to round" not in fig.layout.title.text  # the last round: the whole run
+    assert charts.posterior_figure(t, 1).layout.title.text.endswith(
+        "1 of 2 rounds planned plain (to round 1 of 3)")  # the rounds so far, said so
     assert fig.layout.yaxis.dtick == 1 and list(fig.layout.yaxis.range)[0] == 0  # whole depths
     assert "yaxis3" not in fig.layout  # two panels, no second axis on one
 
@@ -930,3 +935,11 @@ def test_a_beam_runs_charts_say_they_count_steps_and_beam_0s_tokens(trace):
     plain = replace(trace, rounds=(_baseline_round(),))
     titles = [a.text for a in charts.progress_figure(plain, 0).layout.annotations]
     assert {"acceptance (accepted / drafted)", "tau (tokens per target call)"} <= set(titles)
+
+
+def test_a_beam_rounds_header_says_its_committed_tokens_are_beam_0s(trace):
+    """The text shows the final best hypothesis, which may come from another row."""
+    md = round_panel.round_markdown(replace(trace, rounds=(_beam_round(),)), 0)
+    assert "beam 0 committed 1 token (1 accepted)" in md
+    md = round_panel.round_markdown(replace(trace, rounds=(_baseline_round(),)), 0)
+    assert " · committed 1 token (1 target)" in md
