@@ -251,7 +251,7 @@ LEGEND = (
     "whole run's tokens/s against its plain decode's, both run just now in this process: it "
     f"also counts round 0 (the prompt's prefill) and the time between rounds, so it sits "
     f"below {ROUND_TIME} × when those weigh, and it moves with the machine's load; a "
-    "transformers mode's (hf_*) time is its whole generate() call, set-up included, where "
+    "transformers mode's (`hf_*`) time is its whole `generate()` call, set-up included, where "
     "an engine run counts its rounds only. "
     "*H100 (projected)*: the speedup stored H100 costs (a 1.7B-sized random target, width "
     "1) would give at this run's tokens per round, a projection, not a measurement.")
