@@ -21,6 +21,7 @@ from engine.analysis.diagnosis_views import empty_figure
 from engine.contract.records import ControllerState
 from engine.contract.trace import RoundTrace, RunTrace
 from engine.control.posterior import beta_pdf, gaussian_pdf
+from specviz.figures import counts_steps
 
 PROGRESS_HEIGHT = 430
 POSTERIOR_HEIGHT = 430
@@ -54,8 +55,8 @@ def progress_figure(trace: RunTrace | None, index: int) -> go.Figure:
         return empty_figure("Charts appear as rounds arrive", PROGRESS_HEIGHT)
     rs = trace.rounds
     x = [r.index for r in rs]
-    beams = any(r.beam_steps or len(r.beams_before) > 1 for r in rs)  # a beam method's
-    # rounds count steps, and each records beam 0's tokens (the run's summary: its best)
+    beams = any(map(counts_steps, rs))  # a beam method's rounds count steps, and each
+    # records beam 0's tokens (the run's summary: its best)
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=(
                             "acceptance (steps passed / drafted)" if beams

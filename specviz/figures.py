@@ -69,11 +69,17 @@ class RoundCounts:
                 + (f" ({parts})" if parts else ""))
 
 
+def counts_steps(r: RoundTrace) -> bool:
+    """Whether round ``r`` is a beam method's: its drafted / accepted count steps of every
+    live beam, and its committed tokens are beam 0's."""
+    return bool(r.beam_steps) or len(r.beams_before) > 1
+
+
 def round_counts(r: RoundTrace) -> RoundCounts:
     """The counts of round ``r`` (RoundTrace fields and node statuses only)."""
     statuses = Counter(n.status for n in r.nodes)
     return RoundCounts(
-        steps=bool(r.beam_steps) or len(r.beams_before) > 1,
+        steps=counts_steps(r),
         drafted=r.drafted, accepted=r.accepted,
         beams=max(len({n.tree for n in r.nodes}), len(r.beams_before), 1),
         nodes=sum(v for k, v in statuses.items() if k not in NOT_DRAFTED),
